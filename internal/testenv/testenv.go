@@ -1,0 +1,122 @@
+// Package testenv starts the real servers that the tests talk to —
+// redis-server (alone or as a cluster), clickhouse-server and an in-process
+// Kafka-protocol broker — on free loopback ports, and always stops them.
+//
+// A missing server binary is a test failure, never a skip: CI installs them
+// (.ci/run) and a test that silently skipped would prove nothing.
+package testenv
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// FreePort returns a TCP port on 127.0.0.1 that nothing listens on right now.
+func FreePort(tb testing.TB) int {
+	tb.Helper()
+	p, err := freePort()
+	if err != nil {
+		tb.Fatalf("free port: %v", err)
+	}
+	return p
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitTCP waits until addr accepts connections or the deadline passes.
+func waitTCP(addr string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not accepting connections after %s: %w", addr, within, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Process is a server started by the harness.
+type Process struct {
+	Name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+func startProcess(name string, logPath string, bin string, args ...string) (*Process, error) {
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return nil, fmt.Errorf("%s is not installed (CI installs it in .ci/run): %w", bin, err)
+	}
+	cmd := exec.Command(path, args...)
+	if logPath != "" {
+		f, err := os.Create(logPath)
+		if err != nil {
+			return nil, fmt.Errorf("create log %s: %w", logPath, err)
+		}
+		cmd.Stdout, cmd.Stderr = f, f
+	}
+	// Own process group so a test's kill reaches the server and nothing else.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	p := &Process{Name: name, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Pid is the server's process id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Signal sends sig to the server (SIGSTOP pauses it, SIGCONT resumes it).
+func (p *Process) Signal(sig syscall.Signal) error {
+	return syscall.Kill(p.cmd.Process.Pid, sig)
+}
+
+// Exited reports whether the process has ended.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Kill ends the process with SIGKILL and waits for it.
+func (p *Process) Kill() {
+	_ = syscall.Kill(p.cmd.Process.Pid, syscall.SIGCONT) // a paused process must be able to die
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Stop sends SIGTERM and waits up to grace, then kills.
+func (p *Process) Stop(grace time.Duration) {
+	_ = syscall.Kill(p.cmd.Process.Pid, syscall.SIGCONT)
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		p.Kill()
+	}
+}
