@@ -1,0 +1,62 @@
+// Package metering is the accounting side of the product: the decision event
+// that every rate-limit decision becomes, and (in subpackages) what carries it
+// to Kafka and rolls it into ClickHouse. It depends on the standard library only
+// and never on enforcement: the limiter's main turns a decision into an Event.
+package metering
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// EventVersion is the version of the encoding written in the "v" field.
+// Decoders accept every version up to this one.
+const EventVersion = 1
+
+// Event is one rate-limit decision, as published on the decisions topic
+// (message key = Key, so one key's events stay ordered in one partition).
+type Event struct {
+	EventID   string `json:"event_id"` // unique and time-ordered (see NewEventID)
+	TS        int64  `json:"ts"`       // decision time, ms since the Unix epoch
+	Key       string `json:"key"`
+	Scope     string `json:"scope"`
+	Tier      string `json:"tier"`
+	Cost      uint64 `json:"cost"`
+	Allowed   bool   `json:"allowed"`
+	Source    string `json:"source"` // local | shared | degraded
+	Remaining int64  `json:"remaining"`
+	Limit     int64  `json:"limit"`
+	Policy    string `json:"policy"`
+	DryRun    bool   `json:"dry_run"`
+	Warning   bool   `json:"warning"`
+	Instance  string `json:"instance"`
+}
+
+type wireEvent struct {
+	V int `json:"v"`
+	Event
+}
+
+// Encode returns the version-1 JSON encoding of e.
+func (e *Event) Encode() ([]byte, error) {
+	return json.Marshal(wireEvent{V: EventVersion, Event: *e})
+}
+
+// ErrBadEvent marks a message that is not a decodable decision event.
+var ErrBadEvent = errors.New("bad decision event")
+
+// Decode parses an encoded event and checks the fields every consumer relies on.
+func Decode(b []byte) (Event, error) {
+	var w wireEvent
+	if err := json.Unmarshal(b, &w); err != nil {
+		return Event{}, fmt.Errorf("%w: %v", ErrBadEvent, err)
+	}
+	if w.V < 1 || w.V > EventVersion {
+		return Event{}, fmt.Errorf("%w: unsupported version %d", ErrBadEvent, w.V)
+	}
+	if w.EventID == "" || w.Key == "" || w.Scope == "" || w.TS <= 0 {
+		return Event{}, fmt.Errorf("%w: event_id, key, scope and ts are required", ErrBadEvent)
+	}
+	return w.Event, nil
+}
