@@ -1,0 +1,290 @@
+package usage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// ErrUnavailable marks a store error that is the store's fault (unreachable,
+// timed out, overloaded): the API answers 503 and the caller may retry.
+var ErrUnavailable = errors.New("usage store unavailable")
+
+var dbName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+
+// ValidDatabaseName reports whether name may be used as the ClickHouse
+// database (it becomes SQL text, so it is checked once at start).
+func ValidDatabaseName(name string) bool { return dbName.MatchString(name) }
+
+// Store reads usage and keeps portal-token revocations in ClickHouse. It is
+// safe for concurrent use.
+type Store struct {
+	conn driver.Conn
+	db   string
+
+	mu      sync.Mutex
+	revoked map[string]bool      // ids known to be revoked (forever)
+	checked map[string]time.Time // ids known not revoked, and when that was read
+}
+
+// revocationRecheck is how long "not revoked" is believed before ClickHouse
+// is asked again: the longest a revocation made through another replica
+// takes to reach this one.
+const revocationRecheck = 2 * time.Second
+
+// NewStore returns a Store over conn for database db.
+func NewStore(conn driver.Conn, db string) (*Store, error) {
+	if !ValidDatabaseName(db) {
+		return nil, fmt.Errorf("invalid database name %q", db)
+	}
+	return &Store{conn: conn, db: db, revoked: map[string]bool{}, checked: map[string]time.Time{}}, nil
+}
+
+// wrap classifies a driver error: a server exception is a bug or bad data
+// (500); anything else (network, timeout) means unavailable (503).
+func wrap(op string, err error) error {
+	var exc *clickhouse.Exception
+	if errors.As(err, &exc) {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return fmt.Errorf("%s: %w: %v", op, ErrUnavailable, err)
+}
+
+// Counts are summed decision counters.
+type Counts struct {
+	Requests uint64 `json:"requests"`
+	Allowed  uint64 `json:"allowed"`
+	Rejected uint64 `json:"rejected"`
+	Cost     uint64 `json:"cost"`
+	Warnings uint64 `json:"warnings"`
+}
+
+func (c *Counts) add(o Counts) {
+	c.Requests += o.Requests
+	c.Allowed += o.Allowed
+	c.Rejected += o.Rejected
+	c.Cost += o.Cost
+	c.Warnings += o.Warnings
+}
+
+// Point is one bucket of a usage series.
+type Point struct {
+	Start time.Time
+	Scope string // "" when not grouped by scope
+	Counts
+}
+
+func (s *Store) usage(ctx context.Context, q usageQuery) ([]Point, error) {
+	sql, args := q.toSQL()
+	rows, err := s.conn.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, wrap("usage query", err)
+	}
+	defer rows.Close()
+	var out []Point
+	for rows.Next() {
+		var p Point
+		var b uint32
+		dest := []any{&b}
+		if q.byScope {
+			dest = append(dest, &p.Scope)
+		}
+		dest = append(dest, &p.Requests, &p.Allowed, &p.Rejected, &p.Cost, &p.Warnings)
+		if err := rows.Scan(dest...); err != nil {
+			return nil, wrap("usage scan", err)
+		}
+		p.Start = time.Unix(int64(b), 0).UTC()
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("usage rows", err)
+	}
+	return out, nil
+}
+
+// KeyUsage is one row of the top-keys ranking.
+type KeyUsage struct {
+	Key      string `json:"key"`
+	Requests uint64 `json:"requests"`
+	Allowed  uint64 `json:"allowed"`
+	Rejected uint64 `json:"rejected"`
+	Cost     uint64 `json:"cost"`
+}
+
+func (s *Store) topKeys(ctx context.Context, q topKeysQuery) ([]KeyUsage, error) {
+	sql, args := q.toSQL()
+	rows, err := s.conn.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, wrap("top-keys query", err)
+	}
+	defer rows.Close()
+	out := []KeyUsage{}
+	for rows.Next() {
+		var k KeyUsage
+		if err := rows.Scan(&k.Key, &k.Requests, &k.Allowed, &k.Rejected, &k.Cost); err != nil {
+			return nil, wrap("top-keys scan", err)
+		}
+		out = append(out, k)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("top-keys rows", err)
+	}
+	return out, nil
+}
+
+func (s *Store) totals(ctx context.Context, q totalsQuery) (Counts, error) {
+	sql, args := q.toSQL()
+	var c Counts
+	if err := s.conn.QueryRow(ctx, sql, args...).Scan(&c.Requests, &c.Allowed, &c.Rejected, &c.Cost, &c.Warnings); err != nil {
+		return Counts{}, wrap("totals query", err)
+	}
+	return c, nil
+}
+
+// Delivery is one recorded webhook delivery attempt.
+type Delivery struct {
+	DeliveryID  string    `json:"deliveryId"`
+	Attempt     uint16    `json:"attempt"`
+	Key         string    `json:"key"`
+	Scope       string    `json:"scope"`
+	Tier        string    `json:"tier"`
+	URL         string    `json:"url"`
+	EventID     string    `json:"eventId"`
+	AttemptedAt time.Time `json:"attemptedAt"`
+	StatusCode  uint16    `json:"statusCode"`
+	Error       string    `json:"error,omitempty"`
+	DurationMs  uint32    `json:"durationMs"`
+	Outcome     string    `json:"outcome"`
+}
+
+func (s *Store) deliveries(ctx context.Context, q deliveriesQuery) ([]Delivery, error) {
+	sql, args := q.toSQL()
+	rows, err := s.conn.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, wrap("deliveries query", err)
+	}
+	defer rows.Close()
+	out := []Delivery{}
+	for rows.Next() {
+		var d Delivery
+		var ms uint64
+		if err := rows.Scan(&d.DeliveryID, &d.Attempt, &d.Key, &d.Scope, &d.Tier, &d.URL, &d.EventID, &ms, &d.StatusCode, &d.Error, &d.DurationMs, &d.Outcome); err != nil {
+			return nil, wrap("deliveries scan", err)
+		}
+		d.AttemptedAt = time.UnixMilli(int64(ms)).UTC()
+		out = append(out, d)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("deliveries rows", err)
+	}
+	return out, nil
+}
+
+func (s *Store) insertTokenEvent(ctx context.Context, id, key, event string, at, expires time.Time) error {
+	b, err := s.conn.PrepareBatch(ctx, fmt.Sprintf("INSERT INTO %s.portal_token_events (id, key, event, at, expires_at)", s.db))
+	if err != nil {
+		return wrap("prepare token event", err)
+	}
+	if err := b.Append(id, key, event, at.UTC(), expires.UTC()); err != nil {
+		_ = b.Abort()
+		return fmt.Errorf("append token event: %w", err)
+	}
+	if err := b.Send(); err != nil {
+		return wrap("insert token event", err)
+	}
+	return nil
+}
+
+// RecordIssued records that the token c was issued at.
+func (s *Store) RecordIssued(ctx context.Context, c Claims, at time.Time) error {
+	return s.insertTokenEvent(ctx, c.ID, c.Key, "issued", at, c.ExpiresAt())
+}
+
+// Revoke records the revocation of token id at. It reports false when no
+// token with that id was ever issued.
+func (s *Store) Revoke(ctx context.Context, id string, at time.Time) (bool, error) {
+	var key string
+	var expires time.Time
+	q := fmt.Sprintf("SELECT key, expires_at FROM %s.portal_token_events WHERE id = ? AND event = 'issued' LIMIT 1", s.db)
+	rows, err := s.conn.Query(ctx, q, id)
+	if err != nil {
+		return false, wrap("find token", err)
+	}
+	found := false
+	for rows.Next() {
+		if err := rows.Scan(&key, &expires); err != nil {
+			rows.Close()
+			return false, wrap("find token scan", err)
+		}
+		found = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, wrap("find token rows", err)
+	}
+	if !found {
+		return false, nil
+	}
+	if err := s.insertTokenEvent(ctx, id, key, "revoked", at, expires); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	s.revoked[id] = true
+	s.mu.Unlock()
+	return true, nil
+}
+
+// IsRevoked reports whether token id has been revoked, at most
+// revocationRecheck out of date for revocations made elsewhere.
+func (s *Store) IsRevoked(ctx context.Context, id string, now time.Time) (bool, error) {
+	s.mu.Lock()
+	if s.revoked[id] {
+		s.mu.Unlock()
+		return true, nil
+	}
+	if at, ok := s.checked[id]; ok && now.Sub(at) < revocationRecheck && !now.Before(at) {
+		s.mu.Unlock()
+		return false, nil
+	}
+	s.mu.Unlock()
+
+	var n uint64
+	q := fmt.Sprintf("SELECT count() FROM %s.portal_token_events WHERE id = ? AND event = 'revoked'", s.db)
+	if err := s.conn.QueryRow(ctx, q, id).Scan(&n); err != nil {
+		return false, wrap("revocation check", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n > 0 {
+		s.revoked[id] = true
+		return true, nil
+	}
+	if len(s.checked) > 100000 {
+		s.checked = map[string]time.Time{}
+	}
+	s.checked[id] = now
+	return false, nil
+}
+
+// Ready reports why the store cannot serve, or nil: ClickHouse must answer
+// and the tables the API reads must exist.
+func (s *Store) Ready(ctx context.Context) error {
+	if err := s.conn.Ping(ctx); err != nil {
+		return wrap("ping clickhouse", err)
+	}
+	var n uint64
+	err := s.conn.QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = ? AND name IN ('usage_minute', 'usage_hour', 'usage_day', 'portal_token_events', 'webhook_deliveries')", s.db).Scan(&n)
+	if err != nil {
+		return wrap("list tables", err)
+	}
+	if n < 5 {
+		return fmt.Errorf("schema not applied yet: %d of 5 tables present in %s", n, s.db)
+	}
+	return nil
+}
