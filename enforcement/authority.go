@@ -1,0 +1,151 @@
+package enforcement
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Authority is the shared tier: the one place whose answer makes every
+// replica agree. Take must read, decide and write atomically. A rejection is a
+// Verdict; an error means "could not decide", which is what the failure
+// policy acts on.
+type Authority interface {
+	Take(ctx context.Context, key, scope string, lim Limit, cost int64) (Verdict, error)
+}
+
+// Verdict is an authority's answer.
+type Verdict struct {
+	Allowed    bool
+	Remaining  int64         // whole tokens left in the bucket
+	RetryAfter time.Duration // 0 when allowed; the later of the bucket's and the quota's wait
+	ResetAfter time.Duration // until the bucket is full again
+	Now        time.Time     // the authority's clock when it decided
+	Warning    bool          // bucket or quota consumption reached the soft limit
+	QuotaUsed  int64         // tokens spent in the current quota window (0 without quota)
+	ClockBack  bool          // the authority's clock was behind the bucket's last update
+}
+
+// softLimitReached is the soft-limit comparison of the in-process authority;
+// the Redis script makes the same one in Lua.
+func softLimitReached(lim Limit, tokensLeft float64, quotaUsed int64) bool {
+	if lim.SoftLimitPercent <= 0 {
+		return false
+	}
+	used := (float64(lim.Burst) - tokensLeft) / float64(lim.Burst) * 100
+	if used+epsilon >= lim.SoftLimitPercent {
+		return true
+	}
+	return lim.HasQuota() && float64(quotaUsed)/float64(lim.QuotaLimit)*100+epsilon >= lim.SoftLimitPercent
+}
+
+// MemoryAuthority is the in-process authority of single-node mode: the same
+// semantics as the Redis script, correct for one limiter instance only. It is
+// safe for concurrent use. The zero value is not usable; use NewMemoryAuthority.
+type MemoryAuthority struct {
+	now     func() time.Time
+	buckets *table[memBucket]
+	quotas  *table[memQuota]
+}
+
+type memBucket struct {
+	mu     sync.Mutex
+	bucket Bucket
+	rate   float64
+	burst  int64
+}
+
+type memQuota struct {
+	mu     sync.Mutex
+	window int64 // unix seconds of the window start
+	end    int64 // unix seconds of the window end
+	used   int64
+}
+
+// NewMemoryAuthority returns an in-process authority reading time from now
+// (time.Now when nil) and holding at most maxKeys buckets.
+func NewMemoryAuthority(now func() time.Time, maxKeys int) *MemoryAuthority {
+	if now == nil {
+		now = time.Now
+	}
+	return &MemoryAuthority{now: now, buckets: newTable[memBucket](maxKeys), quotas: newTable[memQuota](maxKeys)}
+}
+
+// Take implements Authority.
+func (m *MemoryAuthority) Take(_ context.Context, key, scope string, lim Limit, cost int64) (Verdict, error) {
+	now := m.now()
+	b := m.buckets.get(bucketID{key, scope}, nil)
+	b.mu.Lock() // lock order: bucket, then quota
+	defer b.mu.Unlock()
+	b.rate, b.burst = lim.Rate, lim.Burst
+
+	var q *memQuota
+	quotaOK, quotaWait := true, time.Duration(0)
+	if lim.HasQuota() {
+		q = m.quotas.get(bucketID{key, lim.QuotaID}, nil)
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		start, end := lim.QuotaPeriod.Window(now)
+		if q.window != start.Unix() {
+			q.window, q.end, q.used = start.Unix(), end.Unix(), 0
+		}
+		if q.used+cost > lim.QuotaLimit {
+			quotaOK, quotaWait = false, end.Sub(now)
+		}
+	}
+
+	// A quota rejection must not spend bucket tokens: spend only what both allow.
+	spend := cost
+	if !quotaOK {
+		spend = 0
+	}
+	r := b.bucket.Take(now.UnixMicro(), lim.Rate, lim.Burst, spend)
+	v := Verdict{Now: now, Allowed: quotaOK && r.Allowed, ClockBack: r.ClockBack}
+	if !quotaOK && r.Allowed && cost > 0 {
+		// Would the bucket alone have allowed cost? Ask without spending.
+		probe := b.bucket
+		r.RetryAfterUS = probe.Take(now.UnixMicro(), lim.Rate, lim.Burst, cost).RetryAfterUS
+	}
+	if v.Allowed {
+		if q != nil {
+			q.used += cost
+		}
+	} else {
+		wait := time.Duration(ceilMS(r.RetryAfterUS)) * time.Millisecond
+		v.RetryAfter = max(wait, ceilDurationMS(quotaWait))
+	}
+	v.Remaining = wholeTokens(r.Tokens)
+	v.ResetAfter = time.Duration(r.ResetAfterUS) * time.Microsecond
+	if q != nil {
+		v.QuotaUsed = q.used
+	}
+	v.Warning = softLimitReached(lim, r.Tokens, v.QuotaUsed)
+	return v, nil
+}
+
+// Sweep forgets buckets that are full at now and quota windows that have
+// ended: they would restart in exactly the state they are in. It returns
+// how many entries were removed.
+func (m *MemoryAuthority) Sweep(now time.Time) int {
+	us, sec := now.UnixMicro(), now.Unix()
+	n := m.buckets.sweep(func(b *memBucket) bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.bucket.Full(us, b.rate, b.burst)
+	})
+	return n + m.quotas.sweep(func(q *memQuota) bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return sec >= q.end
+	})
+}
+
+// Len is the number of buckets held.
+func (m *MemoryAuthority) Len() int { return m.buckets.len() }
+
+func ceilDurationMS(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return (d + time.Millisecond - 1).Truncate(time.Millisecond)
+}

@@ -1,0 +1,85 @@
+package enforcement
+
+import "math"
+
+// epsilon absorbs floating-point residue so that waiting exactly the
+// advertised retry time always finds the tokens there.
+const epsilon = 1e-9
+
+// Bucket is the state of one token bucket: the tokens left and the time (µs)
+// they were counted at. The zero value is "never seen", which starts full.
+// A Bucket is not safe for concurrent use; its owner serialises access.
+//
+// The arithmetic here is the same as the Lua script's in redisstore: both are
+// checked against each other by a fuzz test.
+type Bucket struct {
+	Tokens float64
+	TS     int64 // µs on the caller's clock; 0 = never seen
+}
+
+// TakeResult is what one Take decided.
+type TakeResult struct {
+	Allowed      bool
+	Tokens       float64 // tokens left after the decision (fractional)
+	RetryAfterUS int64   // 0 when allowed; else µs until cost tokens are there
+	ResetAfterUS int64   // µs until the bucket is full again
+	ClockBack    bool    // now was earlier than the last update (elapsed clamped to 0)
+}
+
+// Take refills the bucket lazily up to now (µs) at rate tokens per second,
+// capped at burst, and spends cost tokens if they are all there. Elapsed
+// time is clamped at ≥ 0, so a clock that steps backwards never removes
+// tokens. Cost 0 is always allowed and spends nothing.
+func (b *Bucket) Take(now int64, rate float64, burst int64, cost int64) TakeResult {
+	capacity := float64(burst)
+	tokens := capacity
+	var back bool
+	if b.TS != 0 {
+		elapsed := now - b.TS
+		if elapsed < 0 {
+			back, elapsed = true, 0
+			now = b.TS
+		}
+		tokens = math.Min(capacity, b.Tokens+float64(elapsed)*rate/1e6)
+	}
+	r := TakeResult{ClockBack: back}
+	c := float64(cost)
+	if tokens+epsilon >= c {
+		r.Allowed = true
+		tokens = math.Max(0, tokens-c)
+	} else {
+		r.RetryAfterUS = ceilUS((c - tokens) / rate)
+	}
+	b.Tokens, b.TS = tokens, now
+	r.Tokens = tokens
+	r.ResetAfterUS = ceilUS((capacity - tokens) / rate)
+	return r
+}
+
+// Full reports whether the bucket would be full at now: an idle entry that
+// can be forgotten, because a forgotten bucket restarts full anyway.
+func (b *Bucket) Full(now int64, rate float64, burst int64) bool {
+	if b.TS == 0 {
+		return true
+	}
+	return b.Tokens+float64(now-b.TS)*rate/1e6+epsilon >= float64(burst)
+}
+
+// ceilUS converts seconds to whole microseconds, rounding up.
+func ceilUS(seconds float64) int64 {
+	if seconds <= 0 {
+		return 0
+	}
+	return int64(math.Ceil(seconds*1e6 - epsilon))
+}
+
+// wholeTokens is the contract's "remaining": whole tokens, rounded down.
+func wholeTokens(tokens float64) int64 {
+	return int64(math.Floor(tokens + epsilon))
+}
+
+// ceilMS rounds microseconds up to whole milliseconds: retryAfterMs is
+// never earlier than the truth.
+func ceilMS(us int64) int64 {
+	return (us + 999) / 1000
+}

@@ -1,0 +1,254 @@
+// Package policy reads the policy file (YAML; see CONTRACT.md "Policy file")
+// into an immutable, validated Policy that resolves the limit of any
+// (key, scope, tier) in the documented order.
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+)
+
+// File is the policy file as written. Field names are the file's.
+type File struct {
+	Version       int               `yaml:"version"`
+	DefaultTier   string            `yaml:"default_tier"`
+	DryRun        bool              `yaml:"dry_run"`
+	GlobalCeiling *Ceiling          `yaml:"global_ceiling"`
+	Tiers         map[string]Tier   `yaml:"tiers"`
+	Rules         []Rule            `yaml:"rules"`
+	Costs         map[string]int64  `yaml:"costs"`
+	Keys          map[string]string `yaml:"keys"`
+}
+
+// Ceiling caps whatever resolves.
+type Ceiling struct {
+	Rate   float64 `yaml:"rate"`
+	Period string  `yaml:"period"`
+	Burst  int64   `yaml:"burst"`
+}
+
+// Tier is a named limit.
+type Tier struct {
+	Rate             float64 `yaml:"rate"`
+	Period           string  `yaml:"period"` // second (default), minute, hour, day
+	Burst            int64   `yaml:"burst"`
+	SoftLimitPercent float64 `yaml:"soft_limit_percent"`
+	Quota            *Quota  `yaml:"quota"`
+}
+
+// Quota is a calendar-window allowance.
+type Quota struct {
+	Limit  int64  `yaml:"limit"`
+	Period string `yaml:"period"` // hour, day, month (UTC)
+}
+
+// Rule overrides the tier's limit for the requests it matches. Every matcher
+// is optional; a field left out is inherited from the tier.
+type Rule struct {
+	Name      string `yaml:"name"`
+	Key       string `yaml:"key"`
+	KeyPrefix string `yaml:"key_prefix"`
+	Tier      string `yaml:"tier"`
+	Scope     string `yaml:"scope"` // exact, or a glob with *
+
+	Rate             *float64 `yaml:"rate"`
+	Period           string   `yaml:"period"`
+	Burst            *int64   `yaml:"burst"`
+	SoftLimitPercent *float64 `yaml:"soft_limit_percent"`
+	Quota            *Quota   `yaml:"quota"`
+	DryRun           bool     `yaml:"dry_run"`
+}
+
+// Policy is a validated policy file, ready to resolve limits. It is
+// immutable and safe for concurrent use.
+type Policy struct {
+	file    File
+	hash    string
+	tiers   map[string]tierLimit
+	rules   []compiledRule
+	ceiling *enforcement.Limit
+}
+
+var _ enforcement.Policy = (*Policy)(nil)
+
+type tierLimit struct {
+	name  string
+	limit enforcement.Limit
+}
+
+type compiledRule struct {
+	Rule
+	index     int
+	scopeGlob bool
+}
+
+// Version is the file's version field.
+func (p *Policy) Version() int { return p.file.Version }
+
+// Hash is the SHA-256 of the file's bytes, hex-encoded.
+func (p *Policy) Hash() string { return p.hash }
+
+// File returns the policy as written (for explain and tools).
+func (p *Policy) File() File { return p.file }
+
+func hashOf(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+var periodSeconds = map[string]float64{"": 1, "second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+var quotaPeriods = map[string]enforcement.Period{
+	"hour": enforcement.PeriodHour, "day": enforcement.PeriodDay, "month": enforcement.PeriodMonth,
+}
+
+// Resolve implements enforcement.Policy. The order, most specific first:
+// the tier is the request's, else the keys map's, else default_tier; among
+// the rules that match, exact key > key_prefix > tier > no key matcher, and
+// within that exact scope > glob scope > no scope; ties go to the rule listed
+// first; no rule → the tier's own limit. global_ceiling then caps rate and
+// burst.
+func (p *Policy) Resolve(key, scope, tier string) (enforcement.Resolved, error) {
+	if tier == "" {
+		tier = p.file.Keys[key]
+		if tier == "" {
+			tier = p.file.DefaultTier
+		}
+	}
+	tl, ok := p.tiers[tier]
+	if !ok {
+		return enforcement.Resolved{}, fmt.Errorf("%w %q", enforcement.ErrUnknownTier, tier)
+	}
+	res := enforcement.Resolved{Limit: tl.limit, Policy: tier, Tier: tier, DryRun: p.file.DryRun, Cost: 1}
+	if c, ok := p.file.Costs[scope]; ok {
+		res.Cost = c
+	}
+	if r := p.bestRule(key, scope, tier); r != nil {
+		res.Policy = r.Name
+		res.DryRun = res.DryRun || r.DryRun
+		if r.Rate != nil {
+			res.Rate = *r.Rate / periodSeconds[r.Period]
+		}
+		if r.Burst != nil {
+			res.Burst = *r.Burst
+		}
+		if r.SoftLimitPercent != nil {
+			res.SoftLimitPercent = *r.SoftLimitPercent
+		}
+		if r.Quota != nil {
+			res.QuotaLimit, res.QuotaPeriod, res.QuotaID = r.Quota.Limit, quotaPeriods[r.Quota.Period], "rule:"+r.Name
+		}
+	}
+	if c := p.ceiling; c != nil {
+		res.Rate = min(res.Rate, c.Rate)
+		res.Burst = min(res.Burst, c.Burst)
+	}
+	return res, nil
+}
+
+// Explain returns the rule that wins for (key, scope, tier) and every rule
+// that matched, in rank order (for `limiter policy explain`).
+func (p *Policy) Explain(key, scope, tier string) (winner *Rule, matched []Rule) {
+	if tier == "" {
+		tier = p.file.Keys[key]
+		if tier == "" {
+			tier = p.file.DefaultTier
+		}
+	}
+	var best *compiledRule
+	for i := range p.rules {
+		r := &p.rules[i]
+		if r.matches(key, scope, tier) {
+			matched = append(matched, r.Rule)
+			if best == nil || r.rank() > best.rank() {
+				best = r
+			}
+		}
+	}
+	if best != nil {
+		winner = &best.Rule
+	}
+	return winner, matched
+}
+
+func (p *Policy) bestRule(key, scope, tier string) *compiledRule {
+	var best *compiledRule
+	for i := range p.rules {
+		r := &p.rules[i]
+		if r.matches(key, scope, tier) && (best == nil || r.rank() > best.rank()) {
+			best = r // strictly greater: ties keep the rule listed first
+		}
+	}
+	return best
+}
+
+func (r *compiledRule) matches(key, scope, tier string) bool {
+	if r.Key != "" && r.Key != key {
+		return false
+	}
+	if r.KeyPrefix != "" && !strings.HasPrefix(key, r.KeyPrefix) {
+		return false
+	}
+	if r.Tier != "" && r.Tier != tier {
+		return false
+	}
+	if r.Scope != "" {
+		if r.scopeGlob {
+			return globMatch(r.Scope, scope)
+		}
+		return r.Scope == scope
+	}
+	return true
+}
+
+// rank orders rules by specificity: the key matcher first, then the scope.
+func (r *compiledRule) rank() int {
+	keyRank := 0
+	switch {
+	case r.Key != "":
+		keyRank = 3
+	case r.KeyPrefix != "":
+		keyRank = 2
+	case r.Tier != "":
+		keyRank = 1
+	}
+	scopeRank := 0
+	switch {
+	case r.Scope != "" && !r.scopeGlob:
+		scopeRank = 2
+	case r.Scope != "":
+		scopeRank = 1
+	}
+	return keyRank*3 + scopeRank
+}
+
+// globMatch reports whether s matches pattern, where * matches any run of
+// bytes (including none) and every other byte matches itself.
+func globMatch(pattern, s string) bool {
+	// Iterative matcher with one backtrack point: linear in practice.
+	p, i, star, mark := 0, 0, -1, 0
+	for i < len(s) {
+		switch {
+		case p < len(pattern) && pattern[p] == '*':
+			star, mark = p, i
+			p++
+		case p < len(pattern) && pattern[p] == s[i]:
+			p++
+			i++
+		case star >= 0:
+			p = star + 1
+			mark++
+			i = mark
+		default:
+			return false
+		}
+	}
+	for p < len(pattern) && pattern[p] == '*' {
+		p++
+	}
+	return p == len(pattern)
+}
