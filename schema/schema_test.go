@@ -1,0 +1,192 @@
+package schema_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/schema"
+)
+
+var ch *testenv.ClickHouse
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "schema-ch-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	ch, err = testenv.NewClickHouse(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	ch.Close()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func TestMigrationsAreNumberedAndSplit(t *testing.T) {
+	migs, err := schema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(migs) < 2 {
+		t.Fatalf("want at least 2 migrations, got %d", len(migs))
+	}
+	for i, m := range migs {
+		if i > 0 && m.Version <= migs[i-1].Version {
+			t.Fatalf("%s not after %s", m.Name, migs[i-1].Name)
+		}
+		for _, s := range m.Statements {
+			if strings.HasPrefix(s, "--") || strings.TrimSpace(s) == "" {
+				t.Fatalf("%s: empty or comment-only statement %q", m.Name, s)
+			}
+			if !strings.Contains(s, "${DB}.") {
+				t.Fatalf("%s: statement does not name its table as ${DB}.x: %q", m.Name, s)
+			}
+		}
+	}
+}
+
+// snapshot describes everything Apply could change: tables, their columns
+// and engines, and the recorded migrations.
+func snapshot(t *testing.T, db string) string {
+	t.Helper()
+	conn := ch.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var b strings.Builder
+	rows, err := conn.Query(ctx, "SELECT name, engine, create_table_query FROM system.tables WHERE database = ? ORDER BY name", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var n, e, q string
+		if err := rows.Scan(&n, &e, &q); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s %s %s\n", n, e, q)
+	}
+	rows.Close()
+	rows, err = conn.Query(ctx, "SELECT table, name, type FROM system.columns WHERE database = ? ORDER BY table, name", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var tb, n, ty string
+		if err := rows.Scan(&tb, &n, &ty); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s.%s %s\n", tb, n, ty)
+	}
+	rows.Close()
+	rows, err = conn.Query(ctx, "SELECT version, name FROM "+db+".schema_migrations ORDER BY version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var v uint32
+		var n string
+		if err := rows.Scan(&v, &n); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "migration %d %s\n", v, n)
+	}
+	rows.Close()
+	return b.String()
+}
+
+func TestApplyTwiceChangesNothing(t *testing.T) {
+	db := ch.Database(t)
+	conn := ch.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := schema.Apply(ctx, conn, db); err != nil {
+		t.Fatalf("first apply: %v", err)
+	}
+	first := snapshot(t, db)
+	for _, table := range []string{"decisions_raw", "usage_minute", "usage_hour", "usage_day", "schema_migrations"} {
+		if !strings.Contains(first, table+" ") {
+			t.Errorf("table %s missing after Apply:\n%s", table, first)
+		}
+	}
+	v, err := schema.Version(ctx, conn, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v != schema.Latest() || v == 0 {
+		t.Fatalf("recorded version %d, want %d", v, schema.Latest())
+	}
+	if err := schema.Apply(ctx, conn, db); err != nil {
+		t.Fatalf("second apply: %v", err)
+	}
+	if second := snapshot(t, db); second != first {
+		t.Fatalf("second Apply changed the schema:\nbefore:\n%s\nafter:\n%s", first, second)
+	}
+}
+
+func TestApplyRejectsBadDatabaseName(t *testing.T) {
+	conn := ch.Conn(t)
+	if err := schema.Apply(context.Background(), conn, "x; DROP DATABASE default"); err == nil {
+		t.Fatal("Apply accepted a database name that is not an identifier")
+	}
+}
+
+// The summing rollups keep markers (key '') apart and sum only counters.
+func TestRollupMarkersSurviveMerges(t *testing.T) {
+	db := ch.Database(t)
+	conn := ch.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := schema.Apply(ctx, conn, db); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	for i := 0; i < 3; i++ {
+		b, err := conn.PrepareBatch(ctx, "INSERT INTO "+db+".usage_minute (key, scope, tier, start, requests, allowed, rejected, cost, warnings, batches, kafka_partition, kafka_offset)")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Append("k", "s", "free", start, uint64(2), uint64(1), uint64(1), uint64(5), uint64(0), uint64(0), uint32(0), uint64(0)); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Append("", "", "", start, uint64(0), uint64(0), uint64(0), uint64(0), uint64(0), uint64(1), uint32(3), uint64(100*(i+1))); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Send(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := conn.Exec(ctx, "OPTIMIZE TABLE "+db+".usage_minute FINAL"); err != nil {
+		t.Fatal(err)
+	}
+	var req, cost uint64
+	if err := conn.QueryRow(ctx, "SELECT sum(requests), sum(cost) FROM "+db+".usage_minute WHERE key = ?", "k").Scan(&req, &cost); err != nil {
+		t.Fatal(err)
+	}
+	if req != 6 || cost != 15 {
+		t.Fatalf("sum(requests)=%d sum(cost)=%d, want 6 and 15", req, cost)
+	}
+	var maxOff uint64
+	var markers uint64
+	if err := conn.QueryRow(ctx, "SELECT max(kafka_offset), count() FROM "+db+".usage_minute WHERE key = '' AND kafka_partition = 3").Scan(&maxOff, &markers); err != nil {
+		t.Fatal(err)
+	}
+	if maxOff != 300 || markers != 3 {
+		t.Fatalf("markers after merge: max offset %d count %d, want 300 and 3", maxOff, markers)
+	}
+	var dataRows uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM "+db+".usage_minute WHERE key = 'k'").Scan(&dataRows); err != nil {
+		t.Fatal(err)
+	}
+	if dataRows != 1 {
+		t.Fatalf("data rows after OPTIMIZE FINAL: %d, want 1 (collapsed)", dataRows)
+	}
+}
