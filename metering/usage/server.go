@@ -1,0 +1,578 @@
+package usage
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Config configures a Server. Zero values of optional fields are documented.
+type Config struct {
+	Store      *Store       // required
+	Signer     *Signer      // required
+	AdminToken string       // required: the operator's bearer token
+	PolicyPath string       // policy file for quotas; "" = no quotas known
+	Logger     *slog.Logger // nil = discard
+	// Registry receives the server's metrics and is served on /metrics;
+	// nil = a fresh registry.
+	Registry *prometheus.Registry
+	// Now is the clock; nil = time.Now.
+	Now func() time.Time
+	// QueryTimeout bounds every ClickHouse call of one request; 0 = 10 s.
+	QueryTimeout time.Duration
+	// MaxTokenTTL caps ttl_seconds of new portal tokens; 0 = 30 days.
+	MaxTokenTTL time.Duration
+}
+
+// Server is the usage API and dashboard. Its handler is safe for concurrent use.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	now     func() time.Time
+	handler http.Handler
+
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+
+	policyMu   sync.Mutex
+	policy     *Policy
+	policyStat policyStamp
+}
+
+type policyStamp struct {
+	mod  time.Time
+	size int64
+}
+
+// New builds a Server from cfg.
+func New(cfg Config) (*Server, error) {
+	var errs []error
+	if cfg.Store == nil {
+		errs = append(errs, errors.New("usage: Config.Store is required"))
+	}
+	if cfg.Signer == nil {
+		errs = append(errs, errors.New("usage: Config.Signer is required"))
+	}
+	if cfg.AdminToken == "" {
+		errs = append(errs, errors.New("usage: Config.AdminToken is required"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.QueryTimeout == 0 {
+		cfg.QueryTimeout = 10 * time.Second
+	}
+	if cfg.MaxTokenTTL == 0 {
+		cfg.MaxTokenTTL = 30 * 24 * time.Hour
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, now: cfg.Now}
+	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "usage_api_requests_total", Help: "HTTP requests answered, by route and status code.",
+	}, []string{"route", "code"})
+	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "usage_api_request_duration_seconds", Help: "HTTP request latency by route.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+	}, []string{"route"})
+	if err := cfg.Registry.Register(s.requests); err != nil {
+		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	if err := cfg.Registry.Register(s.latency); err != nil {
+		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	s.handler = s.routes()
+	return s, nil
+}
+
+// Handler is the HTTP handler of every route.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+func (s *Server) routes() http.Handler {
+	r := gin.New()
+	r.HandleMethodNotAllowed = true
+	r.Use(s.observe)
+	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+	r.GET("/readyz", s.readyz)
+	r.GET("/metrics", gin.WrapH(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{})))
+	mountDashboard(r)
+
+	v1 := r.Group("/v1", noStore)
+	v1.GET("/usage", s.auth(false), s.getUsage)
+	v1.GET("/quota", s.auth(false), s.getQuota)
+	admin := v1.Group("/admin", s.auth(true))
+	admin.POST("/portal-tokens", s.postPortalToken)
+	admin.DELETE("/portal-tokens/:id", s.deletePortalToken)
+	admin.GET("/top-keys", s.getTopKeys)
+	admin.GET("/webhook-deliveries", s.getDeliveries)
+	r.NoRoute(func(c *gin.Context) { fail(c, http.StatusNotFound, "not_found", "no such route") })
+	r.NoMethod(func(c *gin.Context) { fail(c, http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed on this route") })
+	return r
+}
+
+func noStore(c *gin.Context) { c.Header("Cache-Control", "no-store") }
+
+func (s *Server) observe(c *gin.Context) {
+	start := time.Now()
+	c.Next()
+	route := c.FullPath()
+	if route == "" {
+		route = "unmatched"
+	}
+	s.requests.WithLabelValues(route, strconv.Itoa(c.Writer.Status())).Inc()
+	s.latency.WithLabelValues(route).Observe(time.Since(start).Seconds())
+	if c.Writer.Status() >= 500 {
+		s.log.Warn("request failed", "method", c.Request.Method, "route", route, "status", c.Writer.Status(), "duration_ms", time.Since(start).Milliseconds())
+	}
+}
+
+// fail writes the contract's error body.
+func fail(c *gin.Context, status int, code, msg string) {
+	if status == http.StatusUnauthorized {
+		c.Header("WWW-Authenticate", `Bearer realm="usage"`)
+	}
+	c.AbortWithStatusJSON(status, gin.H{"error": gin.H{"code": code, "message": msg}})
+}
+
+// storeFail maps a store error to 503 (unavailable) or 500.
+func (s *Server) storeFail(c *gin.Context, err error) {
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+		s.log.Warn("clickhouse unavailable", "route", c.FullPath(), "err", err)
+		c.Header("Retry-After", "5")
+		fail(c, http.StatusServiceUnavailable, "store_unavailable", "usage data is temporarily unavailable (ClickHouse cannot be reached); retry shortly")
+		return
+	}
+	s.log.Error("store error", "route", c.FullPath(), "err", err)
+	fail(c, http.StatusInternalServerError, "internal", "internal error")
+}
+
+func (s *Server) queryCtx(c *gin.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(c.Request.Context(), s.cfg.QueryTimeout)
+}
+
+func (s *Server) readyz(c *gin.Context) {
+	ctx, cancel := context.WithTimeout(c.Request.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.cfg.Store.Ready(ctx); err != nil {
+		c.JSON(http.StatusServiceUnavailable, gin.H{"status": "unavailable", "reason": err.Error()})
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"status": "ready"})
+}
+
+// identity is who a request acts as: the operator, or a portal token's key.
+type identity struct {
+	admin  bool
+	key    string
+	claims Claims
+}
+
+const identityKey = "usage.identity"
+
+// auth authenticates the bearer token. adminOnly routes accept the admin
+// token only; others accept it or a valid, unexpired, unrevoked portal token.
+func (s *Server) auth(adminOnly bool) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		h := c.GetHeader("Authorization")
+		tok, ok := strings.CutPrefix(h, "Bearer ")
+		tok = strings.TrimSpace(tok)
+		if !ok || tok == "" {
+			fail(c, http.StatusUnauthorized, "unauthorized", "missing bearer token (Authorization: Bearer <token>)")
+			return
+		}
+		if equalSecret(tok, s.cfg.AdminToken) {
+			c.Set(identityKey, identity{admin: true})
+			return
+		}
+		if adminOnly {
+			fail(c, http.StatusUnauthorized, "unauthorized", "this endpoint needs the admin token")
+			return
+		}
+		now := s.now()
+		claims, err := s.cfg.Signer.Verify(tok, now)
+		if err != nil {
+			msg := "invalid token"
+			if errors.Is(err, ErrTokenExpired) {
+				msg = "token has expired"
+			}
+			fail(c, http.StatusUnauthorized, "unauthorized", msg)
+			return
+		}
+		ctx, cancel := s.queryCtx(c)
+		defer cancel()
+		revoked, err := s.cfg.Store.IsRevoked(ctx, claims.ID, now)
+		if err != nil {
+			s.storeFail(c, err)
+			return
+		}
+		if revoked {
+			fail(c, http.StatusUnauthorized, "unauthorized", "token has been revoked")
+			return
+		}
+		c.Set(identityKey, identity{key: claims.Key, claims: claims})
+	}
+}
+
+func who(c *gin.Context) identity {
+	v, _ := c.Get(identityKey)
+	id, _ := v.(identity)
+	return id
+}
+
+// resolveKey decides whose data a request reads: the admin must name key=;
+// a portal token reads its own key, and naming another is 403.
+func resolveKey(c *gin.Context, requested string) (string, bool) {
+	id := who(c)
+	if id.admin {
+		if requested == "" {
+			fail(c, http.StatusBadRequest, "invalid_request", "key is required with the admin token")
+			return "", false
+		}
+		return requested, true
+	}
+	if requested != "" && requested != id.key {
+		fail(c, http.StatusForbidden, "forbidden", "this token may read its own key's usage only")
+		return "", false
+	}
+	return id.key, true
+}
+
+type seriesPoint struct {
+	Start    string `json:"start"`
+	Scope    string `json:"scope"`
+	Requests uint64 `json:"requests"`
+	Allowed  uint64 `json:"allowed"`
+	Rejected uint64 `json:"rejected"`
+	Cost     uint64 `json:"cost"`
+	Warnings uint64 `json:"warnings"`
+}
+
+type usageResponse struct {
+	Key    string        `json:"key"`
+	Window Window        `json:"window"`
+	From   string        `json:"from"`
+	To     string        `json:"to"`
+	TZ     string        `json:"tz"`
+	Source string        `json:"source"` // the rollup table read
+	Series []seriesPoint `json:"series"`
+	Totals Counts        `json:"totals"`
+}
+
+// AllScopes is the scope of series points summed over every scope.
+const AllScopes = "*"
+
+func (s *Server) getUsage(c *gin.Context) {
+	p, err := ParseUsageParams(c.Request.URL.Query(), s.now())
+	if err != nil {
+		fail(c, http.StatusBadRequest, "invalid_request", err.Error())
+		return
+	}
+	key, ok := resolveKey(c, p.Key)
+	if !ok {
+		return
+	}
+	q := planUsage(s.cfg.Store.db, p, key)
+	ctx, cancel := s.queryCtx(c)
+	defer cancel()
+	pts, err := s.cfg.Store.usage(ctx, q)
+	if err != nil {
+		s.storeFail(c, err)
+		return
+	}
+	if len(pts) > MaxPoints {
+		fail(c, http.StatusBadRequest, "too_many_points", fmt.Sprintf("the answer would have more than %d points: narrow the range, widen the window or filter by scope", MaxPoints))
+		return
+	}
+	resp := usageResponse{Key: key, Window: p.Window, TZ: p.Loc.String(), Source: q.table,
+		From: p.From.In(p.Loc).Format(time.RFC3339), To: p.To.In(p.Loc).Format(time.RFC3339),
+		Series: make([]seriesPoint, 0, len(pts))}
+	for _, pt := range pts {
+		scope := pt.Scope
+		if !p.GroupByScope {
+			scope = AllScopes
+			if p.Scope != "" {
+				scope = p.Scope
+			}
+		}
+		resp.Series = append(resp.Series, seriesPoint{Start: pt.Start.In(p.Loc).Format(time.RFC3339), Scope: scope,
+			Requests: pt.Requests, Allowed: pt.Allowed, Rejected: pt.Rejected, Cost: pt.Cost, Warnings: pt.Warnings})
+		resp.Totals.add(pt.Counts)
+	}
+	c.JSON(http.StatusOK, resp)
+}
+
+func (s *Server) getTopKeys(c *gin.Context) {
+	p, err := ParseTopKeysParams(c.Request.URL.Query(), s.now())
+	if err != nil {
+		fail(c, http.StatusBadRequest, "invalid_request", err.Error())
+		return
+	}
+	q := planTopKeys(s.cfg.Store.db, p)
+	ctx, cancel := s.queryCtx(c)
+	defer cancel()
+	keys, err := s.cfg.Store.topKeys(ctx, q)
+	if err != nil {
+		s.storeFail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"from": p.From.Format(time.RFC3339), "to": p.To.Format(time.RFC3339), "keys": keys})
+}
+
+type tokenRequest struct {
+	Key        string `json:"key"`
+	TTLSeconds *int64 `json:"ttl_seconds"`
+}
+
+func (s *Server) postPortalToken(c *gin.Context) {
+	var req tokenRequest
+	dec := json.NewDecoder(http.MaxBytesReader(c.Writer, c.Request.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		fail(c, http.StatusBadRequest, "invalid_request", "body must be JSON {\"key\": \"...\", \"ttl_seconds\": 3600}: "+err.Error())
+		return
+	}
+	if msg := checkText(req.Key, MaxKeyLen); msg != "" {
+		fail(c, http.StatusBadRequest, "invalid_request", "key "+msg)
+		return
+	}
+	ttl := time.Hour
+	if req.TTLSeconds != nil {
+		ttl = time.Duration(*req.TTLSeconds) * time.Second
+		if *req.TTLSeconds < 1 || ttl > s.cfg.MaxTokenTTL {
+			fail(c, http.StatusBadRequest, "invalid_request", fmt.Sprintf("ttl_seconds must be from 1 to %d", int64(s.cfg.MaxTokenTTL/time.Second)))
+			return
+		}
+	}
+	now := s.now()
+	tok, claims, err := s.cfg.Signer.Issue(req.Key, now, ttl)
+	if err != nil {
+		s.storeFail(c, err)
+		return
+	}
+	ctx, cancel := s.queryCtx(c)
+	defer cancel()
+	if err := s.cfg.Store.RecordIssued(ctx, claims, now); err != nil {
+		s.storeFail(c, err)
+		return
+	}
+	s.log.Info("portal token issued", "id", claims.ID, "key", claims.Key, "expires_at", claims.ExpiresAt())
+	c.JSON(http.StatusCreated, gin.H{"id": claims.ID, "token": tok, "key": claims.Key, "expiresAt": claims.ExpiresAt().Format(time.RFC3339)})
+}
+
+func (s *Server) deletePortalToken(c *gin.Context) {
+	id := c.Param("id")
+	if !validTokenID(id) {
+		fail(c, http.StatusBadRequest, "invalid_request", "id must be a portal token id (pt_ followed by 32 hex digits)")
+		return
+	}
+	ctx, cancel := s.queryCtx(c)
+	defer cancel()
+	found, err := s.cfg.Store.Revoke(ctx, id, s.now())
+	if err != nil {
+		s.storeFail(c, err)
+		return
+	}
+	if !found {
+		fail(c, http.StatusNotFound, "not_found", "no portal token with this id was issued")
+		return
+	}
+	s.log.Info("portal token revoked", "id", id)
+	c.Status(http.StatusNoContent)
+}
+
+func validTokenID(id string) bool {
+	if len(id) != 35 || !strings.HasPrefix(id, "pt_") {
+		return false
+	}
+	for _, r := range id[3:] {
+		if !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+var deliveriesParamNames = map[string]bool{"key": true, "delivery_id": true, "limit": true}
+
+func (s *Server) getDeliveries(c *gin.Context) {
+	var p problems
+	single := singles(c.Request.URL.Query(), deliveriesParamNames, &p)
+	q := deliveriesQuery{db: s.cfg.Store.db, limit: 100}
+	if k, ok := single["key"]; ok {
+		if msg := checkText(k, MaxKeyLen); msg != "" {
+			p.add("key %s", msg)
+		}
+		q.key = k
+	}
+	if d, ok := single["delivery_id"]; ok {
+		if msg := checkText(d, 128); msg != "" {
+			p.add("delivery_id %s", msg)
+		}
+		q.deliveryID = d
+	}
+	if l, ok := single["limit"]; ok {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 1000 {
+			p.add("limit must be an integer from 1 to 1000")
+		}
+		q.limit = n
+	}
+	if err := p.err(); err != nil {
+		fail(c, http.StatusBadRequest, "invalid_request", err.Error())
+		return
+	}
+	ctx, cancel := s.queryCtx(c)
+	defer cancel()
+	ds, err := s.cfg.Store.deliveries(ctx, q)
+	if err != nil {
+		s.storeFail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"attempts": ds})
+}
+
+// currentPolicy returns the policy file's content, re-read when the file
+// changes; a file that fails to parse keeps the previous policy.
+func (s *Server) currentPolicy() (*Policy, error) {
+	if s.cfg.PolicyPath == "" {
+		return nil, errors.New("no policy file configured")
+	}
+	s.policyMu.Lock()
+	defer s.policyMu.Unlock()
+	st, err := os.Stat(s.cfg.PolicyPath)
+	if err != nil {
+		if s.policy != nil {
+			return s.policy, nil
+		}
+		return nil, fmt.Errorf("policy file: %w", err)
+	}
+	stamp := policyStamp{mod: st.ModTime(), size: st.Size()}
+	if s.policy != nil && stamp == s.policyStat {
+		return s.policy, nil
+	}
+	p, err := LoadPolicy(s.cfg.PolicyPath)
+	if err != nil {
+		s.log.Warn("policy file refused; keeping the previous one", "path", s.cfg.PolicyPath, "err", err)
+		if s.policy != nil {
+			return s.policy, nil
+		}
+		return nil, err
+	}
+	s.policy, s.policyStat = p, stamp
+	return p, nil
+}
+
+var quotaParamNames = map[string]bool{"key": true}
+
+type quotaResponse struct {
+	Key       string     `json:"key"`
+	Tier      string     `json:"tier"`
+	Quota     *quotaInfo `json:"quota"` // null when no quota applies
+	SoftLimit softLimit  `json:"softLimit"`
+}
+
+type quotaInfo struct {
+	Limit       uint64  `json:"limit"`
+	Period      string  `json:"period"`
+	Source      string  `json:"source"`
+	PeriodStart string  `json:"periodStart"`
+	ResetsAt    string  `json:"resetsAt"`
+	Used        uint64  `json:"used"`
+	Remaining   uint64  `json:"remaining"`
+	PercentUsed float64 `json:"percentUsed"`
+}
+
+type softLimit struct {
+	Percent          float64 `json:"percent"` // 0 = none
+	State            string  `json:"state"`   // none | ok | warning
+	WarningsLastHour uint64  `json:"warningsLastHour"`
+}
+
+// getQuota answers GET /v1/quota: the current quota period of a key (used =
+// tokens spent by allowed decisions, from the rollups), and its soft-limit
+// state (warning when any decision of the last hour carried a warning, or
+// quota use is at or above the soft-limit percentage).
+func (s *Server) getQuota(c *gin.Context) {
+	var p problems
+	single := singles(c.Request.URL.Query(), quotaParamNames, &p)
+	if k, ok := single["key"]; ok {
+		if msg := checkText(k, MaxKeyLen); msg != "" {
+			p.add("key %s", msg)
+		}
+	}
+	if err := p.err(); err != nil {
+		fail(c, http.StatusBadRequest, "invalid_request", err.Error())
+		return
+	}
+	key, ok := resolveKey(c, single["key"])
+	if !ok {
+		return
+	}
+	pol, err := s.currentPolicy()
+	if err != nil {
+		s.log.Warn("quota: no policy", "err", err)
+		fail(c, http.StatusServiceUnavailable, "policy_unavailable", "the policy file cannot be read")
+		return
+	}
+	qt, hasQuota := pol.QuotaFor(key)
+	now := s.now().UTC()
+	ctx, cancel := s.queryCtx(c)
+	defer cancel()
+	resp := quotaResponse{Key: key, Tier: qt.Tier, SoftLimit: softLimit{Percent: qt.SoftLimitPercent, State: "none"}}
+	lastHour, err := s.cfg.Store.totals(ctx, totalsQuery{db: s.cfg.Store.db, table: "usage_minute", key: key,
+		from: now.Add(-time.Hour).Truncate(time.Minute), to: now.Truncate(time.Minute).Add(time.Minute)})
+	if err != nil {
+		s.storeFail(c, err)
+		return
+	}
+	resp.SoftLimit.WarningsLastHour = lastHour.Warnings
+	if hasQuota {
+		start, _ := periodStart(qt.Period, now)
+		end := periodEnd(qt.Period, start)
+		table := "usage_day"
+		if qt.Period == "hour" {
+			table = "usage_hour"
+		}
+		used, err := s.cfg.Store.totals(ctx, totalsQuery{db: s.cfg.Store.db, table: table, key: key, from: start, to: end})
+		if err != nil {
+			s.storeFail(c, err)
+			return
+		}
+		qi := &quotaInfo{Limit: qt.Limit, Period: qt.Period, Source: qt.Source, Used: used.Cost,
+			PeriodStart: start.Format(time.RFC3339), ResetsAt: end.Format(time.RFC3339)}
+		if used.Cost < qt.Limit {
+			qi.Remaining = qt.Limit - used.Cost
+		}
+		if qt.Limit > 0 {
+			qi.PercentUsed = float64(used.Cost) * 100 / float64(qt.Limit)
+		}
+		resp.Quota = qi
+	}
+	if qt.SoftLimitPercent > 0 || lastHour.Warnings > 0 {
+		resp.SoftLimit.State = "ok"
+		if lastHour.Warnings > 0 || (resp.Quota != nil && qt.SoftLimitPercent > 0 && resp.Quota.PercentUsed >= qt.SoftLimitPercent) {
+			resp.SoftLimit.State = "warning"
+		}
+	}
+	c.JSON(http.StatusOK, resp)
+}

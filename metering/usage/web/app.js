@@ -1,0 +1,198 @@
+// Usage dashboard: reads /v1/usage and /v1/quota with the pasted portal token
+// (Authorization header; the token is kept in sessionStorage, never in a URL).
+(function () {
+  "use strict";
+  var STORE = "ratewarden.portalToken";
+  var MAX_RANGE = { minute: 172800, hour: 93 * 86400, day: 3700 * 86400 };
+  var $ = function (id) { return document.getElementById(id); };
+  var tz = (Intl.DateTimeFormat().resolvedOptions().timeZone) || "UTC";
+  var plots = [];
+  var nf = new Intl.NumberFormat();
+
+  function token() { return sessionStorage.getItem(STORE) || ""; }
+
+  function setStatus(kind, text) {
+    var s = $("status");
+    s.className = "status" + (kind ? " " + kind : "");
+    s.textContent = text || "";
+    s.hidden = !text;
+  }
+
+  function api(path) {
+    return fetch(path, { headers: { "Authorization": "Bearer " + token() }, cache: "no-store" })
+      .then(function (r) {
+        return r.json().catch(function () { return {}; }).then(function (body) {
+          if (!r.ok) {
+            var e = new Error((body.error && body.error.message) || ("HTTP " + r.status));
+            e.status = r.status;
+            throw e;
+          }
+          return body;
+        });
+      }, function () {
+        var e = new Error("The usage API cannot be reached. Check your connection and retry.");
+        e.status = 0;
+        throw e;
+      });
+  }
+
+  function explain(err) {
+    switch (err.status) {
+      case 401: return "This token is not accepted (" + err.message + "). It may be mistyped, expired or revoked: ask your provider for a new one.";
+      case 403: return "This token may not read that data: " + err.message;
+      case 400: return "The request was refused: " + err.message;
+      case 503: return "Usage data is temporarily unavailable. Retry in a moment. (" + err.message + ")";
+      default: return err.message;
+    }
+  }
+
+  // Keeps the window consistent with the range (the API caps points per answer).
+  function fitWindow() {
+    var range = +$("range").value, w = $("window");
+    if (range > MAX_RANGE[w.value]) { w.value = range > MAX_RANGE.hour ? "day" : "hour"; }
+    Array.prototype.forEach.call(w.options, function (o) { o.disabled = range > MAX_RANGE[o.value]; });
+  }
+
+  // Bucket starts from..to in the browser's zone (the tz sent to the API).
+  function buckets(from, to, win) {
+    var out = [], t = new Date(from.getTime());
+    for (var i = 0; t < to && i < 10000; i++) {
+      out.push(Math.floor(t.getTime() / 1000));
+      if (win === "minute") t = new Date(t.getTime() + 60000);
+      else if (win === "hour") t = new Date(t.getTime() + 3600000);
+      else t = new Date(t.getFullYear(), t.getMonth(), t.getDate() + 1);
+    }
+    return out;
+  }
+
+  function render(usage) {
+    plots.forEach(function (p) { p.destroy(); });
+    plots = [];
+    var charts = $("charts");
+    charts.textContent = "";
+    ["requests", "allowed", "rejected", "cost"].forEach(function (k) {
+      var el = $("total-" + k);
+      el.textContent = nf.format(usage.totals[k]);
+      el.setAttribute("data-value", String(usage.totals[k]));
+    });
+    $("summary").hidden = false;
+    $("who").textContent = "key " + usage.key;
+    $("who").hidden = false;
+    if (!usage.series.length) {
+      setStatus("empty", "No traffic in this range. Pick a longer range, or come back after some requests.");
+      return;
+    }
+    setStatus("", "");
+    var xs = buckets(new Date(usage.from), new Date(usage.to), usage.window);
+    var index = {};
+    xs.forEach(function (x, i) { index[x] = i; });
+    var byScope = {};
+    usage.series.forEach(function (p) {
+      var x = Math.floor(new Date(p.start).getTime() / 1000);
+      if (!(x in index)) { index[x] = xs.length; xs.push(x); }
+      (byScope[p.scope] = byScope[p.scope] || []).push([x, p]);
+    });
+    var order = xs.map(function (x, i) { return [x, i]; }).sort(function (a, b) { return a[0] - b[0]; });
+    var sortedX = order.map(function (o) { return o[0]; });
+    var pos = {};
+    sortedX.forEach(function (x, i) { pos[x] = i; });
+    Object.keys(byScope).sort().forEach(function (scope) {
+      var req = sortedX.map(function () { return 0; }), ok = req.slice(), rej = req.slice();
+      byScope[scope].forEach(function (e) { var i = pos[e[0]]; req[i] += e[1].requests; ok[i] += e[1].allowed; rej[i] += e[1].rejected; });
+      var box = document.createElement("article");
+      box.className = "card chart";
+      box.setAttribute("data-scope", scope);
+      var h = document.createElement("h3");
+      h.textContent = "Scope " + scope;
+      var plotEl = document.createElement("div");
+      plotEl.className = "plot";
+      box.appendChild(h); box.appendChild(plotEl);
+      charts.appendChild(box);
+      var width = Math.max(260, plotEl.clientWidth || charts.clientWidth - 32);
+      var p = new uPlot({
+        width: width, height: 220,
+        scales: { x: { time: true } },
+        series: [
+          {},
+          { label: "Requests", stroke: "#3867d6", width: 2 },
+          { label: "Allowed", stroke: "#20a060", width: 2 },
+          { label: "Rejected", stroke: "#d63838", width: 2 }
+        ],
+        axes: [{}, { size: 60 }]
+      }, [sortedX, req, ok, rej], plotEl);
+      plots.push(p);
+    });
+  }
+
+  function renderQuota(q) {
+    var body = $("quota-body"), badge = $("soft-state");
+    badge.textContent = q.softLimit.state === "none" ? "no soft limit" : (q.softLimit.state === "warning" ? "soft limit reached" : "below soft limit");
+    badge.className = "badge " + q.softLimit.state;
+    body.textContent = "";
+    var p = function (text) { var e = document.createElement("p"); e.textContent = text; body.appendChild(e); return e; };
+    if (!q.quota) {
+      p("Tier " + (q.tier || "–") + ": no quota, only rate limits.").className = "hint";
+    } else {
+      var pct = Math.min(100, q.quota.percentUsed);
+      var meter = document.createElement("div");
+      meter.className = "meter" + (pct >= 100 ? " full" : (q.softLimit.percent && pct >= q.softLimit.percent ? " warning" : ""));
+      var fill = document.createElement("span");
+      fill.style.width = pct.toFixed(1) + "%";
+      meter.appendChild(fill);
+      body.appendChild(meter);
+      p(nf.format(q.quota.used) + " of " + nf.format(q.quota.limit) + " tokens this " + q.quota.period + " (" + q.quota.percentUsed.toFixed(1) + "%)");
+      p(nf.format(q.quota.remaining) + " remaining · resets " + new Date(q.quota.resetsAt).toLocaleString()).className = "hint";
+    }
+    if (q.softLimit.percent) {
+      p("Soft limit at " + q.softLimit.percent + "% · " + nf.format(q.softLimit.warningsLastHour) + " warned decisions in the last hour").className = "hint";
+    }
+  }
+
+  function load() {
+    if (!token()) { return; }
+    fitWindow();
+    var to = new Date(), from = new Date(to.getTime() - (+$("range").value) * 1000);
+    var qs = "from=" + encodeURIComponent(from.toISOString().replace(/\.\d+Z$/, "Z")) +
+      "&to=" + encodeURIComponent(to.toISOString().replace(/\.\d+Z$/, "Z")) +
+      "&window=" + encodeURIComponent($("window").value) + "&group_by=scope&tz=" + encodeURIComponent(tz);
+    $("controls").hidden = false;
+    $("forget").hidden = false;
+    setStatus("", "Loading…");
+    document.body.setAttribute("data-state", "loading");
+    var usage = api("/v1/usage?" + qs).then(render);
+    var quota = api("/v1/quota").then(renderQuota, function (err) {
+      $("quota-body").textContent = "Quota unavailable: " + explain(err);
+    });
+    Promise.all([usage, quota]).then(function () {
+      document.body.setAttribute("data-state", "ready");
+    }, function (err) {
+      setStatus("error", explain(err));
+      document.body.setAttribute("data-state", "error");
+    });
+  }
+
+  $("token-form").addEventListener("submit", function (ev) {
+    ev.preventDefault();
+    var t = $("token").value.trim();
+    if (!t) return;
+    sessionStorage.setItem(STORE, t);
+    $("token").value = "";
+    load();
+  });
+  $("forget").addEventListener("click", function () {
+    sessionStorage.removeItem(STORE);
+    location.reload();
+  });
+  $("range").addEventListener("change", load);
+  $("window").addEventListener("change", load);
+  $("refresh").addEventListener("click", load);
+  window.addEventListener("resize", function () {
+    plots.forEach(function (p) {
+      var w = p.root.parentNode.clientWidth;
+      if (w > 0) p.setSize({ width: w, height: 220 });
+    });
+  });
+  $("tz").textContent = "Times in " + tz;
+  fitWindow();
+  if (token()) load();
+})();
