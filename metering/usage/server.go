@@ -126,7 +126,9 @@ func (s *Server) routes() http.Handler {
 	admin.GET("/top-keys", s.getTopKeys)
 	admin.GET("/webhook-deliveries", s.getDeliveries)
 	r.NoRoute(func(c *gin.Context) { fail(c, http.StatusNotFound, "not_found", "no such route") })
-	r.NoMethod(func(c *gin.Context) { fail(c, http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed on this route") })
+	r.NoMethod(func(c *gin.Context) {
+		fail(c, http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed on this route")
+	})
 	return r
 }
 
