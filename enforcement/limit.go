@@ -85,10 +85,10 @@ func (l Limit) HasQuota() bool { return l.QuotaLimit > 0 && l.QuotaPeriod != Per
 // Resolved is a limit together with what the policy said about it.
 type Resolved struct {
 	Limit
-	Policy  string // name of the rule (or tier) that set the limit
-	Tier    string // the tier the request resolved to
-	DryRun  bool   // count what would be rejected, reject nothing
-	Cost    int64  // the scope's cost when the request names none
+	Policy string // name of the rule (or tier) that set the limit
+	Tier   string // the tier the request resolved to
+	DryRun bool   // count what would be rejected, reject nothing
+	Cost   int64  // the scope's cost when the request names none
 }
 
 // Request asks whether a key may spend Cost tokens in Scope.

@@ -40,7 +40,7 @@ var ErrUnknownTier = errors.New("unknown tier")
 // Observer receives what the limiter does, for metrics. Implementations must
 // be safe for concurrent use and cheap: they run on every decision.
 type Observer interface {
-	Decided(d *Decision, took time.Duration)
+	Decided(req *Request, d *Decision, took time.Duration)
 	AuthorityFailed(err error)
 	ClockBack()
 }
@@ -251,7 +251,7 @@ func (l *Limiter) finish(req *Request, d Decision, start time.Time) Decision {
 		d.RetryAfter = 0
 	}
 	if l.cfg.Observer != nil {
-		l.cfg.Observer.Decided(&d, time.Since(start))
+		l.cfg.Observer.Decided(req, &d, time.Since(start))
 	}
 	if l.cfg.Recorder != nil {
 		l.cfg.Recorder.Record(req, &d, start)

@@ -1,0 +1,110 @@
+// Package httpapi is the limiter's HTTP surface: the POST /check handler for
+// services in any language, and net/http middleware (with client-address
+// keying behind trusted proxies) for Go services that embed the limiter.
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+)
+
+// Limits of a /check request, from the contract.
+const (
+	MaxBodyBytes = 64 << 10
+	MaxKeyBytes  = 256
+	MaxScopeLen  = 128
+	MaxTierLen   = 64
+	MaxCost      = 1_000_000_000
+)
+
+// Error is an API error with its HTTP status and contract code.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+func invalid(format string, args ...any) *Error {
+	return &Error{Status: 400, Code: "invalid_request", Message: fmt.Sprintf(format, args...)}
+}
+
+type checkBody struct {
+	Key   *string         `json:"key"`
+	Scope *string         `json:"scope"`
+	Cost  json.RawMessage `json:"cost"`
+	Tier  *string         `json:"tier"`
+}
+
+// DecodeCheck parses a /check body. Unknown fields are ignored; known fields
+// of the wrong type, missing or oversized fields and a cost that is not an
+// integer in [0, 1e9] are refused with a message that names the field.
+func DecodeCheck(body []byte) (enforcement.Request, *Error) {
+	var b checkBody
+	if err := json.Unmarshal(body, &b); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			return enforcement.Request{}, invalid("%s must be a %s", typeErr.Field, wantType(typeErr.Field))
+		}
+		return enforcement.Request{}, invalid("body is not a JSON object: %v", err)
+	}
+	var req enforcement.Request
+	switch {
+	case b.Key == nil || *b.Key == "":
+		return req, invalid("key is required")
+	case len(*b.Key) > MaxKeyBytes:
+		return req, invalid("key is %d bytes, at most %d allowed", len(*b.Key), MaxKeyBytes)
+	case b.Scope == nil || *b.Scope == "":
+		return req, invalid("scope is required")
+	case len(*b.Scope) > MaxScopeLen:
+		return req, invalid("scope is %d bytes, at most %d allowed", len(*b.Scope), MaxScopeLen)
+	case b.Tier != nil && len(*b.Tier) > MaxTierLen:
+		return req, invalid("tier is %d bytes, at most %d allowed", len(*b.Tier), MaxTierLen)
+	}
+	req.Key, req.Scope = *b.Key, *b.Scope
+	if b.Tier != nil {
+		req.Tier = *b.Tier
+	}
+	if raw := bytes.TrimSpace(b.Cost); len(raw) > 0 && !bytes.Equal(raw, []byte("null")) {
+		cost, err := parseCost(raw)
+		if err != nil {
+			return enforcement.Request{}, err
+		}
+		req.Cost, req.HasCost = cost, true
+	}
+	return req, nil
+}
+
+func wantType(field string) string {
+	if field == "cost" {
+		return "number"
+	}
+	return "string"
+}
+
+var errCost = invalid("cost must be an integer ≥ 0 and ≤ %d", MaxCost)
+
+func parseCost(raw []byte) (int64, *Error) {
+	if raw[0] == '"' || raw[0] == '[' || raw[0] == '{' || raw[0] == 't' || raw[0] == 'f' {
+		return 0, invalid("cost must be a number")
+	}
+	if n, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
+		if n < 0 || n > MaxCost {
+			return 0, errCost
+		}
+		return n, nil
+	}
+	// Exponent forms such as 1e3 are integers too; fractions are not.
+	f, err := strconv.ParseFloat(string(raw), 64)
+	if err != nil || f != math.Trunc(f) || f < 0 || f > MaxCost {
+		return 0, errCost
+	}
+	return int64(f), nil
+}

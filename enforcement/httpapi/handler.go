@@ -1,0 +1,201 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+)
+
+// Checker decides; *enforcement.Limiter is one.
+type Checker interface {
+	Check(ctx context.Context, req enforcement.Request) (enforcement.Decision, error)
+}
+
+// CheckHandler serves POST /check. It is safe for concurrent use.
+type CheckHandler struct {
+	checker   Checker
+	authToken []byte
+	log       *slog.Logger
+}
+
+// NewCheckHandler returns the /check handler. With a non-empty authToken,
+// requests must carry "Authorization: Bearer <authToken>".
+func NewCheckHandler(c Checker, authToken string, log *slog.Logger) *CheckHandler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	h := &CheckHandler{checker: c, log: log}
+	if authToken != "" {
+		h.authToken = []byte(authToken)
+	}
+	return h
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+func (h *CheckHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		WriteError(w, &Error{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Message: "use POST"}, "")
+		return
+	}
+	if h.authToken != nil && !bearerMatches(r.Header.Get("Authorization"), h.authToken) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="limiter"`)
+		WriteError(w, &Error{Status: http.StatusUnauthorized, Code: "unauthorized", Message: "a valid bearer token is required"}, "")
+		return
+	}
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	body, apiErr := readBody(r, (*bp)[:0])
+	*bp = body[:0]
+	if apiErr != nil {
+		WriteError(w, apiErr, "")
+		return
+	}
+	req, apiErr := DecodeCheck(body)
+	if apiErr != nil {
+		WriteError(w, apiErr, "")
+		return
+	}
+	d, err := h.checker.Check(r.Context(), req)
+	if err != nil {
+		WriteError(w, errorFor(err), "")
+		return
+	}
+	out := appendDecision((*bp)[:0], &d)
+	*bp = out[:0]
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+	_, _ = w.Write(out)
+}
+
+// readBody reads at most MaxBodyBytes into buf.
+func readBody(r *http.Request, buf []byte) ([]byte, *Error) {
+	if r.ContentLength > MaxBodyBytes {
+		return buf, tooLarge
+	}
+	lr := io.LimitReader(r.Body, MaxBodyBytes+1)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := lr.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if len(buf) > MaxBodyBytes {
+			return buf, tooLarge
+		}
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, invalid("reading body: %v", err)
+		}
+	}
+}
+
+var tooLarge = &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large", Message: "body is larger than 64 KiB"}
+
+func errorFor(err error) *Error {
+	var apiErr *Error
+	switch {
+	case errors.As(err, &apiErr):
+		return apiErr
+	case errors.Is(err, enforcement.ErrCostExceedsLimit):
+		return &Error{Status: http.StatusBadRequest, Code: "cost_exceeds_limit", Message: err.Error()}
+	case errors.Is(err, enforcement.ErrUnknownTier), errors.Is(err, enforcement.ErrInvalidRequest):
+		return &Error{Status: http.StatusBadRequest, Code: "invalid_request", Message: err.Error()}
+	}
+	return &Error{Status: http.StatusInternalServerError, Code: "internal", Message: err.Error()}
+}
+
+func bearerMatches(header string, token []byte) bool {
+	const prefix = "Bearer "
+	if len(header) < len(prefix) || !strings.EqualFold(header[:len(prefix)], prefix) {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(header[len(prefix):]), token) == 1
+}
+
+// WriteError writes the contract's error body. requestID is included when set.
+func WriteError(w http.ResponseWriter, e *Error, requestID string) {
+	b := make([]byte, 0, 128)
+	b = append(b, `{"error":{"code":`...)
+	b = strconv.AppendQuote(b, e.Code)
+	b = append(b, `,"message":`...)
+	b = appendJSONString(b, e.Message)
+	if requestID != "" {
+		b = append(b, `,"requestId":`...)
+		b = appendJSONString(b, requestID)
+	}
+	b = append(b, "}}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(b)
+}
+
+// appendDecision writes the /check response body without reflection: it is
+// on the hot path of every decision.
+func appendDecision(b []byte, d *enforcement.Decision) []byte {
+	b = append(b, `{"allowed":`...)
+	b = strconv.AppendBool(b, d.Allowed)
+	b = append(b, `,"remaining":`...)
+	b = strconv.AppendInt(b, d.Remaining, 10)
+	b = append(b, `,"limit":`...)
+	b = strconv.AppendInt(b, d.Limit, 10)
+	b = append(b, `,"resetAt":"`...)
+	b = ceilSecond(d.ResetAt).AppendFormat(b, time.RFC3339)
+	b = append(b, `","retryAfterMs":`...)
+	b = strconv.AppendInt(b, d.RetryAfter.Milliseconds(), 10)
+	b = append(b, `,"source":"`...)
+	b = append(b, d.Source.String()...)
+	b = append(b, `","policy":`...)
+	b = appendJSONString(b, d.Policy)
+	b = append(b, `,"tier":`...)
+	b = appendJSONString(b, d.Tier)
+	b = append(b, `,"cost":`...)
+	b = strconv.AppendInt(b, d.Cost, 10)
+	b = append(b, `,"dryRun":`...)
+	b = strconv.AppendBool(b, d.DryRun)
+	b = append(b, `,"wouldAllow":`...)
+	b = strconv.AppendBool(b, d.WouldAllow)
+	b = append(b, `,"warning":`...)
+	b = strconv.AppendBool(b, d.Warning)
+	return append(b, "}\n"...)
+}
+
+// appendJSONString appends s as a JSON string (RFC 8259 escaping).
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+// ceilSecond rounds t up to a whole second in UTC: a reset time is never
+// reported earlier than it is.
+func ceilSecond(t time.Time) time.Time {
+	t = t.UTC()
+	if r := t.Truncate(time.Second); !r.Equal(t) {
+		return r.Add(time.Second)
+	}
+	return t
+}

@@ -1,0 +1,270 @@
+package httpapi
+
+import (
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+)
+
+// KeyFunc returns the rate-limit key of a request, or "" when it has none.
+type KeyFunc func(r *http.Request) string
+
+// HeaderKey keys on an identity header such as X-API-Key, prefixed with
+// prefix (e.g. "key:") so identities and addresses never share a bucket.
+func HeaderKey(header, prefix string) KeyFunc {
+	return func(r *http.Request) string {
+		if v := r.Header.Get(header); v != "" {
+			return prefix + v
+		}
+		return ""
+	}
+}
+
+// FirstKey tries each KeyFunc in order: identity first, address as fallback.
+func FirstKey(fns ...KeyFunc) KeyFunc {
+	return func(r *http.Request) string {
+		for _, fn := range fns {
+			if k := fn(r); k != "" {
+				return k
+			}
+		}
+		return ""
+	}
+}
+
+// AddressKey keys on the client address ("ip:203.0.113.7"), read from
+// forwarded headers only when the direct peer is a trusted proxy.
+func AddressKey(p *Proxies) KeyFunc {
+	return func(r *http.Request) string {
+		if a := p.ClientAddr(r); a.IsValid() {
+			return "ip:" + a.String()
+		}
+		return ""
+	}
+}
+
+// Guard applies a Checker to HTTP requests: it sets the RateLimit-* headers on
+// every response and answers a rejection with 429. It is safe for concurrent
+// use; Middleware and the gin adapter are thin wrappers around Allow.
+type Guard struct {
+	Checker Checker
+	// Key extracts the rate-limit key. Required.
+	Key KeyFunc
+	// Scope names the endpoint class of a request (default: the route
+	// pattern, e.g. "GET /v1/items/{id}", else the method and path).
+	Scope func(r *http.Request) string
+	// Cost of a request (default: the policy's cost for the scope).
+	Cost func(r *http.Request) (cost int64, ok bool)
+	// Log receives errors (default: discarded).
+	Log *slog.Logger
+}
+
+// Allow decides r and writes the headers. It returns false after writing
+// the 429 (or error) response, in which case the caller must stop.
+func (g *Guard) Allow(w http.ResponseWriter, r *http.Request) bool {
+	key := g.Key(r)
+	if key == "" {
+		key = "anonymous"
+	}
+	req := enforcement.Request{Key: key, Scope: g.scope(r)}
+	if g.Cost != nil {
+		req.Cost, req.HasCost = g.Cost(r)
+	}
+	d, err := g.Checker.Check(r.Context(), req)
+	if err != nil {
+		// A request that can never be decided is the service's
+		// misconfiguration, not the client's fault: say so and stop.
+		if g.Log != nil {
+			g.Log.Error("rate limit check failed", "key", key, "scope", req.Scope, "err", err)
+		}
+		WriteError(w, &Error{Status: http.StatusInternalServerError, Code: "limiter_error", Message: "the rate limiter could not decide this request"}, requestID(r))
+		return false
+	}
+	SetHeaders(w.Header(), &d)
+	if d.Allowed {
+		return true
+	}
+	secs := int64(math.Ceil(d.RetryAfter.Seconds()))
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	msg := fmt.Sprintf("Rate limit exceeded. Retry in about %d second%s.", secs, plural(secs))
+	WriteError(w, &Error{Status: http.StatusTooManyRequests, Code: "rate_limited", Message: msg}, requestID(r))
+	return false
+}
+
+func plural(n int64) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+func (g *Guard) scope(r *http.Request) string {
+	if g.Scope != nil {
+		return g.Scope(r)
+	}
+	if r.Pattern != "" {
+		return r.Pattern
+	}
+	return r.Method + " " + r.URL.Path
+}
+
+// SetHeaders sets RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset
+// (whole seconds until the bucket is full, rounded up).
+func SetHeaders(h http.Header, d *enforcement.Decision) {
+	reset := int64(math.Ceil(time.Until(d.ResetAt).Seconds()))
+	h.Set("RateLimit-Limit", strconv.FormatInt(d.Limit, 10))
+	h.Set("RateLimit-Remaining", strconv.FormatInt(max(0, d.Remaining), 10))
+	h.Set("RateLimit-Reset", strconv.FormatInt(max(0, reset), 10))
+}
+
+// Middleware wraps next with g.
+func Middleware(g *Guard) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if g.Allow(w, r) {
+				next.ServeHTTP(w, r)
+			}
+		})
+	}
+}
+
+func requestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 {
+		return id
+	}
+	var b [10]byte
+	_, _ = rand.Read(b[:])
+	return "req_" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// Proxies is the list of networks whose forwarded headers are believed.
+// The zero value trusts nobody: the client address is the direct peer.
+type Proxies struct {
+	trusted []netip.Prefix
+}
+
+// NewProxies parses CIDRs or addresses ("10.0.0.0/8", "127.0.0.1").
+func NewProxies(cidrs ...string) (*Proxies, error) {
+	p := &Proxies{}
+	var errs []error
+	for _, c := range cidrs {
+		c = strings.TrimSpace(c)
+		if c == "" {
+			continue
+		}
+		if !strings.Contains(c, "/") {
+			a, err := netip.ParseAddr(c)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("trusted proxy %q: %w", c, err))
+				continue
+			}
+			p.trusted = append(p.trusted, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+			continue
+		}
+		pr, err := netip.ParsePrefix(c)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("trusted proxy %q: %w", c, err))
+			continue
+		}
+		p.trusted = append(p.trusted, pr.Masked())
+	}
+	return p, errors.Join(errs...)
+}
+
+func (p *Proxies) trusts(a netip.Addr) bool {
+	if p == nil {
+		return false
+	}
+	a = a.Unmap()
+	for _, pr := range p.trusted {
+		if pr.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// ClientAddr is the address the request came from. Forwarded headers are
+// read only when the direct peer is trusted; then the chain is walked from
+// the nearest hop outwards and the first address that is not a trusted
+// proxy is the client (so a client cannot prepend a spoofed hop).
+// Forwarded (RFC 7239) wins over X-Forwarded-For when both are present.
+func (p *Proxies) ClientAddr(r *http.Request) netip.Addr {
+	peer, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		a, err := netip.ParseAddr(r.RemoteAddr)
+		if err != nil {
+			return netip.Addr{}
+		}
+		peer = netip.AddrPortFrom(a, 0)
+	}
+	client := peer.Addr().Unmap()
+	if !p.trusts(client) {
+		return client
+	}
+	hops := forwardedFor(r.Header.Values("Forwarded"))
+	if len(hops) == 0 {
+		hops = xForwardedFor(r.Header.Values("X-Forwarded-For"))
+	}
+	for i := len(hops) - 1; i >= 0; i-- {
+		a, ok := parseHop(hops[i])
+		if !ok {
+			return client // garbage in the chain: stop at the last address we could trust
+		}
+		client = a
+		if !p.trusts(a) {
+			return a
+		}
+	}
+	return client
+}
+
+func xForwardedFor(values []string) []string {
+	var hops []string
+	for _, v := range values {
+		for _, h := range strings.Split(v, ",") {
+			if h = strings.TrimSpace(h); h != "" {
+				hops = append(hops, h)
+			}
+		}
+	}
+	return hops
+}
+
+func forwardedFor(values []string) []string {
+	var hops []string
+	for _, v := range values {
+		for _, elem := range strings.Split(v, ",") {
+			for _, pair := range strings.Split(elem, ";") {
+				k, val, ok := strings.Cut(strings.TrimSpace(pair), "=")
+				if ok && strings.EqualFold(k, "for") {
+					hops = append(hops, strings.Trim(val, `"`))
+				}
+			}
+		}
+	}
+	return hops
+}
+
+// parseHop accepts "203.0.113.7", "203.0.113.7:443", "[2001:db8::1]:443" and "2001:db8::1".
+func parseHop(h string) (netip.Addr, bool) {
+	if ap, err := netip.ParseAddrPort(h); err == nil {
+		return ap.Addr().Unmap(), true
+	}
+	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
+	a, err := netip.ParseAddr(h)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	return a.Unmap(), true
+}

@@ -1,0 +1,146 @@
+// Package limitmetrics exports what the limiter does as Prometheus metrics.
+// The names here are the ones deploy/alerts.yml and the Grafana dashboard use.
+package limitmetrics
+
+import (
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/guard"
+)
+
+// Metrics implements enforcement.Observer and guard.Observer. It is safe
+// for concurrent use. Label values are bounded: sources and results are
+// fixed sets, and policy names come from the policy file.
+type Metrics struct {
+	decisions       *prometheus.CounterVec
+	byPolicy        *prometheus.CounterVec
+	latency         prometheus.Histogram
+	storeLatency    prometheus.Histogram
+	storeErrors     prometheus.Counter
+	unavailable     prometheus.Counter
+	clockBack       prometheus.Counter
+	breaker         prometheus.Gauge
+	anonymous       *prometheus.CounterVec
+	fixed           [2][4]prometheus.Counter // [allowed][source]
+	anon            [2]prometheus.Counter    // [allowed]
+	policyCounters  sync.Map                 // policy name → *[3]prometheus.Counter
+	anonymousPrefix string
+}
+
+var (
+	_ enforcement.Observer = (*Metrics)(nil)
+	_ guard.Observer       = (*Metrics)(nil)
+)
+
+// New registers the limiter's metrics on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		anonymousPrefix: "ip:",
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_decisions_total",
+			Help: "Decisions by result (allowed, rejected) and source (local, shared, degraded).",
+		}, []string{"result", "source"}),
+		byPolicy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_policy_decisions_total",
+			Help: "Decisions per policy rule: allowed, rejected, and would_reject (dry run: enforcement would have rejected).",
+		}, []string{"policy", "outcome"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "limiter_decision_duration_seconds",
+			Help:    "The limiter's own decision latency, from request to verdict, separate from any endpoint's.",
+			Buckets: []float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3},
+		}),
+		storeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "limiter_store_call_duration_seconds",
+			Help:    "Latency of calls to the shared store (Redis), failed ones included.",
+			Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3},
+		}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limiter_store_errors_total",
+			Help: "Shared store calls that failed (timeouts included).",
+		}),
+		unavailable: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limiter_shared_unavailable_total",
+			Help: "Decisions for which the shared store could not be asked (store error or breaker open).",
+		}),
+		clockBack: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limiter_negative_elapsed_total",
+			Help: "Bucket updates that saw the clock step backwards (elapsed clamped to 0; no tokens removed).",
+		}),
+		breaker: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "limiter_breaker_state",
+			Help: "Shared store circuit breaker: 0 closed, 1 half-open, 2 open.",
+		}),
+		anonymous: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_anonymous_decisions_total",
+			Help: "Decisions for address-keyed (ip:) traffic by result: a rejection ratio near 0% or 100% means the proxy headers are misconfigured.",
+		}, []string{"result"}),
+	}
+	reg.MustRegister(m.decisions, m.byPolicy, m.latency, m.storeLatency, m.storeErrors,
+		m.unavailable, m.clockBack, m.breaker, m.anonymous)
+	for a, result := range []string{"rejected", "allowed"} {
+		for _, s := range []enforcement.Source{enforcement.SourceLocal, enforcement.SourceShared, enforcement.SourceDegraded} {
+			m.fixed[a][s] = m.decisions.WithLabelValues(result, s.String())
+		}
+		m.anon[a] = m.anonymous.WithLabelValues(result)
+	}
+	return m
+}
+
+// Decided implements enforcement.Observer.
+func (m *Metrics) Decided(req *enforcement.Request, d *enforcement.Decision, took time.Duration) {
+	// Count by what enforcement decided (WouldAllow): a dry-run rejection is
+	// still a rejection for the ratio alerts, and is marked would_reject.
+	a := 0
+	if d.WouldAllow {
+		a = 1
+	}
+	m.fixed[a][d.Source].Inc()
+	if strings.HasPrefix(req.Key, m.anonymousPrefix) {
+		m.anon[a].Inc()
+	}
+	m.latency.Observe(took.Seconds())
+	pc := m.policy(d.Policy)
+	switch {
+	case d.WouldAllow:
+		pc[0].Inc()
+	case d.DryRun:
+		pc[2].Inc()
+	default:
+		pc[1].Inc()
+	}
+}
+
+func (m *Metrics) policy(name string) *[3]prometheus.Counter {
+	if v, ok := m.policyCounters.Load(name); ok {
+		return v.(*[3]prometheus.Counter)
+	}
+	pc := &[3]prometheus.Counter{
+		m.byPolicy.WithLabelValues(name, "allowed"),
+		m.byPolicy.WithLabelValues(name, "rejected"),
+		m.byPolicy.WithLabelValues(name, "would_reject"),
+	}
+	v, _ := m.policyCounters.LoadOrStore(name, pc)
+	return v.(*[3]prometheus.Counter)
+}
+
+// AuthorityFailed implements enforcement.Observer.
+func (m *Metrics) AuthorityFailed(error) { m.unavailable.Inc() }
+
+// ClockBack implements enforcement.Observer.
+func (m *Metrics) ClockBack() { m.clockBack.Inc() }
+
+// StoreCall implements guard.Observer.
+func (m *Metrics) StoreCall(took time.Duration, err error) {
+	m.storeLatency.Observe(took.Seconds())
+	if err != nil {
+		m.storeErrors.Inc()
+	}
+}
+
+// BreakerState implements guard.Observer.
+func (m *Metrics) BreakerState(s guard.State) { m.breaker.Set(float64(s)) }
