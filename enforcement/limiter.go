@@ -13,12 +13,20 @@ import (
 // Design: every (key, scope) has one local entry, held in a sharded table and
 // guarded by its own mutex. The entry caches the limit resolved for it (so
 // resolution costs nothing on the hot path; a policy swap invalidates it by
-// pointer) and owns two in-process buckets:
+// pointer) and three pieces of in-process state, all checked or updated
+// without network work:
 //
-//   - local: the flood filter, checked before any network work. It is sized
-//     loosely — the resolved rate × LocalHeadroom ÷ ExpectedInstances, with
-//     the full burst — so well-behaved traffic never trips it, while a flood
-//     is rejected here and never becomes load on the shared store.
+//   - shadow: what the shared store last told this instance about the bucket
+//     (tokens left at a time, refilled at the true rate, plus "not before"
+//     after a rejection). The shared bucket only refills at that rate and
+//     other instances only take from it, so when the shadow says the tokens
+//     are not there, they are not: the request is rejected locally with a
+//     retry time that is never earlier than the truth. This is what keeps a
+//     flood on one key from becoming one Redis call per request.
+//   - local: the flood filter for what the shadow cannot know yet (a burst
+//     that arrives before the first verdict, or many instances at once). It
+//     is sized loosely, the resolved rate × LocalHeadroom ÷ ExpectedInstances
+//     with the full burst, so well-behaved traffic never trips it.
 //   - degraded: the tightened limit (rate and burst ÷ ExpectedInstances, or
 //     the safety ceiling if lower) that decides while the authority cannot
 //     be asked.
@@ -97,9 +105,14 @@ type entry struct {
 	pol      *policyBox // the policy res was resolved under
 	tier     string     // the requested tier res was resolved for
 	res      Resolved
-	local    Bucket
-	degraded Bucket
-	lastUse  int64 // µs on the limiter's clock
+	shadow   Bucket // the shared bucket as last reported; TS 0 = nothing known
+	// notBefore and blockedCost: the shared store rejected blockedCost
+	// until notBefore (µs); a request costing as much is rejected locally.
+	notBefore   int64
+	blockedCost int64
+	local       Bucket
+	degraded    Bucket
+	lastUse     int64 // µs on the limiter's clock
 }
 
 // New returns a Limiter and starts its sweeper; Close stops it.
@@ -182,6 +195,9 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 			e.mu.Unlock()
 			return Decision{}, err
 		}
+		if res.Limit != e.res.Limit {
+			e.shadow, e.notBefore = Bucket{}, 0 // learned under another limit
+		}
 		e.pol, e.tier, e.res = box, req.Tier, res
 	}
 	res := e.res
@@ -196,11 +212,17 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 	e.lastUse = nowUS
 	d := Decision{Limit: res.Burst, Policy: res.Policy, Tier: res.Tier, Cost: cost, DryRun: res.DryRun}
 	if cost > 0 {
-		if lr := e.local.Take(nowUS, l.localRate(res.Rate), res.Burst, cost); !lr.Allowed {
+		if wait := e.localWait(nowUS, cost, l.localRate(res.Rate)); wait > 0 {
+			reset := ceilUS(float64(res.Burst) / res.Rate) // nothing known: at most an empty bucket's refill
+			if e.shadow.TS != 0 {
+				probe := e.shadow
+				reset = probe.Take(nowUS, res.Rate, res.Burst, 0).ResetAfterUS
+				d.Remaining = wholeTokens(probe.Tokens)
+			}
 			e.mu.Unlock()
 			d.Source = SourceLocal
-			d.ResetAt = l.cfg.Now().Add(time.Duration(lr.ResetAfterUS) * time.Microsecond)
-			d.RetryAfter = time.Duration(ceilMS(lr.RetryAfterUS)) * time.Millisecond
+			d.RetryAfter = time.Duration(ceilMS(wait)) * time.Millisecond
+			d.ResetAt = l.cfg.Now().Add(time.Duration(reset) * time.Microsecond)
 			return l.finish(&req, d, start), nil
 		}
 	}
@@ -211,6 +233,9 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 		if v.ClockBack && l.cfg.Observer != nil {
 			l.cfg.Observer.ClockBack()
 		}
+		e.mu.Lock()
+		e.learn(l.now(), res.Limit, cost, &v)
+		e.mu.Unlock()
 		d.Source = SourceShared
 		d.WouldAllow = v.Allowed
 		d.Remaining = v.Remaining
@@ -242,6 +267,41 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 	}
 	d.Warning = softLimitReached(tight, dr.Tokens, 0)
 	return l.finish(&req, d, start), nil
+}
+
+// localWait is the local tier: it returns 0 when the request should go to
+// the shared store, else the µs until it could pass. Called under e.mu.
+func (e *entry) localWait(now, cost int64, localRate float64) int64 {
+	if now < e.notBefore && cost >= e.blockedCost {
+		return e.notBefore - now
+	}
+	if e.shadow.TS != 0 {
+		probe := e.shadow
+		if r := probe.Take(now, e.res.Rate, e.res.Burst, cost); !r.Allowed {
+			// The shadow is rounded to the store's millisecond; within that
+			// rounding, let the store decide.
+			if r.RetryAfterUS > 1000 {
+				return r.RetryAfterUS
+			}
+		}
+	}
+	if r := e.local.Take(now, localRate, e.res.Burst, cost); !r.Allowed {
+		return r.RetryAfterUS
+	}
+	return 0
+}
+
+// learn updates the shadow from a shared verdict. The store reports when
+// the bucket will be full again, so the tokens left are burst − reset × rate
+// (rounded down by the store's millisecond: never more than are there).
+func (e *entry) learn(now int64, lim Limit, cost int64, v *Verdict) {
+	tokens := float64(lim.Burst) - v.ResetAfter.Seconds()*lim.Rate
+	e.shadow = Bucket{Tokens: max(0, tokens), TS: now}
+	if v.Allowed {
+		e.notBefore = 0
+		return
+	}
+	e.notBefore, e.blockedCost = now+v.RetryAfter.Microseconds(), cost
 }
 
 // finish applies dry run, reports and records the decision.

@@ -150,9 +150,9 @@ func (p *Policy) Resolve(key, scope, tier string) (enforcement.Resolved, error) 
 	return res, nil
 }
 
-// Explain returns the rule that wins for (key, scope, tier) and every rule
-// that matched, in rank order (for `limiter policy explain`).
-func (p *Policy) Explain(key, scope, tier string) (winner *Rule, matched []Rule) {
+// Matches returns the rule that wins for (key, scope, tier) and every rule
+// that matched, in file order (for `limiter policy explain`).
+func (p *Policy) Matches(key, scope, tier string) (winner *Rule, matched []Rule) {
 	if tier == "" {
 		tier = p.file.Keys[key]
 		if tier == "" {

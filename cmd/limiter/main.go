@@ -1,0 +1,33 @@
+// Command limiter answers POST /check for any service: a two-tier token
+// bucket with Redis (or Redis Cluster) as the authority. Configuration is
+// read from the environment (README.md, "Configuration"); `limiter policy
+// check|explain` are the operator's policy tools.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "policy" {
+		os.Exit(policyCommand(os.Args[2:], os.Stdout, os.Stderr))
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	cfg, err := loadConfig(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "limiter: invalid configuration: "+strings.ReplaceAll(err.Error(), "\n", "; "))
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, cfg, log); err != nil {
+		log.Error("limiter stopped", "err", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/policy"
+)
+
+// policyReloader re-reads the policy file when it changes (fsnotify on the
+// parent directory, which survives editors that write a new file and rename
+// it, and Kubernetes ConfigMap symlink swaps) and on SIGHUP. A file that
+// fails validation is refused: the previous policy stays in force, and a log
+// line and a metric say so. A swap is one atomic pointer store, so no
+// decision in flight is failed or delayed.
+type policyReloader struct {
+	path    string
+	target  interface{ SetPolicy(enforcement.Policy) }
+	log     *slog.Logger
+	active  atomic.Pointer[policyInfo]
+	results *prometheus.CounterVec
+	info    *prometheus.GaugeVec
+}
+
+func newPolicyReloader(path string, target interface{ SetPolicy(enforcement.Policy) }, reg prometheus.Registerer, log *slog.Logger) *policyReloader {
+	r := &policyReloader{
+		path: path, target: target, log: log,
+		results: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_policy_reloads_total",
+			Help: "Policy reload attempts by result (ok, refused).",
+		}, []string{"result"}),
+		info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limiter_policy_info",
+			Help: "The policy in force: 1 for its version and hash.",
+		}, []string{"version", "hash"}),
+	}
+	r.results.WithLabelValues("ok")
+	r.results.WithLabelValues("refused")
+	reg.MustRegister(r.results, r.info)
+	return r
+}
+
+// set records p as the policy in force (the limiter already has it).
+func (r *policyReloader) set(p *policy.Policy) {
+	info := &policyInfo{Version: p.Version(), Hash: p.Hash(), File: r.path}
+	r.info.Reset()
+	r.info.WithLabelValues(strconv.Itoa(info.Version), info.Hash).Set(1)
+	r.active.Store(info)
+}
+
+func (r *policyReloader) current() policyInfo { return *r.active.Load() }
+
+// reload reads the file and swaps it in when it is valid and different.
+func (r *policyReloader) reload(why string) {
+	p, err := policy.Load(r.path)
+	if err != nil {
+		r.results.WithLabelValues("refused").Inc()
+		r.log.Error("policy refused; the previous policy stays in force", "trigger", why, "err", err)
+		return
+	}
+	if p.Hash() == r.current().Hash {
+		return
+	}
+	r.target.SetPolicy(p)
+	r.set(p)
+	r.results.WithLabelValues("ok").Inc()
+	r.log.Info("policy reloaded", "trigger", why, "version", p.Version(), "hash", p.Hash())
+}
+
+// run watches until ctx ends. Events are debounced: editors and ConfigMap
+// updates produce several events for one change.
+func (r *policyReloader) run(ctx context.Context, hup <-chan os.Signal) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		r.log.Error("cannot watch the policy file; reload with SIGHUP", "err", err)
+	} else {
+		defer w.Close()
+		if err := w.Add(filepath.Dir(r.path)); err != nil {
+			r.log.Error("cannot watch the policy directory; reload with SIGHUP", "dir", filepath.Dir(r.path), "err", err)
+		}
+	}
+	var events <-chan fsnotify.Event
+	var errs <-chan error
+	if w != nil {
+		events, errs = w.Events, w.Errors
+	}
+	const debounce = 200 * time.Millisecond
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			r.reload("SIGHUP")
+		case ev := <-events:
+			name := filepath.Base(ev.Name)
+			if name == filepath.Base(r.path) || name == "..data" {
+				timer.Reset(debounce)
+			}
+		case err := <-errs:
+			r.log.Warn("policy watcher error", "err", err)
+		case <-timer.C:
+			r.reload("file change")
+		}
+	}
+}
