@@ -77,6 +77,10 @@ type Limit struct {
 	// SoftLimitPercent sets Decision.Warning when consumption (of the bucket,
 	// or of the quota) reaches this percentage; 0 = no soft limit.
 	SoftLimitPercent float64
+
+	// Split spreads a hot key's bucket over Split sub-keys, each holding
+	// 1/Split of the rate and burst (key splitting); 0 or 1 = one bucket.
+	Split int
 }
 
 // HasQuota reports whether the limit carries a calendar quota.

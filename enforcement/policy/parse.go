@@ -182,6 +182,9 @@ func (v *validator) compile(f File) *Policy {
 		if r.Quota != nil {
 			v.quota(path+".quota", r.Quota)
 		}
+		if r.Split < 0 || r.Split > 1024 {
+			v.fail(path+".split", "must be between 0 and 1024, got %d", r.Split)
+		}
 		p.rules = append(p.rules, compiledRule{Rule: r, index: i, scopeGlob: strings.Contains(r.Scope, "*")})
 	}
 	return p

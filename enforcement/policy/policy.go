@@ -61,6 +61,8 @@ type Rule struct {
 	SoftLimitPercent *float64 `yaml:"soft_limit_percent"`
 	Quota            *Quota   `yaml:"quota"`
 	DryRun           bool     `yaml:"dry_run"`
+	// Split spreads each matching key over this many sub-buckets (hot keys).
+	Split int `yaml:"split"`
 }
 
 // Policy is a validated policy file, ready to resolve limits. It is
@@ -142,6 +144,7 @@ func (p *Policy) Resolve(key, scope, tier string) (enforcement.Resolved, error) 
 		if r.Quota != nil {
 			res.QuotaLimit, res.QuotaPeriod, res.QuotaID = r.Quota.Limit, quotaPeriods[r.Quota.Period], "rule:"+r.Name
 		}
+		res.Split = r.Split
 	}
 	if c := p.ceiling; c != nil {
 		res.Rate = min(res.Rate, c.Rate)
