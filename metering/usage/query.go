@@ -115,9 +115,10 @@ func planTopKeys(db string, p TopKeysParams) topKeysQuery {
 func aligned(t time.Time, d time.Duration) bool { return t.Truncate(d).Equal(t) }
 
 func (q topKeysQuery) toSQL() (string, []any) {
-	// Ties in requests are broken by key so that pages are stable.
+	// Ties in requests are broken by key so that pages are stable. Rows with
+	// key = '' are the meter-consumer's progress markers, not customers.
 	s := fmt.Sprintf("SELECT key, sum(requests) AS n_req, sum(allowed) AS n_ok, sum(rejected) AS n_rej, sum(cost) AS n_cost"+
-		" FROM %s.%s WHERE start >= toDateTime(?) AND start < toDateTime(?)"+
+		" FROM %s.%s WHERE start >= toDateTime(?) AND start < toDateTime(?) AND key != ''"+
 		" GROUP BY key ORDER BY n_req DESC, key LIMIT %d", q.db, q.table, q.limit)
 	return s, []any{q.from.Unix(), q.to.Unix()}
 }
