@@ -1,0 +1,398 @@
+// Package consumer reads decision events from Kafka (consumer group "meter")
+// and writes them through a sink into ClickHouse with exact totals.
+//
+// # Design
+//
+// Kafka decides who owns a partition (the consumer group); ClickHouse
+// decides where to start reading it. For each partition of a generation one
+// goroutine (started with Generation.Start, so the group waits for it before
+// rebalancing):
+//
+//  1. reads the progress of every table from ClickHouse and starts at the
+//     lowest (chsink.Progress.Resume), never at a Kafka committed offset;
+//  2. reloads the deduplication window (event ids of the last offsets) from
+//     decisions_raw;
+//  3. reads messages in offset order into a batch cut by size, by time, and
+//     at every change of UTC month, dropping event ids already seen at an
+//     earlier offset (producer retries);
+//  4. writes the batch (chsink.Sink.Write) and only then commits the offset
+//     to Kafka — for lag tools only, it is never read back.
+//
+// Any error (ClickHouse down, a failed INSERT, a broken fetch) throws away
+// the goroutine's state and starts again at step 1 after a backoff, so a
+// ClickHouse outage, a consumer crash and a rebalance all recover through
+// the same path. While a partition is failing the consumer is not ready.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/metering/chsink"
+)
+
+// Sink stores batches and reports progress (implemented by *chsink.Sink).
+type Sink interface {
+	Progress(ctx context.Context, partition int) (chsink.Progress, error)
+	RecentIDs(ctx context.Context, partition int, after int64, fn func(id string, offset int64)) error
+	Write(ctx context.Context, partition int, recs []chsink.Record, last int64, p *chsink.Progress) error
+}
+
+// Config configures a Consumer. Zero durations and sizes take the
+// documented defaults.
+type Config struct {
+	Brokers []string // required
+	Topic   string   // required
+	GroupID string   // default "meter"
+	Sink    Sink     // required
+	// Ping checks that ClickHouse answers (readiness); required.
+	Ping func(ctx context.Context) error
+
+	BatchSize      int           // messages per batch, default 50,000
+	BatchWait      time.Duration // longest a message waits in a batch, default 500 ms
+	DedupWindow    int64         // offsets per partition within which a repeated event id is a duplicate, default 250,000
+	SessionTimeout time.Duration // consumer-group session, default 10 s (heartbeats every quarter of it)
+	InsertTimeout  time.Duration // one batch write, default 30 s; on shutdown at most 5 s
+
+	Logger   *slog.Logger          // required
+	Registry prometheus.Registerer // required; metrics are registered here
+}
+
+// Consumer is the meter consumer. Create it with New, run it with Run.
+type Consumer struct {
+	cfg  Config
+	log  *slog.Logger
+	m    *metrics
+	seed maphash.Seed
+
+	pingOK  atomic.Bool
+	mu      sync.Mutex
+	failing map[int]string // partition → last error
+}
+
+// New validates cfg and registers the metrics.
+func New(cfg Config) (*Consumer, error) {
+	var errs []error
+	if len(cfg.Brokers) == 0 {
+		errs = append(errs, errors.New("no Kafka brokers"))
+	}
+	if cfg.Topic == "" {
+		errs = append(errs, errors.New("no topic"))
+	}
+	if cfg.Sink == nil || cfg.Ping == nil || cfg.Logger == nil || cfg.Registry == nil {
+		errs = append(errs, errors.New("Sink, Ping, Logger and Registry are required"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	if cfg.GroupID == "" {
+		cfg.GroupID = "meter"
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 50_000
+	}
+	if cfg.BatchWait <= 0 {
+		cfg.BatchWait = 500 * time.Millisecond
+	}
+	if cfg.DedupWindow <= 0 {
+		cfg.DedupWindow = 250_000
+	}
+	if cfg.SessionTimeout <= 0 {
+		cfg.SessionTimeout = 10 * time.Second
+	}
+	if cfg.InsertTimeout <= 0 {
+		cfg.InsertTimeout = 30 * time.Second
+	}
+	m, err := newMetrics(cfg.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: metrics: %w", err)
+	}
+	return &Consumer{cfg: cfg, log: cfg.Logger, m: m, seed: maphash.MakeSeed(), failing: map[int]string{}}, nil
+}
+
+// Ready reports whether the consumer can do its job, and why not.
+func (c *Consumer) Ready() (bool, string) {
+	if !c.pingOK.Load() {
+		return false, "clickhouse unreachable"
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for p, e := range c.failing {
+		return false, fmt.Sprintf("partition %d: %s", p, e)
+	}
+	return true, ""
+}
+
+func (c *Consumer) setFailing(p int, err error) {
+	c.mu.Lock()
+	c.failing[p] = err.Error()
+	c.mu.Unlock()
+}
+
+func (c *Consumer) clearFailing(p int) {
+	c.mu.Lock()
+	delete(c.failing, p)
+	c.mu.Unlock()
+}
+
+// Run consumes until ctx is cancelled, then flushes what it holds (within
+// 5 s), leaves the group and returns nil. It returns an error only when the
+// group cannot be created.
+func (c *Consumer) Run(ctx context.Context) error {
+	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID:                c.cfg.GroupID,
+		Brokers:           c.cfg.Brokers,
+		Topics:            []string{c.cfg.Topic},
+		SessionTimeout:    c.cfg.SessionTimeout,
+		HeartbeatInterval: c.cfg.SessionTimeout / 4,
+		RebalanceTimeout:  c.cfg.SessionTimeout,
+		JoinGroupBackoff:  time.Second,
+		Timeout:           5 * time.Second,
+		// Partitions added to the topic trigger a rebalance.
+		WatchPartitionChanges:  true,
+		PartitionWatchInterval: 10 * time.Second,
+	})
+	if err != nil {
+		return fmt.Errorf("consumer: group %s: %w", c.cfg.GroupID, err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); c.pingLoop(ctx) }()
+
+	for {
+		gen, err := group.Next(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if err != nil {
+			c.log.Warn("consumer group: no generation yet", "group", c.cfg.GroupID, "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		parts := gen.Assignments[c.cfg.Topic]
+		c.m.assigned.Set(float64(len(parts)))
+		ids := make([]int, 0, len(parts))
+		for _, pa := range parts {
+			ids = append(ids, pa.ID)
+		}
+		c.log.Info("consumer group generation", "generation", gen.ID, "member", gen.MemberID, "partitions", ids)
+		for _, pa := range parts {
+			p := pa.ID
+			gen.Start(func(gctx context.Context) { c.runPartition(ctx, gctx, gen, p) })
+		}
+	}
+	// Close ends the current generation: it waits for the partition
+	// goroutines (which flush on ctx) and leaves the group.
+	if err := group.Close(); err != nil {
+		c.log.Warn("leave consumer group", "err", err)
+	}
+	wg.Wait()
+	return nil
+}
+
+func (c *Consumer) pingLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := c.cfg.Ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		was := c.pingOK.Swap(err == nil)
+		if err == nil {
+			c.m.chUp.Set(1)
+			if !was {
+				c.log.Info("clickhouse reachable")
+			}
+		} else {
+			c.m.chUp.Set(0)
+			if was {
+				c.log.Warn("clickhouse unreachable", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// runPartition owns partition p for one generation: it consumes, and after
+// any error starts again from the progress stored in ClickHouse.
+func (c *Consumer) runPartition(runCtx, genCtx context.Context, gen *kafka.Generation, p int) {
+	ctx, cancel := context.WithCancel(runCtx)
+	defer cancel()
+	go func() {
+		select {
+		case <-genCtx.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	defer c.clearFailing(p)
+	defer c.m.lag.DeleteLabelValues(strconv.Itoa(p))
+	backoff := 200 * time.Millisecond
+	for {
+		err := c.consume(ctx, gen, p)
+		if ctx.Err() != nil {
+			return
+		}
+		c.setFailing(p, err)
+		c.m.restarts.Inc()
+		c.log.Warn("partition paused; will resume from ClickHouse progress", "partition", p, "err", err, "backoff", backoff.String())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// consume runs steps 1–4 of the package comment until ctx ends (nil after a
+// final flush) or something fails (the error).
+func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) error {
+	lctx, cancel := context.WithTimeout(ctx, c.cfg.InsertTimeout)
+	prog, err := c.cfg.Sink.Progress(lctx, p)
+	cancel()
+	if err != nil {
+		return err
+	}
+	resume := prog.Resume()
+	dd := newDedup(c.seed, c.cfg.DedupWindow)
+	lctx, cancel = context.WithTimeout(ctx, c.cfg.InsertTimeout)
+	err = c.cfg.Sink.RecentIDs(lctx, p, resume-1-c.cfg.DedupWindow, func(id string, off int64) { dd.add(id, off) })
+	cancel()
+	if err != nil {
+		return err
+	}
+	c.clearFailing(p)
+	c.log.Debug("partition resumed", "partition", p, "offset", resume, "progress", prog[:])
+
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers:       c.cfg.Brokers,
+		Topic:         c.cfg.Topic,
+		Partition:     p,
+		MinBytes:      1,
+		MaxBytes:      16 << 20,
+		MaxWait:       100 * time.Millisecond,
+		QueueCapacity: 1000,
+	})
+	defer r.Close()
+	if err := r.SetOffset(resume); err != nil {
+		return fmt.Errorf("seek partition %d to %d: %w", p, resume, err)
+	}
+
+	var (
+		dec        metering.Decoder
+		batch      = make([]chsink.Record, 0, min(c.cfg.BatchSize, 65536))
+		n          int   // messages in the batch, duplicates and bad ones included
+		last       int64 // offset of the batch's last message
+		month      int
+		batchStart time.Time
+		lastCommit time.Time
+		lagLabel   = strconv.Itoa(p)
+	)
+	flush := func(budget time.Duration) error {
+		if n == 0 {
+			return nil
+		}
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
+		defer cancel()
+		if err := c.cfg.Sink.Write(wctx, p, batch, last, &prog); err != nil {
+			return err
+		}
+		now := time.Now()
+		c.m.batchEvents.Observe(float64(n))
+		c.m.written.Add(float64(len(batch)))
+		nowMs := now.UnixMilli()
+		for i := range batch {
+			c.m.delay.Observe(float64(nowMs-batch[i].Event.TS) / 1000)
+		}
+		c.m.lag.WithLabelValues(lagLabel).Set(float64(max(r.Lag(), 0)))
+		if now.Sub(lastCommit) >= time.Second {
+			// For lag tools only; the resume point is ClickHouse's.
+			if err := gen.CommitOffsets(map[string]map[int]int64{c.cfg.Topic: {p: last + 1}}); err != nil {
+				c.log.Debug("commit offset (informational)", "partition", p, "err", err)
+			}
+			lastCommit = now
+		}
+		batch, n = batch[:0], 0
+		return nil
+	}
+
+	for {
+		if ctx.Err() != nil {
+			// Shutdown or rebalance: the group waits for this goroutine, so
+			// nobody else reads p until the flush is done.
+			return flush(min(c.cfg.InsertTimeout, 5*time.Second))
+		}
+		deadline := time.Now().Add(c.cfg.BatchWait)
+		if n > 0 {
+			deadline = batchStart.Add(c.cfg.BatchWait)
+		}
+		fctx, cancel := context.WithDeadline(ctx, deadline)
+		msg, err := r.FetchMessage(fctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				continue
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				if err := flush(c.cfg.InsertTimeout); err != nil {
+					return err
+				}
+				c.m.lag.WithLabelValues(lagLabel).Set(float64(max(r.Lag(), 0)))
+				continue
+			}
+			return fmt.Errorf("fetch partition %d: %w", p, err)
+		}
+		ev, err := dec.Decode(msg.Value)
+		if err != nil {
+			c.m.bad.Inc()
+			c.log.Debug("skipping undecodable message", "partition", p, "offset", msg.Offset, "err", err)
+		} else {
+			mo := chsink.MonthOf(ev.TS)
+			if len(batch) > 0 && mo != month {
+				if err := flush(c.cfg.InsertTimeout); err != nil {
+					return err
+				}
+			}
+			if dd.add(ev.EventID, msg.Offset) {
+				c.m.duplicates.Inc()
+			} else {
+				if len(batch) == 0 {
+					month = mo
+				}
+				batch = append(batch, chsink.Record{Offset: msg.Offset, Event: ev})
+			}
+		}
+		if n == 0 {
+			batchStart = time.Now()
+		}
+		n++
+		last = msg.Offset
+		if n >= c.cfg.BatchSize {
+			if err := flush(c.cfg.InsertTimeout); err != nil {
+				return err
+			}
+		}
+	}
+}

@@ -1,0 +1,197 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/metering/chsink"
+	"github.com/ratewarden/ratewarden/metering/consumer"
+	"github.com/ratewarden/ratewarden/schema"
+)
+
+var ch *testenv.ClickHouse
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "consumer-ch-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	ch, err = testenv.NewClickHouse(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	ch.Close()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// events makes n distinct events over 20 keys and 2 scopes whose
+// timestamps cross a month boundary (UTC) half way.
+func events(n int) []metering.Event {
+	base := time.Date(2026, 11, 30, 23, 59, 0, 0, time.UTC).UnixMilli()
+	out := make([]metering.Event, n)
+	for i := range out {
+		out[i] = metering.Event{
+			EventID: fmt.Sprintf("ev-%08d", i), TS: base + int64(i)*120_000/int64(n),
+			Key: fmt.Sprintf("k%02d", i%20), Scope: []string{"api:search", "api:read"}[i%2], Tier: "pro",
+			Cost: uint64(i % 7), Allowed: i%3 != 0, Source: "shared", Remaining: 5, Limit: 100,
+			Policy: "pro", Warning: i%5 == 0, Instance: "test",
+		}
+	}
+	return out
+}
+
+func want(evs []metering.Event) map[testenv.UsageKey]testenv.UsageTotal {
+	out := map[testenv.UsageKey]testenv.UsageTotal{}
+	for _, e := range evs {
+		k := testenv.UsageKey{Key: e.Key, Scope: e.Scope}
+		t := out[k]
+		t.Requests++
+		if e.Allowed {
+			t.Allowed++
+			t.Cost += e.Cost
+		} else {
+			t.Rejected++
+		}
+		if e.Warning {
+			t.Warnings++
+		}
+		out[k] = t
+	}
+	return out
+}
+
+func produce(t *testing.T, addr, topic string, evs []metering.Event) {
+	t.Helper()
+	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topic, Balancer: &kafka.Hash{}, BatchSize: 1000, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	msgs := make([]kafka.Message, len(evs))
+	for i := range evs {
+		msgs[i] = kafka.Message{Key: []byte(evs[i].Key), Value: evs[i].AppendEncode(nil)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type running struct {
+	c      *consumer.Consumer
+	reg    *prometheus.Registry
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+}
+
+func startConsumer(t *testing.T, conn driver.Conn, db, broker, topic string, batch int) *running {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	obs, err := consumer.InsertMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := chsink.New(conn, db, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := consumer.New(consumer.Config{
+		Brokers: []string{broker}, Topic: topic, Sink: sink, Ping: conn.Ping,
+		BatchSize: batch, BatchWait: 100 * time.Millisecond, SessionTimeout: 2 * time.Second,
+		Logger: slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{c: c, reg: reg, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(ctx) }()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *running) stop() {
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case <-r.done:
+		case <-time.After(20 * time.Second):
+			panic("consumer did not stop within 20 s")
+		}
+	})
+}
+
+func setup(t *testing.T) (driver.Conn, string) {
+	conn := ch.Conn(t)
+	db := ch.Database(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := schema.Apply(ctx, conn, db); err != nil {
+		t.Fatal(err)
+	}
+	return conn, db
+}
+
+func TestConsumesIntoRollupsExactly(t *testing.T) {
+	conn, db := setup(t)
+	k := testenv.StartKafka(t, "decisions", 4)
+	evs := events(5000)
+	produce(t, k.Addr(), k.Topic(), evs[:3000])
+	r := startConsumer(t, conn, db, k.Addr(), k.Topic(), 700)
+	produce(t, k.Addr(), k.Topic(), evs[3000:])
+	// Producer retries: the same events again, at new offsets.
+	produce(t, k.Addr(), k.Topic(), evs[4000:4500])
+	testenv.WaitUsageTotals(t, conn, db, want(evs), 60*time.Second)
+
+	var raw uint64
+	if err := conn.QueryRow(context.Background(), "SELECT count() FROM "+db+".decisions_raw").Scan(&raw); err != nil {
+		t.Fatal(err)
+	}
+	if raw != uint64(len(evs)) {
+		t.Fatalf("decisions_raw has %d rows, want %d", raw, len(evs))
+	}
+	if d := counter(t, r.reg, "meter_duplicates_discarded_total"); d != 500 {
+		t.Fatalf("duplicates discarded = %v, want 500", d)
+	}
+	if ok, why := r.c.Ready(); !ok {
+		t.Fatalf("not ready: %s", why)
+	}
+	// A restart reads everything again from its ClickHouse progress and
+	// changes nothing.
+	r.stop()
+	startConsumer(t, conn, db, k.Addr(), k.Topic(), 700)
+	produce(t, k.Addr(), k.Topic(), evs[:10]) // old duplicates, within the window
+	time.Sleep(time.Second)
+	testenv.WaitUsageTotals(t, conn, db, want(evs), 30*time.Second)
+}
+
+func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("metric %s not registered", name)
+	return 0
+}

@@ -1,0 +1,91 @@
+package consumer
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratewarden/ratewarden/metering/chsink"
+)
+
+type metrics struct {
+	lag         *prometheus.GaugeVec
+	assigned    prometheus.Gauge
+	batchEvents prometheus.Histogram
+	written     prometheus.Counter
+	duplicates  prometheus.Counter
+	bad         prometheus.Counter
+	delay       prometheus.Histogram
+	chUp        prometheus.Gauge
+	restarts    prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meter_consumer_lag_messages",
+			Help: "Messages between the last one read and the partition's high watermark.",
+		}, []string{"partition"}),
+		assigned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meter_partitions_assigned", Help: "Kafka partitions this consumer owns.",
+		}),
+		batchEvents: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "meter_batch_messages", Help: "Kafka messages per batch written to ClickHouse.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
+		}),
+		written: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meter_events_written_total", Help: "Distinct events written (counted once, when their batch completes).",
+		}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meter_duplicates_discarded_total", Help: "Messages discarded because their event_id was already seen at an earlier offset.",
+		}),
+		bad: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meter_bad_messages_total", Help: "Messages that are not decodable decision events (skipped).",
+		}),
+		delay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "meter_ingest_delay_seconds", Help: "From decision time (event ts) to the event's batch being in every table.",
+			Buckets: []float64{.05, .1, .25, .5, .75, 1, 1.5, 2, 3, 4, 5, 7.5, 10, 15, 30, 60, 300},
+		}),
+		chUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meter_clickhouse_up", Help: "1 when the last ClickHouse ping succeeded.",
+		}),
+		restarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meter_partition_restarts_total", Help: "Times a partition reader restarted from the progress stored in ClickHouse after an error.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.lag, m.assigned, m.batchEvents, m.written, m.duplicates, m.bad, m.delay, m.chUp, m.restarts} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// InsertMetrics registers the ClickHouse INSERT metrics on reg and returns
+// the observer to pass to chsink.New: latency and errors by table.
+func InsertMetrics(reg prometheus.Registerer) (chsink.Observer, error) {
+	secs := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "meter_insert_duration_seconds", Help: "Duration of one ClickHouse INSERT, by table.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+	}, []string{"table"})
+	rows := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "meter_insert_rows", Help: "Rows per ClickHouse INSERT (rollups: aggregated rows plus one marker), by table.",
+		Buckets: prometheus.ExponentialBuckets(1, 4, 10),
+	}, []string{"table"})
+	errs := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "meter_insert_errors_total", Help: "ClickHouse INSERTs that failed, by table.",
+	}, []string{"table"})
+	for _, c := range []prometheus.Collector{secs, rows, errs} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return func(t chsink.Table, n int, d time.Duration, err error) {
+		if err != nil {
+			errs.WithLabelValues(t.String()).Inc()
+			return
+		}
+		secs.WithLabelValues(t.String()).Observe(d.Seconds())
+		rows.WithLabelValues(t.String()).Observe(float64(n))
+	}, nil
+}
