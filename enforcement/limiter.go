@@ -101,11 +101,11 @@ type Limiter struct {
 type policyBox struct{ p Policy }
 
 type entry struct {
-	mu       sync.Mutex
-	pol      *policyBox // the policy res was resolved under
-	tier     string     // the requested tier res was resolved for
-	res      Resolved
-	shadow   Bucket // the shared bucket as last reported; TS 0 = nothing known
+	mu     sync.Mutex
+	pol    *policyBox // the policy res was resolved under
+	tier   string     // the requested tier res was resolved for
+	res    Resolved
+	shadow Bucket // the shared bucket as last reported; TS 0 = nothing known
 	// notBefore and blockedCost: the shared store rejected blockedCost
 	// until notBefore (µs); a request costing as much is rejected locally.
 	notBefore   int64
