@@ -21,7 +21,7 @@ type UsageTotal struct{ Requests, Allowed, Rejected, Cost, Warnings uint64 }
 var RollupTables = []string{"usage_minute", "usage_hour", "usage_day"}
 
 // UsageTotals reads the totals per key and scope from one rollup table of
-// database (markers, key ”, excluded).
+// database (the consumer's markers, whose key is empty, excluded).
 func UsageTotals(ctx context.Context, conn driver.Conn, database, table string) (map[UsageKey]UsageTotal, error) {
 	rows, err := conn.Query(ctx, "SELECT key, scope, sum(requests), sum(allowed), sum(rejected), sum(cost), sum(warnings) FROM "+
 		database+"."+table+" WHERE key != '' GROUP BY key, scope")
