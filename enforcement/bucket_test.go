@@ -17,14 +17,14 @@ func TestBucketSteps(t *testing.T) {
 		clockBack    bool
 	}
 	steps := []step{
-		{now: 1_000_000, cost: 1, allowed: true, tokens: 4},                   // never seen: starts full
-		{now: 1_000_000, cost: 4, allowed: true, tokens: 0},                   // spends the rest
+		{now: 1_000_000, cost: 1, allowed: true, tokens: 4}, // never seen: starts full
+		{now: 1_000_000, cost: 4, allowed: true, tokens: 0}, // spends the rest
 		{now: 1_000_000, cost: 1, allowed: false, tokens: 0, retryAfterUS: 100_000},
-		{now: 1_050_000, cost: 1, allowed: false, tokens: 0.5, retryAfterUS: 50_000}, // rejection still refills
-		{now: 1_100_000, cost: 1, allowed: true, tokens: 0},                   // exactly at the retry time
-		{now: 1_100_000, cost: 0, allowed: true, tokens: 0},                   // cost 0 always allowed
+		{now: 1_050_000, cost: 1, allowed: false, tokens: 0.5, retryAfterUS: 50_000},                 // rejection still refills
+		{now: 1_100_000, cost: 1, allowed: true, tokens: 0},                                          // exactly at the retry time
+		{now: 1_100_000, cost: 0, allowed: true, tokens: 0},                                          // cost 0 always allowed
 		{now: 1_000_000, cost: 1, allowed: false, tokens: 0, retryAfterUS: 100_000, clockBack: true}, // clock stepped back
-		{now: 2_100_000, cost: 3, allowed: true, tokens: 2},                   // refilled to the cap, not beyond
+		{now: 2_100_000, cost: 3, allowed: true, tokens: 2},                                          // refilled to the cap, not beyond
 		{now: 3_000_000, cost: 5, allowed: true, tokens: 0},
 		{now: 3_000_000, cost: 5, allowed: false, tokens: 0, retryAfterUS: 500_000}, // weighted cost waits longer
 	}
