@@ -1,0 +1,30 @@
+// Command meter-consumer reads decision events from Kafka (consumer group
+// "meter") and writes them into ClickHouse: raw decisions and per-minute,
+// per-hour and per-day rollups, with exact totals (see README.md,
+// "Metering: exact totals"). Configuration is read from the environment
+// (CONTRACT.md, "meter-consumer"); logs are JSON on stderr.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	cfg, err := loadConfig(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "meter-consumer: invalid configuration:", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, cfg, log); err != nil {
+		log.Error("meter-consumer failed", "err", err)
+		os.Exit(1)
+	}
+}

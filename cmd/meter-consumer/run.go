@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ratewarden/ratewarden/metering/chsink"
+	"github.com/ratewarden/ratewarden/metering/consumer"
+	"github.com/ratewarden/ratewarden/schema"
+)
+
+// component is one long-running part of the binary: Run blocks until ctx
+// is cancelled, then finishes its work (within the shutdown budget) and
+// returns; Ready says whether it can do its job now.
+type component struct {
+	name  string
+	run   func(ctx context.Context) error
+	ready func() (bool, string)
+}
+
+// run builds the components, serves health and metrics, and stops
+// everything when ctx ends (SIGTERM/SIGINT).
+func run(ctx context.Context, cfg config, log *slog.Logger) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:         []string{cfg.ClickHouseAddr},
+		Auth:         clickhouse.Auth{Database: "default", Username: "default"},
+		DialTimeout:  3 * time.Second,
+		ReadTimeout:  30 * time.Second,
+		MaxOpenConns: 16,
+	})
+	if err != nil {
+		return fmt.Errorf("clickhouse %s: %w", cfg.ClickHouseAddr, err)
+	}
+	defer conn.Close()
+
+	var schemaReady atomic.Bool
+	schemaComp := component{
+		name: "schema",
+		run: func(ctx context.Context) error {
+			applySchema(ctx, conn, cfg.Database, log)
+			schemaReady.Store(ctx.Err() == nil)
+			<-ctx.Done()
+			return nil
+		},
+		ready: func() (bool, string) {
+			if !schemaReady.Load() {
+				return false, "schema not applied yet (waiting for ClickHouse)"
+			}
+			return true, ""
+		},
+	}
+
+	obs, err := consumer.InsertMetrics(reg)
+	if err != nil {
+		return err
+	}
+	sink, err := chsink.New(conn, cfg.Database, obs)
+	if err != nil {
+		return err
+	}
+	meter, err := consumer.New(consumer.Config{
+		Brokers:        cfg.KafkaBrokers,
+		Topic:          cfg.KafkaTopic,
+		GroupID:        "meter",
+		Sink:           sink,
+		Ping:           conn.Ping,
+		BatchSize:      cfg.BatchSize,
+		BatchWait:      cfg.BatchWait,
+		DedupWindow:    cfg.DedupWindow,
+		SessionTimeout: cfg.SessionTimeout,
+		Logger:         log.With("component", "meter"),
+		Registry:       reg,
+	})
+	if err != nil {
+		return err
+	}
+	meterComp := component{
+		name: "meter",
+		run: func(ctx context.Context) error {
+			// The tables must exist before the first batch.
+			for !schemaReady.Load() {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+			return meter.Run(ctx)
+		},
+		ready: meter.Ready,
+	}
+
+	components := []component{schemaComp, meterComp}
+	// The soft-limit notifier (consumer group "notifier") is started here
+	// when cfg.WebhookURL is set: append its component to the list.
+	if cfg.WebhookURL != "" {
+		log.Warn("WEBHOOK_URL is set but the notifier is not wired into this build yet")
+	}
+
+	ln, err := net.Listen("tcp", cfg.MeterAddr)
+	if err != nil {
+		return fmt.Errorf("METER_ADDR %s: %w", cfg.MeterAddr, err)
+	}
+	srv := &http.Server{Handler: healthMux(reg, components), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("health server", "err", err)
+		}
+	}()
+	log.Info("meter-consumer started", "addr", ln.Addr().String(), "kafka", cfg.KafkaBrokers, "topic", cfg.KafkaTopic,
+		"clickhouse", cfg.ClickHouseAddr, "database", cfg.Database)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, len(components))
+	for _, c := range components {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.run(ctx); err != nil {
+				errs <- fmt.Errorf("%s: %w", c.name, err)
+			}
+		}()
+	}
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errs:
+	}
+	log.Info("meter-consumer stopping")
+	cancel() // when one component failed, stop the others
+	wg.Wait()
+	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer scancel()
+	_ = srv.Shutdown(sctx)
+	log.Info("meter-consumer stopped")
+	return runErr
+}
+
+// applySchema applies the migrations, retrying while ClickHouse is
+// unreachable, until it succeeds or ctx ends.
+func applySchema(ctx context.Context, conn driver.Conn, db string, log *slog.Logger) {
+	backoff := 200 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := schema.Apply(actx, conn, db)
+		cancel()
+		if err == nil {
+			v, _ := schema.Version(ctx, conn, db)
+			log.Info("schema applied", "database", db, "version", v)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("schema not applied yet; retrying", "database", db, "err", err, "backoff", backoff.String())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func healthMux(reg *prometheus.Registry, components []component) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		reasons := map[string]string{}
+		for _, c := range components {
+			if ok, why := c.ready(); !ok {
+				reasons[c.name] = why
+			}
+		}
+		if len(reasons) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_ = json.NewEncoder(w).Encode(map[string]any{"status": "not ready", "reasons": reasons})
+			return
+		}
+		_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	return mux
+}
