@@ -131,7 +131,7 @@ func startNotifier(t *testing.T, conn driver.Conn, db string, k *testenv.Kafka, 
 	reg := prometheus.NewRegistry()
 	cfg := notify.Config{
 		Brokers: []string{k.Addr()}, Topic: k.Topic(), URL: url, Secret: secret,
-		Retry: notify.Schedule{Base: 20 * time.Millisecond, Max: 200 * time.Millisecond, Attempts: 6},
+		Retry:          notify.Schedule{Base: 20 * time.Millisecond, Max: 200 * time.Millisecond, Attempts: 6},
 		AttemptTimeout: 2 * time.Second, SessionTimeout: 2 * time.Second, RecordEvery: 50 * time.Millisecond,
 		ShutdownGrace: time.Second, Conn: conn, Database: db, Registry: reg,
 		Logger: slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
