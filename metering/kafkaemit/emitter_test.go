@@ -1,0 +1,228 @@
+package kafkaemit_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/metering/kafkaemit"
+)
+
+func event(i int) metering.Event {
+	return metering.Event{
+		EventID: fmt.Sprintf("ev-%08d", i), TS: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC).UnixMilli() + int64(i),
+		Key: fmt.Sprintf("acct_%d", i%50), Scope: "api:search", Tier: "pro", Cost: 1, Allowed: i%4 != 0,
+		Source: "shared", Remaining: 3, Limit: 100, Policy: "pro", Instance: "lim-1",
+	}
+}
+
+func newEmitter(tb testing.TB, brokers string, cfg kafkaemit.Config) (*kafkaemit.Emitter, *prometheus.Registry) {
+	tb.Helper()
+	reg := prometheus.NewRegistry()
+	cfg.Brokers = []string{brokers}
+	if cfg.Topic == "" {
+		cfg.Topic = "decisions"
+	}
+	cfg.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil))
+	cfg.Registry = reg
+	e, err := kafkaemit.New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = e.Close(ctx)
+	})
+	return e, reg
+}
+
+func counterValue(tb testing.TB, reg *prometheus.Registry, name, reason string) float64 {
+	tb.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var v float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			match := reason == ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					match = true
+				}
+			}
+			if match {
+				v += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return v
+}
+
+// readAll reads every message of topic, by partition.
+func readAll(t *testing.T, addr, topic string, partitions, want int) map[int][]kafka.Message {
+	t.Helper()
+	out := map[int][]kafka.Message{}
+	deadline := time.Now().Add(30 * time.Second)
+	total := 0
+	for p := 0; p < partitions; p++ {
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: topic, Partition: p, MaxWait: 50 * time.Millisecond})
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			m, err := r.ReadMessage(ctx)
+			cancel()
+			if err != nil {
+				break
+			}
+			out[p] = append(out[p], m)
+			total++
+		}
+		r.Close()
+	}
+	if total != want && time.Now().Before(deadline) {
+		t.Fatalf("read %d messages, want %d", total, want)
+	}
+	return out
+}
+
+func TestEmitsKeyedEventsAndFlushesOnClose(t *testing.T) {
+	k := testenv.StartKafka(t, "decisions", 4)
+	e, reg := newEmitter(t, k.Addr(), kafkaemit.Config{})
+	const n = 20000
+	for i := 0; i < n; i++ {
+		e.Emit(event(i))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e.Dropped() != 0 || e.Sent() != n {
+		t.Fatalf("sent %d dropped %d, want %d and 0", e.Sent(), e.Dropped(), n)
+	}
+	if v := counterValue(t, reg, "metering_emitter_events_sent_total", ""); v != n {
+		t.Fatalf("sent metric %v, want %d", v, n)
+	}
+	byPart := readAll(t, k.Addr(), "decisions", 4, n)
+	seen := map[string]bool{}
+	keyPart := map[string]int{}
+	for p, msgs := range byPart {
+		lastTS := map[string]int64{}
+		for _, m := range msgs {
+			ev, err := metering.Decode(m.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(m.Key) != ev.Key {
+				t.Fatalf("message key %q, event key %q", m.Key, ev.Key)
+			}
+			if q, ok := keyPart[ev.Key]; ok && q != p {
+				t.Fatalf("key %s in partitions %d and %d", ev.Key, q, p)
+			}
+			keyPart[ev.Key] = p
+			if ev.TS < lastTS[ev.Key] {
+				t.Fatalf("key %s out of order in partition %d", ev.Key, p)
+			}
+			lastTS[ev.Key] = ev.TS
+			if ev != event(mustIndex(t, ev.EventID)) {
+				t.Fatalf("event changed on the way: %+v", ev)
+			}
+			seen[ev.EventID] = true
+		}
+	}
+	if len(seen) != n {
+		t.Fatalf("%d distinct events in Kafka, want %d", len(seen), n)
+	}
+}
+
+func mustIndex(t *testing.T, id string) int {
+	var i int
+	if _, err := fmt.Sscanf(id, "ev-%d", &i); err != nil {
+		t.Fatal(err)
+	}
+	return i
+}
+
+// With no broker at all, Emit returns at once and every event is either
+// dropped and counted or (never, here) sent.
+func TestKafkaDownDropsAndCountsWithoutBlocking(t *testing.T) {
+	k := testenv.StartKafka(t, "decisions", 4)
+	addr := k.Addr()
+	k.Close() // the broker is gone: connections are refused
+	e, reg := newEmitter(t, addr, kafkaemit.Config{Buffer: 1000, WriteTimeout: 500 * time.Millisecond})
+	const n = 50000
+	for i := 0; i < n; i++ {
+		e.Emit(event(i)) // a blocking Emit would hang here until the test times out
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = e.Close(ctx)
+	if e.Sent() != 0 || e.Dropped() != n {
+		t.Fatalf("sent %d dropped %d, want 0 and %d (every event accounted for)", e.Sent(), e.Dropped(), n)
+	}
+	if d := counterValue(t, reg, "metering_emitter_events_dropped_total", ""); d != n {
+		t.Fatalf("dropped metric %v, want %d", d, n)
+	}
+	if counterValue(t, reg, "metering_emitter_events_dropped_total", kafkaemit.ReasonKafka) == 0 {
+		t.Fatal("no kafka_error drops counted with the broker down")
+	}
+	e.Emit(event(0))
+	if e.Dropped() != n+1 {
+		t.Fatal("Emit after Close was not counted as dropped")
+	}
+}
+
+func BenchmarkEmit(b *testing.B) {
+	k := testenv.StartKafka(b, "decisions", 4)
+	e, _ := newEmitter(b, k.Addr(), kafkaemit.Config{})
+	ev := event(1)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		e.Emit(ev)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(e.Dropped())/float64(b.N), "dropped/op")
+}
+
+func BenchmarkEmitParallel(b *testing.B) {
+	k := testenv.StartKafka(b, "decisions", 4)
+	e, _ := newEmitter(b, k.Addr(), kafkaemit.Config{})
+	ev := event(1)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			e.Emit(ev)
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(e.Dropped())/float64(b.N), "dropped/op")
+}
+
+// BenchmarkEmitBuffered measures Emit when nothing is dropped: the buffer
+// holds every event of the run (use -benchtime Nx with N ≤ 1,000,000).
+func BenchmarkEmitBuffered(b *testing.B) {
+	k := testenv.StartKafka(b, "decisions", 4)
+	e, _ := newEmitter(b, k.Addr(), kafkaemit.Config{Buffer: min(b.N+1, 1_000_001)})
+	ev := event(1)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		e.Emit(ev)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(e.Dropped())/float64(b.N), "dropped/op")
+}
