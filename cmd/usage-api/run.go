@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/ratewarden/ratewarden/metering/usage"
+	"github.com/ratewarden/ratewarden/schema"
+)
+
+// run serves until ctx ends, then drains in-flight requests (at most 10 s).
+func run(ctx context.Context, cfg config, log *slog.Logger) error {
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:         []string{cfg.ClickHouseAddr},
+		Auth:         clickhouse.Auth{Database: "default", Username: "default"},
+		DialTimeout:  3 * time.Second,
+		ReadTimeout:  cfg.QueryTimeout + 5*time.Second,
+		MaxOpenConns: 16,
+	})
+	if err != nil {
+		return fmt.Errorf("clickhouse %s: %w", cfg.ClickHouseAddr, err)
+	}
+	defer conn.Close()
+
+	store, err := usage.NewStore(conn, cfg.Database)
+	if err != nil {
+		return err
+	}
+	signer, err := usage.NewSigner([]byte(cfg.TokenSecret))
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err := usage.New(usage.Config{Store: store, Signer: signer, AdminToken: cfg.AdminToken,
+		PolicyPath: cfg.PolicyFile, Logger: log, Registry: reg, QueryTimeout: cfg.QueryTimeout})
+	if err != nil {
+		return err
+	}
+
+	// The schema (our tables and the rollups) is applied in the background
+	// until it succeeds: the API starts, and answers 503, while ClickHouse is
+	// still down.
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); applySchema(ctx, conn, cfg.Database, log) }()
+
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Addr, err)
+	}
+	hs := &http.Server{
+		Handler:           srv.Handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      cfg.QueryTimeout + 20*time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+	log.Info("usage-api listening", "addr", ln.Addr().String(), "clickhouse", cfg.ClickHouseAddr, "database", cfg.Database, "policy_file", cfg.PolicyFile)
+
+	select {
+	case err := <-serveErr:
+		wg.Wait()
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = hs.Shutdown(sctx)
+	wg.Wait()
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func applySchema(ctx context.Context, conn driver.Conn, db string, log *slog.Logger) {
+	backoff := 200 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := schema.Apply(actx, conn, db)
+		cancel()
+		if err == nil {
+			log.Info("schema applied", "database", db)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("schema not applied yet; retrying", "database", db, "err", err, "backoff", backoff.String())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+}
