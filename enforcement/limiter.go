@@ -48,14 +48,14 @@ var ErrUnknownTier = errors.New("unknown tier")
 // Observer receives what the limiter does, for metrics. Implementations must
 // be safe for concurrent use and cheap: they run on every decision.
 type Observer interface {
-	Decided(req *Request, d *Decision, took time.Duration)
+	Decided(req Request, d Decision, took time.Duration)
 	AuthorityFailed(err error)
 	ClockBack()
 }
 
 // Recorder receives every decision, for metering. It must never block.
 type Recorder interface {
-	Record(req *Request, d *Decision, at time.Time)
+	Record(req Request, d Decision, at time.Time)
 }
 
 // Config configures a Limiter. The zero value of each field is a documented default.
@@ -171,8 +171,10 @@ func (l *Limiter) Close(ctx context.Context) error {
 
 // now returns µs on the limiter's clock, ≥ 1 so that 0 keeps meaning
 // "never seen". With the default clock this is monotonic.
-func (l *Limiter) now() int64 {
-	return max(1, int64(l.cfg.Now().Sub(l.epoch)/time.Microsecond)+1)
+func (l *Limiter) now() int64 { return l.micros(l.cfg.Now()) }
+
+func (l *Limiter) micros(t time.Time) int64 {
+	return max(1, int64(t.Sub(l.epoch)/time.Microsecond)+1)
 }
 
 // Check decides whether req may proceed. The error is non-nil only for a
@@ -180,13 +182,13 @@ func (l *Limiter) now() int64 {
 // ErrCostExceedsLimit); an unreachable authority is handled by the failure
 // policy and never surfaces as an error.
 func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
-	start := time.Now()
+	start := l.cfg.Now() // one clock reading serves the whole local path
 	if req.Key == "" || req.Scope == "" || (req.HasCost && req.Cost < 0) {
 		return Decision{}, fmt.Errorf("%w: key and scope are required and cost must be ≥ 0", ErrInvalidRequest)
 	}
 	box := l.policy.Load()
 	e := l.entries.get(bucketID{req.Key, req.Scope}, nil)
-	nowUS := l.now()
+	nowUS := l.micros(start)
 
 	e.mu.Lock()
 	if e.pol != box || e.tier != req.Tier {
@@ -215,14 +217,14 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 		if wait := e.localWait(nowUS, cost, l.localRate(res.Rate)); wait > 0 {
 			reset := ceilUS(float64(res.Burst) / res.Rate) // nothing known: at most an empty bucket's refill
 			if e.shadow.TS != 0 {
-				probe := e.shadow
-				reset = probe.Take(nowUS, res.Rate, res.Burst, 0).ResetAfterUS
-				d.Remaining = wholeTokens(probe.Tokens)
+				tokens := min(float64(res.Burst), e.shadow.Tokens+float64(max(0, nowUS-e.shadow.TS))*res.Rate/1e6)
+				reset = ceilUS((float64(res.Burst) - tokens) / res.Rate)
+				d.Remaining = wholeTokens(tokens)
 			}
 			e.mu.Unlock()
 			d.Source = SourceLocal
 			d.RetryAfter = time.Duration(ceilMS(wait)) * time.Millisecond
-			d.ResetAt = l.cfg.Now().Add(time.Duration(reset) * time.Microsecond)
+			d.ResetAt = start.Add(time.Duration(reset) * time.Microsecond)
 			return l.finish(&req, d, start), nil
 		}
 	}
@@ -311,10 +313,10 @@ func (l *Limiter) finish(req *Request, d Decision, start time.Time) Decision {
 		d.RetryAfter = 0
 	}
 	if l.cfg.Observer != nil {
-		l.cfg.Observer.Decided(req, &d, time.Since(start))
+		l.cfg.Observer.Decided(*req, d, max(0, time.Since(start)))
 	}
 	if l.cfg.Recorder != nil {
-		l.cfg.Recorder.Record(req, &d, start)
+		l.cfg.Recorder.Record(*req, d, start)
 	}
 	return d
 }

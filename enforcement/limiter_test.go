@@ -61,7 +61,7 @@ type observer struct {
 	bySource          sync.Map
 }
 
-func (o *observer) Decided(_ *enforcement.Request, d *enforcement.Decision, _ time.Duration) {
+func (o *observer) Decided(_ enforcement.Request, d enforcement.Decision, _ time.Duration) {
 	v, _ := o.bySource.LoadOrStore(d.Source, new(atomic.Int64))
 	v.(*atomic.Int64).Add(1)
 }

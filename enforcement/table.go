@@ -40,8 +40,9 @@ func newTable[T any](maxEntries int) *table[T] {
 }
 
 func (t *table[T]) shardOf(id bucketID) *shard[T] {
-	h := maphash.String(t.seed, id.key) ^ maphash.String(t.seed, id.scope)*31
-	return &t.shards[h%tableShards]
+	// The key alone picks the shard: one hash instead of two, and scopes of
+	// one key are few.
+	return &t.shards[maphash.String(t.seed, id.key)%tableShards]
 }
 
 // get returns the entry for id, creating it with init when missing.

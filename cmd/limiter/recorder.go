@@ -25,7 +25,7 @@ type meteringRecorder struct {
 	instance string
 }
 
-func (m *meteringRecorder) Record(req *enforcement.Request, d *enforcement.Decision, at time.Time) {
+func (m *meteringRecorder) Record(req enforcement.Request, d enforcement.Decision, at time.Time) {
 	m.sink.Emit(metering.Event{
 		EventID:   m.ids.Next(at),
 		TS:        at.UnixMilli(),

@@ -92,7 +92,7 @@ func New(reg prometheus.Registerer) *Metrics {
 }
 
 // Decided implements enforcement.Observer.
-func (m *Metrics) Decided(req *enforcement.Request, d *enforcement.Decision, took time.Duration) {
+func (m *Metrics) Decided(req enforcement.Request, d enforcement.Decision, took time.Duration) {
 	// Count by what enforcement decided (WouldAllow): a dry-run rejection is
 	// still a rejection for the ratio alerts, and is marked would_reject.
 	a := 0

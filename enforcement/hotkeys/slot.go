@@ -1,0 +1,48 @@
+package hotkeys
+
+// Slot is the Redis Cluster hash slot (0–16383) of a Redis key: CRC16
+// (XMODEM) of the key's hash tag — the part between the first "{" and the
+// next "}", when that is not empty — or of the whole key, modulo 16384.
+func Slot(redisKey string) uint16 {
+	s := redisKey
+	for i := 0; i < len(s); i++ {
+		if s[i] == '{' {
+			for j := i + 1; j < len(s); j++ {
+				if s[j] == '}' {
+					if j > i+1 {
+						s = s[i+1 : j]
+					}
+					break
+				}
+			}
+			break
+		}
+	}
+	return crc16(s) % SlotCount
+}
+
+// SlotCount is the number of Redis Cluster hash slots.
+const SlotCount = 16384
+
+var crcTable = func() (t [256]uint16) {
+	for i := range t {
+		c := uint16(i) << 8
+		for range 8 {
+			if c&0x8000 != 0 {
+				c = c<<1 ^ 0x1021
+			} else {
+				c <<= 1
+			}
+		}
+		t[i] = c
+	}
+	return t
+}()
+
+func crc16(s string) uint16 {
+	var c uint16
+	for i := 0; i < len(s); i++ {
+		c = c<<8 ^ crcTable[byte(c>>8)^s[i]]
+	}
+	return c
+}
