@@ -46,3 +46,19 @@ func crc16(s string) uint16 {
 	}
 	return c
 }
+
+// KeySlot is the hash slot of the bucket of (key, scope) in redisstore's
+// layout, "<prefix>:{key}:b:scope": the hash tag is the rate-limit key up to
+// its first "}" (the whole Redis key when that leaves the tag empty). It
+// does not allocate.
+func KeySlot(key, scope string) uint16 {
+	for i := 0; i < len(key); i++ {
+		if key[i] == '}' {
+			if i == 0 {
+				return Slot("rl:{" + key + "}:b:" + scope)
+			}
+			return crc16(key[:i]) % SlotCount
+		}
+	}
+	return crc16(key) % SlotCount
+}

@@ -35,10 +35,10 @@ type Config struct {
 	Shards int
 	// Window is the counting window (default 10s).
 	Window time.Duration
-	// RedisKey maps (key, scope) to the Redis key of its bucket, whose
-	// hash slot places it on a shard (default: redisstore's layout with
-	// prefix "rl", "rl:{key}:b:scope").
-	RedisKey func(key, scope string) string
+	// SlotOf is the Redis Cluster hash slot of the bucket of (key, scope)
+	// (default KeySlot: redisstore's layout, where the rate-limit key is
+	// the hash tag).
+	SlotOf func(key, scope string) uint16
 	// Owner names the shard serving a hash slot, e.g. "127.0.0.1:7000"
 	// (default: every slot is "redis", one standalone server).
 	Owner func(slot uint16) string
@@ -78,8 +78,8 @@ func New(cfg Config) *Tracker {
 	if cfg.Window <= 0 {
 		cfg.Window = 10 * time.Second
 	}
-	if cfg.RedisKey == nil {
-		cfg.RedisKey = func(key, scope string) string { return "rl:{" + key + "}:b:" + scope }
+	if cfg.SlotOf == nil {
+		cfg.SlotOf = KeySlot
 	}
 	if cfg.Owner == nil {
 		cfg.Owner = func(uint16) string { return "redis" }
@@ -111,8 +111,11 @@ func (t *Tracker) current(now time.Time) *window {
 	if w = t.cur.Load(); now.Sub(w.start) < t.cfg.Window {
 		return w
 	}
-	next := t.newWindow(now)
-	if now.Sub(w.start) < 2*t.cfg.Window {
+	// Windows stay aligned to the first one's start, so the previous
+	// window and the current one are contiguous.
+	elapsed := now.Sub(w.start)
+	next := t.newWindow(w.start.Add(elapsed - elapsed%t.cfg.Window))
+	if elapsed < 2*t.cfg.Window {
 		t.prev.Store(w)
 	} else {
 		t.prev.Store(nil) // a gap: the old window says nothing about now
@@ -125,7 +128,7 @@ func (t *Tracker) current(now time.Time) *window {
 // answered it (a Redis operation).
 func (t *Tracker) Record(key, scope string, shared bool) {
 	w := t.current(t.cfg.Now())
-	slot := Slot(t.cfg.RedisKey(key, scope))
+	slot := t.cfg.SlotOf(key, scope)
 	w.slots[slot].Add(1)
 	w.total.Add(1)
 	sh := &w.shards[int(slot)%len(w.shards)]
@@ -206,7 +209,7 @@ func (t *Tracker) Snapshot(n int) Snapshot {
 	}
 	snap := Snapshot{At: now.UTC(), WindowSeconds: secs, TotalOpsPerSecond: float64(total) / secs}
 	for k, a := range all {
-		slot := Slot(t.cfg.RedisKey(k.key, k.scope))
+		slot := t.cfg.SlotOf(k.key, k.scope)
 		snap.Keys = append(snap.Keys, KeyRate{
 			Key: k.key, Scope: k.scope,
 			OpsPerSecond:       float64(a.count) / secs,
