@@ -22,7 +22,7 @@ func TestSlot(t *testing.T) {
 		want uint16
 	}{
 		{"123456789", 0x31C3 % 16384}, // the CRC16/XMODEM check value
-		{"foo", 12182},                 // CLUSTER KEYSLOT foo
+		{"foo", 12182},                // CLUSTER KEYSLOT foo
 		{"{user1000}.following", hotkeys.Slot("user1000")},
 		{"foo{}{bar}", hotkeys.Slot("foo{}{bar}")}, // empty tag: the whole key
 		{"rl:{acct_1}:b:api", hotkeys.Slot("acct_1")},
