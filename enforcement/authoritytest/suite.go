@@ -95,7 +95,7 @@ func Run(t *testing.T, a enforcement.Authority) {
 
 	t.Run("Quota", func(t *testing.T) {
 		k := key()
-		lim := enforcement.Limit{Rate: 1000, Burst: 1000, QuotaLimit: 5, QuotaPeriod: enforcement.PeriodDay, QuotaID: "tier:test"}
+		lim := enforcement.Limit{Rate: 1e-3, Burst: 1000, QuotaLimit: 5, QuotaPeriod: enforcement.PeriodDay, QuotaID: "tier:test"}
 		if v := take(t, k, lim, 3); !v.Allowed || v.QuotaUsed != 3 {
 			t.Fatalf("within quota: %+v", v)
 		}
@@ -122,8 +122,8 @@ func Run(t *testing.T, a enforcement.Authority) {
 		if v := take(t, k, lim, 7); v.Warning {
 			t.Fatalf("70%% used warned: %+v", v)
 		}
-		if v := take(t, k, lim, 1); !v.Warning {
-			t.Fatalf("80%% used did not warn: %+v", v)
+		if v := take(t, k, lim, 2); !v.Warning {
+			t.Fatalf("90%% used did not warn: %+v", v)
 		}
 	})
 }
