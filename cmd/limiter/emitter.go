@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/metering/kafkaemit"
 )
 
 type closableSink interface {
@@ -15,7 +14,14 @@ type closableSink interface {
 	Close(ctx context.Context) error
 }
 
+// newEmitter starts the bounded, non-blocking Kafka emitter: a slow or dead
+// broker drops (and counts) events, never slows a decision.
 func newEmitter(cfg config, reg prometheus.Registerer, log *slog.Logger) (closableSink, error) {
-	_ = metering.Event{}
-	return nil, errors.New("KAFKA_BROKERS: the Kafka emitter is being integrated")
+	return kafkaemit.New(kafkaemit.Config{
+		Brokers:  cfg.KafkaBrokers,
+		Topic:    cfg.KafkaTopic,
+		Buffer:   cfg.EmitBuffer,
+		Logger:   log,
+		Registry: reg,
+	})
 }
