@@ -106,7 +106,7 @@ rules:
     rate: 50
     burst: 100
 costs: { "api:search": 10 }
-keys: { acct_a: enterprise, acct_b: pro }
+keys: { acct_a: enterprise, acct_b: pro, acct_dash: enterprise }
 `
 
 func writeFile(t testing.TB, path, body string) {

@@ -1,0 +1,198 @@
+package usage
+
+import (
+	"context"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// artifactsDir is <repo>/testdata-artifacts (git-ignored), where the browser
+// test leaves its screenshots.
+func artifactsDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("go.mod not found above the test directory")
+		}
+		dir = parent
+	}
+	out := filepath.Join(dir, "testdata-artifacts")
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func browser(t *testing.T) (context.Context, context.CancelFunc) {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("chromium is not installed (apt-get install chromium; CI installs it in .ci/run): %v", err)
+	}
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(path),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 900),
+	}
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
+	return ctx, func() { cancelTimeout(); cancelCtx(); cancelAlloc() }
+}
+
+// TestDashboardInBrowser loads the page in headless Chromium with seeded
+// data, enters a portal token, and checks that one chart per scope rendered
+// and that the totals shown equal the API's; it saves screenshots (desktop
+// and phone width) to testdata-artifacts/.
+func TestDashboardInBrowser(t *testing.T) {
+	now := time.Now().UTC()
+	e := newEnv(t, sharedCH, now)
+	e.srv.cfg.Now = time.Now
+	var ds []decision
+	scopes := []string{"api:search", "api:write", "health"}
+	for i := 0; i < 3000; i++ {
+		// Between 20 h and 10 min ago: inside any "last 24 hours" window.
+		ts := now.Add(-10*time.Minute - time.Duration(i)*(20*time.Hour-10*time.Minute)/3000)
+		ds = append(ds, decision{ts: ts, key: "acct_dash", scope: scopes[i%3], tier: "enterprise",
+			cost: uint64(1 + i%5), allowed: i%7 != 0 && !(i > 2500 && i%2 == 0), warning: i < 150})
+	}
+	seed(t, e.conn, e.db, ds)
+	tok := e.issue("acct_dash", 3600).Token
+
+	q := url.Values{"from": {now.Add(-24 * time.Hour).Format(time.RFC3339)}, "to": {now.Format(time.RFC3339)}, "window": {"hour"}}
+	code, b := e.do("GET", "/v1/usage?"+q.Encode(), tok, "")
+	if code != 200 {
+		t.Fatalf("api: %d %s", code, b)
+	}
+	api := decode[usageResponse](t, b).Totals
+	if api.Requests != uint64(len(ds)) {
+		t.Fatalf("api totals %+v, want %d requests", api, len(ds))
+	}
+
+	ctx, cancel := browser(t)
+	defer cancel()
+	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			t.Fatalf("browser, %s: %v", what, err)
+		}
+	}
+	text := func(id string) string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Text(chromedp.ID(id)))
+		if err != nil {
+			t.Fatalf("browser, text of #%s: %v", id, err)
+		}
+		return v
+	}
+	attr := func(id, name string) string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.ID(id), name))
+		if err != nil {
+			t.Fatalf("browser, %s of #%s: %v", name, id, err)
+		}
+		return v.Value
+	}
+	eval := func(js string) int {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[int](js))
+		if err != nil {
+			t.Fatalf("browser, %s: %v", js, err)
+		}
+		return v
+	}
+	// Quality 100 makes a PNG (below 100 chromedp takes a JPEG).
+	screenshot := func(name string, quality int) {
+		t.Helper()
+		shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(quality))
+		if err != nil {
+			t.Fatalf("browser, screenshot: %v", err)
+		}
+		path := filepath.Join(artifactsDir(t), name)
+		if err := os.WriteFile(path, shot, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot: %s", path)
+	}
+	enter := func(token, state string) {
+		t.Helper()
+		do("enter a token",
+			chromedp.WaitVisible(chromedp.ID("token")),
+			chromedp.SendKeys(chromedp.ID("token"), token),
+			chromedp.Click(chromedp.ID("load")),
+			chromedp.WaitVisible(chromedp.CSS(`body[data-state="`+state+`"]`)),
+		)
+	}
+
+	do("open the page", chromedp.Navigate(e.http.URL+"/"))
+	enter(tok, "ready")
+	if n := eval(`document.querySelectorAll("#charts .chart .uplot canvas").length`); n != len(scopes) {
+		t.Errorf("%d charts rendered, want %d (one per scope)", n, len(scopes))
+	}
+	if n := eval(`Math.min.apply(null, Array.from(document.querySelectorAll("#charts canvas")).map(c => c.width))`); n < 200 {
+		t.Errorf("charts are %d px wide", n)
+	}
+	for _, tc := range []struct {
+		id   string
+		want uint64
+	}{{"total-requests", api.Requests}, {"total-allowed", api.Allowed}, {"total-rejected", api.Rejected}, {"total-cost", api.Cost}} {
+		if got := attr(tc.id, "data-value"); got != strconv.FormatUint(tc.want, 10) {
+			t.Errorf("#%s shows %q, the API says %d", tc.id, got, tc.want)
+		}
+	}
+	// The visible text matches too (formatted with separators).
+	if got := strings.NewReplacer(",", "", ".", "", " ", "", "\u202f", "", "\u00a0", "").Replace(text("total-requests")); got != strconv.FormatUint(api.Requests, 10) {
+		t.Errorf("requests shown as %q, want %d", got, api.Requests)
+	}
+	if q, badge, status := text("quota-body"), text("soft-state"), text("status"); !strings.Contains(q, "of 1,000 tokens this month") || badge != "soft limit reached" || strings.TrimSpace(status) != "" {
+		t.Errorf("quota %q, badge %q, status %q", q, badge, status)
+	}
+	screenshot("usage-dashboard.png", 100)
+
+	// Phone width: the layout reflows and nothing scrolls sideways.
+	do("phone viewport", chromedp.EmulateViewport(390, 844, chromedp.EmulateScale(2), chromedp.EmulateMobile), chromedp.Sleep(300*time.Millisecond))
+	if eval(`document.documentElement.scrollWidth > window.innerWidth + 1 ? 1 : 0`) != 0 {
+		t.Error("the page scrolls sideways at 390 px")
+	}
+	screenshot("usage-dashboard-phone.png", 100)
+	do("desktop viewport", chromedp.EmulateViewport(1280, 900))
+
+	// Error state: a bad token gives a readable message.
+	do("forget the token", chromedp.Click(chromedp.ID("forget")))
+	enter(tok[:len(tok)-4]+"AAAA", "error")
+	if s := text("status"); !strings.Contains(s, "not accepted") {
+		t.Errorf("error state says %q", s)
+	}
+
+	// Empty state: a key with no traffic.
+	do("forget the token", chromedp.Click(chromedp.ID("forget")))
+	enter(e.issue("acct_empty", 3600).Token, "ready")
+	if s := text("status"); !strings.Contains(s, "No traffic in this range") {
+		t.Errorf("empty state says %q", s)
+	}
+}
