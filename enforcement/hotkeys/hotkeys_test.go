@@ -16,23 +16,6 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/hotkeys"
 )
 
-func TestSlot(t *testing.T) {
-	for _, c := range []struct {
-		key  string
-		want uint16
-	}{
-		{"123456789", 0x31C3 % 16384}, // the CRC16/XMODEM check value
-		{"foo", 12182},                // CLUSTER KEYSLOT foo
-		{"{user1000}.following", hotkeys.Slot("user1000")},
-		{"foo{}{bar}", hotkeys.Slot("foo{}{bar}")}, // empty tag: the whole key
-		{"rl:{acct_1}:b:api", hotkeys.Slot("acct_1")},
-	} {
-		if got := hotkeys.Slot(c.key); got != c.want {
-			t.Errorf("Slot(%q) = %d, want %d", c.key, got, c.want)
-		}
-	}
-}
-
 // clock is a settable clock.
 type clock struct {
 	mu sync.Mutex

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 )
 
 // Config configures a Tracker. The zero value of each field is its documented default.
@@ -57,7 +58,7 @@ type Tracker struct {
 type window struct {
 	start  time.Time
 	shards []sketchShard
-	slots  [SlotCount]atomic.Uint32
+	slots  [keyslot.Count]atomic.Uint32
 	total  atomic.Uint64
 }
 
@@ -79,7 +80,7 @@ func New(cfg Config) *Tracker {
 		cfg.Window = 10 * time.Second
 	}
 	if cfg.SlotOf == nil {
-		cfg.SlotOf = KeySlot
+		cfg.SlotOf = keyslot.KeySlot
 	}
 	if cfg.Owner == nil {
 		cfg.Owner = func(uint16) string { return "redis" }

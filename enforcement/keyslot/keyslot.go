@@ -1,4 +1,7 @@
-package hotkeys
+// Package keyslot computes Redis Cluster hash slots, so that the limiter can
+// say which shard holds a key (hot-key visibility, per-shard breakers)
+// without asking Redis.
+package keyslot
 
 // Slot is the Redis Cluster hash slot (0–16383) of a Redis key: CRC16
 // (XMODEM) of the key's hash tag — the part between the first "{" and the
@@ -18,11 +21,11 @@ func Slot(redisKey string) uint16 {
 			break
 		}
 	}
-	return crc16(s) % SlotCount
+	return crc16(s) % Count
 }
 
-// SlotCount is the number of Redis Cluster hash slots.
-const SlotCount = 16384
+// Count is the number of Redis Cluster hash slots.
+const Count = 16384
 
 var crcTable = func() (t [256]uint16) {
 	for i := range t {
@@ -57,8 +60,8 @@ func KeySlot(key, scope string) uint16 {
 			if i == 0 {
 				return Slot("rl:{" + key + "}:b:" + scope)
 			}
-			return crc16(key[:i]) % SlotCount
+			return crc16(key[:i]) % Count
 		}
 	}
-	return crc16(key) % SlotCount
+	return crc16(key) % Count
 }
