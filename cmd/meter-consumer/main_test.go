@@ -1,0 +1,72 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestMain doubles as the meter-consumer binary: the tests start the test
+// executable itself with METER_CONSUMER_AS_BINARY=1 to get a real process
+// they can SIGKILL.
+func TestMain(m *testing.M) {
+	if os.Getenv("METER_CONSUMER_AS_BINARY") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func binaryCmd(env ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append([]string{"METER_CONSUMER_AS_BINARY=1", "PATH=" + os.Getenv("PATH")}, env...)
+	return cmd
+}
+
+func TestInvalidConfigExitsWithOneLineNamingTheVariable(t *testing.T) {
+	cases := []struct {
+		env  []string
+		name string
+	}{
+		{nil, "KAFKA_BROKERS"},
+		{[]string{"KAFKA_BROKERS=nohost"}, "KAFKA_BROKERS"},
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "CLICKHOUSE_DATABASE=bad-name"}, "CLICKHOUSE_DATABASE"},
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "WEBHOOK_URL=https://example.test/hook"}, "WEBHOOK_SECRET"},
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "WEBHOOK_URL=https://example.test/hook", "WEBHOOK_SECRET=plain"}, "WEBHOOK_SECRET"},
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_ADDR=8082"}, "METER_ADDR"},
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_BATCH_SIZE=0"}, "METER_BATCH_SIZE"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cmd := binaryCmd(c.env...)
+			out, err := cmd.CombinedOutput()
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() == 0 {
+				t.Fatalf("exit %v, want non-zero; output %s", err, out)
+			}
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			if len(lines) != 1 || !strings.Contains(lines[0], c.name) {
+				t.Fatalf("want one line naming %s, got %q", c.name, out)
+			}
+		})
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c, err := loadConfig(func(k string) string {
+		if k == "KAFKA_BROKERS" {
+			return "127.0.0.1:9092, 127.0.0.1:9093"
+		}
+		return ""
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprintln(c.KafkaBrokers, c.KafkaTopic, c.ClickHouseAddr, c.Database, c.MeterAddr)
+	want := "[127.0.0.1:9092 127.0.0.1:9093] ratelimit.decisions 127.0.0.1:9000 ratelimit 127.0.0.1:8082\n"
+	if got != want {
+		t.Fatalf("defaults %q, want %q", got, want)
+	}
+}
