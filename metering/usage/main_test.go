@@ -2,6 +2,7 @@ package usage
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -224,4 +225,37 @@ func doHTTPHandler(t *testing.T, s *Server, method, path, token string) (int, []
 	h := httptest.NewServer(s.Handler())
 	defer h.Close()
 	return doHTTP(t, h.URL, method, path, token, "")
+}
+
+// newBenchEnv is newEnv for benchmarks (one database, one server).
+func newBenchEnv(b *testing.B, conn driver.Conn, now time.Time) *env {
+	b.Helper()
+	db := fmt.Sprintf("bench%d_%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := schema.Apply(ctx, conn, db); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db) })
+	e := &env{conn: conn, db: db, now: now}
+	var err error
+	if e.store, err = NewStore(conn, db); err != nil {
+		b.Fatal(err)
+	}
+	if e.signer, err = NewSigner([]byte(testSecret)); err != nil {
+		b.Fatal(err)
+	}
+	srv, err := New(Config{Store: e.store, Signer: e.signer, AdminToken: testAdmin, Now: func() time.Time { return now }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	e.srv = srv
+	e.http = httptest.NewServer(srv.Handler())
+	b.Cleanup(e.http.Close)
+	return e
+}
+
+func decodeJSON(resp *http.Response, v any) error {
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
 }
