@@ -1,0 +1,54 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// SlotMap says which Redis Cluster master serves each hash slot, from
+// CLUSTER SLOTS. It is safe for concurrent use; Refresh replaces the map
+// atomically (call it on a timer, or after a failover).
+type SlotMap struct {
+	rdb    redis.Cmdable
+	owners atomic.Pointer[[16384]string]
+}
+
+// NewSlotMap loads the slot owners through rdb (a *redis.ClusterClient or
+// any client connected to one node of the cluster).
+func NewSlotMap(ctx context.Context, rdb redis.Cmdable) (*SlotMap, error) {
+	m := &SlotMap{rdb: rdb}
+	if err := m.Refresh(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Refresh reloads the slot owners.
+func (m *SlotMap) Refresh(ctx context.Context) error {
+	slots, err := m.rdb.ClusterSlots(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("cluster slots: %w", err)
+	}
+	var owners [16384]string
+	for _, s := range slots {
+		if len(s.Nodes) == 0 || s.Start < 0 || s.End >= len(owners) {
+			continue
+		}
+		for i := s.Start; i <= s.End; i++ {
+			owners[i] = s.Nodes[0].Addr // the first node listed is the master
+		}
+	}
+	m.owners.Store(&owners)
+	return nil
+}
+
+// Owner is host:port of the master serving slot, or "unassigned".
+func (m *SlotMap) Owner(slot uint16) string {
+	if o := m.owners.Load()[slot%16384]; o != "" {
+		return o
+	}
+	return "unassigned"
+}

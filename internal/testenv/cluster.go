@@ -1,0 +1,182 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Cluster is a real Redis Cluster of masters only, on loopback.
+type Cluster struct {
+	Masters []*Redis
+}
+
+// Addrs are host:port of every master, for REDIS_ADDRS or redis.ClusterOptions.Addrs.
+func (c *Cluster) Addrs() []string {
+	out := make([]string, len(c.Masters))
+	for i, m := range c.Masters {
+		out[i] = m.Addr()
+	}
+	return out
+}
+
+// Close stops every master. Safe to call more than once.
+func (c *Cluster) Close() {
+	for _, m := range c.Masters {
+		m.Close()
+	}
+}
+
+// StartCluster starts masters redis-server processes with cluster mode on,
+// joins them with `redis-cli --cluster create` (no replicas; the slots are
+// spread evenly) and waits until every node reports cluster_state:ok. The
+// cluster keeps serving the slots of live masters when one dies
+// (cluster-require-full-coverage no), which is what a test of "losing one
+// master degrades only its keys" needs. Stopped at cleanup.
+func StartCluster(tb testing.TB, masters int) *Cluster {
+	tb.Helper()
+	c, err := NewCluster(tb.TempDir(), masters)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// NewCluster is StartCluster for TestMain and tools; the caller must Close it.
+func NewCluster(dir string, masters int) (*Cluster, error) {
+	if masters < 3 {
+		return nil, fmt.Errorf("a Redis Cluster needs at least 3 masters, got %d", masters)
+	}
+	c := &Cluster{}
+	used := map[int]bool{}
+	for i := 0; i < masters; i++ {
+		var r *Redis
+		var lastErr error
+		for attempt := 0; attempt < 20 && r == nil; attempt++ {
+			port, err := clusterPort(used)
+			if err != nil {
+				lastErr = err
+				continue
+			}
+			used[port] = true
+			cand := &Redis{Port: port, dir: dir, args: []string{
+				"--cluster-enabled", "yes",
+				"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", port),
+				"--cluster-node-timeout", "1000",
+				"--cluster-require-full-coverage", "no",
+			}}
+			if lastErr = cand.start(); lastErr == nil {
+				r = cand
+			}
+		}
+		if r == nil {
+			c.Close()
+			return nil, fmt.Errorf("start cluster master %d: %w", i, lastErr)
+		}
+		c.Masters = append(c.Masters, r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("redis-cli --cluster create: %w: %s", err, out)
+	}
+	if err := c.WaitOK(ctx, nil); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// clusterPort picks a loopback port that is free together with its cluster
+// bus port (port + 10000).
+func clusterPort(used map[int]bool) (int, error) {
+	for attempt := 0; attempt < 200; attempt++ {
+		p := 20000 + rand.IntN(35000)
+		if used[p] || used[p+10000] || used[p-10000] {
+			continue
+		}
+		l1, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+10000))
+		l1.Close()
+		if err != nil {
+			continue
+		}
+		l2.Close()
+		return p, nil
+	}
+	return 0, fmt.Errorf("no free port pair (p, p+10000) found")
+}
+
+// WaitOK waits until every live master except those in skip reports
+// cluster_state:ok with all 16384 slots assigned and knows every other
+// master (when one was killed, until the others have marked it failed).
+func (c *Cluster) WaitOK(ctx context.Context, skip map[int]bool) error {
+	var last string
+	for {
+		ok := true
+		for i, m := range c.Masters {
+			if skip[i] || m.proc == nil || m.proc.Exited() {
+				continue
+			}
+			out, err := exec.CommandContext(ctx, "redis-cli", "-p", strconv.Itoa(m.Port), "cluster", "info").Output()
+			s := string(out)
+			if err != nil || !strings.Contains(s, "cluster_state:ok") || !strings.Contains(s, "cluster_slots_assigned:16384") ||
+				!strings.Contains(s, "cluster_known_nodes:"+strconv.Itoa(len(c.Masters))) {
+				ok, last = false, fmt.Sprintf("node %d: %v %s", m.Port, err, s)
+				break
+			}
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster not ok: %w; last: %s", ctx.Err(), last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// KillMaster kills master i (SIGKILL) and waits until the other masters
+// have marked it failed, so they keep serving their own slots.
+func (c *Cluster) KillMaster(tb testing.TB, i int) {
+	tb.Helper()
+	c.Masters[i].Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dead := fmt.Sprintf("127.0.0.1:%d", c.Masters[i].Port)
+	for j, m := range c.Masters {
+		if j == i {
+			continue
+		}
+		for {
+			out, _ := exec.CommandContext(ctx, "redis-cli", "-p", strconv.Itoa(m.Port), "cluster", "nodes").Output()
+			failed := false
+			for _, line := range strings.Split(string(out), "\n") {
+				if strings.Contains(line, dead) && strings.Contains(line, "fail") && !strings.Contains(line, "fail?") {
+					failed = true
+				}
+			}
+			if failed {
+				break
+			}
+			if ctx.Err() != nil {
+				tb.Fatalf("master %s was not marked failed by %d: %s", dead, m.Port, out)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
