@@ -1,0 +1,293 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
+)
+
+// bins holds limiter, meter-consumer and usage-api, built once.
+var bins string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "usage-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	out, err := exec.Command("go", "build", "-o", dir+"/", "../limiter", "../meter-consumer", ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build binaries: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	bins = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type proc struct {
+	name string
+	url  string
+	cmd  *exec.Cmd
+	logs *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+// start runs one of the binaries with env and waits until path answers 200.
+func start(t *testing.T, name, addrVar, ready string, env ...string) *proc {
+	t.Helper()
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	cmd := exec.Command(filepath.Join(bins, name))
+	cmd.Env = append(append(os.Environ(), addrVar+"="+addr), env...)
+	p := &proc{name: name, url: "http://" + addr, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stderr = p.logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop(t)
+		if t.Failed() {
+			t.Logf("%s logs:\n%s", name, tail(p.logs.String(), 4000))
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get(p.url + ready)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return p
+			}
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("%s exited at start: %s", name, p.logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not ready on %s: %v\n%s", name, ready, err, tail(p.logs.String(), 4000))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// stop sends SIGTERM and fails the test if the process does not exit 0
+// within 10 s.
+func (p *proc) stop(t *testing.T) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		if p.err != nil {
+			t.Errorf("%s exited with %v after SIGTERM", p.name, p.err)
+		}
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		t.Errorf("%s did not stop within 10 s of SIGTERM", p.name)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n:]
+}
+
+func call(t *testing.T, method, u, token, body string) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, u, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, u, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+const e2ePolicy = `version: 1
+default_tier: free
+tiers:
+  free: { rate: 1, burst: 5, soft_limit_percent: 50 }
+  pro:  { rate: 1, burst: 8, quota: { limit: 1000, period: day } }
+costs: { "api:search": 2 }
+keys: { acct_pro: pro }
+`
+
+type counts struct{ Requests, Allowed, Rejected, Cost uint64 }
+
+// TestUsageEqualsChecks: decisions sent through the limiter's POST /check
+// travel Kafka → meter-consumer → ClickHouse, and GET /v1/usage of the
+// usage-api binary reports exactly the counts the /check answers showed,
+// for every window; then every binary stops cleanly on SIGTERM.
+func TestUsageEqualsChecks(t *testing.T) {
+	ch := testenv.StartClickHouse(t)
+	db := ch.Database(t)
+	kafka := testenv.StartKafka(t, "ratelimit.decisions", 4)
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte(e2ePolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"KAFKA_BROKERS=" + kafka.Addr(), "KAFKA_TOPIC=" + kafka.Topic(), "CLICKHOUSE_ADDR=" + ch.Addr(),
+		"CLICKHOUSE_DATABASE=" + db, "POLICY_FILE=" + policy}
+	meter := start(t, "meter-consumer", "METER_ADDR", "/readyz", append(common, "METER_BATCH_WAIT=50ms")...)
+	limiter := start(t, "limiter", "LIMITER_ADDR", "/healthz", common...)
+	const admin = "e2e-admin-token-0123456789"
+	api := start(t, "usage-api", "USAGE_API_ADDR", "/readyz", append(common, "USAGE_ADMIN_TOKEN="+admin, "USAGE_TOKEN_SECRET=e2e-secret-0123456789abcdef")...)
+
+	want := map[[2]string]*counts{}
+	for _, key := range []string{"acct_free", "acct_pro"} {
+		for _, scope := range []string{"api:search", "api:read"} {
+			c := &counts{}
+			want[[2]string{key, scope}] = c
+			for i := 0; i < 15; i++ {
+				code, b := call(t, "POST", limiter.url+"/check", "", fmt.Sprintf(`{"key":%q,"scope":%q}`, key, scope))
+				if code != 200 {
+					t.Fatalf("check: %d %s", code, b)
+				}
+				var d struct{ Allowed bool }
+				if err := json.Unmarshal(b, &d); err != nil {
+					t.Fatal(err)
+				}
+				c.Requests++
+				if d.Allowed {
+					c.Allowed++
+					if scope == "api:search" {
+						c.Cost += 2
+					} else {
+						c.Cost++
+					}
+				} else {
+					c.Rejected++
+				}
+			}
+			if c.Allowed == 0 || c.Rejected == 0 {
+				t.Fatalf("%s/%s: %+v; want both allowed and rejected decisions", key, scope, *c)
+			}
+		}
+	}
+
+	from := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	to := time.Now().UTC().Add(time.Hour).Format(time.RFC3339)
+	read := func(key, window, token string) map[string]counts {
+		q := url.Values{"window": {window}, "group_by": {"scope"}, "from": {from}, "to": {to}}
+		if token == admin {
+			q.Set("key", key)
+		}
+		code, b := call(t, "GET", api.url+"/v1/usage?"+q.Encode(), token, "")
+		if code != 200 {
+			t.Fatalf("usage: %d %s", code, b)
+		}
+		var u struct {
+			Series []struct {
+				Scope                              string
+				Requests, Allowed, Rejected, Cost uint64
+			}
+		}
+		if err := json.Unmarshal(b, &u); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]counts{}
+		for _, p := range u.Series {
+			c := out[p.Scope]
+			c.Requests += p.Requests
+			c.Allowed += p.Allowed
+			c.Rejected += p.Rejected
+			c.Cost += p.Cost
+			out[p.Scope] = c
+		}
+		return out
+	}
+	equal := func(key string, got map[string]counts) bool {
+		for _, scope := range []string{"api:search", "api:read"} {
+			if got[scope] != *want[[2]string{key, scope}] {
+				return false
+			}
+		}
+		return len(got) == 2
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !equal("acct_free", read("acct_free", "minute", admin)) || !equal("acct_pro", read("acct_pro", "minute", admin)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("usage never reached the /check counts: free %+v pro %+v; want %v", read("acct_free", "minute", admin), read("acct_pro", "minute", admin), want)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	code, b := call(t, "POST", api.url+"/v1/admin/portal-tokens", admin, `{"key":"acct_pro","ttl_seconds":600}`)
+	if code != 201 {
+		t.Fatalf("token: %d %s", code, b)
+	}
+	var tok struct{ Token string }
+	_ = json.Unmarshal(b, &tok)
+	for _, w := range []string{"minute", "hour", "day"} {
+		if got := read("acct_pro", w, tok.Token); !equal("acct_pro", got) {
+			t.Errorf("window %s through a portal token: %+v", w, got)
+		}
+		if got := read("acct_free", w, admin); !equal("acct_free", got) {
+			t.Errorf("window %s for acct_free: %+v", w, got)
+		}
+	}
+	code, b = call(t, "GET", api.url+"/v1/quota", tok.Token, "")
+	var q struct{ Quota struct{ Used, Limit uint64 } }
+	_ = json.Unmarshal(b, &q)
+	if wantUsed := want[[2]string{"acct_pro", "api:search"}].Cost + want[[2]string{"acct_pro", "api:read"}].Cost; code != 200 || q.Quota.Used != wantUsed || q.Quota.Limit != 1000 {
+		t.Errorf("quota: %d %s, want used %d", code, b, wantUsed)
+	}
+	for _, p := range []*proc{api, limiter, meter} {
+		p.stop(t)
+	}
+}
