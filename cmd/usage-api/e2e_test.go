@@ -234,7 +234,7 @@ func TestUsageEqualsChecks(t *testing.T) {
 		}
 		var u struct {
 			Series []struct {
-				Scope                              string
+				Scope                             string
 				Requests, Allowed, Rejected, Cost uint64
 			}
 		}
