@@ -88,7 +88,11 @@ type Config struct {
 
 // Limiter makes two-tier decisions. It is safe for concurrent use.
 type Limiter struct {
-	cfg      Config
+	cfg Config
+	// storeEpoch counts authority failures. What an entry learned from the
+	// store (its shadow) is trusted only within one epoch: a store that
+	// failed may come back empty, and a stale "empty" must not reject.
+	storeEpoch atomic.Uint64
 	policy   atomic.Pointer[policyBox]
 	entries  *table[entry]
 	epoch    time.Time
@@ -110,6 +114,7 @@ type entry struct {
 	// until notBefore (µs); a request costing as much is rejected locally.
 	notBefore   int64
 	blockedCost int64
+	epoch       uint64 // the store epoch the shadow was learned in
 	local       Bucket
 	degraded    Bucket
 	lastUse     int64 // µs on the limiter's clock
@@ -214,6 +219,9 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 	e.lastUse = nowUS
 	d := Decision{Limit: res.Burst, Policy: res.Policy, Tier: res.Tier, Cost: cost, DryRun: res.DryRun}
 	if cost > 0 {
+		if epoch := l.storeEpoch.Load(); e.epoch != epoch {
+			e.shadow, e.notBefore, e.epoch = Bucket{}, 0, epoch
+		}
 		if wait := e.localWait(nowUS, cost, l.localRate(res.Rate)); wait > 0 {
 			reset := ceilUS(float64(res.Burst) / res.Rate) // nothing known: at most an empty bucket's refill
 			if e.shadow.TS != 0 {
@@ -249,6 +257,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 
 	// Failure policy: fail open at the shared tier, while the tightened local
 	// bucket keeps enforcing.
+	l.storeEpoch.Add(1)
 	if l.cfg.Observer != nil {
 		l.cfg.Observer.AuthorityFailed(err)
 	}

@@ -1,0 +1,322 @@
+package main
+
+import (
+	"context"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
+)
+
+// The fault tests run the real limiter binary against a real redis-server
+// and break the server the ways production does: killed, paused (the slow
+// store), restarted empty. They assert what the failure policy promises.
+
+const faultPolicy = `
+version: 1
+default_tier: std
+tiers:
+  std: { rate: 100, burst: 100 }
+`
+
+// faultEnv is the limiter's configuration for these tests: two expected
+// instances, so the tightened limit is rate 50/s and burst 50 per instance.
+func faultEnv(r *testenv.Redis) []string {
+	return []string{
+		"REDIS_ADDRS=" + r.Addr(),
+		"LIMITER_EXPECTED_INSTANCES=2",
+		"LIMITER_STORE_TIMEOUT=5ms",
+		"LIMITER_BREAKER_FAILURES=5",
+		"LIMITER_BREAKER_OPEN_FOR=300ms",
+	}
+}
+
+type observed struct {
+	at      time.Time
+	key     string
+	status  int
+	d       decision
+	latency time.Duration
+}
+
+// drive sends /check from workers goroutines, round-robin over keys, until
+// stop is closed, and returns every observation.
+func drive(t *testing.T, p *limiterProc, keys []string, workers int, pace time.Duration, stop <-chan struct{}) func() []observed {
+	var mu sync.Mutex
+	var all []observed
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := keys[(w+i)%len(keys)]
+				start := time.Now()
+				d, status := p.check(t, key, "api", 1)
+				o := observed{at: start, key: key, status: status, d: d, latency: time.Since(start)}
+				mu.Lock()
+				all = append(all, o)
+				mu.Unlock()
+				if pace > 0 {
+					time.Sleep(pace)
+				}
+			}
+		}(w)
+	}
+	return func() []observed {
+		wg.Wait()
+		sort.Slice(all, func(i, j int) bool { return all[i].at.Before(all[j].at) })
+		return all
+	}
+}
+
+func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > within {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func TestFaultRedisKilledUnderLoad(t *testing.T) {
+	r := testenv.StartRedis(t)
+	p := startLimiter(t, faultPolicy, faultEnv(r)...)
+	keys := []string{"k0", "k1", "k2", "k3"}
+
+	stop := make(chan struct{})
+	collect := drive(t, p, keys, 8, 0, stop)
+	time.Sleep(500 * time.Millisecond)
+	killedAt := time.Now()
+	r.Process().Kill()
+
+	degradedAfter := waitFor(t, "decisions become degraded after Redis is killed", 5*time.Second, func() bool {
+		d, _ := p.check(t, "probe", "api", 1)
+		return d.Source == "degraded"
+	})
+	if ready := p.readyz(t); ready["httpStatus"] != 200 || ready["status"] != "degraded" {
+		t.Errorf("readyz while Redis is down: %v, want 200 with status degraded", ready)
+	}
+	time.Sleep(1500 * time.Millisecond) // a stretch of degraded operation
+	restartedAt := time.Now()
+	if err := r.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	recoveredAfter := waitFor(t, "decisions return to shared after Redis is back", 10*time.Second, func() bool {
+		d, _ := p.check(t, "probe2", "api", 1)
+		return d.Source == "shared"
+	})
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	all := collect()
+
+	// Every /check answered 200, whatever Redis was doing.
+	perKeyDegraded := map[string]int{}
+	var firstDegraded, lastDegraded time.Time
+	sources := map[string]int{}
+	for _, o := range all {
+		if o.status != 200 {
+			t.Fatalf("a /check answered %d at %v", o.status, o.at.Sub(killedAt))
+		}
+		sources[o.d.Source]++
+		if o.d.Source == "degraded" {
+			if firstDegraded.IsZero() {
+				firstDegraded = o.at
+			}
+			lastDegraded = o.at
+			if o.d.Allowed {
+				perKeyDegraded[o.key]++
+			}
+		}
+	}
+	// Per key, admitted while degraded stays within the tightened ceiling:
+	// burst 50 plus 50/s over the degraded stretch.
+	window := lastDegraded.Sub(firstDegraded).Seconds()
+	ceiling := 50 + 50*window + 1
+	for _, k := range keys {
+		if float64(perKeyDegraded[k]) > ceiling {
+			t.Errorf("key %s: %d admitted while degraded over %.2fs, tightened ceiling %.0f", k, perKeyDegraded[k], window, ceiling)
+		}
+	}
+	if got := p.metric(t, "limiter_shared_unavailable_total"); got == 0 {
+		t.Error("limiter_shared_unavailable_total did not count the outage")
+	}
+	t.Logf("Redis killed: degraded after %v; restarted %v after the kill, shared again %v after restart; decisions by source %v; admitted per key while degraded %v over %.2fs (ceiling %.0f)",
+		degradedAfter.Round(time.Millisecond), restartedAt.Sub(killedAt).Round(time.Millisecond), recoveredAfter.Round(time.Millisecond),
+		sources, perKeyDegraded, window, ceiling)
+	logs := p.logs.String()
+	if n := strings.Count(logs, "shared store unavailable: breaker open"); n != 1 {
+		t.Errorf("the transition into degradation was logged %d times, want once", n)
+	}
+	if !strings.Contains(logs, "shared store recovered") {
+		t.Error("the recovery was not logged")
+	}
+}
+
+func TestFaultRedisPaused(t *testing.T) {
+	r := testenv.StartRedis(t)
+	p := startLimiter(t, faultPolicy, faultEnv(r)...)
+	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	stop := make(chan struct{})
+	collect := drive(t, p, keys, 8, time.Millisecond, stop)
+	time.Sleep(300 * time.Millisecond)
+
+	pausedAt := time.Now()
+	if err := r.Process().Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	openAfter := waitFor(t, "the breaker opens while Redis is paused", 5*time.Second, func() bool {
+		return p.readyz(t)["breaker"] == "open"
+	})
+	time.Sleep(1500 * time.Millisecond)
+	resumedAt := time.Now()
+	if err := r.Process().Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	recoveredAfter := waitFor(t, "decisions return to shared after SIGCONT", 10*time.Second, func() bool {
+		d, _ := p.check(t, "probe", "api", 1)
+		return d.Source == "shared"
+	})
+	close(stop)
+	all := collect()
+
+	var during []time.Duration
+	for _, o := range all {
+		if o.status != 200 {
+			t.Fatalf("a /check answered %d while Redis was paused", o.status)
+		}
+		if o.at.After(pausedAt) && o.at.Before(resumedAt) {
+			during = append(during, o.latency)
+		}
+	}
+	sort.Slice(during, func(i, j int) bool { return during[i] < during[j] })
+	if len(during) < 100 {
+		t.Fatalf("only %d decisions during the pause", len(during))
+	}
+	p50, p99, worst := during[len(during)/2], during[len(during)*99/100], during[len(during)-1]
+	// No decision waits on the paused store beyond the 5ms deadline plus a
+	// generous margin for a loaded 2-core machine and the race detector.
+	if worst > 250*time.Millisecond {
+		t.Errorf("slowest /check during the pause took %v: a paused store must fail fast", worst)
+	}
+	t.Logf("Redis paused (SIGSTOP) for %v: breaker open after %v; %d decisions during the pause: p50 %v p99 %v max %v (client-observed, race-enabled binary); shared again %v after SIGCONT",
+		resumedAt.Sub(pausedAt).Round(time.Millisecond), openAfter.Round(time.Millisecond), len(during),
+		p50.Round(time.Microsecond), p99.Round(time.Microsecond), worst.Round(time.Microsecond), recoveredAfter.Round(time.Millisecond))
+}
+
+func TestFaultRedisRestartedEmpty(t *testing.T) {
+	r := testenv.StartRedis(t)
+	p := startLimiter(t, faultPolicy, faultEnv(r)...)
+	if d, _ := p.check(t, "spent", "api", 100); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("spending the whole burst: %+v", d)
+	}
+	if d, _ := p.check(t, "spent", "api", 50); d.Allowed {
+		t.Fatalf("bucket not exhausted: %+v", d)
+	}
+	if err := r.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	// The shared state is gone: the bucket restarts full, which is the safe
+	// direction (brief over-admission, never a false rejection). The store
+	// failure also retires what the local tier had learned from it.
+	waitFor(t, "shared decisions after the restart", 10*time.Second, func() bool {
+		d, status := p.check(t, "other", "api", 1)
+		return status == 200 && d.Source == "shared"
+	})
+	d, status := p.check(t, "spent", "api", 1)
+	if status != 200 || !d.Allowed || d.Source != "shared" || d.Remaining != 99 {
+		t.Fatalf("after an empty restart: %d %+v, want a full bucket (99 left after this one)", status, d)
+	}
+}
+
+func TestFaultFloodIsLocalAndRedisCallsStayFlat(t *testing.T) {
+	r := testenv.StartRedis(t)
+	p := startLimiter(t, faultPolicy, faultEnv(r)...)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer rdb.Close()
+	scriptCalls := func() int64 {
+		info := rdb.Info(context.Background(), "commandstats").Val()
+		var n int64
+		for _, line := range strings.Split(info, "\n") {
+			for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+				if strings.HasPrefix(line, cmd) {
+					fields := strings.Split(strings.TrimPrefix(line, cmd), ",")
+					v, _ := strconv.ParseInt(strings.TrimPrefix(fields[0], "calls="), 10, 64)
+					n += v
+				}
+			}
+		}
+		return n
+	}
+	before := scriptCalls()
+	start := time.Now()
+	stop := make(chan struct{})
+	collect := drive(t, p, []string{"flood"}, 16, 0, stop)
+	time.Sleep(2 * time.Second)
+	close(stop)
+	all := collect()
+	elapsed := time.Since(start)
+	calls := scriptCalls() - before
+
+	allowed, local := 0, 0
+	for _, o := range all {
+		if o.d.Allowed {
+			allowed++
+		}
+		if o.d.Source == "local" {
+			local++
+		}
+	}
+	ceiling := 100 + 100*elapsed.Seconds()
+	t.Logf("flood on one key: %d requests in %v, %d allowed (limit allows %.0f), %d rejected locally, %d Redis script calls",
+		len(all), elapsed.Round(time.Millisecond), allowed, ceiling, local, calls)
+	if float64(allowed) > ceiling+1 {
+		t.Errorf("admitted %d, more than burst + rate × time = %.0f", allowed, ceiling)
+	}
+	if local < len(all)/2 {
+		t.Errorf("only %d of %d rejections came from the local tier", local, len(all)-allowed)
+	}
+	// Redis sees about one call per admitted request plus one per refill
+	// tick, not one per request: flat however hard the flood pushes.
+	if float64(calls) > 2*ceiling+100 {
+		t.Errorf("%d Redis calls for %d requests (%d allowed): the flood reached the shared store", calls, len(all), allowed)
+	}
+}
+
+// TestFaultStoreClockBehind: the bucket's last update is ahead of the
+// store's clock (a failover to a replica whose clock is behind). The script
+// clamps elapsed time at zero, removes no tokens, and the limiter counts it.
+func TestFaultStoreClockBehind(t *testing.T) {
+	r := testenv.StartRedis(t)
+	p := startLimiter(t, faultPolicy, faultEnv(r)...)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+	future := time.Now().Add(time.Hour).UnixMicro()
+	if err := rdb.HSet(ctx, "rl:{clock}:b:api", "t", "40", "ts", strconv.FormatInt(future, 10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb.Expire(ctx, "rl:{clock}:b:api", time.Minute)
+	d, _ := p.check(t, "clock", "api", 1)
+	if !d.Allowed || d.Source != "shared" || d.Remaining != 39 {
+		t.Fatalf("with the store's clock an hour behind: %+v, want 39 left (40 − 1, nothing removed)", d)
+	}
+	if got := p.metric(t, "limiter_negative_elapsed_total"); got < 1 {
+		t.Fatalf("limiter_negative_elapsed_total = %v, want ≥ 1", got)
+	}
+}

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
+)
+
+// limiterBin is the limiter built once for the process tests.
+var limiterBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "limiter-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	limiterBin = filepath.Join(dir, "limiter")
+	out, err := exec.Command("go", "build", "-race", "-o", limiterBin, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build limiter: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// limiterProc is a limiter process started for a test.
+type limiterProc struct {
+	url  string
+	cmd  *exec.Cmd
+	logs *syncBuffer
+	done chan struct{}
+}
+
+// startLimiter runs the limiter binary with env (on top of a free
+// LIMITER_ADDR) and waits until it answers /healthz.
+func startLimiter(t *testing.T, policyYAML string, env ...string) *limiterProc {
+	t.Helper()
+	dir := t.TempDir()
+	policyPath := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(policyPath, []byte(policyYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	cmd := exec.Command(limiterBin)
+	cmd.Env = append(os.Environ(), "LIMITER_ADDR="+addr, "POLICY_FILE="+policyPath)
+	cmd.Env = append(cmd.Env, env...)
+	p := &limiterProc{url: "http://" + addr, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stderr = p.logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			t.Errorf("limiter did not stop within 10 s of SIGTERM")
+		}
+		if t.Failed() {
+			t.Logf("limiter logs:\n%s", p.logs.String())
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(p.url + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			return p
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("limiter exited at start: %s", p.logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("limiter not healthy: %v\n%s", err, p.logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+type decision struct {
+	Allowed      bool   `json:"allowed"`
+	Remaining    int64  `json:"remaining"`
+	Limit        int64  `json:"limit"`
+	RetryAfterMs int64  `json:"retryAfterMs"`
+	Source       string `json:"source"`
+	Warning      bool   `json:"warning"`
+	DryRun       bool   `json:"dryRun"`
+	WouldAllow   bool   `json:"wouldAllow"`
+	Policy       string `json:"policy"`
+}
+
+var client = &http.Client{
+	Timeout:   5 * time.Second,
+	Transport: &http.Transport{MaxIdleConnsPerHost: 64},
+}
+
+// check posts one /check and returns the decision and the HTTP status.
+func (p *limiterProc) check(t testing.TB, key, scope string, cost int) (decision, int) {
+	body := fmt.Sprintf(`{"key":%q,"scope":%q,"cost":%d}`, key, scope, cost)
+	resp, err := client.Post(p.url+"/check", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Errorf("POST /check: %v", err)
+		return decision{}, 0
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var d decision
+	if resp.StatusCode == 200 {
+		if err := json.Unmarshal(b, &d); err != nil {
+			t.Errorf("decode %q: %v", b, err)
+		}
+	}
+	return d, resp.StatusCode
+}
+
+func (p *limiterProc) readyz(t testing.TB) map[string]any {
+	resp, err := client.Get(p.url + "/readyz")
+	if err != nil {
+		t.Fatalf("readyz: %v", err)
+	}
+	defer resp.Body.Close()
+	var body map[string]any
+	json.NewDecoder(resp.Body).Decode(&body)
+	body["httpStatus"] = resp.StatusCode
+	return body
+}
+
+// metric returns the sum of the samples of a metric whose line starts with
+// prefix (name plus optional labels), from /metrics.
+func (p *limiterProc) metric(t testing.TB, prefix string) float64 {
+	resp, err := client.Get(p.url + "/metrics")
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, prefix) {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// syncBuffer collects a process's stderr while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *syncBuffer) Write(b []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(b)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
