@@ -93,13 +93,13 @@ type Limiter struct {
 	// store (its shadow) is trusted only within one epoch: a store that
 	// failed may come back empty, and a stale "empty" must not reject.
 	storeEpoch atomic.Uint64
-	policy   atomic.Pointer[policyBox]
-	entries  *table[entry]
-	epoch    time.Time
-	instN    float64
-	stop     chan struct{}
-	stopOnce sync.Once
-	done     chan struct{}
+	policy     atomic.Pointer[policyBox]
+	entries    *table[entry]
+	epoch      time.Time
+	instN      float64
+	stop       chan struct{}
+	stopOnce   sync.Once
+	done       chan struct{}
 }
 
 type policyBox struct{ p Policy }
