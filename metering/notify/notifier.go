@@ -38,6 +38,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -71,7 +72,7 @@ type Config struct {
 	Retry          Schedule      // zero = DefaultSchedule
 	AttemptTimeout time.Duration // one HTTP attempt, default 10 s
 	MaxInFlight    int           // concurrent deliveries, default 256
-	ShutdownGrace  time.Duration // for in-flight deliveries at shutdown, default 5 s
+	ShutdownGrace  time.Duration // for in-flight deliveries at shutdown, default 3 s
 	SessionTimeout time.Duration // consumer-group session, default 10 s
 	RecordEvery    time.Duration // flush interval of attempt records, default 500 ms
 
@@ -132,6 +133,20 @@ type Notifier struct {
 	wg  sync.WaitGroup
 
 	last map[string]int64 // key\x00scope → event ms of the last notification; owned by Run
+
+	running atomic.Bool
+}
+
+// Ready reports whether the notifier is running and can record its
+// attempts, and why not. Safe for concurrent use.
+func (n *Notifier) Ready() (bool, string) {
+	if !n.running.Load() {
+		return false, "notifier not running"
+	}
+	if msg, _ := n.rec.failing.Load().(string); msg != "" {
+		return false, "recording webhook attempts in ClickHouse fails: " + msg
+	}
+	return true, ""
 }
 
 // New validates cfg and registers the metrics.
@@ -191,7 +206,7 @@ func New(cfg Config) (*Notifier, error) {
 		cfg.MaxInFlight = 256
 	}
 	if cfg.ShutdownGrace <= 0 {
-		cfg.ShutdownGrace = 5 * time.Second
+		cfg.ShutdownGrace = 3 * time.Second
 	}
 	if cfg.SessionTimeout <= 0 {
 		cfg.SessionTimeout = 10 * time.Second
@@ -228,7 +243,8 @@ func New(cfg Config) (*Notifier, error) {
 func pairKey(key, scope string) string { return key + "\x00" + scope }
 
 // Run consumes until ctx ends, then stops reading, gives in-flight
-// deliveries ShutdownGrace, flushes the attempt records and returns nil.
+// deliveries ShutdownGrace, flushes the attempt records (at most 3 s more)
+// and returns nil.
 func (n *Notifier) Run(ctx context.Context) error {
 	recCtx, stopRec := context.WithCancel(context.Background())
 	var bg sync.WaitGroup
@@ -253,6 +269,8 @@ func (n *Notifier) Run(ctx context.Context) error {
 		JoinGroupBackoff:  time.Second,
 		ReadBackoffMax:    time.Second,
 	})
+	n.running.Store(true)
+	defer n.running.Store(false)
 	n.log.Info("notifier started", "group", n.cfg.GroupID, "topic", n.cfg.Topic, "cooldown", n.cfg.Cooldown.String())
 	for {
 		msg, err := r.FetchMessage(ctx)

@@ -304,9 +304,12 @@ func TestRetriedDeliveryIsRecorded(t *testing.T) {
 		}
 		return 200
 	})
-	startNotifier(t, conn, db, k, rcv.srv.URL, nil)
+	nr := startNotifier(t, conn, db, k, rcv.srv.URL, nil)
 	produce(t, k.Addr(), k.Topic(), decisions(metering.NewIDs(), "acct_r", "api:search", 10, 10))
 	waitFor(t, 30*time.Second, "four attempts recorded", func() bool { return len(deliveries(t, conn, db, "acct_r")) == 4 })
+	if ok, why := nr.n.Ready(); !ok {
+		t.Fatalf("notifier not ready: %s", why)
+	}
 	if o := deliveries(t, conn, db, "acct_r"); fmt.Sprint(o) != "[retrying retrying retrying delivered]" {
 		t.Fatalf("outcomes %v", o)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -37,6 +38,7 @@ type recorder struct {
 	in      chan Attempt
 	every   time.Duration
 	dropped func()
+	failing atomic.Value // string: the last insert error, "" once an insert succeeds
 }
 
 const maxPending = 10000
@@ -49,7 +51,7 @@ func (r *recorder) record(a Attempt) {
 	}
 }
 
-// run flushes until ctx ends, then flushes what is left (bounded by 5 s).
+// run flushes until ctx ends, then flushes what is left (bounded by 3 s).
 func (r *recorder) run(ctx context.Context) {
 	t := time.NewTicker(r.every)
 	defer t.Stop()
@@ -59,6 +61,7 @@ func (r *recorder) run(ctx context.Context) {
 			return
 		}
 		if err := r.insert(fctx, pending); err != nil {
+			r.failing.Store(err.Error())
 			r.log.Warn("record webhook attempts; will retry", "rows", len(pending), "err", err)
 			if len(pending) > maxPending {
 				for range pending[:len(pending)-maxPending] {
@@ -68,6 +71,7 @@ func (r *recorder) run(ctx context.Context) {
 			}
 			return
 		}
+		r.failing.Store("")
 		pending = pending[:0]
 	}
 	for {
@@ -89,7 +93,7 @@ func (r *recorder) run(ctx context.Context) {
 				}
 				break
 			}
-			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			fctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			flush(fctx)
 			cancel()
 			return
