@@ -45,10 +45,10 @@ tiers:
 		req.Header.Set("X-API-Key", "acct_1")
 		w := httptest.NewRecorder()
 		handler.ServeHTTP(w, req)
-		fmt.Println(w.Code, "remaining", w.Header().Get("RateLimit-Remaining"), "retry-after", w.Header().Get("Retry-After"))
+		fmt.Printf("%d remaining=%s retry-after=%q\n", w.Code, w.Header().Get("RateLimit-Remaining"), w.Header().Get("Retry-After"))
 	}
 	// Output:
-	// 200 remaining 1 retry-after
-	// 200 remaining 0 retry-after
-	// 429 remaining 0 retry-after 1
+	// 200 remaining=1 retry-after=""
+	// 200 remaining=0 retry-after=""
+	// 429 remaining=0 retry-after="1"
 }
