@@ -116,9 +116,13 @@ var client = &http.Client{
 	Transport: &http.Transport{MaxIdleConnsPerHost: 64},
 }
 
-// check posts one /check and returns the decision and the HTTP status.
+// check posts one /check and returns the decision and the HTTP status. A
+// negative cost sends none (the policy's cost for the scope applies).
 func (p *limiterProc) check(t testing.TB, key, scope string, cost int) (decision, int) {
 	body := fmt.Sprintf(`{"key":%q,"scope":%q,"cost":%d}`, key, scope, cost)
+	if cost < 0 {
+		body = fmt.Sprintf(`{"key":%q,"scope":%q}`, key, scope)
+	}
 	resp, err := client.Post(p.url+"/check", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Errorf("POST /check: %v", err)
