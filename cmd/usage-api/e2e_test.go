@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -289,5 +290,31 @@ func TestUsageEqualsChecks(t *testing.T) {
 	}
 	for _, p := range []*proc{api, limiter, meter} {
 		p.stop(t)
+	}
+}
+
+// TestBadConfigExits: the binary refuses a bad environment at start with
+// one line naming the variable and a non-zero exit.
+func TestBadConfigExits(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"USAGE_TOKEN_SECRET=e2e-secret-0123456789abcdef"}, "USAGE_ADMIN_TOKEN"},
+		{[]string{"USAGE_ADMIN_TOKEN=e2e-admin-token-0123456789"}, "USAGE_TOKEN_SECRET"},
+		{[]string{"USAGE_ADMIN_TOKEN=e2e-admin-token-0123456789", "USAGE_TOKEN_SECRET=e2e-secret-0123456789abcdef", "CLICKHOUSE_DATABASE=a-b"}, "CLICKHOUSE_DATABASE"},
+	} {
+		cmd := exec.Command(filepath.Join(bins, "usage-api"))
+		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, tc.env...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+			t.Errorf("%v: %v, want a non-zero exit", tc.env, err)
+		}
+		if out := strings.TrimSpace(stderr.String()); strings.Count(out, "\n") != 0 || !strings.Contains(out, tc.want) {
+			t.Errorf("%v: stderr %q, want one line naming %s", tc.env, out, tc.want)
+		}
 	}
 }

@@ -169,17 +169,19 @@ func TestInjectionPerParameter(t *testing.T) {
 		return ""
 	}
 	for param, c := range map[string]check{"key": emptyOr400, "scope": emptyOr400, "window": only400, "group_by": only400, "tz": only400, "from": only400, "to": only400} {
-		for _, p := range payloads {
-			q := url.Values{}
-			for k, v := range base {
-				q[k] = v
+		t.Run("usage/"+param, func(t *testing.T) {
+			for _, p := range payloads {
+				q := url.Values{}
+				for k, v := range base {
+					q[k] = v
+				}
+				q.Set(param, p)
+				code, b := doHTTP(t, e.http.URL, "GET", "/v1/usage?"+q.Encode(), testAdmin, "")
+				if msg := c(code, b); msg != "" {
+					t.Errorf("usage %s=%q: %s: %s", param, p, msg, b)
+				}
 			}
-			q.Set(param, p)
-			code, b := e.do("GET", "/v1/usage?"+q.Encode(), testAdmin, "")
-			if msg := c(code, b); msg != "" {
-				t.Errorf("usage %s=%q: %s: %s", param, p, msg, b)
-			}
-		}
+		})
 	}
 	for _, p := range payloads {
 		for _, param := range []string{"from", "to", "limit"} {
