@@ -24,7 +24,9 @@ package chsink
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -163,6 +165,10 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 			}
 		}
 	}
+	// The four INSERTs go out concurrently: each table's progress depends
+	// only on its own INSERTs, which stay sequential per partition.
+	var wg sync.WaitGroup
+	var errs [numTables]error
 	for t := Table(0); t < numTables; t++ {
 		if p[t] >= last {
 			continue
@@ -172,28 +178,34 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 			from++
 		}
 		todo := recs[from:]
-		var err error
-		start := time.Now()
-		var rows int
-		if t == Raw {
-			if len(todo) == 0 {
-				continue // raw has no markers; its progress may lag, harmlessly
+		if t == Raw && len(todo) == 0 {
+			continue // raw has no markers; its progress may lag, harmlessly
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			var rows int
+			var err error
+			if t == Raw {
+				rows, err = s.writeRaw(ctx, partition, todo)
+			} else {
+				rows, err = s.writeRollup(ctx, t, partition, todo, last)
 			}
-			rows, err = s.writeRaw(ctx, partition, todo)
-		} else {
-			rows, err = s.writeRollup(ctx, t, partition, todo, last)
-		}
-		s.observe(t, rows, time.Since(start), err)
-		if err != nil {
-			return err
-		}
-		if t == Raw {
-			p[t] = todo[len(todo)-1].Offset
-		} else {
-			p[t] = last
-		}
+			s.observe(t, rows, time.Since(start), err)
+			if err != nil {
+				errs[t] = err
+				return
+			}
+			if t == Raw {
+				p[t] = todo[len(todo)-1].Offset
+			} else {
+				p[t] = last
+			}
+		}()
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs[:]...)
 }
 
 func b2u(b bool) uint8 {

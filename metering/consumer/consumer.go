@@ -293,7 +293,7 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 		MinBytes:      1,
 		MaxBytes:      16 << 20,
 		MaxWait:       100 * time.Millisecond,
-		QueueCapacity: 1000,
+		QueueCapacity: 20000, // keep fetching while a batch is written
 	})
 	defer r.Close()
 	if err := r.SetOffset(resume); err != nil {

@@ -142,10 +142,14 @@ func setup(t *testing.T) (driver.Conn, string) {
 	db := ch.Database(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := schema.Apply(ctx, conn, db); err != nil {
+	if err := applySchema(ctx, conn, db); err != nil {
 		t.Fatal(err)
 	}
 	return conn, db
+}
+
+func applySchema(ctx context.Context, conn driver.Conn, db string) error {
+	return schema.Apply(ctx, conn, db)
 }
 
 func TestConsumesIntoRollupsExactly(t *testing.T) {

@@ -1,0 +1,155 @@
+package consumer_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/metering/chsink"
+	"github.com/ratewarden/ratewarden/metering/consumer"
+	"github.com/ratewarden/ratewarden/metering/kafkaemit"
+)
+
+var e2eRate = flag.Int("meter.rate", 100_000, "BenchmarkEndToEnd: events per second the emitter is fed (0 = as fast as possible)")
+var e2eWait = flag.Duration("meter.wait", 500*time.Millisecond, "BenchmarkEndToEnd: the consumer's BatchWait")
+
+// BenchmarkEndToEnd feeds b.N decision events through the whole pipeline —
+// kafkaemit.Emitter → kfake (4 partitions) → consumer → ClickHouse rollups —
+// at -meter.rate events/s, and reports the sustained rate (events/s, from
+// the first Emit until the last event is in every table), the consumer lag
+// (seconds between an event's Emit and its batch being in ClickHouse,
+// sampled every 50 ms: p50, p99, max) and the emitter's drops.
+//
+//	go test ./metering/consumer -run '^$' -bench EndToEnd -benchtime 3000000x -meter.rate 100000
+func BenchmarkEndToEnd(b *testing.B) {
+	if b.N < 10_000 {
+		return // the framework's probe run
+	}
+	conn := ch.Conn(b)
+	db := ch.Database(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := applySchema(ctx, conn, db); err != nil {
+		b.Fatal(err)
+	}
+	k := testenv.StartKafka(b, "decisions", 4)
+	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+
+	reg := prometheus.NewRegistry()
+	obs, err := consumer.InsertMetrics(reg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sink, err := chsink.New(conn, db, obs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := consumer.New(consumer.Config{Brokers: []string{k.Addr()}, Topic: k.Topic(), Sink: sink, Ping: conn.Ping,
+		SessionTimeout: 2 * time.Second, BatchWait: *e2eWait, Logger: log, Registry: reg})
+	if err != nil {
+		b.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = c.Run(runCtx); close(done) }()
+	defer func() { stop(); <-done }()
+
+	em, err := kafkaemit.New(kafkaemit.Config{Brokers: []string{k.Addr()}, Topic: k.Topic(), Buffer: 1 << 20,
+		Logger: log, Registry: prometheus.NewRegistry()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer em.Close(context.Background())
+
+	keys := make([]string, 1000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("acct_%04d", i)
+	}
+	scopes := []string{"api:search", "api:read", "api:write"}
+	ids := metering.NewIDs()
+	const stamp = 1024
+	emitAt := make([]time.Time, b.N/stamp+1) // when event i*stamp was emitted
+
+	written := func() float64 { return gatherCounter(reg, "meter_events_written_total") }
+	var lags []float64
+	sample := func(emitted int) {
+		w := int(written())
+		if w >= emitted {
+			lags = append(lags, 0)
+			return
+		}
+		lags = append(lags, time.Since(emitAt[w/stamp]).Seconds())
+	}
+
+	b.ResetTimer()
+	start := time.Now()
+	lastSample := start
+	n := 0
+	for n < b.N {
+		now := time.Now()
+		target := b.N
+		if *e2eRate > 0 {
+			target = min(b.N, int(now.Sub(start).Seconds()*float64(*e2eRate))+1)
+		}
+		for ; n < target; n++ {
+			if n%stamp == 0 {
+				emitAt[n/stamp] = now
+			}
+			em.Emit(metering.Event{EventID: ids.Next(now), TS: now.UnixMilli(), Key: keys[n%len(keys)], Scope: scopes[n%3],
+				Tier: "pro", Cost: 1, Allowed: n%10 != 0, Source: "shared", Remaining: 10, Limit: 100, Policy: "pro", Instance: "bench"})
+		}
+		if now.Sub(lastSample) >= 50*time.Millisecond {
+			sample(n)
+			lastSample = now
+		}
+		time.Sleep(time.Millisecond)
+	}
+	emitEnd := time.Now()
+	deadline := time.Now().Add(10 * time.Minute)
+	for int(written())+int(em.Dropped()) < b.N {
+		if time.Now().After(deadline) {
+			b.Fatalf("only %v of %d events written after 10 minutes", written(), b.N)
+		}
+		sample(b.N)
+		time.Sleep(50 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+
+	sort.Float64s(lags)
+	q := func(p float64) float64 { return lags[min(len(lags)-1, int(p*float64(len(lags))))] }
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "events/s")
+	b.ReportMetric(float64(b.N)/emitEnd.Sub(start).Seconds(), "emitted/s")
+	b.ReportMetric(q(0.5), "lag-p50-s")
+	b.ReportMetric(q(0.99), "lag-p99-s")
+	b.ReportMetric(lags[len(lags)-1], "lag-max-s")
+	b.ReportMetric(float64(em.Dropped()), "dropped")
+
+	// The rollups hold every event exactly once.
+	var total uint64
+	if err := conn.QueryRow(ctx, "SELECT sum(requests) FROM "+db+".usage_day WHERE key != ''").Scan(&total); err != nil {
+		b.Fatal(err)
+	}
+	if total != uint64(b.N)-em.Dropped() {
+		b.Fatalf("usage_day holds %d requests, want %d", total, uint64(b.N)-em.Dropped())
+	}
+}
+
+func gatherCounter(reg *prometheus.Registry, name string) float64 {
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
