@@ -149,8 +149,8 @@ func TestInjectionPerParameter(t *testing.T) {
 	})
 	payloads := []string{`' OR '1'='1`, `acct_a' --`, `\' OR 1=1 --`, `'); DROP TABLE ` + e.db + `.usage_hour; --`, `? OR ?`, "x\u2019 OR 1=1", `acct_a%`, `*`}
 	base := url.Values{"key": {"acct_a"}, "window": {"hour"}}
-	type check func(code int, body []byte) string
-	emptyOr400 := func(code int, b []byte) string {
+	type check func(t *testing.T, code int, body []byte) string
+	emptyOr400 := func(t *testing.T, code int, b []byte) string {
 		if code == 400 {
 			return ""
 		}
@@ -162,7 +162,7 @@ func TestInjectionPerParameter(t *testing.T) {
 		}
 		return ""
 	}
-	only400 := func(code int, _ []byte) string {
+	only400 := func(_ *testing.T, code int, _ []byte) string {
 		if code != 400 {
 			return fmt.Sprintf("status %d, want 400", code)
 		}
@@ -177,7 +177,7 @@ func TestInjectionPerParameter(t *testing.T) {
 				}
 				q.Set(param, p)
 				code, b := doHTTP(t, e.http.URL, "GET", "/v1/usage?"+q.Encode(), testAdmin, "")
-				if msg := c(code, b); msg != "" {
+				if msg := c(t, code, b); msg != "" {
 					t.Errorf("usage %s=%q: %s: %s", param, p, msg, b)
 				}
 			}
