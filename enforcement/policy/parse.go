@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
+	"reflect"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -16,6 +19,16 @@ import (
 
 // MaxFileSize bounds a policy file; a larger one is refused.
 const MaxFileSize = 4 << 20
+
+// maxNodes bounds the YAML nodes visited while validating, aliases
+// expanded: a small file of nested aliases ("billion laughs") is refused
+// instead of exhausting memory.
+const maxNodes = 200_000
+
+// maxRefill bounds how long an empty bucket may take to refill (burst ÷
+// rate): beyond it the Redis script's millisecond arithmetic loses its
+// integers, and no real limit needs more.
+const maxRefill = 10 * 365 * 24 * 3600.0 // seconds, ten years
 
 // Load reads and validates the policy file at path.
 func Load(path string) (*Policy, error) {
@@ -30,77 +43,99 @@ func Load(path string) (*Policy, error) {
 	return p, nil
 }
 
-// Parse validates a policy file. Every problem is reported at once, each
-// with the field's path and line, e.g. `tiers.pro.burst (line 7): must be > 0`.
+// Parse validates a policy file. Every problem is reported at once, in file
+// order, each with the field's path and line, e.g.
+// `tiers.pro.burst (line 7): must be between 1 and 2^50, got 0`.
+// The returned error's message is never empty.
 func Parse(b []byte) (*Policy, error) {
 	if len(b) > MaxFileSize {
 		return nil, fmt.Errorf("policy file is %d bytes, more than %d", len(b), MaxFileSize)
 	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
 	var root yaml.Node
-	if err := yaml.Unmarshal(b, &root); err != nil {
+	if err := dec.Decode(&root); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("policy file is empty")
+		}
 		return nil, fmt.Errorf("policy is not valid YAML: %w", err)
 	}
+	var next yaml.Node
+	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
+		return nil, errors.New("policy file holds more than one YAML document (a second `---`)")
+	}
+	if len(root.Content) == 0 {
+		return nil, errors.New("policy file is empty")
+	}
+	v := validator{lines: map[string]int{}}
+	v.shape(&root, reflect.TypeOf(File{}), "")
 	var f File
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
+	if err := root.Decode(&f); err != nil {
+		// shape found why (wrong types, keys defined twice); its messages say where.
+		if err := v.err(); err != nil {
+			return nil, err
+		}
 		return nil, fmt.Errorf("policy does not match the schema: %w", err)
 	}
-	lines := map[string]int{}
-	indexLines(&root, "", lines)
-	v := validator{lines: lines}
-	p := v.compile(f)
-	if err := errors.Join(v.errs...); err != nil {
+	p := v.compile(f) // also after unknown fields: report every problem at once
+	if err := v.err(); err != nil {
 		return nil, err
 	}
 	p.hash = hashOf(b)
 	return p, nil
 }
 
-// indexLines records the line of every mapping key and sequence item by its
-// dotted path (rules[2].burst), so that validation errors can point at it.
-func indexLines(n *yaml.Node, path string, lines map[string]int) {
-	switch n.Kind {
-	case yaml.DocumentNode:
-		for _, c := range n.Content {
-			indexLines(c, path, lines)
-		}
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k := n.Content[i]
-			p := k.Value
-			if path != "" {
-				p = path + "." + k.Value
-			}
-			lines[p] = k.Line
-			indexLines(n.Content[i+1], p, lines)
-		}
-	case yaml.SequenceNode:
-		for i, c := range n.Content {
-			p := path + "[" + strconv.Itoa(i) + "]"
-			lines[p] = c.Line
-			indexLines(c, p, lines)
-		}
-	}
+// maxProblems bounds the problems reported for one file.
+const maxProblems = 50
+
+type problem struct {
+	line int
+	msg  string
 }
 
 type validator struct {
-	lines map[string]int
-	errs  []error
+	lines   map[string]int // dotted path (rules[2].burst) → line of its key
+	errs    []problem
+	visited int
 }
 
+// err joins the problems found so far, in file order.
+func (v *validator) err() error {
+	if len(v.errs) == 0 {
+		return nil
+	}
+	sort.SliceStable(v.errs, func(i, j int) bool { return v.errs[i].line < v.errs[j].line })
+	errs := make([]error, 0, min(len(v.errs), maxProblems)+1)
+	for _, p := range v.errs[:min(len(v.errs), maxProblems)] {
+		errs = append(errs, errors.New(p.msg))
+	}
+	if more := len(v.errs) - maxProblems; more > 0 {
+		errs = append(errs, fmt.Errorf("... and %d more problems", more))
+	}
+	return errors.Join(errs...)
+}
+
+// fail reports a problem at path, located at the line of path or of its
+// nearest ancestor present in the file.
 func (v *validator) fail(path, format string, args ...any) {
-	where := path
+	line := 0
 	for p := path; p != ""; p = parent(p) {
-		if line, ok := v.lines[p]; ok {
-			where = fmt.Sprintf("%s (line %d)", path, line)
+		if l, ok := v.lines[p]; ok {
+			line = l
 			break
 		}
 	}
+	v.failAt(path, line, format, args...)
+}
+
+func (v *validator) failAt(path string, line int, format string, args ...any) {
+	where := path
 	if where == "" {
 		where = "policy"
 	}
-	v.errs = append(v.errs, fmt.Errorf("%s: %s", where, fmt.Sprintf(format, args...)))
+	if line > 0 {
+		where = fmt.Sprintf("%s (line %d)", where, line)
+	}
+	v.errs = append(v.errs, problem{line: line, msg: where + ": " + fmt.Sprintf(format, args...)})
 }
 
 func parent(p string) string {
@@ -108,6 +143,179 @@ func parent(p string) string {
 		return p[:i]
 	}
 	return ""
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// shape checks that node n can become a value of type t: known fields only,
+// no key twice, mappings, lists and scalars where they belong. It records
+// the line of every key, so that later checks can point at it.
+func (v *validator) shape(n *yaml.Node, t reflect.Type, path string) {
+	v.visited++
+	if v.visited > maxNodes {
+		if v.visited == maxNodes+1 {
+			v.failAt(path, n.Line, "the file expands to more than %d YAML nodes (nested aliases?)", maxNodes)
+		}
+		return
+	}
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			v.shape(c, t, path)
+		}
+		return
+	case yaml.AliasNode:
+		if n.Alias != nil {
+			v.shape(n.Alias, t, path)
+		}
+		return
+	}
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		return // left empty: the zero value, which the checks below judge
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			v.failAt(path, n.Line, "must be a mapping (field: value), got %s", describeNode(n))
+			return
+		}
+		fields, names := fieldsOf(t)
+		v.mapping(n, path, map[string]int{}, func(key, val *yaml.Node, p string) {
+			ft, ok := fields[key.Value]
+			if !ok {
+				v.failAt(p, key.Line, "unknown field; the fields here are %s", names)
+				return
+			}
+			v.shape(val, ft, p)
+		}, func(merged *yaml.Node) { v.shape(merged, t, path) })
+	case reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			v.failAt(path, n.Line, "must be a mapping, got %s", describeNode(n))
+			return
+		}
+		v.mapping(n, path, map[string]int{}, func(_, val *yaml.Node, p string) {
+			v.shape(val, t.Elem(), p)
+		}, func(merged *yaml.Node) { v.shape(merged, t, path) })
+	case reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			v.failAt(path, n.Line, "must be a list, got %s", describeNode(n))
+			return
+		}
+		for i, c := range n.Content {
+			p := path + "[" + strconv.Itoa(i) + "]"
+			v.lines[p] = c.Line
+			v.shape(c, t.Elem(), p)
+		}
+	default:
+		if n.Kind != yaml.ScalarNode {
+			v.failAt(path, n.Line, "must be %s, got %s", kindName(t), describeNode(n))
+			return
+		}
+		if !scalarFits(n, t) || n.Decode(reflect.New(t).Interface()) != nil {
+			v.failAt(path, n.Line, "must be %s, got %q", kindName(t), truncate(n.Value, 40))
+		}
+	}
+}
+
+// scalarFits refuses what yaml.v3 would convert silently: a fraction
+// into a whole number (2.5 → 2) or a quoted number into a number.
+func scalarFits(n *yaml.Node, t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		return n.ShortTag() == "!!int"
+	case reflect.Float64, reflect.Float32:
+		return n.ShortTag() == "!!int" || n.ShortTag() == "!!float"
+	}
+	return true
+}
+
+// mapping walks the pairs of a mapping node: each key once (seen holds the
+// keys already defined, with their lines), merge keys (<<) expanded.
+func (v *validator) mapping(n *yaml.Node, path string, seen map[string]int, each func(key, val *yaml.Node, p string), merge func(*yaml.Node)) {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		key, val := n.Content[i], n.Content[i+1]
+		if key.Kind == yaml.ScalarNode && key.ShortTag() == "!!merge" {
+			if val.Kind == yaml.SequenceNode {
+				for _, m := range val.Content {
+					merge(m)
+				}
+			} else {
+				merge(val)
+			}
+			continue
+		}
+		if key.Kind != yaml.ScalarNode {
+			v.failAt(path, key.Line, "a key must be a plain string, got %s", describeNode(key))
+			continue
+		}
+		p := join(path, key.Value)
+		if first, dup := seen[key.Value]; dup {
+			v.failAt(p, key.Line, "is defined twice (first at line %d)", first)
+			continue
+		}
+		seen[key.Value] = key.Line
+		v.lines[p] = key.Line
+		each(key, val, p)
+	}
+}
+
+// fieldsOf maps the yaml names of struct t's fields to their types.
+func fieldsOf(t reflect.Type) (map[string]reflect.Type, string) {
+	fields := make(map[string]reflect.Type, t.NumField())
+	names := make([]string, 0, t.NumField())
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		fields[name] = f.Type
+		names = append(names, name)
+	}
+	return fields, strings.Join(names, ", ")
+}
+
+func kindName(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		return "a whole number"
+	case reflect.Float64, reflect.Float32:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	}
+	return "a " + t.Kind().String()
+}
+
+func describeNode(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.ScalarNode:
+		return strconv.Quote(truncate(n.Value, 40))
+	}
+	return "nothing"
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 func (v *validator) compile(f File) *Policy {
@@ -120,6 +328,9 @@ func (v *validator) compile(f File) *Policy {
 	}
 	for name, t := range f.Tiers {
 		path := "tiers." + name
+		if strings.TrimSpace(name) == "" {
+			v.fail(path, "a tier needs a name")
+		}
 		lim := enforcement.Limit{Burst: t.Burst, SoftLimitPercent: t.SoftLimitPercent}
 		lim.Rate = v.rate(path, t.Rate, t.Period)
 		v.burst(path+".burst", t.Burst)
@@ -187,7 +398,53 @@ func (v *validator) compile(f File) *Policy {
 		}
 		p.rules = append(p.rules, compiledRule{Rule: r, index: i, scopeGlob: strings.Contains(r.Scope, "*")})
 	}
+	if len(v.errs) == 0 {
+		v.refillTimes(p)
+	}
 	return p
+}
+
+// refillTimes refuses a limit, as it would resolve (rule over tier, capped
+// by the ceiling), whose empty bucket takes more than maxRefill to refill.
+func (v *validator) refillTimes(p *Policy) {
+	check := func(path string, rate float64, burst int64) {
+		if c := p.ceiling; c != nil {
+			rate, burst = min(rate, c.Rate), min(burst, c.Burst)
+		}
+		if secs := float64(burst) / rate; secs > maxRefill {
+			v.fail(path, "burst %d at %.3g tokens/s takes %.3g years to refill; at most 10 are allowed", burst, rate, secs/(365*24*3600))
+		}
+	}
+	tierNames := make([]string, 0, len(p.tiers))
+	for name := range p.tiers {
+		tierNames = append(tierNames, name)
+	}
+	sort.Strings(tierNames)
+	for _, name := range tierNames {
+		check("tiers."+name, p.tiers[name].limit.Rate, p.tiers[name].limit.Burst)
+	}
+	for i, r := range p.rules {
+		if r.Rate == nil && r.Burst == nil {
+			continue
+		}
+		for _, name := range tierNames {
+			if r.Tier != "" && r.Tier != name {
+				continue
+			}
+			lim := p.tiers[name].limit
+			if r.Rate != nil {
+				lim.Rate = *r.Rate / periodSeconds[r.Period]
+			}
+			if r.Burst != nil {
+				lim.Burst = *r.Burst
+			}
+			before := len(v.errs)
+			check(fmt.Sprintf("rules[%d]", i), lim.Rate, lim.Burst)
+			if len(v.errs) > before {
+				break // once per rule
+			}
+		}
+	}
 }
 
 func (v *validator) rate(path string, rate float64, period string) float64 {
@@ -210,7 +467,7 @@ func (v *validator) burst(path string, burst int64) {
 }
 
 func (v *validator) soft(path string, pct float64) {
-	if pct < 0 || pct > 100 {
+	if !(pct >= 0 && pct <= 100) { // NaN fails too
 		v.fail(path, "must be between 0 and 100, got %v", pct)
 	}
 }
@@ -220,8 +477,8 @@ func (v *validator) quota(path string, q *Quota) (int64, enforcement.Period) {
 	if !ok {
 		v.fail(path+".period", "must be hour, day or month, got %q", q.Period)
 	}
-	if q.Limit < 1 {
-		v.fail(path+".limit", "must be ≥ 1, got %d", q.Limit)
+	if q.Limit < 1 || q.Limit > 1<<50 {
+		v.fail(path+".limit", "must be between 1 and 2^50, got %d", q.Limit)
 	}
 	return q.Limit, period
 }
