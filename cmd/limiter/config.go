@@ -22,16 +22,15 @@ type config struct {
 	AuthToken         string
 	InstanceID        string
 
-	StoreTimeout     time.Duration
-	BreakerFailures  int
-	BreakerOpenFor   time.Duration
-	LocalHeadroom    float64
-	DegradedRate     float64
-	DegradedBurst    int64
-	MaxKeys          int
-	ShutdownGrace    time.Duration
-	EmitBuffer       int
-	TrustedProxyNets []string
+	StoreTimeout    time.Duration
+	BreakerFailures int
+	BreakerOpenFor  time.Duration
+	LocalHeadroom   float64
+	DegradedRate    float64
+	DegradedBurst   int64
+	MaxKeys         int
+	ShutdownGrace   time.Duration
+	EmitBuffer      int
 }
 
 // loadConfig reads the environment; every problem is reported at once, each
@@ -59,7 +58,6 @@ func loadConfig(getenv func(string) string) (config, error) {
 		MaxKeys:           e.int("LIMITER_MAX_KEYS", 1_000_000, 1000, 1<<30),
 		ShutdownGrace:     e.duration("LIMITER_SHUTDOWN_GRACE", 8*time.Second),
 		EmitBuffer:        e.int("LIMITER_EMIT_BUFFER", 65536, 16, 1<<24),
-		TrustedProxyNets:  e.list("LIMITER_TRUSTED_PROXIES"),
 	}
 	if c.LocalHeadroom < 1 {
 		e.fail("LIMITER_LOCAL_HEADROOM", "must be ≥ 1")
