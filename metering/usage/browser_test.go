@@ -182,6 +182,11 @@ func TestDashboardInBrowser(t *testing.T) {
 	screenshot("usage-dashboard-phone.png", 100)
 	do("desktop viewport", chromedp.EmulateViewport(1280, 900))
 
+	// No script error and no CSP violation so far.
+	if v, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.documentElement.getAttribute("data-page-errors") || ""`)); err != nil || v != "" {
+		t.Errorf("page errors: %q %v", v, err)
+	}
+
 	// Error state: a bad token gives a readable message.
 	do("forget the token", chromedp.Click(chromedp.ID("forget")))
 	enter(tok[:len(tok)-4]+"AAAA", "error")
