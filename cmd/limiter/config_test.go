@@ -1,0 +1,65 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+func TestConfigDefaults(t *testing.T) {
+	c, err := loadConfig(func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Addr != "127.0.0.1:8080" || c.PolicyFile != "deploy/policy.yaml" || c.KafkaTopic != "ratelimit.decisions" ||
+		c.ExpectedInstances != 1 || len(c.RedisAddrs) != 0 || len(c.KafkaBrokers) != 0 {
+		t.Fatalf("defaults: %+v", c)
+	}
+}
+
+func TestConfigReportsEveryBadVariable(t *testing.T) {
+	env := map[string]string{
+		"LIMITER_EXPECTED_INSTANCES": "zero",
+		"LIMITER_STORE_TIMEOUT":      "-5ms",
+		"LIMITER_DEGRADED_MAX_RATE":  "10",
+		"REDIS_ADDRS":                "10.0.0.1:6379, 10.0.0.2:6379",
+	}
+	c, err := loadConfig(func(k string) string { return env[k] })
+	if err == nil {
+		t.Fatal("bad configuration accepted")
+	}
+	for _, name := range []string{"LIMITER_EXPECTED_INSTANCES", "LIMITER_STORE_TIMEOUT", "LIMITER_DEGRADED_MAX_RATE"} {
+		if !strings.Contains(err.Error(), name) {
+			t.Errorf("error does not name %s: %v", name, err)
+		}
+	}
+	if len(c.RedisAddrs) != 2 || c.RedisAddrs[1] != "10.0.0.2:6379" {
+		t.Errorf("REDIS_ADDRS parsed as %q", c.RedisAddrs)
+	}
+}
+
+func TestInvalidConfigExitsWithOneLine(t *testing.T) {
+	cmd := exec.Command(limiterBin)
+	cmd.Env = append(os.Environ(), "LIMITER_EXPECTED_INSTANCES=-1")
+	out, err := cmd.CombinedOutput()
+	if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() == 0 {
+		t.Fatalf("exit: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "LIMITER_EXPECTED_INSTANCES") {
+		t.Fatalf("output %q: want one line naming the variable", out)
+	}
+}
+
+func TestPolicyCommands(t *testing.T) {
+	var out, errOut strings.Builder
+	if code := policyCommand([]string{"check", "../../deploy/policy.yaml"}, &out, &errOut); code != 0 {
+		t.Fatalf("check of the demo policy: %d %s", code, errOut.String())
+	}
+	out.Reset()
+	if code := policyCommand([]string{"explain", "../../deploy/policy.yaml", "--key", "ip:203.0.113.9", "--scope", "api:read"}, &out, &errOut); code != 0 ||
+		!strings.Contains(out.String(), "winner: anonymous") {
+		t.Fatalf("explain: %d %s", code, out.String())
+	}
+}
