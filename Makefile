@@ -19,3 +19,18 @@ test: vet
 
 clean:
 	rm -rf $(BIN)
+
+# The local stack (scripts/up.sh, scripts/down.sh): Redis, ClickHouse, an
+# embedded Kafka-protocol broker, the three services and demo traffic on the
+# fixed loopback ports of CONTRACT.md; pids, logs and data under run/.
+.PHONY: up down up-test
+up:
+	@scripts/up.sh
+
+down:
+	@scripts/down.sh
+
+# make up, /check traffic, the usage API reports it, make down, nothing left
+# behind (on free ports and a temporary run directory; also part of make test).
+up-test:
+	$(GO) test -count=1 -v -run 'TestUpDown' ./deploy/deploytest/

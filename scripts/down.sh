@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# make down: stops exactly what scripts/up.sh started, by the pid files in
+# run/pids/, in reverse start order (traffic first, Redis last), each with
+# SIGTERM and up to 20 s to finish (then SIGKILL). Data in run/ is kept;
+# `rm -rf run` after `make down` starts from scratch.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+stopped=0
+for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
+  c="${COMPONENTS[$i]}"
+  f="$PID_DIR/$c.pid"
+  [ -f "$f" ] || continue
+  pid="$(pid_of "$c")"
+  if [ -z "$pid" ]; then
+    say "$c was not running (stale pid file removed)"
+    rm -f "$f"
+    continue
+  fi
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 200); do
+    [ -d "/proc/$pid" ] || break
+    # a zombie (exited, not yet reaped by its parent) has stopped
+    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] && break
+    sleep 0.1
+  done
+  if [ -d "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]; then
+    say "$c (pid $pid) did not stop within 20 s: SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$f"
+  say "stopped $c (pid $pid)"
+  stopped=$((stopped + 1))
+done
+if [ $stopped -eq 0 ]; then
+  say "nothing was running"
+fi

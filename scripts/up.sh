@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# make up: the whole stack on this machine, on fixed loopback ports, with the
+# demo policy (deploy/policy.yaml) and a little demo traffic.
+#
+#   redis-server      127.0.0.1:6379   data in run/redis/
+#   clickhouse-server 127.0.0.1:9000   (HTTP 8123) data in run/clickhouse/
+#   kafka-dev         127.0.0.1:9092   embedded Kafka-protocol broker (in memory)
+#   limiter           127.0.0.1:8080
+#   usage-api         127.0.0.1:8081   dashboard at /
+#   meter-consumer    127.0.0.1:8082   health and metrics
+#   demo-traffic      sends ~40 /check requests per second
+#
+# Idempotent: what already runs (by pid file in run/pids/) is left alone.
+# Logs: run/logs/. Stop with `make down` (scripts/down.sh).
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+# --- 1. tools -----------------------------------------------------------------
+install_missing() {
+  local need=()
+  command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+  command -v clickhouse-server >/dev/null 2>&1 || need+=(clickhouse-server)
+  command -v clickhouse-client >/dev/null 2>&1 || need+=(clickhouse-client)
+  command -v curl >/dev/null 2>&1 || need+=(curl ca-certificates)
+  [ ${#need[@]} -eq 0 ] && return 0
+  [ "$(id -u)" = 0 ] || die "missing packages: ${need[*]}. Run 'make up' as root, or: sudo apt-get install ${need[*]}"
+  command -v apt-get >/dev/null 2>&1 || die "missing: ${need[*]} and no apt-get here; install them with your package manager"
+  say "installing ${need[*]} (apt-get)"
+  # The packages' own system services would take ports 6379 and 9000: keep
+  # them from starting during the install (policy-rc.d, as in containers).
+  local policy=/usr/sbin/policy-rc.d added=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && added=1
+  fi
+  local rc=0
+  { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; } || rc=$?
+  [ -n "$added" ] && rm -f "$policy"
+  [ $rc -eq 0 ] || die "apt-get install ${need[*]} failed (exit $rc)"
+}
+
+find_go() {
+  if command -v go >/dev/null 2>&1; then command -v go; return; fi
+  if [ -x /usr/local/go/bin/go ]; then echo /usr/local/go/bin/go; return; fi
+  die "Go is not installed: get Go 1.26 or later from https://go.dev/dl/ (unpack to /usr/local/go)"
+}
+
+install_missing
+GO="$(find_go)"
+mkdir -p "$PID_DIR" "$LOG_DIR" "$RUN_DIR/redis" "$RUN_DIR/clickhouse" "$BIN_DIR"
+
+# --- 2. what must start, and are its ports free? ------------------------------
+declare -A PORTS=(
+  [redis]="$REDIS_PORT" [clickhouse]="$CH_TCP_PORT $CH_HTTP_PORT" [kafka-dev]="$KAFKA_PORT"
+  [limiter]="$LIMITER_PORT" [meter-consumer]="$METER_PORT" [usage-api]="$USAGE_PORT" [demo-traffic]=""
+)
+todo=()
+busy=()
+for c in "${COMPONENTS[@]}"; do
+  if pid="$(pid_of "$c")" && [ -n "$pid" ]; then
+    say "$c already running (pid $pid)"
+    continue
+  fi
+  rm -f "$PID_DIR/$c.pid"
+  todo+=("$c")
+  for p in ${PORTS[$c]}; do
+    if ! port_free "$p"; then
+      w="$(who_listens "$p")"
+      busy+=("127.0.0.1:$p (needed by $c) is in use${w:+ by $w}")
+    fi
+  done
+done
+if [ ${#busy[@]} -gt 0 ]; then
+  printf 'error: port busy, nothing was started:\n' >&2
+  printf '  %s\n' "${busy[@]}" >&2
+  printf 'Stop whatever holds it (a system service? try: systemctl stop redis-server clickhouse-server), or `make down` if it is an earlier stack whose run/ was removed.\n' >&2
+  exit 1
+fi
+
+wants() { local x; for x in "${todo[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
+
+# --- 3. build -----------------------------------------------------------------
+if [ ${#todo[@]} -gt 0 ]; then
+  say "building into $BIN_DIR/"
+  (cd "$ROOT" && CGO_ENABLED=0 "$GO" build -o "$BIN_DIR/" \
+    ./cmd/limiter ./cmd/meter-consumer ./cmd/usage-api ./cmd/kafka-dev ./cmd/demo-traffic)
+fi
+
+# --- 4. secrets (generated once, kept in run/secrets.env) ---------------------
+SECRETS="$RUN_DIR/secrets.env"
+if [ ! -s "$SECRETS" ]; then
+  rnd() { head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+  umask 077
+  printf 'USAGE_ADMIN_TOKEN=adm_%s\nUSAGE_TOKEN_SECRET=%s\n' "$(rnd)" "$(rnd)" >"$SECRETS"
+  umask 022
+fi
+# shellcheck disable=SC1090
+source "$SECRETS"
+
+# --- 5. start -----------------------------------------------------------------
+# start NAME EXE [ENV=V ...] -- [ARGS ...]: runs EXE in its own session with
+# stdin/stdout/stderr detached (log in run/logs/NAME.log), records its pid.
+start() {
+  local name="$1" exe="$2"; shift 2
+  local envs=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  # Run it by its own name (redis-server and clickhouse-server are symlinks
+  # to multi-call binaries that look at argv[0]); the pid file records the
+  # resolved executable, which is what /proc/<pid>/exe shows.
+  local path real
+  path="$(command -v "$exe")"
+  real="$(readlink -f "$path")"
+  (cd "$ROOT" && exec env "${envs[@]}" setsid "$path" "$@" </dev/null >>"$LOG_DIR/$name.log" 2>&1) &
+  echo "$! $real" >"$PID_DIR/$name.pid"
+  say "started $name (pid $!, log $LOG_DIR/$name.log)"
+}
+
+# wait_until NAME SECONDS CMD...: waits for CMD to succeed while NAME lives.
+wait_until() {
+  local name="$1" secs="$2"; shift 2
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    if ! alive "$name"; then
+      printf 'error: %s exited during start; last lines of %s:\n' "$name" "$LOG_DIR/$name.log" >&2
+      tail -n 20 "$LOG_DIR/$name.log" >&2 || true
+      exit 1
+    fi
+    if [ $SECONDS -ge $deadline ]; then
+      printf 'error: %s not ready after %ss; last lines of %s:\n' "$name" "$secs" "$LOG_DIR/$name.log" >&2
+      tail -n 20 "$LOG_DIR/$name.log" >&2 || true
+      exit 1
+    fi
+    sleep 0.2
+  done
+}
+# alive NAME: the recorded pid runs (it may not have exec'd its binary yet).
+alive() {
+  local pid _
+  read -r pid _ <"$PID_DIR/$1.pid" 2>/dev/null || return 1
+  [ -d "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]
+}
+http_ok() { curl -fsS -m 2 -o /dev/null "$1"; }
+
+if wants redis; then
+  start redis redis-server -- --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$RUN_DIR/redis" \
+    --save "" --appendonly no --protected-mode yes --daemonize no
+fi
+if wants clickhouse; then
+  CH="$RUN_DIR/clickhouse"
+  mkdir -p "$CH/data" "$CH/tmp" "$CH/user_files" "$CH/format_schemas"
+  sed -e "s#{{DIR}}#$CH#g" -e "s#{{TCP}}#$CH_TCP_PORT#g" -e "s#{{HTTP}}#$CH_HTTP_PORT#g" \
+    -e "s#{{LOGS}}#$LOG_DIR#g" "$ROOT/scripts/clickhouse.xml" >"$CH/config.xml"
+  start clickhouse clickhouse-server -- --config-file="$CH/config.xml"
+fi
+if wants kafka-dev; then
+  start kafka-dev "$BIN_DIR/kafka-dev" KAFKA_DEV_ADDR="127.0.0.1:$KAFKA_PORT"
+fi
+wait_until redis 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$REDIS_PORT"
+wait_until kafka-dev 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$KAFKA_PORT"
+
+if wants limiter; then
+  start limiter "$BIN_DIR/limiter" LIMITER_ADDR="127.0.0.1:$LIMITER_PORT" REDIS_ADDRS="127.0.0.1:$REDIS_PORT" \
+    KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" POLICY_FILE="$ROOT/deploy/policy.yaml"
+fi
+wait_until clickhouse 90 http_ok "http://127.0.0.1:$CH_HTTP_PORT/ping"
+if wants meter-consumer; then
+  start meter-consumer "$BIN_DIR/meter-consumer" KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" \
+    CLICKHOUSE_ADDR="127.0.0.1:$CH_TCP_PORT" METER_ADDR="127.0.0.1:$METER_PORT"
+fi
+if wants usage-api; then
+  start usage-api "$BIN_DIR/usage-api" USAGE_API_ADDR="127.0.0.1:$USAGE_PORT" \
+    CLICKHOUSE_ADDR="127.0.0.1:$CH_TCP_PORT" POLICY_FILE="$ROOT/deploy/policy.yaml" \
+    USAGE_ADMIN_TOKEN="$USAGE_ADMIN_TOKEN" USAGE_TOKEN_SECRET="$USAGE_TOKEN_SECRET"
+fi
+wait_until limiter 30 http_ok "http://127.0.0.1:$LIMITER_PORT/readyz"
+if wants demo-traffic; then
+  start demo-traffic "$BIN_DIR/demo-traffic" DEMO_LIMITER_URL="http://127.0.0.1:$LIMITER_PORT"
+fi
+wait_until meter-consumer 60 http_ok "http://127.0.0.1:$METER_PORT/readyz"
+wait_until usage-api 60 http_ok "http://127.0.0.1:$USAGE_PORT/readyz"
+
+# --- 6. a portal token, and what to do next -----------------------------------
+DEMO_KEY=acct_demo_pro
+resp="$(curl -fsS -m 10 -X POST "http://127.0.0.1:$USAGE_PORT/v1/admin/portal-tokens" \
+  -H "Authorization: Bearer $USAGE_ADMIN_TOKEN" -H 'Content-Type: application/json' \
+  -d "{\"key\":\"$DEMO_KEY\",\"ttl_seconds\":86400}")" || die "could not mint a portal token (see $LOG_DIR/usage-api.log)"
+PORTAL_TOKEN="$(printf '%s' "$resp" | sed -n 's/.*"token":"\([^"]*\)".*/\1/p')"
+[ -n "$PORTAL_TOKEN" ] || die "unexpected answer from POST /v1/admin/portal-tokens: $resp"
+printf '%s\n' "$PORTAL_TOKEN" >"$RUN_DIR/portal-token"
+
+cat <<EOF
+
+ratewarden is up.  Logs: $LOG_DIR/   Stop: make down
+
+  limiter         http://127.0.0.1:$LIMITER_PORT    POST /check, GET /readyz, /metrics
+  usage API       http://127.0.0.1:$USAGE_PORT    dashboard: open it, paste the portal token below
+  meter-consumer  http://127.0.0.1:$METER_PORT/metrics
+  ClickHouse      127.0.0.1:$CH_TCP_PORT (native), http://127.0.0.1:$CH_HTTP_PORT   database "ratelimit"
+  Redis           127.0.0.1:$REDIS_PORT
+  Kafka (kfake)   127.0.0.1:$KAFKA_PORT   topic ratelimit.decisions (in memory)
+
+Portal token for $DEMO_KEY (valid 24 h; also in $RUN_DIR/portal-token):
+  $PORTAL_TOKEN
+Admin token: USAGE_ADMIN_TOKEN in $SECRETS
+
+Try:
+  curl -s -X POST http://127.0.0.1:$LIMITER_PORT/check -H 'Content-Type: application/json' -d '{"key":"acct_demo_pro","scope":"api:orders"}'
+  curl -s -H "Authorization: Bearer \$(cat $RUN_DIR/portal-token)" 'http://127.0.0.1:$USAGE_PORT/v1/usage?window=minute&group_by=scope'
+
+Demo traffic (~40 requests/s from a few keys) is running; the dashboard fills within a minute.
+EOF
