@@ -350,6 +350,11 @@ func (s *Server) postPortalToken(c *gin.Context) {
 	dec := json.NewDecoder(http.MaxBytesReader(c.Writer, c.Request.Body, 64<<10))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			fail(c, http.StatusRequestEntityTooLarge, "too_large", "body over 64 KiB")
+			return
+		}
 		fail(c, http.StatusBadRequest, "invalid_request", "body must be JSON {\"key\": \"...\", \"ttl_seconds\": 3600}: "+err.Error())
 		return
 	}

@@ -131,6 +131,9 @@ func TestWhoSeesWhat(t *testing.T) {
 	if code, b := e.do("GET", "/v1/usage", e.issue("acct_a", 60).Token, ""); code != 200 {
 		t.Fatalf("second token: %d %s", code, b)
 	}
+	if code, b := e.do("POST", "/v1/admin/portal-tokens", testAdmin, `{"key":"`+strings.Repeat("k", 70000)+`"}`); code != 413 {
+		t.Errorf("70 kB body: %d %s", code, b)
+	}
 	for _, body := range []string{`{"key":""}`, `{"key":"a","ttl_seconds":0}`, `{"key":"a","ttl_seconds":99999999999}`, `{"key":"a","extra":1}`, `not json`} {
 		if code, b := e.do("POST", "/v1/admin/portal-tokens", testAdmin, body); code != 400 {
 			t.Errorf("issue %s: %d %s", body, code, b)
