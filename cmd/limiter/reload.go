@@ -29,6 +29,7 @@ type policyReloader struct {
 	active  atomic.Pointer[policyInfo]
 	results *prometheus.CounterVec
 	info    *prometheus.GaugeVec
+	lastOK  prometheus.Gauge
 }
 
 func newPolicyReloader(path string, target interface{ SetPolicy(enforcement.Policy) }, reg prometheus.Registerer, log *slog.Logger) *policyReloader {
@@ -42,10 +43,15 @@ func newPolicyReloader(path string, target interface{ SetPolicy(enforcement.Poli
 			Name: "limiter_policy_info",
 			Help: "The policy in force: 1 for its version and hash.",
 		}, []string{"version", "hash"}),
+		lastOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "limiter_policy_last_reload_successful",
+			Help: "1 when the last read of the policy file was valid, 0 while the file on disk is refused (the policy in force is then older than the file).",
+		}),
 	}
 	r.results.WithLabelValues("ok")
 	r.results.WithLabelValues("refused")
-	reg.MustRegister(r.results, r.info)
+	r.lastOK.Set(1)
+	reg.MustRegister(r.results, r.info, r.lastOK)
 	return r
 }
 
@@ -64,11 +70,14 @@ func (r *policyReloader) reload(why string) {
 	p, err := policy.Load(r.path)
 	if err != nil {
 		r.results.WithLabelValues("refused").Inc()
-		r.log.Error("policy refused; the previous policy stays in force", "trigger", why, "err", err)
+		r.lastOK.Set(0)
+		r.log.Error("policy refused; the previous policy stays in force", "trigger", why,
+			"version", r.current().Version, "hash", r.current().Hash, "err", err)
 		return
 	}
+	r.lastOK.Set(1)
 	if p.Hash() == r.current().Hash {
-		return
+		return // unchanged (several events for one change, or a file put back)
 	}
 	r.target.SetPolicy(p)
 	r.set(p)
@@ -88,6 +97,9 @@ func (r *policyReloader) run(ctx context.Context, hup <-chan os.Signal) {
 			r.log.Error("cannot watch the policy directory; reload with SIGHUP", "dir", filepath.Dir(r.path), "err", err)
 		}
 	}
+	// A change made between the first load and the watch would otherwise
+	// wait for the next one.
+	r.reload("watch started")
 	var events <-chan fsnotify.Event
 	var errs <-chan error
 	if w != nil {

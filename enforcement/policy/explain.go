@@ -6,8 +6,9 @@ import (
 )
 
 // Explain describes, for an operator, how (key, scope, tier) resolves: the
-// tier and why, every matching rule, the winner and why, and the resulting
-// rate, burst, cost, quota, soft limit and dry run.
+// tier and why, every matching rule in file order, the winner and why, and
+// the resulting rate, burst, cost, quota, soft limit and dry run, each with
+// where it came from.
 func Explain(p *Policy, key, scope, tier string) string {
 	var b strings.Builder
 	f := p.File()
@@ -16,7 +17,7 @@ func Explain(p *Policy, key, scope, tier string) string {
 		if t, ok := f.Keys[key]; ok {
 			tier, why = t, "from the keys map"
 		} else {
-			tier, why = f.DefaultTier, "default_tier"
+			tier, why = f.DefaultTier, "default_tier; the key is not in the keys map"
 		}
 	}
 	fmt.Fprintf(&b, "key %q, scope %q\ntier: %s (%s)\n", key, scope, tier, why)
@@ -29,19 +30,54 @@ func Explain(p *Policy, key, scope, tier string) string {
 	if len(matched) == 0 {
 		b.WriteString("rules matched: none; the tier's own limit applies\n")
 	} else {
-		b.WriteString("rules matched (file order):\n")
+		b.WriteString("rules matched (file order, * = winner):\n")
 		for _, r := range matched {
 			mark := " "
-			if winner != nil && r.Name == winner.Name {
+			if r.Name == winner.Name {
 				mark = "*"
 			}
-			fmt.Fprintf(&b, "  %s %-20s %s\n", mark, r.Name, describe(r))
+			fmt.Fprintf(&b, "  %s %-24s %-40s specificity: %s\n", mark, r.Name, describe(r), rankWords(r))
 		}
-		fmt.Fprintf(&b, "winner: %s (most specific: exact key > key_prefix > tier, then exact scope > glob > none; ties to the first listed)\n", winner.Name)
+		fmt.Fprintf(&b, "winner: %s (exact key > key_prefix > tier > none, then exact scope > glob > none; ties go to the rule listed first)\n", winner.Name)
+	}
+
+	from := func(set bool) string {
+		if set {
+			return "rule " + winner.Name
+		}
+		return "tier " + tier
+	}
+	var rateSet, burstSet, softSet, quotaSet bool
+	if winner != nil {
+		rateSet, burstSet = winner.Rate != nil, winner.Burst != nil
+		softSet, quotaSet = winner.SoftLimitPercent != nil, winner.Quota != nil
+	}
+	t := f.Tiers[tier]
+	rateFrom, burstFrom := from(rateSet), from(burstSet)
+	if c := f.GlobalCeiling; c != nil {
+		ruleRate, ruleBurst := t.Rate/periodSeconds[t.Period], t.Burst
+		if rateSet {
+			ruleRate = *winner.Rate / periodSeconds[winner.Period]
+		}
+		if burstSet {
+			ruleBurst = *winner.Burst
+		}
+		if res.Rate < ruleRate {
+			rateFrom = fmt.Sprintf("global_ceiling; %s said %g/s", rateFrom, ruleRate)
+		}
+		if res.Burst < ruleBurst {
+			burstFrom = fmt.Sprintf("global_ceiling; %s said %d", burstFrom, ruleBurst)
+		}
+	}
+	costFrom := "default: the scope is not in costs"
+	if _, ok := f.Costs[scope]; ok {
+		costFrom = fmt.Sprintf("costs[%q]", scope)
 	}
 	fmt.Fprintf(&b, "result: policy=%s rate=%g/s burst=%d cost=%d", res.Policy, res.Rate, res.Burst, res.Cost)
+	quota := "none"
 	if res.HasQuota() {
-		fmt.Fprintf(&b, " quota=%d/%s", res.QuotaLimit, res.QuotaPeriod)
+		quota = fmt.Sprintf("%d/%s", res.QuotaLimit, res.QuotaPeriod)
+		fmt.Fprintf(&b, " quota=%s", quota)
 	}
 	if res.SoftLimitPercent > 0 {
 		fmt.Fprintf(&b, " soft_limit=%g%%", res.SoftLimitPercent)
@@ -50,8 +86,28 @@ func Explain(p *Policy, key, scope, tier string) string {
 		b.WriteString(" dry_run=true")
 	}
 	b.WriteString("\n")
-	if c := f.GlobalCeiling; c != nil {
-		fmt.Fprintf(&b, "global_ceiling: rate=%g per %s burst=%d (applied)\n", c.Rate, orSecond(c.Period), c.Burst)
+	fmt.Fprintf(&b, "  rate        %g tokens/s (%s)\n", res.Rate, rateFrom)
+	fmt.Fprintf(&b, "  burst       %d (%s)\n", res.Burst, burstFrom)
+	fmt.Fprintf(&b, "  cost        %d per request without an explicit cost (%s)\n", res.Cost, costFrom)
+	if res.HasQuota() {
+		fmt.Fprintf(&b, "  quota       %s, UTC calendar window, counter %q (%s)\n", quota, res.QuotaID, from(quotaSet))
+	} else {
+		b.WriteString("  quota       none\n")
+	}
+	if res.SoftLimitPercent > 0 {
+		fmt.Fprintf(&b, "  soft limit  warning at %g%% of the bucket or quota used (%s)\n", res.SoftLimitPercent, from(softSet))
+	}
+	switch {
+	case f.DryRun:
+		b.WriteString("  dry run     yes: the whole file is in dry run; nothing is rejected\n")
+	case res.DryRun:
+		fmt.Fprintf(&b, "  dry run     yes: rule %s is in dry run; nothing is rejected, would-be rejections are counted\n", winner.Name)
+	}
+	if res.Cost > res.Burst {
+		fmt.Fprintf(&b, "  warning     cost %d exceeds burst %d: every such request is refused with cost_exceeds_limit\n", res.Cost, res.Burst)
+	}
+	if res.Split > 1 {
+		fmt.Fprintf(&b, "  split       %d sub-buckets of rate %g/s, burst %d each\n", res.Split, res.Rate/float64(res.Split), max(1, res.Burst/int64(res.Split)))
 	}
 	return b.String()
 }
@@ -67,12 +123,28 @@ func describe(r Rule) string {
 	add("key_prefix", r.KeyPrefix)
 	add("tier", r.Tier)
 	add("scope", r.Scope)
+	if len(parts) == 0 {
+		return "(matches everything)"
+	}
 	return strings.Join(parts, " ")
 }
 
-func orSecond(p string) string {
-	if p == "" {
-		return "second"
+func rankWords(r Rule) string {
+	k := "no key matcher"
+	switch {
+	case r.Key != "":
+		k = "exact key"
+	case r.KeyPrefix != "":
+		k = "key_prefix"
+	case r.Tier != "":
+		k = "tier"
 	}
-	return p
+	s := "no scope"
+	switch {
+	case r.Scope != "" && strings.Contains(r.Scope, "*"):
+		s = "glob scope"
+	case r.Scope != "":
+		s = "exact scope"
+	}
+	return k + ", " + s
 }

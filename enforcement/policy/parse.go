@@ -66,17 +66,22 @@ func Parse(b []byte) (*Policy, error) {
 	if len(root.Content) == 0 {
 		return nil, errors.New("policy file is empty")
 	}
-	v := validator{lines: map[string]int{}}
+	v := validator{lines: map[string]int{}, shapeFailed: map[string]bool{}}
 	v.shape(&root, reflect.TypeOf(File{}), "")
 	var f File
 	if err := root.Decode(&f); err != nil {
-		// shape found why (wrong types, keys defined twice); its messages say where.
-		if err := v.err(); err != nil {
-			return nil, err
+		var typeErr *yaml.TypeError
+		switch {
+		case len(v.errs) == 0:
+			return nil, fmt.Errorf("policy does not match the schema: %w", err)
+		case !errors.As(err, &typeErr):
+			return nil, v.err() // shape's messages say where
 		}
-		return nil, fmt.Errorf("policy does not match the schema: %w", err)
+		// A type error leaves its field at zero and decodes the rest; shape
+		// has said where and why, and compile below skips those fields.
 	}
-	p := v.compile(f) // also after unknown fields: report every problem at once
+	v.compiling = true
+	p := v.compile(f) // after shape problems too: every problem at once
 	if err := v.err(); err != nil {
 		return nil, err
 	}
@@ -93,9 +98,11 @@ type problem struct {
 }
 
 type validator struct {
-	lines   map[string]int // dotted path (rules[2].burst) → line of its key
-	errs    []problem
-	visited int
+	lines       map[string]int // dotted path (rules[2].burst) → line of its key
+	errs        []problem
+	visited     int
+	shapeFailed map[string]bool // paths whose value could not be read
+	compiling   bool            // past the shape walk
 }
 
 // err joins the problems found so far, in file order.
@@ -128,6 +135,15 @@ func (v *validator) fail(path, format string, args ...any) {
 }
 
 func (v *validator) failAt(path string, line int, format string, args ...any) {
+	if v.compiling {
+		for p := path; p != ""; p = parent(p) {
+			if v.shapeFailed[p] {
+				return // the field, or one above it, could not be read: said already
+			}
+		}
+	} else {
+		v.shapeFailed[path] = true
+	}
 	where := path
 	if where == "" {
 		where = "policy"
