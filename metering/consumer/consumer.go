@@ -309,7 +309,9 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 		batchStart time.Time
 		lastCommit time.Time
 		lagLabel   = strconv.Itoa(p)
+		win        window // deadline of the current batch window
 	)
+	defer win.close()
 	flush := func(budget time.Duration) error {
 		if n == 0 {
 			return nil
@@ -335,6 +337,7 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 			lastCommit = now
 		}
 		batch, n = batch[:0], 0
+		win.close() // the next batch gets a fresh window
 		return nil
 	}
 
@@ -344,14 +347,17 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 			// nobody else reads p until the flush is done.
 			return flush(min(c.cfg.InsertTimeout, 5*time.Second))
 		}
-		deadline := time.Now().Add(c.cfg.BatchWait)
-		if n > 0 {
-			deadline = batchStart.Add(c.cfg.BatchWait)
+		// One deadline context per batch window, not per message.
+		if win.ctx == nil {
+			deadline := time.Now().Add(c.cfg.BatchWait)
+			if n > 0 {
+				deadline = batchStart.Add(c.cfg.BatchWait)
+			}
+			win.open(ctx, deadline)
 		}
-		fctx, cancel := context.WithDeadline(ctx, deadline)
-		msg, err := r.FetchMessage(fctx)
-		cancel()
+		msg, err := r.FetchMessage(win.ctx)
 		if err != nil {
+			win.close()
 			if ctx.Err() != nil {
 				continue
 			}
@@ -395,4 +401,22 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 			}
 		}
 	}
+}
+
+// window is the deadline context of one batch window, shared by all the
+// fetches of the window (a context per message cost 7% of the CPU).
+type window struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func (w *window) open(parent context.Context, deadline time.Time) {
+	w.ctx, w.cancel = context.WithDeadline(parent, deadline)
+}
+
+func (w *window) close() {
+	if w.cancel != nil {
+		w.cancel()
+	}
+	w.ctx, w.cancel = nil, nil
 }

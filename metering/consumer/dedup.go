@@ -24,7 +24,7 @@ type entry struct {
 }
 
 func newDedup(seed maphash.Seed, window int64) *dedup {
-	return &dedup{seed: seed, window: window, seen: make(map[uint64]int64)}
+	return &dedup{seed: seed, window: window, seen: make(map[uint64]int64, min(window, 1<<20))}
 }
 
 // add records id at offset and reports whether it is a duplicate of an
