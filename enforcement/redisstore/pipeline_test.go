@@ -1,0 +1,202 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/authoritytest"
+	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/internal/testenv"
+)
+
+func newPipelined(t testing.TB, rdb redisstore.PipelineClient, prefix string) *redisstore.Pipelined {
+	t.Helper()
+	p := redisstore.NewPipelined(rdb, prefix, redisstore.PipelineConfig{})
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	return p
+}
+
+func TestPipelinedContract(t *testing.T) {
+	r := testenv.StartRedis(t)
+	authoritytest.Run(t, newPipelined(t, newClient(t, r.Addr()), "pcontract"))
+}
+
+// TestPipelinedConcurrentExact: many goroutines on one key through one
+// pipelined store admit exactly the burst (no refill to speak of).
+func TestPipelinedConcurrentExact(t *testing.T) {
+	r := testenv.StartRedis(t)
+	p := newPipelined(t, newClient(t, r.Addr()), "pexact")
+	lim := enforcement.Limit{Rate: 0.001, Burst: 500}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				v, err := p.Take(context.Background(), "one", "s", lim, 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if v.Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted.Load() != 500 {
+		t.Fatalf("admitted %d of 1280 with burst 500", admitted.Load())
+	}
+}
+
+// TestPipelinedNoScript: after SCRIPT FLUSH (a restarted server) the store
+// reloads the script and answers.
+func TestPipelinedNoScript(t *testing.T) {
+	r := testenv.StartRedis(t)
+	c := newClient(t, r.Addr())
+	p := newPipelined(t, c, "pns")
+	ctx := context.Background()
+	lim := enforcement.Limit{Rate: 1, Burst: 10}
+	if _, err := p.Take(ctx, "k", "s", lim, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	v, err := p.Take(ctx, "k", "s", lim, 1)
+	if err != nil || !v.Allowed || v.Remaining != 8 {
+		t.Fatalf("after SCRIPT FLUSH: %+v %v", v, err)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Take(ctx, "k", "s", lim, 1); err != redisstore.ErrClosed {
+		t.Fatalf("after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestPipelinedCluster: pipelines split across the slots of a real cluster.
+func TestPipelinedCluster(t *testing.T) {
+	cl := testenv.StartCluster(t, 3)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	defer rdb.Close()
+	p := newPipelined(t, rdb, "pcl")
+	lim := enforcement.Limit{Rate: 0.001, Burst: 3}
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	for i := range 60 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			allowed := 0
+			for range 5 {
+				v, err := p.Take(context.Background(), fmt.Sprintf("k%d", i), "s", lim, 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if v.Allowed {
+					allowed++
+				}
+			}
+			if allowed != 3 {
+				bad.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if bad.Load() != 0 {
+		t.Fatalf("%d keys of 60 did not admit exactly their burst", bad.Load())
+	}
+}
+
+// benchTake drives a with par×GOMAXPROCS goroutines over 10,000 keys whose
+// limit is never reached (the allowed path), and reports decisions/s.
+func benchTake(b *testing.B, a enforcement.Authority, par int) {
+	lim := enforcement.Limit{Rate: 1e9, Burst: 1e9}
+	keys := make([]string, 10000)
+	for i := range keys {
+		keys[i] = "acct_" + strconv.Itoa(i)
+	}
+	var n atomic.Int64
+	b.SetParallelism(par)
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(n.Add(7919))
+		for pb.Next() {
+			i++
+			if _, err := a.Take(context.Background(), keys[i%len(keys)], "api", lim, 1); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "decisions/s")
+}
+
+// BenchmarkSharedTier compares, against one redis-server, the plain store
+// (one EVALSHA round trip per decision, go-redis pool), the auto-pipelined
+// store, and redis-benchmark running the same script with -P 16.
+//
+//	go test -run XXX -bench SharedTier -benchtime 200000x ./enforcement/redisstore/
+func BenchmarkSharedTier(b *testing.B) {
+	r := testenv.StartRedis(b)
+	c := redis.NewClient(&redis.Options{Addr: r.Addr(), PoolSize: 256})
+	defer c.Close()
+	store := redisstore.New(c, "bench")
+	if err := store.Preload(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("store", func(b *testing.B) { benchTake(b, store, 64) })
+	b.Run("pipelined", func(b *testing.B) {
+		p := redisstore.NewPipelined(c, "bench", redisstore.PipelineConfig{})
+		defer p.Close(context.Background())
+		benchTake(b, p, 64)
+	})
+	b.Run("redis-benchmark-P16", func(b *testing.B) {
+		rps := RedisBenchmarkScript(b, r.Port, max(b.N, 200000), 16)
+		b.ReportMetric(rps, "decisions/s")
+	})
+}
+
+// RedisBenchmarkScript runs redis-benchmark with pipelining depth p against
+// the bucket script on 10,000 random keys (the allowed path) and returns
+// its requests per second.
+func RedisBenchmarkScript(tb testing.TB, port, n, p int) float64 {
+	tb.Helper()
+	sha, err := exec.Command("redis-cli", "-p", strconv.Itoa(port), "script", "load", redisstore.BucketScriptSource()).Output()
+	if err != nil {
+		tb.Fatalf("script load: %v", err)
+	}
+	key := "rb:{__rand_int__}:b:api"
+	out, err := exec.Command("redis-benchmark", "-p", strconv.Itoa(port), "-n", strconv.Itoa(n), "-c", "50",
+		"-P", strconv.Itoa(p), "-r", "10000", "--csv",
+		"EVALSHA", strings.TrimSpace(string(sha)), "2", key, key, "1000000000", "1000000000", "1", "0", "0", "0").CombinedOutput()
+	if err != nil {
+		tb.Fatalf("redis-benchmark: %v: %s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Split(line, ",")
+		if len(f) >= 2 && strings.HasPrefix(f[0], `"EVALSHA`) {
+			v, err := strconv.ParseFloat(strings.Trim(f[1], `"`), 64)
+			if err == nil {
+				return v
+			}
+		}
+	}
+	tb.Fatalf("redis-benchmark: no result in %s", out)
+	return 0
+}
