@@ -67,11 +67,11 @@ func metricNames(expr string) []string {
 
 func TestMetricNames(t *testing.T) {
 	for expr, want := range map[string]string{
-		`sum by (instance) (rate(limiter_shared_unavailable_total[2m])) > 0`:                                          "limiter_shared_unavailable_total",
-		`histogram_quantile(0.99, sum by (le) (rate(x_bucket{a="b", c=~"d|e"}[5m]))) > 1e-3`:                         "x_bucket",
+		`sum by (instance) (rate(limiter_shared_unavailable_total[2m])) > 0`:                                        "limiter_shared_unavailable_total",
+		`histogram_quantile(0.99, sum by (le) (rate(x_bucket{a="b", c=~"d|e"}[5m]))) > 1e-3`:                        "x_bucket",
 		`sum(rate(a_total{result="rejected",instance=~"$instance"}[1m])) / clamp_min(sum(rate(b_total[1m])), 1e-9)`: "a_total b_total",
-		`up{job=~"limiter|meter"} == 0 and on(instance) c offset 5m`:                                                 "up c",
-		`max by (instance) (limiter_breaker_state) >= 2`:                                                             "limiter_breaker_state",
+		`up{job=~"limiter|meter"} == 0 and on(instance) c offset 5m`:                                                "up c",
+		`max by (instance) (limiter_breaker_state) >= 2`:                                                            "limiter_breaker_state",
 	} {
 		if got := strings.Join(metricNames(expr), " "); got != want {
 			t.Errorf("metricNames(%q) = %q, want %q", expr, got, want)

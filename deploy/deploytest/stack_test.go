@@ -61,11 +61,11 @@ func startStack(t *testing.T) *stack {
 		n          int
 	}
 	calls := []call{
-		{"deploytest_free", "api:orders", 30},   // free tier: burst 20, soft limit 80%: warnings, rejections
-		{"acct_demo_pro", "api:search", 15},     // pro-search is dry run: would_reject after 10
-		{"ip:198.51.100.7", "api:orders", 8},    // anonymous: burst 5
-		{"acct_8812", "api:export-csv", 12},     // exports rule: burst 10
-		{"acct_8812", "health", 2},              // cost 0
+		{"deploytest_free", "api:orders", 30}, // free tier: burst 20, soft limit 80%: warnings, rejections
+		{"acct_demo_pro", "api:search", 15},   // pro-search is dry run: would_reject after 10
+		{"ip:198.51.100.7", "api:orders", 8},  // anonymous: burst 5
+		{"acct_8812", "api:export-csv", 12},   // exports rule: burst 10
+		{"acct_8812", "health", 2},            // cost 0
 	}
 	total := 0
 	for _, c := range calls {
