@@ -53,7 +53,7 @@ var (
 	buildErr  error
 )
 
-// buildBinaries builds every command under cmd/ once per test binary, with
+// buildBinaries builds the commands the deployment runs (binaries) once per test binary, with
 // CGO_ENABLED=0 (as the Dockerfile does), into a directory removed when the
 // tests end, and returns the directory.
 func buildBinaries(tb testing.TB) string {
@@ -67,11 +67,15 @@ func buildBinaries(tb testing.TB) string {
 		buildDir = dir
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, goTool(tb), "build", "-o", dir+string(filepath.Separator), "./cmd/...")
+		args := []string{"build", "-o", dir + string(filepath.Separator)}
+		for _, b := range binaries {
+			args = append(args, "./cmd/"+b)
+		}
+		cmd := exec.CommandContext(ctx, goTool(tb), args...)
 		cmd.Dir = repoRoot(tb)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("CGO_ENABLED=0 go build ./cmd/...: %v\n%s", err, out)
+			buildErr = fmt.Errorf("CGO_ENABLED=0 go %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	})
 	if buildErr != nil {

@@ -1,0 +1,217 @@
+package deploytest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
+)
+
+// upComponents are the processes `make up` starts (scripts/lib.sh).
+var upComponents = []string{"redis", "clickhouse", "kafka-dev", "limiter", "meter-consumer", "usage-api", "demo-traffic"}
+
+// TestUpDown runs `make up` as a newcomer would (on free ports and in a
+// temporary run directory, so that it never meets a stack that is already
+// up), sends /check traffic, waits for the usage API to report it, runs
+// `make up` again (nothing new starts), then `make down`, and checks that
+// no process it started is left.
+func TestUpDown(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	buildBinaries(t) // warms the build cache that `make up` uses
+	runDir, binDir := t.TempDir(), t.TempDir()
+	ports := map[string]int{}
+	used := map[int]bool{}
+	for _, v := range []string{"RW_REDIS_PORT", "RW_CLICKHOUSE_PORT", "RW_CLICKHOUSE_HTTP_PORT", "RW_KAFKA_PORT",
+		"RW_LIMITER_PORT", "RW_USAGE_PORT", "RW_METER_PORT"} {
+		p := testenv.FreePort(t)
+		for used[p] {
+			p = testenv.FreePort(t)
+		}
+		used[p], ports[v] = true, p
+	}
+	env := append(os.Environ(), "RUN_DIR="+runDir, "BIN_DIR="+binDir)
+	for k, v := range ports {
+		env = append(env, fmt.Sprintf("%s=%d", k, v))
+	}
+	makeRun := func(target string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "make", "--no-print-directory", target)
+		cmd.Dir, cmd.Env = root, env
+		start := time.Now()
+		out, err := cmd.CombinedOutput()
+		t.Logf("make %s (%s):\n%s", target, time.Since(start).Round(time.Millisecond), out)
+		if err != nil {
+			logs, _ := filepath.Glob(filepath.Join(runDir, "logs", "*.log"))
+			for _, l := range logs {
+				b, _ := os.ReadFile(l)
+				t.Logf("--- %s ---\n%s", filepath.Base(l), tailBytes(b, 3000))
+			}
+			t.Fatalf("make %s: %v", target, err)
+		}
+		return string(out)
+	}
+	var pids map[string]int
+	t.Cleanup(func() {
+		// Whatever happened, nothing may stay behind.
+		cmd := exec.Command("make", "--no-print-directory", "down")
+		cmd.Dir, cmd.Env = root, env
+		_ = cmd.Run()
+		for name, pid := range pids {
+			if running(pid) {
+				t.Errorf("%s (pid %d) still runs after make down; killing it", name, pid)
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+
+	out := makeRun("up")
+	pids = readPids(t, runDir)
+	for _, c := range upComponents {
+		if pids[c] == 0 {
+			t.Errorf("make up did not record a pid for %s", c)
+		}
+	}
+	limiter := fmt.Sprintf("http://127.0.0.1:%d", ports["RW_LIMITER_PORT"])
+	usageURL := fmt.Sprintf("http://127.0.0.1:%d", ports["RW_USAGE_PORT"])
+	for _, want := range []string{limiter, usageURL, "Portal token", "curl -s -X POST " + limiter + "/check"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("make up output does not show %q", want)
+		}
+	}
+
+	// Idempotent: a second run starts nothing.
+	out2 := makeRun("up")
+	if again := readPids(t, runDir); fmt.Sprint(again) != fmt.Sprint(pids) {
+		t.Errorf("second make up changed the processes: %v, then %v", pids, again)
+	}
+	if n := strings.Count(out2, "already running"); n != len(upComponents) {
+		t.Errorf("second make up: %d components already running, want %d", n, len(upComponents))
+	}
+
+	// Traffic through /check shows up in the usage API.
+	key := "uptest_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	const n = 25
+	for i := 0; i < n; i++ {
+		st, _, b := do(t, "POST", limiter+"/check", "", []byte(fmt.Sprintf(`{"key":%q,"scope":"api:orders"}`, key)))
+		if st != 200 {
+			t.Fatalf("POST /check: %d %s", st, b)
+		}
+	}
+	admin := readSecret(t, filepath.Join(runDir, "secrets.env"), "USAGE_ADMIN_TOKEN")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		q := url.Values{"key": {key}, "window": {"minute"}}
+		st, _, b := do(t, "GET", usageURL+"/v1/usage?"+q.Encode(), admin, nil)
+		var u struct {
+			Totals struct{ Requests, Allowed, Rejected int } `json:"totals"`
+		}
+		if st == 200 && json.Unmarshal(b, &u) == nil && u.Totals.Requests == n {
+			if u.Totals.Allowed != 20 || u.Totals.Rejected != 5 {
+				t.Errorf("usage of %s: %+v, want 20 allowed and 5 rejected (free tier, burst 20)", key, u.Totals)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the usage API did not report %d requests of %s within 60s: %d %s", n, key, st, b)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	// The printed portal token reads the demo key, whose demo traffic is there.
+	portal, err := os.ReadFile(filepath.Join(runDir, "portal-token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _, b := do(t, "GET", usageURL+"/v1/usage?window=minute", strings.TrimSpace(string(portal)), nil); st != 200 || !strings.Contains(string(b), `"key":"acct_demo_pro"`) {
+		t.Errorf("portal token of make up: %d %s", st, b)
+	}
+
+	makeRun("down")
+	for name, pid := range pids {
+		if running(pid) {
+			t.Errorf("%s (pid %d) still runs after make down", name, pid)
+		}
+	}
+	for v, p := range ports {
+		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", p), 200*time.Millisecond); err == nil {
+			c.Close()
+			t.Errorf("port %d (%s) still accepts connections after make down", p, v)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(runDir, "pids", "*.pid")); len(left) > 0 {
+		t.Errorf("pid files left after make down: %v", left)
+	}
+	if out := makeRun("down"); !strings.Contains(out, "nothing was running") {
+		t.Errorf("a second make down should find nothing running")
+	}
+}
+
+func readPids(t *testing.T, runDir string) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	files, _ := filepath.Glob(filepath.Join(runDir, "pids", "*.pid"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fields := strings.Fields(string(b))
+		if len(fields) != 2 {
+			t.Fatalf("%s: %q, want \"<pid> <executable>\"", f, b)
+		}
+		pid, err := strconv.Atoi(fields[0])
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		out[strings.TrimSuffix(filepath.Base(f), ".pid")] = pid
+	}
+	return out
+}
+
+// running reports whether pid is a live process (a zombie has ended).
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] != 'Z'
+	}
+	return true
+}
+
+func readSecret(t *testing.T, path, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+"="); ok {
+			return v
+		}
+	}
+	t.Fatalf("%s has no %s", path, name)
+	return ""
+}
+
+func tailBytes(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
