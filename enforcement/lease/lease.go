@@ -65,6 +65,17 @@ type Config struct {
 	// MaxBlockFraction caps a lease at this fraction of the bucket's burst,
 	// so a small bucket is not emptied by one instance (default 0.1).
 	MaxBlockFraction float64
+	// MinGrant is the least fraction of a block a refresh must get
+	// (default 0.5). When the bucket holds less, the lease takes nothing and
+	// the rejection's RetryAfter says when that much will be there, so a key
+	// held at its limit costs about rate ÷ (block × MinGrant) round trips a
+	// second instead of one per admitted request. The price: while the
+	// bucket refills to that level this instance rejects requests that a
+	// few stray tokens could have covered (at most block × MinGrant tokens,
+	// which stay in the bucket for whoever leases next). ExactRetry turns
+	// this off: a refresh then needs only the request's cost.
+	MinGrant   float64
+	ExactRetry bool
 	// HotOpsPerSec: a (key, scope) decided at least this often on this
 	// instance is leased (default 500 decisions per second).
 	HotOpsPerSec float64
@@ -98,6 +109,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxBlockFraction <= 0 || c.MaxBlockFraction > 1 {
 		c.MaxBlockFraction = 0.1
+	}
+	if c.MinGrant <= 0 || c.MinGrant > 1 {
+		c.MinGrant = 0.5
 	}
 	if c.HotOpsPerSec <= 0 {
 		c.HotOpsPerSec = 500
@@ -304,10 +318,14 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 		ch := make(chan struct{})
 		st.refreshing = ch
 		need := cost - st.held
+		block := a.BlockFor(lim)
+		if !a.cfg.ExactRetry {
+			need = max(need, int64(math.Ceil(float64(block)*a.cfg.MinGrant)))
+		}
 		st.mu.Unlock()
 
 		lctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
-		g, err := a.store.Lease(lctx, key, scope, lim, need, max(need, a.BlockFor(lim)))
+		g, err := a.store.Lease(lctx, key, scope, lim, need, max(need, block))
 		cancel()
 		a.leases.Add(1)
 
