@@ -69,7 +69,7 @@ func Parse(b []byte) (*Policy, error) {
 	v := validator{lines: map[string]int{}, shapeFailed: map[string]bool{}}
 	v.shape(&root, reflect.TypeOf(File{}), "")
 	var f File
-	if err := root.Decode(&f); err != nil {
+	if err := decodeFile(&root, &f); err != nil {
 		var typeErr *yaml.TypeError
 		switch {
 		case len(v.errs) == 0:
@@ -235,9 +235,100 @@ func (v *validator) shape(n *yaml.Node, t reflect.Type, path string) {
 			v.failAt(path, n.Line, "must be %s, got %s", kindName(t), describeNode(n))
 			return
 		}
-		if !scalarFits(n, t) || n.Decode(reflect.New(t).Interface()) != nil {
+		if !scalarFits(n, t) || (t.Kind() != reflect.String && n.Decode(reflect.New(t).Interface()) != nil) {
 			v.failAt(path, n.Line, "must be %s, got %q", kindName(t), truncate(n.Value, 40))
 		}
+	}
+}
+
+// decodeFile decodes the document into f. The keys and costs maps, which
+// may hold many thousands of entries, are read here in linear time: yaml.v3
+// checks each mapping key against all the earlier ones, which made a
+// 50,000-key map take seconds per reload. Duplicates were reported by shape.
+func decodeFile(root *yaml.Node, f *File) (err error) {
+	defer func() {
+		// yaml.v3 panics on some malformed merges (an alias or mapping as
+		// a key next to <<); shape has reported those already.
+		if r := recover(); r != nil {
+			err = fmt.Errorf("cannot decode: %v", r)
+		}
+	}()
+	top := root
+	if top.Kind == yaml.DocumentNode && len(top.Content) == 1 {
+		top = top.Content[0]
+	}
+	if top.Kind != yaml.MappingNode {
+		return root.Decode(f)
+	}
+	rest := *top
+	rest.Content = make([]*yaml.Node, 0, len(top.Content))
+	var keys, costs *yaml.Node
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		switch k := top.Content[i]; {
+		case k.Kind == yaml.ScalarNode && k.ShortTag() != "!!merge" && k.Value == "keys":
+			keys = top.Content[i+1]
+		case k.Kind == yaml.ScalarNode && k.ShortTag() != "!!merge" && k.Value == "costs":
+			costs = top.Content[i+1]
+		default:
+			rest.Content = append(rest.Content, top.Content[i], top.Content[i+1])
+		}
+	}
+	err = rest.Decode(f)
+	if keys != nil {
+		f.Keys = map[string]string{}
+		eachPair(keys, 0, func(k string, v *yaml.Node) {
+			switch {
+			case v.Kind != yaml.ScalarNode:
+			case v.ShortTag() == "!!null":
+				f.Keys[k] = "" // as yaml.v3 reads it; refused as an undefined tier
+			default:
+				f.Keys[k] = v.Value
+			}
+		})
+	}
+	if costs != nil {
+		f.Costs = map[string]int64{}
+		eachPair(costs, 0, func(k string, v *yaml.Node) {
+			var n int64
+			if v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" {
+				f.Costs[k] = 0 // left empty: zero, as yaml.v3 reads it
+			} else if scalarFits(v, reflect.TypeOf(n)) && v.Decode(&n) == nil {
+				f.Costs[k] = n
+			}
+		})
+	}
+	return err
+}
+
+// eachPair calls fn for every key of mapping n, aliases resolved and merge
+// keys (<<) expanded, explicit keys after merged ones (so they win).
+func eachPair(n *yaml.Node, depth int, fn func(key string, val *yaml.Node)) {
+	for n.Kind == yaml.AliasNode && n.Alias != nil && depth < 16 {
+		n, depth = n.Alias, depth+1
+	}
+	if n.Kind != yaml.MappingNode || depth >= 16 {
+		return
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k := n.Content[i]; k.Kind == yaml.ScalarNode && k.ShortTag() == "!!merge" {
+			if v := n.Content[i+1]; v.Kind == yaml.SequenceNode {
+				for _, m := range v.Content {
+					eachPair(m, depth+1, fn)
+				}
+			} else {
+				eachPair(v, depth+1, fn)
+			}
+		}
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind != yaml.ScalarNode || k.ShortTag() == "!!merge" {
+			continue
+		}
+		for hops := 0; v.Kind == yaml.AliasNode && v.Alias != nil && hops < 16; hops++ {
+			v = v.Alias
+		}
+		fn(k.Value, v)
 	}
 }
 

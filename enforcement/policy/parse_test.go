@@ -2,13 +2,19 @@ package policy_test
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"gopkg.in/yaml.v3"
+
 	"github.com/ratewarden/ratewarden/enforcement/policy"
 )
+
+// File is the policy as yaml.v3 alone reads it (the fuzz test's reference).
+type File = policy.File
 
 const validHead = "version: 1\ndefault_tier: free\ntiers:\n  free: { rate: 1, burst: 5 }\n"
 
@@ -125,6 +131,37 @@ tiers:
 	}
 }
 
+// TestKeysAndCostsMaps: the two maps that may be large are decoded by hand
+// (linear time); they keep YAML's meaning, anchors and merges included.
+func TestKeysAndCostsMaps(t *testing.T) {
+	p := parse(t, `
+version: 1
+default_tier: free
+tiers: { free: { rate: 1, burst: 50 }, pro: { rate: 2, burst: 50 } }
+keys:
+  <<: { acct_a: pro, acct_b: pro }
+  acct_b: free
+  acct_c: &t pro
+  acct_d: *t
+costs: { "api:search": 10, health: 0 }
+`)
+	want := map[string]string{"acct_a": "pro", "acct_b": "free", "acct_c": "pro", "acct_d": "pro", "acct_e": "free"}
+	for key, tier := range want {
+		if res, err := p.Resolve(key, "s", ""); err != nil || res.Tier != tier {
+			t.Errorf("%s: tier %q (err %v), want %q", key, res.Tier, err, tier)
+		}
+	}
+	for scope, cost := range map[string]int64{"api:search": 10, "health": 0, "other": 1} {
+		if res, _ := p.Resolve("k", scope, ""); res.Cost != cost {
+			t.Errorf("cost of %s = %d, want %d", scope, res.Cost, cost)
+		}
+	}
+	_, err := policy.Parse([]byte(validHead + "keys:\n  acct_1: free\n  acct_1: free\n"))
+	if err == nil || !strings.Contains(err.Error(), "keys.acct_1 (line 7): is defined twice (first at line 6)") {
+		t.Errorf("duplicate key in keys: %v", err)
+	}
+}
+
 func TestLoadNamesTheFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "p.yaml")
 	if err := os.WriteFile(path, []byte("version: 3\n"), 0o600); err != nil {
@@ -166,6 +203,14 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		fl := p.File()
+		// The hand-decoded maps mean what yaml.v3 would have made of them.
+		var ref File
+		if err := unmarshalNoPanic(b, &ref); err != nil {
+			t.Fatalf("accepted, but yaml.v3 refuses it: %v", err)
+		}
+		if !maps.Equal(ref.Keys, fl.Keys) || !maps.Equal(ref.Costs, fl.Costs) {
+			t.Fatalf("keys %v costs %v; yaml.v3 reads keys %v costs %v", fl.Keys, fl.Costs, ref.Keys, ref.Costs)
+		}
 		for _, probe := range [][3]string{{"k", "s", ""}, {"ip:1", "api:search", ""}, {"acct_8812", "health", fl.DefaultTier}} {
 			res, err := p.Resolve(probe[0], probe[1], probe[2])
 			if err != nil {
@@ -182,4 +227,13 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+func unmarshalNoPanic(b []byte, v any) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("yaml.v3 panicked: %v", r)
+		}
+	}()
+	return yaml.Unmarshal(b, v)
 }
