@@ -291,7 +291,7 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 		Topic:         c.cfg.Topic,
 		Partition:     p,
 		MinBytes:      1,
-		MaxBytes:      16 << 20,
+		MaxBytes:      4 << 20, // kfake builds each fetch response in its single loop: keep them small
 		MaxWait:       100 * time.Millisecond,
 		QueueCapacity: 20000, // keep fetching while a batch is written
 	})

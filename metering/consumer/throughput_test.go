@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sort"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 
 var e2eRate = flag.Int("meter.rate", 100_000, "BenchmarkEndToEnd: events per second the emitter is fed (0 = as fast as possible)")
 var e2eWait = flag.Duration("meter.wait", 500*time.Millisecond, "BenchmarkEndToEnd: the consumer's BatchWait")
+var e2eLog = flag.String("meter.log", "", "BenchmarkEndToEnd: write the debug logs of the emitter and the consumer to this file")
 
 // BenchmarkEndToEnd feeds b.N decision events through the whole pipeline —
 // kafkaemit.Emitter → kfake (4 partitions) → consumer → ClickHouse rollups —
@@ -44,7 +46,16 @@ func BenchmarkEndToEnd(b *testing.B) {
 		b.Fatal(err)
 	}
 	k := testenv.StartKafka(b, "decisions", 4)
-	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	var logOut io.Writer = io.Discard
+	if *e2eLog != "" {
+		f, err := os.Create(*e2eLog)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		logOut = f
+	}
+	log := slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
 	reg := prometheus.NewRegistry()
 	obs, err := consumer.InsertMetrics(reg)
