@@ -21,13 +21,13 @@ import (
 // upComponents are the processes `make up` starts (scripts/lib.sh).
 var upComponents = []string{"redis", "clickhouse", "kafka-dev", "limiter", "meter-consumer", "usage-api", "demo-traffic"}
 
-// TestUpDown runs `make up` as a newcomer would (on free ports and in a
+// TestUpDown (not parallel: its free ports must not race with the other
+// test's servers) runs `make up` as a newcomer would (on free ports and in a
 // temporary run directory, so that it never meets a stack that is already
 // up), sends /check traffic, waits for the usage API to report it, runs
 // `make up` again (nothing new starts), then `make down`, and checks that
 // no process it started is left.
 func TestUpDown(t *testing.T) {
-	t.Parallel()
 	root := repoRoot(t)
 	buildBinaries(t) // warms the build cache that `make up` uses
 	runDir, binDir := t.TempDir(), t.TempDir()
@@ -120,8 +120,9 @@ func TestUpDown(t *testing.T) {
 			Totals struct{ Requests, Allowed, Rejected int } `json:"totals"`
 		}
 		if st == 200 && json.Unmarshal(b, &u) == nil && u.Totals.Requests == n {
-			if u.Totals.Allowed != 20 || u.Totals.Rejected != 5 {
-				t.Errorf("usage of %s: %+v, want 20 allowed and 5 rejected (free tier, burst 20)", key, u.Totals)
+			// Free tier: burst 20, 10/s; how many refill during the loop depends on its speed.
+			if u.Totals.Allowed < 20 || u.Totals.Allowed+u.Totals.Rejected != n {
+				t.Errorf("usage of %s: %+v, want at least 20 allowed (free tier, burst 20), the rest rejected", key, u.Totals)
 			}
 			break
 		}
