@@ -318,3 +318,38 @@ func TestBadConfigExits(t *testing.T) {
 		}
 	}
 }
+
+// TestStartsWithoutClickHouse: started while ClickHouse is down, the binary
+// serves 503 with a reason, and becomes ready by itself once ClickHouse is
+// up (schema applied in the background).
+func TestStartsWithoutClickHouse(t *testing.T) {
+	ch := testenv.StartClickHouse(t)
+	db := ch.Database(t)
+	ch.Process().Kill() // a crash: ch.Start brings it back on the same port
+	const admin = "e2e-admin-token-0123456789"
+	api := start(t, "usage-api", "USAGE_API_ADDR", "/healthz", "CLICKHOUSE_ADDR="+ch.Addr(), "CLICKHOUSE_DATABASE="+db,
+		"USAGE_ADMIN_TOKEN="+admin, "USAGE_TOKEN_SECRET=e2e-secret-0123456789abcdef", "USAGE_QUERY_TIMEOUT=2s")
+	if code, b := call(t, "GET", api.url+"/readyz", "", ""); code != 503 || !strings.Contains(string(b), `"reason"`) {
+		t.Fatalf("readyz while ClickHouse is down: %d %s", code, b)
+	}
+	if code, b := call(t, "GET", api.url+"/v1/usage?key=k", admin, ""); code != 503 || !strings.Contains(string(b), "store_unavailable") {
+		t.Fatalf("usage while ClickHouse is down: %d %s", code, b)
+	}
+	if err := ch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, b := call(t, "GET", api.url+"/readyz", "", "")
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready after ClickHouse came back: %d %s", code, b)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if code, b := call(t, "GET", api.url+"/v1/usage?key=k", admin, ""); code != 200 {
+		t.Fatalf("usage after recovery: %d %s", code, b)
+	}
+}

@@ -110,6 +110,6 @@ func applySchema(ctx context.Context, conn driver.Conn, db string, log *slog.Log
 			return
 		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 10*time.Second)
+		backoff = min(backoff*2, 2*time.Second)
 	}
 }
