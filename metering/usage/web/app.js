@@ -7,6 +7,7 @@
   var $ = function (id) { return document.getElementById(id); };
   var tz = (Intl.DateTimeFormat().resolvedOptions().timeZone) || "UTC";
   var plots = [];
+  var retryTimer = 0;
   var nf = new Intl.NumberFormat();
 
   function token() { return sessionStorage.getItem(STORE) || ""; }
@@ -149,6 +150,7 @@
   }
 
   function load() {
+    clearTimeout(retryTimer);
     if (!token()) { return; }
     fitWindow();
     var to = new Date(), from = new Date(to.getTime() - (+$("range").value) * 1000);
@@ -168,6 +170,11 @@
     }, function (err) {
       setStatus("error", explain(err));
       document.body.setAttribute("data-state", "error");
+      // The service recovers by itself when its store comes back: try again.
+      if (err.status === 503 || err.status === 0) {
+        clearTimeout(retryTimer);
+        retryTimer = setTimeout(load, 10000);
+      }
     });
   }
 
