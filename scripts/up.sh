@@ -124,11 +124,13 @@ wait_until() {
     if ! alive "$name"; then
       printf 'error: %s exited during start; last lines of %s:\n' "$name" "$LOG_DIR/$name.log" >&2
       tail -n 20 "$LOG_DIR/$name.log" >&2 || true
+      echo "(what did start keeps running: make down stops it)" >&2
       exit 1
     fi
     if [ $SECONDS -ge $deadline ]; then
       printf 'error: %s not ready after %ss; last lines of %s:\n' "$name" "$secs" "$LOG_DIR/$name.log" >&2
       tail -n 20 "$LOG_DIR/$name.log" >&2 || true
+      echo "(what did start keeps running: make down stops it)" >&2
       exit 1
     fi
     sleep 0.2

@@ -65,6 +65,19 @@ func metricNames(expr string) []string {
 	return out
 }
 
+func TestBalanced(t *testing.T) {
+	for expr, want := range map[string]string{
+		`sum(rate(a[5m])) > 0`:         "",
+		`sum(rate(a{b="(("}[5m])) > 0`: "",
+		`sum(rate(a[5m]) > 0`:          "unclosed (",
+		`sum(rate(a{b="c"]))`:          "unbalanced ]",
+	} {
+		if got := balanced(expr); got != want {
+			t.Errorf("balanced(%q) = %q, want %q", expr, got, want)
+		}
+	}
+}
+
 func TestMetricNames(t *testing.T) {
 	for expr, want := range map[string]string{
 		`sum by (instance) (rate(limiter_shared_unavailable_total[2m])) > 0`:                                        "limiter_shared_unavailable_total",
@@ -164,6 +177,9 @@ func checkMetrics(t *testing.T, s *stack) {
 	alerts := map[string]bool{}
 	for _, r := range rules {
 		alerts[r.name] = true
+		if err := balanced(r.expr); err != "" {
+			t.Errorf("%s: %s: %s in %q", r.file, r.name, err, r.expr)
+		}
 		names := metricNames(r.expr)
 		if len(names) == 0 {
 			t.Errorf("%s: %s: no metric in %q", r.file, r.name, r.expr)
@@ -237,6 +253,9 @@ func checkMetrics(t *testing.T, s *stack) {
 	}
 	var unknown []string
 	for _, e := range exprs {
+		if err := balanced(e); err != "" {
+			t.Errorf("dashboard: %s in %q", err, e)
+		}
 		for _, n := range metricNames(e) {
 			if !known(n) && !recorded[n] {
 				unknown = append(unknown, n)
@@ -247,4 +266,27 @@ func checkMetrics(t *testing.T, s *stack) {
 	if len(unknown) > 0 {
 		t.Errorf("the dashboard names metrics no binary exports: %v", unknown)
 	}
+}
+
+// balanced reports unbalanced brackets outside strings ("" when balanced):
+// the cheapest syntax check of an expression without a PromQL parser.
+func balanced(expr string) string {
+	s := quoted.ReplaceAllString(expr, `""`)
+	var stack []rune
+	pair := map[rune]rune{')': '(', ']': '[', '}': '{'}
+	for _, r := range s {
+		switch r {
+		case '(', '[', '{':
+			stack = append(stack, r)
+		case ')', ']', '}':
+			if len(stack) == 0 || stack[len(stack)-1] != pair[r] {
+				return "unbalanced " + string(r)
+			}
+			stack = stack[:len(stack)-1]
+		}
+	}
+	if len(stack) > 0 {
+		return "unclosed " + string(stack[len(stack)-1])
+	}
+	return ""
 }
