@@ -154,11 +154,29 @@ func checkMetrics(t *testing.T, s *stack) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no rule files: %v", err)
 	}
+	// Prometheus loads the rule files prometheus.yml lists; rules/ also
+	// holds promtool unit tests (*_test.yml), which are not rule files.
+	prom := yamlDocs(t, filepath.Join(repoRoot(t), "deploy", "prometheus", "prometheus.yml"))[0]
+	listed := map[string]bool{}
+	for _, rf := range asList(prom["rule_files"]) {
+		base := filepath.Base(asString(rf))
+		listed[base] = true
+		if _, err := os.Stat(filepath.Join(repoRoot(t), "deploy", "prometheus", "rules", base)); err != nil {
+			t.Errorf("prometheus.yml lists rule file %s: %v", rf, err)
+		}
+	}
 	type rule struct{ file, name, expr string }
 	var rules []rule
 	recorded := map[string]bool{}
 	for _, f := range files {
-		for _, doc := range yamlDocs(t, f) {
+		docs := yamlDocs(t, f)
+		if len(docs) == 1 && docs[0]["tests"] != nil {
+			continue // a promtool unit test
+		}
+		if !listed[filepath.Base(f)] {
+			t.Errorf("rule file %s is not loaded by prometheus.yml", filepath.Base(f))
+		}
+		for _, doc := range docs {
 			for _, g := range asList(doc["groups"]) {
 				for _, r := range asList(asMap(g)["rules"]) {
 					r := asMap(r)
