@@ -77,6 +77,7 @@ type Consumer struct {
 	seed maphash.Seed
 
 	pingOK  atomic.Bool
+	joined  atomic.Bool // a member of the group (false while Kafka is unreachable)
 	mu      sync.Mutex
 	failing map[int]string // partition → last error
 }
@@ -125,6 +126,9 @@ func New(cfg Config) (*Consumer, error) {
 func (c *Consumer) Ready() (bool, string) {
 	if !c.pingOK.Load() {
 		return false, "clickhouse unreachable"
+	}
+	if !c.joined.Load() {
+		return false, "not a member of consumer group " + c.cfg.GroupID + " (Kafka unreachable or rebalancing)"
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -176,6 +180,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			break
 		}
 		if err != nil {
+			c.joined.Store(false)
 			c.log.Warn("consumer group: no generation yet", "group", c.cfg.GroupID, "err", err)
 			select {
 			case <-ctx.Done():
@@ -183,6 +188,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		c.joined.Store(true)
 		parts := gen.Assignments[c.cfg.Topic]
 		c.m.assigned.Set(float64(len(parts)))
 		ids := make([]int, 0, len(parts))
