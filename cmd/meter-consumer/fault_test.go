@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -253,31 +254,45 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 	}
 }
 
-// The /readyz body is JSON with a reason when not ready.
+// /readyz answers 503 with a JSON reason while ClickHouse or Kafka is
+// unreachable.
 func TestReadyzExplainsWhyNotReady(t *testing.T) {
 	k := testenv.StartKafka(t, "ratelimit.decisions", 2)
-	port := testenv.FreePort(t) // nothing listens: ClickHouse "down"
-	p := startMeter(t, []string{"KAFKA_BROKERS=" + k.Addr(), fmt.Sprintf("CLICKHOUSE_ADDR=127.0.0.1:%d", port)})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get("http://" + p.addr + "/readyz")
-		if err == nil {
-			var body struct {
-				Status  string            `json:"status"`
-				Reasons map[string]string `json:"reasons"`
+	ch := testenv.StartClickHouse(t)
+	deadPort := func() string { return fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)) } // nothing listens
+	cases := []struct {
+		name, kafka, clickhouse, reason string
+	}{
+		{"clickhouse down", k.Addr(), deadPort(), "clickhouse"},
+		{"kafka down", deadPort(), ch.Addr(), "consumer group"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := startMeter(t, []string{"KAFKA_BROKERS=" + c.kafka, "CLICKHOUSE_ADDR=" + c.clickhouse, "CLICKHOUSE_DATABASE=" + ch.Database(t)})
+			deadline := time.Now().Add(15 * time.Second)
+			var last string
+			for {
+				resp, err := http.Get("http://" + p.addr + "/readyz")
+				if err == nil {
+					var body struct {
+						Status  string            `json:"status"`
+						Reasons map[string]string `json:"reasons"`
+					}
+					decErr := json.NewDecoder(resp.Body).Decode(&body)
+					resp.Body.Close()
+					if resp.StatusCode == http.StatusOK {
+						t.Fatal("ready while a dependency is down")
+					}
+					last = fmt.Sprint(resp.StatusCode, body.Reasons, decErr)
+					if resp.StatusCode == http.StatusServiceUnavailable && decErr == nil && strings.Contains(fmt.Sprint(body.Reasons), c.reason) {
+						return
+					}
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no 503 naming %q from /readyz; last: %s %v", c.reason, last, err)
+				}
+				time.Sleep(100 * time.Millisecond)
 			}
-			decErr := json.NewDecoder(resp.Body).Decode(&body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusServiceUnavailable && decErr == nil && len(body.Reasons) > 0 {
-				return
-			}
-			if resp.StatusCode == http.StatusOK {
-				t.Fatal("ready without ClickHouse")
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no 503 with a JSON reason from /readyz: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+		})
 	}
 }
