@@ -63,6 +63,9 @@ func policyCommand(args []string, stdout, stderr io.Writer) int {
 	case "check":
 		fmt.Fprintf(stdout, "ok: %s is valid (version %d, %d tiers, %d rules, sha256 %s)\n",
 			file, p.Version(), len(p.File().Tiers), len(p.File().Rules), p.Hash())
+		for _, w := range p.Warnings() {
+			fmt.Fprintln(stdout, "warning: "+w)
+		}
 		return 0
 	case "explain":
 		if *key == "" || *scope == "" {

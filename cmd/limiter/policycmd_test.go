@@ -19,6 +19,12 @@ func TestPolicyCheck(t *testing.T) {
 		t.Fatalf("check deploy/policy.yaml: exit %d\n%s%s", code, out, errOut)
 	}
 
+	// Valid but suspicious: exit 0, with the warning.
+	code, out, _ = runPolicy("check", "../../enforcement/policy/testdata/resolve.yaml")
+	if code != 0 || !strings.Contains(out, `warning: rules[7] "pro-search-dup" can never win`) {
+		t.Fatalf("check with a shadowed rule: exit %d\n%s", code, out)
+	}
+
 	broken := filepath.Join(t.TempDir(), "broken.yaml")
 	src := `version: 1
 default_tier: gold

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"sort"
 	"strings"
 
 	"github.com/ratewarden/ratewarden/enforcement"
@@ -254,4 +255,44 @@ func globMatch(pattern, s string) bool {
 		p++
 	}
 	return p == len(pattern)
+}
+
+// Warnings lists what is valid but almost certainly not meant: rules that
+// can never win because an earlier rule has the same matchers (ties go to
+// the first listed), and scopes whose cost exceeds every burst they can
+// resolve to. `limiter policy check` prints them; they refuse nothing.
+func (p *Policy) Warnings() []string {
+	var out []string
+	first := map[[4]string]string{}
+	for _, r := range p.rules {
+		m := [4]string{r.Key, r.KeyPrefix, r.Tier, r.Scope}
+		if earlier, ok := first[m]; ok {
+			out = append(out, fmt.Sprintf("rules[%d] %q can never win: %q has the same matchers and is listed first", r.index, r.Name, earlier))
+			continue
+		}
+		first[m] = r.Name
+	}
+	maxBurst := int64(0)
+	for _, t := range p.tiers {
+		maxBurst = max(maxBurst, t.limit.Burst)
+	}
+	for _, r := range p.rules {
+		if r.Burst != nil {
+			maxBurst = max(maxBurst, *r.Burst)
+		}
+	}
+	if p.ceiling != nil {
+		maxBurst = min(maxBurst, p.ceiling.Burst)
+	}
+	scopes := make([]string, 0, len(p.file.Costs))
+	for s := range p.file.Costs {
+		scopes = append(scopes, s)
+	}
+	sort.Strings(scopes)
+	for _, s := range scopes {
+		if c := p.file.Costs[s]; c > maxBurst {
+			out = append(out, fmt.Sprintf("costs[%q] = %d exceeds every burst (at most %d): requests without a cost are always refused with cost_exceeds_limit", s, c, maxBurst))
+		}
+	}
+	return out
 }

@@ -189,3 +189,20 @@ func TestDeployPolicyIsValid(t *testing.T) {
 		t.Fatalf("deploy policy, pro search: %+v %v", res, err)
 	}
 }
+
+func TestWarnings(t *testing.T) {
+	p := load(t, "testdata/resolve.yaml")
+	w := p.Warnings()
+	if len(w) != 1 || !strings.Contains(w[0], `rules[7] "pro-search-dup" can never win: "pro-search" has the same matchers`) {
+		t.Fatalf("warnings %q", w)
+	}
+	p = parse(t, validWarnHead+"costs: { big: 600, ok: 500 }\n")
+	if w := p.Warnings(); len(w) != 1 || !strings.Contains(w[0], `costs["big"] = 600 exceeds every burst (at most 500)`) {
+		t.Fatalf("warnings %q", w)
+	}
+	if w := load(t, "../../deploy/policy.yaml").Warnings(); len(w) != 0 {
+		t.Fatalf("deploy/policy.yaml: %q", w)
+	}
+}
+
+const validWarnHead = "version: 1\ndefault_tier: free\nglobal_ceiling: { rate: 10, burst: 500 }\ntiers:\n  free: { rate: 1, burst: 5 }\n  big: { rate: 1, burst: 1000 }\n"
