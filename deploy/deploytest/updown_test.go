@@ -103,34 +103,8 @@ func TestUpDown(t *testing.T) {
 	}
 
 	// Traffic through /check shows up in the usage API.
-	key := "uptest_" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	const n = 25
-	for i := 0; i < n; i++ {
-		st, _, b := do(t, "POST", limiter+"/check", "", []byte(fmt.Sprintf(`{"key":%q,"scope":"api:orders"}`, key)))
-		if st != 200 {
-			t.Fatalf("POST /check: %d %s", st, b)
-		}
-	}
 	admin := readSecret(t, filepath.Join(runDir, "secrets.env"), "USAGE_ADMIN_TOKEN")
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		q := url.Values{"key": {key}, "window": {"minute"}}
-		st, _, b := do(t, "GET", usageURL+"/v1/usage?"+q.Encode(), admin, nil)
-		var u struct {
-			Totals struct{ Requests, Allowed, Rejected int } `json:"totals"`
-		}
-		if st == 200 && json.Unmarshal(b, &u) == nil && u.Totals.Requests == n {
-			// Free tier: burst 20, 10/s; how many refill during the loop depends on its speed.
-			if u.Totals.Allowed < 20 || u.Totals.Allowed+u.Totals.Rejected != n {
-				t.Errorf("usage of %s: %+v, want at least 20 allowed (free tier, burst 20), the rest rejected", key, u.Totals)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the usage API did not report %d requests of %s within 60s: %d %s", n, key, st, b)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	checkTraffic(t, limiter, usageURL, admin)
 	// The printed portal token reads the demo key, whose demo traffic is there.
 	portal, err := os.ReadFile(filepath.Join(runDir, "portal-token"))
 	if err != nil {
@@ -157,6 +131,54 @@ func TestUpDown(t *testing.T) {
 	}
 	if out := makeRun("down"); !strings.Contains(out, "nothing was running") {
 		t.Errorf("a second make down should find nothing running")
+	}
+
+	// Up again after down: the fresh in-memory broker starts at offset 0,
+	// and new traffic must still be counted (up.sh starts a fresh ClickHouse
+	// directory with it, as the meter resumes from offsets kept there).
+	if out := makeRun("up"); !strings.Contains(out, "clickhouse.prev") {
+		t.Errorf("make up after make down did not move the old ClickHouse data aside")
+	}
+	pids = readPids(t, runDir)
+	checkTraffic(t, limiter, usageURL, admin)
+	makeRun("down")
+	for name, pid := range pids {
+		if running(pid) {
+			t.Errorf("%s (pid %d) still runs after the second make down", name, pid)
+		}
+	}
+}
+
+// checkTraffic sends 25 decisions of a new key and waits for the usage API
+// to report all of them.
+func checkTraffic(t *testing.T, limiter, usageURL, admin string) {
+	t.Helper()
+	key := "uptest_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	const n = 25
+	for i := 0; i < n; i++ {
+		st, _, b := do(t, "POST", limiter+"/check", "", []byte(fmt.Sprintf(`{"key":%q,"scope":"api:orders"}`, key)))
+		if st != 200 {
+			t.Fatalf("POST /check: %d %s", st, b)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		q := url.Values{"key": {key}, "window": {"minute"}}
+		st, _, b := do(t, "GET", usageURL+"/v1/usage?"+q.Encode(), admin, nil)
+		var u struct {
+			Totals struct{ Requests, Allowed, Rejected int } `json:"totals"`
+		}
+		if st == 200 && json.Unmarshal(b, &u) == nil && u.Totals.Requests == n {
+			// Free tier: burst 20, 10/s; how many refill during the loop depends on its speed.
+			if u.Totals.Allowed < 20 || u.Totals.Allowed+u.Totals.Rejected != n {
+				t.Errorf("usage of %s: %+v, want at least 20 allowed (free tier, burst 20), the rest rejected", key, u.Totals)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the usage API did not report %d requests of %s within 60s: %d %s", n, key, st, b)
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 }
 
