@@ -49,6 +49,13 @@ type Sink interface {
 	Write(ctx context.Context, partition int, recs []chsink.Record, last int64, p *chsink.Progress) error
 }
 
+// The decision times the tables can hold (DateTime: 1970 to 2105); events
+// outside are counted as bad messages and skipped.
+var (
+	minTS = time.Date(1971, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	maxTS = time.Date(2105, 12, 31, 0, 0, 0, 0, time.UTC).UnixMilli()
+)
+
 // Config configures a Consumer. Zero durations and sizes take the
 // documented defaults.
 type Config struct {
@@ -377,6 +384,11 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 			return fmt.Errorf("fetch partition %d: %w", p, err)
 		}
 		ev, err := dec.Decode(msg.Value)
+		if err == nil && (ev.TS < minTS || ev.TS > maxTS) {
+			// DateTime cannot hold it: one such event would fail every
+			// INSERT of its batch forever.
+			err = fmt.Errorf("%w: ts %d out of range", metering.ErrBadEvent, ev.TS)
+		}
 		if err != nil {
 			c.m.bad.Inc()
 			c.log.Debug("skipping undecodable message", "partition", p, "offset", msg.Offset, "err", err)

@@ -161,6 +161,18 @@ func TestConsumesIntoRollupsExactly(t *testing.T) {
 	produce(t, k.Addr(), k.Topic(), evs[3000:])
 	// Producer retries: the same events again, at new offsets.
 	produce(t, k.Addr(), k.Topic(), evs[4000:4500])
+	// Poison: not JSON, and a decision time DateTime cannot hold. Both are
+	// skipped and counted; neither may block its partition.
+	future := evs[0]
+	future.EventID, future.TS = "future", time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	w := &kafka.Writer{Addr: kafka.TCP(k.Addr()), Topic: k.Topic(), Balancer: &kafka.Hash{}, BatchTimeout: time.Millisecond}
+	if err := w.WriteMessages(context.Background(),
+		kafka.Message{Key: []byte("k00"), Value: []byte("not an event")},
+		kafka.Message{Key: []byte("k00"), Value: future.AppendEncode(nil)}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	produce(t, k.Addr(), k.Topic(), evs[4500:4501]) // a duplicate after the poison
 	testenv.WaitUsageTotals(t, conn, db, want(evs), 60*time.Second)
 
 	var raw uint64
@@ -170,9 +182,8 @@ func TestConsumesIntoRollupsExactly(t *testing.T) {
 	if raw != uint64(len(evs)) {
 		t.Fatalf("decisions_raw has %d rows, want %d", raw, len(evs))
 	}
-	if d := counter(t, r.reg, "meter_duplicates_discarded_total"); d != 500 {
-		t.Fatalf("duplicates discarded = %v, want 500", d)
-	}
+	waitCounter(t, r.reg, "meter_duplicates_discarded_total", 501)
+	waitCounter(t, r.reg, "meter_bad_messages_total", 2)
 	if ok, why := r.c.Ready(); !ok {
 		t.Fatalf("not ready: %s", why)
 	}
@@ -183,6 +194,23 @@ func TestConsumesIntoRollupsExactly(t *testing.T) {
 	produce(t, k.Addr(), k.Topic(), evs[:10]) // old duplicates, within the window
 	time.Sleep(time.Second)
 	testenv.WaitUsageTotals(t, conn, db, want(evs), 30*time.Second)
+}
+
+// waitCounter waits until the counter reaches want (messages may still be
+// in flight when the totals are already right) and fails if it passes it.
+func waitCounter(t *testing.T, reg *prometheus.Registry, name string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		v := counter(t, reg, name)
+		if v == want {
+			return
+		}
+		if v > want || time.Now().After(deadline) {
+			t.Fatalf("%s = %v, want %v", name, v, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
