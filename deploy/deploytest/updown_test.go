@@ -41,7 +41,15 @@ func TestUpDown(t *testing.T) {
 		}
 		used[p], ports[v] = true, p
 	}
-	env := append(os.Environ(), "RUN_DIR="+runDir, "BIN_DIR="+binDir)
+	// The environment of the test, without what an outer make (make test)
+	// passes down to its children: this is a top-level `make up`.
+	var env []string
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); k != "MAKEFLAGS" && k != "MAKELEVEL" && k != "MFLAGS" && !strings.HasPrefix(k, "RW_") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "RUN_DIR="+runDir, "BIN_DIR="+binDir)
 	for k, v := range ports {
 		env = append(env, fmt.Sprintf("%s=%d", k, v))
 	}
