@@ -34,3 +34,10 @@ down:
 # behind (on free ports and a temporary run directory; also part of make test).
 up-test:
 	$(GO) test -count=1 -v -run 'TestUpDown' ./deploy/deploytest/
+
+# Hot keys and scale-out benchmarks (issue 5): starts its own redis-server and
+# limiter processes on free loopback ports, drives them with wrk and
+# cmd/loadgen, and writes the section "## Hot keys and scale-out" of
+# BENCHMARKS.md. WRK_SECONDS / LG_SECONDS shorten it for a smoke run.
+bench:
+	@bench/run.sh

@@ -491,6 +491,13 @@ func (r *Result) Text() string {
 	if r.Lease_ != nil {
 		fmt.Fprintf(&b, "  lease stats %+v\n", *r.Lease_)
 	}
+	var hotShare float64
+	if len(r.Keys) > 0 && r.Requests > 0 {
+		hotShare = float64(r.Keys[0].Sent) / float64(r.Requests)
+	}
+	// One machine-readable line (bench/run.sh reads it).
+	fmt.Fprintf(&b, "  summary rps=%.0f p50=%d p99=%d scripts_per_s=%.0f trips=%.4f hot_share=%.3f allowed=%d\n",
+		r.PerSecond, r.LatencyUS["p50"], r.LatencyUS["p99"], r.RedisPerSec, r.TripsPerDec, hotShare, r.Allowed)
 	for _, k := range r.Keys {
 		if k.Cap > 0 {
 			fmt.Fprintf(&b, "  key %s: sent %d admitted %d cap %.0f ratio %.4f\n", k.Key, k.Sent, k.Admitted, k.Cap, k.Ratio)
