@@ -318,8 +318,13 @@ func TestReturnsOnCloseAndCoolDown(t *testing.T) {
 		return v
 	}
 
+	// The detector runs on a clock the test steps, so the machine's speed
+	// cannot decide what is hot.
+	var mu sync.Mutex
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	a := lease.New(store, store, lease.Config{Block: 100, HotOpsPerSec: 30, Window: 200 * time.Millisecond,
-		MaxHold: time.Hour, Tick: 20 * time.Millisecond})
+		MaxHold: time.Hour, Tick: 20 * time.Millisecond, Now: clock})
 	for i := 0; i < 5; i++ {
 		if _, err := a.Take(ctx, "closing", "s", lim, 1); err != nil {
 			t.Fatal(err)
@@ -328,7 +333,7 @@ func TestReturnsOnCloseAndCoolDown(t *testing.T) {
 	if got := tokens("closing"); got < 995-0.01 || got > 995+0.01 {
 		t.Fatalf("cold decisions: tokens %.3f, want 995", got)
 	}
-	// Hot now (6 per window ≥ 30/s × 0.2s): the next decision leases.
+	// Hot now (6 in one window ≥ 30/s × 0.2s): the 6th decision leases.
 	if _, err := a.Take(ctx, "closing", "s", lim, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -340,23 +345,41 @@ func TestReturnsOnCloseAndCoolDown(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The cooling key stops; after a window or two it cools and returns.
-	deadline := time.Now().Add(5 * time.Second)
+	if got := tokens("cooling"); got > 895+0.01 {
+		t.Fatalf("cooling key after its lease: tokens %.3f, want ≤ 895", got)
+	}
+	// Both keys go quiet: a window later they have cooled, and the sweeper
+	// returns what they hold.
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
 	for tokens("cooling") < 990-0.01 {
 		if time.Now().After(deadline) {
 			t.Fatalf("cooled key never returned its lease: tokens %.3f", tokens("cooling"))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// Keep "closing" warm? It cools as well; either way Close returns all.
+	// A key holding a lease at shutdown: Close gives it back.
+	for i := 0; i < 6; i++ {
+		if _, err := a.Take(ctx, "held", "s", lim, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := tokens("held"); got > 895+0.01 {
+		t.Fatalf("held key: tokens %.3f, want ≤ 895 (a lease outstanding)", got)
+	}
 	if err := a.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := tokens("closing"); got < 994-0.01 {
-		t.Fatalf("after Close: tokens %.3f, want 994 (6 spent, the rest returned)", got)
+	for key, want := range map[string]float64{"held": 994, "closing": 994, "cooling": 990} {
+		if got := tokens(key); got < want-0.01 {
+			t.Fatalf("after Close: %s has %.3f tokens, want %.0f (what was spent gone, the rest returned)", key, got, want)
+		}
 	}
-	if got := tokens("cooling"); got < 990-0.01 {
-		t.Fatalf("after Close: cooling tokens %.3f, want 990", got)
+	// After Close decisions still work, straight through.
+	if v, err := a.Take(ctx, "held", "s", lim, 1); err != nil || !v.Allowed {
+		t.Fatalf("after Close: %+v %v", v, err)
 	}
 	st := a.Stats()
 	if st.Returns == 0 {
