@@ -177,6 +177,21 @@ for dist in uniform zipf hot40; do
     row "$OUT/http-$dist-$n.txt" "| $dist | $n | no | %rps | %p50 | %p99 | %scripts_per_s | %hot_share |" >>"$S"
   done
 done
+if [ "$LEASE_WIRED" = 1 ]; then
+  # The names proposed to the integrator (issue 5 report): LIMITER_LEASE_BLOCK > 0 turns leasing on.
+  LPORT3=$(free_port)
+  LPORT4=$(free_port)
+  start_limiter "$LPORT3" 2 LIMITER_LEASE_BLOCK=100 LIMITER_LEASE_HOT_OPS=100
+  start_limiter "$LPORT4" 2 LIMITER_LEASE_BLOCK=100 LIMITER_LEASE_HOT_OPS=100
+  for dist in zipf hot40; do
+    for urls in "http://127.0.0.1:$LPORT3/check" "http://127.0.0.1:$LPORT3/check,http://127.0.0.1:$LPORT4/check"; do
+      n=$(echo "$urls" | tr ',' '\n' | wc -l)
+      "$OUT/bin/loadgen" -url "$urls" -dist "$dist" -duration "${LG_SECONDS}s" -conns 32 -keys 10000 -key-prefix lease_ \
+        -redis-stats "127.0.0.1:$RPORT" -json "$OUT/http-lease-$dist-$n.json" -label "http-lease-$dist-$n" >"$OUT/http-lease-$dist-$n.txt"
+      row "$OUT/http-lease-$dist-$n.txt" "| $dist | $n | yes | %rps | %p50 | %p99 | %scripts_per_s | %hot_share |" >>"$S"
+    done
+  done
+fi
 {
   echo
   if [ "$LEASE_WIRED" = 0 ]; then
