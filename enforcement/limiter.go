@@ -105,19 +105,28 @@ type Limiter struct {
 type policyBox struct{ p Policy }
 
 type entry struct {
-	mu     sync.Mutex
-	pol    *policyBox // the policy res was resolved under
-	tier   string     // the requested tier res was resolved for
-	res    Resolved
+	mu       sync.Mutex
+	pol      *policyBox // the policy res was resolved under
+	tier     string     // the requested tier res was resolved for
+	res      Resolved
+	known    learned // what the shared store last said, trusted within one store epoch
+	epoch    uint64  // the store epoch known was learned in
+	local    Bucket
+	degraded Bucket
+	lastUse  int64 // µs on the limiter's clock
+}
+
+// learned is what an entry knows of the shared state from its verdicts.
+// Each piece can only be pessimistic: the store refills at the known rate,
+// other instances only take, and quota use only grows within a window.
+type learned struct {
 	shadow Bucket // the shared bucket as last reported; TS 0 = nothing known
-	// notBefore and blockedCost: the shared store rejected blockedCost
-	// until notBefore (µs); a request costing as much is rejected locally.
+	// notBefore and blockedCost: the store rejected blockedCost until
+	// notBefore (µs); a request costing as much is rejected locally.
 	notBefore   int64
 	blockedCost int64
-	epoch       uint64 // the store epoch the shadow was learned in
-	local       Bucket
-	degraded    Bucket
-	lastUse     int64 // µs on the limiter's clock
+	quotaUsed   int64 // tokens spent in the quota window as last reported
+	quotaEnd    int64 // µs when that window ends; 0 = nothing known
 }
 
 // New returns a Limiter and starts its sweeper; Close stops it.
@@ -203,7 +212,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 			return Decision{}, err
 		}
 		if res.Limit != e.res.Limit {
-			e.shadow, e.notBefore = Bucket{}, 0 // learned under another limit
+			e.known = learned{} // learned under another limit
 		}
 		e.pol, e.tier, e.res = box, req.Tier, res
 	}
@@ -220,14 +229,15 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 	d := Decision{Limit: res.Burst, Policy: res.Policy, Tier: res.Tier, Cost: cost, DryRun: res.DryRun}
 	if cost > 0 {
 		if epoch := l.storeEpoch.Load(); e.epoch != epoch {
-			e.shadow, e.notBefore, e.epoch = Bucket{}, 0, epoch
+			e.known, e.epoch = learned{}, epoch
 		}
 		if wait := e.localWait(nowUS, cost, l.localRate(res.Rate)); wait > 0 {
 			reset := ceilUS(float64(res.Burst) / res.Rate) // nothing known: at most an empty bucket's refill
-			if e.shadow.TS != 0 {
-				tokens := min(float64(res.Burst), e.shadow.Tokens+float64(max(0, nowUS-e.shadow.TS))*res.Rate/1e6)
+			if k := &e.known; k.shadow.TS != 0 {
+				tokens := min(float64(res.Burst), k.shadow.Tokens+float64(max(0, nowUS-k.shadow.TS))*res.Rate/1e6)
 				reset = ceilUS((float64(res.Burst) - tokens) / res.Rate)
 				d.Remaining = wholeTokens(tokens)
+				d.Warning = softLimitReached(res.Limit, tokens, k.quotaUsed)
 			}
 			e.mu.Unlock()
 			d.Source = SourceLocal
@@ -283,18 +293,24 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 // localWait is the local tier: it returns 0 when the request should go to
 // the shared store, else the µs until it could pass. Called under e.mu.
 func (e *entry) localWait(now, cost int64, localRate float64) int64 {
-	if now < e.notBefore && cost >= e.blockedCost {
-		return e.notBefore - now
+	k := &e.known
+	var wait int64
+	if now < k.notBefore && cost >= k.blockedCost {
+		wait = k.notBefore - now
 	}
-	if e.shadow.TS != 0 {
-		probe := e.shadow
-		if r := probe.Take(now, e.res.Rate, e.res.Burst, cost); !r.Allowed {
-			// The shadow is rounded to the store's millisecond; within that
-			// rounding, let the store decide.
-			if r.RetryAfterUS > 1000 {
-				return r.RetryAfterUS
-			}
+	if now < k.quotaEnd && k.quotaUsed+cost > e.res.QuotaLimit {
+		wait = max(wait, k.quotaEnd-now)
+	}
+	if k.shadow.TS != 0 {
+		probe := k.shadow
+		// The shadow is rounded to the store's millisecond; within that
+		// rounding, let the store decide.
+		if r := probe.Take(now, e.res.Rate, e.res.Burst, cost); !r.Allowed && r.RetryAfterUS > 1000 {
+			wait = max(wait, r.RetryAfterUS)
 		}
+	}
+	if wait > 0 {
+		return wait
 	}
 	if r := e.local.Take(now, localRate, e.res.Burst, cost); !r.Allowed {
 		return r.RetryAfterUS
@@ -302,17 +318,23 @@ func (e *entry) localWait(now, cost int64, localRate float64) int64 {
 	return 0
 }
 
-// learn updates the shadow from a shared verdict. The store reports when
-// the bucket will be full again, so the tokens left are burst − reset × rate
-// (rounded down by the store's millisecond: never more than are there).
+// learn updates what the entry knows from a shared verdict. The store
+// reports when the bucket will be full again, so the tokens left are
+// burst − reset × rate (rounded down by the store's millisecond: never more
+// than are there).
 func (e *entry) learn(now int64, lim Limit, cost int64, v *Verdict) {
+	k := &e.known
 	tokens := float64(lim.Burst) - v.ResetAfter.Seconds()*lim.Rate
-	e.shadow = Bucket{Tokens: max(0, tokens), TS: now}
+	k.shadow = Bucket{Tokens: max(0, tokens), TS: now}
+	if lim.HasQuota() {
+		_, end := lim.QuotaPeriod.Window(v.Now)
+		k.quotaUsed, k.quotaEnd = v.QuotaUsed, now+end.Sub(v.Now).Microseconds()
+	}
 	if v.Allowed {
-		e.notBefore = 0
+		k.notBefore = 0
 		return
 	}
-	e.notBefore, e.blockedCost = now+v.RetryAfter.Microseconds(), cost
+	k.notBefore, k.blockedCost = now+v.RetryAfter.Microseconds(), cost
 }
 
 // finish applies dry run, reports and records the decision.

@@ -267,3 +267,27 @@ func TestSweepBoundsMemory(t *testing.T) {
 		t.Fatalf("idle, refilled entries kept: %d", n)
 	}
 }
+
+// A local rejection knows what the store said about the quota too: its
+// retry time is the window's end, not the bucket's refill, and it warns.
+func TestLocalRejectionKnowsTheQuota(t *testing.T) {
+	clk := newClock() // 09:00 UTC
+	p := fixedPolicy{enforcement.Resolved{Limit: enforcement.Limit{Rate: 1, Burst: 10, QuotaLimit: 12,
+		QuotaPeriod: enforcement.PeriodDay, QuotaID: "q", SoftLimitPercent: 50}, Policy: "p", Tier: "t", Cost: 1}}
+	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 100), Policy: p, Now: clk.Now})
+	ctx := context.Background()
+	if d, _ := l.Check(ctx, req("k", 10)); !d.Allowed {
+		t.Fatalf("first 10: %+v", d)
+	}
+	clk.Add(2 * time.Second)
+	if d, _ := l.Check(ctx, req("k", 2)); !d.Allowed { // quota now 12 of 12
+		t.Fatalf("next 2: %+v", d)
+	}
+	d, _ := l.Check(ctx, req("k", 1)) // bucket empty and quota spent
+	if d.Allowed || d.Source != enforcement.SourceLocal || d.RetryAfter != 15*time.Hour-2*time.Second {
+		t.Fatalf("after the quota is spent: %+v, want a local rejection until midnight UTC", d)
+	}
+	if !d.Warning {
+		t.Fatalf("a local rejection at 100%% of the quota must warn: %+v", d)
+	}
+}
