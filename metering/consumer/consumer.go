@@ -289,6 +289,12 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 		return err
 	}
 	resume := prog.Resume()
+	// Messages up to the highest table progress were seen by an earlier
+	// run: do not count their duplicates and bad messages again.
+	seenUpTo := prog[0]
+	for _, v := range prog[1:] {
+		seenUpTo = max(seenUpTo, v)
+	}
 	dd := newDedup(c.seed, c.cfg.DedupWindow)
 	lctx, cancel = context.WithTimeout(ctx, c.cfg.InsertTimeout)
 	err = c.cfg.Sink.RecentIDs(lctx, p, resume-1-c.cfg.DedupWindow, func(id string, off int64) { dd.add(id, off) })
@@ -323,6 +329,7 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 		lastCommit time.Time
 		lagLabel   = strconv.Itoa(p)
 		win        window // deadline of the current batch window
+		dups, bad  int    // in the batch, counted when it is written
 	)
 	defer win.close()
 	flush := func(budget time.Duration) error {
@@ -336,6 +343,9 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 		}
 		now := time.Now()
 		c.m.batchEvents.Observe(float64(n))
+		c.m.duplicates.Add(float64(dups))
+		c.m.bad.Add(float64(bad))
+		dups, bad = 0, 0
 		c.m.written.Add(float64(len(batch)))
 		nowMs := now.UnixMilli()
 		for i := range batch {
@@ -389,8 +399,11 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 			// INSERT of its batch forever.
 			err = fmt.Errorf("%w: ts %d out of range", metering.ErrBadEvent, ev.TS)
 		}
+		fresh := msg.Offset > seenUpTo
 		if err != nil {
-			c.m.bad.Inc()
+			if fresh {
+				bad++
+			}
 			c.log.Debug("skipping undecodable message", "partition", p, "offset", msg.Offset, "err", err)
 		} else {
 			mo := chsink.MonthOf(ev.TS)
@@ -400,7 +413,9 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 				}
 			}
 			if dd.add(ev.EventID, msg.Offset) {
-				c.m.duplicates.Inc()
+				if fresh {
+					dups++
+				}
 			} else {
 				if len(batch) == 0 {
 					month = mo
