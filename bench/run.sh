@@ -8,6 +8,7 @@
 #   WRK_SECONDS (default 20)  duration of each wrk run
 #   LG_SECONDS  (default 10)  duration of each loadgen run
 #   BENCH_OUT   (default: a temporary directory) where raw outputs go
+#   BENCHMARKS_FILE (default: BENCHMARKS.md of this tree) the file to update
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -15,6 +16,7 @@ GO=${GO:-go}
 WRK_SECONDS=${WRK_SECONDS:-20}
 LG_SECONDS=${LG_SECONDS:-10}
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-bench.XXXXXX)}
+MD=${BENCHMARKS_FILE:-$ROOT/BENCHMARKS.md}
 mkdir -p "$OUT/bin"
 PIDS=()
 cleanup() {
@@ -255,7 +257,7 @@ done
 # ---- 6. what limits throughput: a CPU profile of the /check stack ----
 echo "bench: profile" >&2
 PPORT=$(free_port)
-"$OUT/bin/profile" -addr "127.0.0.1:$PPORT" -redis "127.0.0.1:$RPORT" -policy bench/policy.yaml -cpuprofile "$OUT/cpu.pprof" 2>>"$OUT/profile.log" &
+"$OUT/bin/profile" -store-timeout "${BENCH_STORE_TIMEOUT:-100ms}" -addr "127.0.0.1:$PPORT" -redis "127.0.0.1:$RPORT" -policy bench/policy.yaml -cpuprofile "$OUT/cpu.pprof" 2>>"$OUT/profile.log" &
 PROF_PID=$!
 PIDS+=($PROF_PID)
 wait_port "$PPORT"
@@ -277,11 +279,11 @@ wait "$PROF_PID" 2>/dev/null || true
 echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)." >>"$S"
 
 # ---- splice into BENCHMARKS.md ----
-touch BENCHMARKS.md
+touch "$MD"
 awk '
   /^## Hot keys and scale-out/ {skip=1; next}
   skip && /^## / {skip=0}
-  !skip {print}' BENCHMARKS.md >"$OUT/BENCHMARKS.rest"
+  !skip {print}' "$MD" >"$OUT/BENCHMARKS.rest"
 { cat "$OUT/BENCHMARKS.rest"; echo; cat "$S"; } | cat -s | sed -e :a -e '/^\n*$/{$d;N;ba' -e '}' >"$OUT/BENCHMARKS.new"
-cp "$OUT/BENCHMARKS.new" BENCHMARKS.md
-echo "bench: wrote the section to BENCHMARKS.md (raw outputs in $OUT)" >&2
+cp "$OUT/BENCHMARKS.new" "$MD"
+echo "bench: wrote the section to $MD (raw outputs in $OUT)" >&2

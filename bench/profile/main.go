@@ -31,6 +31,7 @@ func main() {
 	policyFile := flag.String("policy", "bench/policy.yaml", "policy file")
 	out := flag.String("cpuprofile", "cpu.pprof", "CPU profile output")
 	pipelined := flag.Bool("pipeline", false, "use the auto-pipelined shared tier")
+	timeout := flag.Duration("store-timeout", 100*time.Millisecond, "the guard's deadline per store call (cmd/limiter: LIMITER_STORE_TIMEOUT)")
 	flag.Parse()
 
 	pol, err := policy.Load(*policyFile)
@@ -50,7 +51,7 @@ func main() {
 		defer p.Close(context.Background())
 		auth = p
 	}
-	lim, err := enforcement.New(enforcement.Config{Authority: guard.New(auth, guard.Settings{}, nil, nil), Policy: pol})
+	lim, err := enforcement.New(enforcement.Config{Authority: guard.New(auth, guard.Settings{Timeout: *timeout}, nil, nil), Policy: pol})
 	if err != nil {
 		log.Fatal(err)
 	}
