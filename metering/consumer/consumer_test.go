@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"io"
 
 	"log/slog"
 	"os"
@@ -114,7 +115,7 @@ func startConsumer(t *testing.T, conn driver.Conn, db, broker, topic string, bat
 	c, err := consumer.New(consumer.Config{
 		Brokers: []string{broker}, Topic: topic, Sink: sink, Ping: conn.Ping,
 		BatchSize: batch, BatchWait: 100 * time.Millisecond, SessionTimeout: 2 * time.Second,
-		Logger: slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg,
+		Logger: testLogger(), Registry: reg,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -226,4 +227,13 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("metric %s not registered", name)
 	return 0
+}
+
+// testLogger writes the consumer's debug log to stderr with -v, else nowhere.
+func testLogger() *slog.Logger {
+	var w io.Writer = io.Discard
+	if testing.Verbose() {
+		w = os.Stderr
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
