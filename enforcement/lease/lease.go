@@ -94,6 +94,10 @@ type Config struct {
 	// 5ms, like the guard's); returns get ReturnTimeout (default 1s).
 	Timeout       time.Duration
 	ReturnTimeout time.Duration
+	// FailBackoff: after a lease call fails, the key's decisions pass to the
+	// next authority (normally the guard, whose breaker fails fast) for this
+	// long instead of each waiting Timeout for a dead store (default 1s).
+	FailBackoff time.Duration
 	// MaxKeys bounds the tracked (key, scope) states (default 100,000);
 	// beyond it new keys pass through untracked.
 	MaxKeys int
@@ -137,6 +141,9 @@ func (c *Config) defaults() {
 	if c.MaxKeys <= 0 {
 		c.MaxKeys = 100_000
 	}
+	if c.FailBackoff <= 0 {
+		c.FailBackoff = time.Second
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -151,7 +158,8 @@ type Stats struct {
 	Local     int64 // decided from held tokens, no network work
 	Leases    int64 // lease round trips
 	Returns   int64 // return round trips
-	Direct    int64 // passed to the next authority (cold keys, quotas, split keys)
+	Direct    int64 // passed to the next authority (cold keys, quotas, split keys, after a failed lease)
+	Failures  int64 // lease calls that failed
 	Hot       int64 // keys leased right now
 }
 
@@ -168,8 +176,8 @@ type Authority struct {
 
 	shards [shardCount]shard
 
-	decisions, local, leases, returns, direct atomic.Int64
-	hot                                       atomic.Int64
+	decisions, local, leases, returns, direct, failures atomic.Int64
+	hot                                                 atomic.Int64
 
 	closed   atomic.Bool
 	stop     chan struct{}
@@ -204,6 +212,7 @@ type state struct {
 	left       int64 // whole tokens left in the shared bucket at the last grant
 	leftAt     int64
 	refreshing chan struct{} // non-nil while one caller leases; closed when done
+	failedAt   int64         // µs of the last failed lease; pass through for FailBackoff after it
 }
 
 var seed = maphash.MakeSeed()
@@ -231,7 +240,7 @@ func (a *Authority) BlockFor(lim enforcement.Limit) int64 {
 // Stats returns the counters so far.
 func (a *Authority) Stats() Stats {
 	return Stats{Decisions: a.decisions.Load(), Local: a.local.Load(), Leases: a.leases.Load(),
-		Returns: a.returns.Load(), Direct: a.direct.Load(), Hot: a.hot.Load()}
+		Returns: a.returns.Load(), Direct: a.direct.Load(), Failures: a.failures.Load(), Hot: a.hot.Load()}
 }
 
 func (a *Authority) now() int64 {
@@ -278,7 +287,7 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 		st.hot = true // hot before the window ends: a flood is detected at once
 		a.hot.Add(1)
 	}
-	if !st.hot {
+	if !st.hot || (st.failedAt != 0 && now-st.failedAt < a.cfg.FailBackoff.Microseconds()) {
 		st.mu.Unlock()
 		return a.passThrough(ctx, key, scope, lim, cost)
 	}
@@ -333,8 +342,11 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 		st.refreshing = nil
 		close(ch)
 		if err != nil {
+			// Let the next authority (and its breaker) decide for a while.
+			st.failedAt = a.now()
 			st.mu.Unlock()
-			return enforcement.Verdict{}, err
+			a.failures.Add(1)
+			return a.passThrough(ctx, key, scope, lim, cost)
 		}
 		now = a.now()
 		st.left, st.leftAt = g.Left, now

@@ -386,3 +386,35 @@ func TestReturnsOnCloseAndCoolDown(t *testing.T) {
 		t.Fatalf("no returns counted: %+v", st)
 	}
 }
+
+// TestDeadStoreFallsThrough: when a lease call fails, the key's decisions go
+// to the next authority (normally the guard, whose breaker fails fast) for
+// FailBackoff instead of each trying to lease from a dead store.
+func TestDeadStoreFallsThrough(t *testing.T) {
+	r := testenv.StartRedis(t)
+	c := client(t, r)
+	store := redisstore.New(c, "dead")
+	a := lease.New(store, store, lease.Config{HotOpsPerSec: 1, Block: 5, MaxBlockFraction: 1, FailBackoff: time.Hour})
+	defer a.Close(context.Background())
+	ctx := context.Background()
+	lim := enforcement.Limit{Rate: 1, Burst: 100}
+	for i := 0; i < 5; i++ { // hot at once; one lease of 5 covers these
+		if v, err := a.Take(ctx, "k", "s", lim, 1); err != nil || !v.Allowed {
+			t.Fatalf("take %d: %+v %v", i, v, err)
+		}
+	}
+	if st := a.Stats(); st.Leases != 1 || st.Local != 4 {
+		t.Fatalf("before the failure: %+v, want one lease and 4 local decisions", st)
+	}
+	r.Close()
+	if _, err := a.Take(ctx, "k", "s", lim, 1); err == nil {
+		t.Fatal("a dead store must surface as an error (the limiter's failure policy acts on it)")
+	}
+	for i := 0; i < 3; i++ {
+		_, _ = a.Take(ctx, "k", "s", lim, 1)
+	}
+	st := a.Stats()
+	if st.Failures != 1 || st.Leases != 2 || st.Direct != 4 {
+		t.Fatalf("after the failure: %+v, want 1 failed lease, then every decision passed through", st)
+	}
+}
