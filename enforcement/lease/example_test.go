@@ -1,0 +1,53 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/guard"
+	"github.com/ratewarden/ratewarden/enforcement/lease"
+	"github.com/ratewarden/ratewarden/enforcement/policy"
+	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/enforcement/split"
+)
+
+// The order of the decorators: the limiter asks the leasing authority,
+// which spends held tokens for hot keys and passes everything else on to
+// key splitting (limits with split: N), then the guard (deadline and
+// breaker), then the Redis script. Leases themselves go to the store.
+func Example() {
+	pol, err := policy.Parse([]byte(`
+version: 1
+default_tier: pro
+tiers:
+  pro: { rate: 5000, burst: 10000 }
+`))
+	if err != nil {
+		panic(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	store := redisstore.New(rdb, "rl")
+
+	var auth enforcement.Authority = guard.New(store, guard.Settings{}, nil, nil)
+	auth = split.New(auth, nil)
+	leased := lease.New(auth, store, lease.Config{Block: 100, HotOpsPerSec: 500})
+	lim, err := enforcement.New(enforcement.Config{Authority: leased, Policy: pol, ExpectedInstances: 4})
+	if err != nil {
+		panic(err)
+	}
+
+	d, err := lim.Check(context.Background(), enforcement.Request{Key: "acct_1", Scope: "api"})
+	fmt.Println(d.Allowed, d.Source, err)
+
+	// Shutdown in reverse order: the limiter, then the leases (which give
+	// their unused tokens back), then the client.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = lim.Close(ctx)
+	_ = leased.Close(ctx)
+}
