@@ -2,6 +2,7 @@ package deploytest
 
 import (
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -156,14 +157,21 @@ func checkMetrics(t *testing.T, s *stack) {
 	}
 	// Prometheus loads the rule files prometheus.yml lists; rules/ also
 	// holds promtool unit tests (*_test.yml), which are not rule files.
-	prom := yamlDocs(t, filepath.Join(repoRoot(t), "deploy", "prometheus", "prometheus.yml"))[0]
 	listed := map[string]bool{}
-	for _, rf := range asList(prom["rule_files"]) {
-		base := filepath.Base(asString(rf))
-		listed[base] = true
-		if _, err := os.Stat(filepath.Join(repoRoot(t), "deploy", "prometheus", "rules", base)); err != nil {
-			t.Errorf("prometheus.yml lists rule file %s: %v", rf, err)
+	for _, cfg := range []string{"prometheus.yml", "prometheus-k8s.yml"} {
+		prom := yamlDocs(t, filepath.Join(repoRoot(t), "deploy", "prometheus", cfg))[0]
+		got := map[string]bool{}
+		for _, rf := range asList(prom["rule_files"]) {
+			base := filepath.Base(asString(rf))
+			got[base] = true
+			if _, err := os.Stat(filepath.Join(repoRoot(t), "deploy", "prometheus", "rules", base)); err != nil {
+				t.Errorf("%s lists rule file %s: %v", cfg, rf, err)
+			}
 		}
+		if len(listed) > 0 && fmt.Sprint(got) != fmt.Sprint(listed) {
+			t.Errorf("%s loads %v, prometheus.yml loads %v", cfg, got, listed)
+		}
+		listed = got
 	}
 	type rule struct{ file, name, expr string }
 	var rules []rule
