@@ -179,6 +179,9 @@ type Authority struct {
 	decisions, local, leases, returns, direct, failures atomic.Int64
 	hot                                                 atomic.Int64
 
+	pendMu  sync.Mutex
+	pending []pending // returns queued by decisions, sent by the sweeper or Close
+
 	closed   atomic.Bool
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -295,9 +298,8 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 		// Learned under another limit (a policy change): give the old
 		// tokens back before leasing under the new one.
 		if st.held > 0 {
-			old, n := st.lim, st.held
+			a.later(pending{key, scope, st.lim, st.held}) // the sweeper returns them
 			st.held = 0
-			go a.giveBack(key, scope, old, n)
 		}
 		st.lim = lim
 	}
@@ -463,6 +465,12 @@ type pending struct {
 	n          int64
 }
 
+func (a *Authority) later(p pending) {
+	a.pendMu.Lock()
+	a.pending = append(a.pending, p)
+	a.pendMu.Unlock()
+}
+
 // collect takes back, from the states, the tokens due for return: all of
 // them when all is set, else those held longer than MaxHold or by keys that
 // cooled down. It also forgets idle cold states.
@@ -470,7 +478,10 @@ func (a *Authority) collect(all bool) []pending {
 	now := a.now()
 	hold := a.cfg.MaxHold.Microseconds()
 	idle := 2 * a.cfg.Window.Microseconds()
-	var out []pending
+	a.pendMu.Lock()
+	out := a.pending
+	a.pending = nil
+	a.pendMu.Unlock()
 	for i := range a.shards {
 		s := &a.shards[i]
 		s.mu.Lock()
