@@ -124,6 +124,22 @@ st_rb=$(awk '/SharedTier\/redis-benchmark/ {for (i=1;i<=NF;i++) if ($(i+1)=="dec
   echo
 } >>"$S"
 
+# ---- 1b. leasing and splitting, measured by their tests ----
+echo "bench: lease and split measurements (go test -v)" >&2
+{
+  echo "### Token leasing and key splitting, measured by their tests against a real redis-server"
+  echo
+  echo '```'
+  echo "\$ go test -count=1 -v -run 'TestRoundTripsPerDecision|TestOverAdmissionBound' ./enforcement/lease/"
+  $GO test -count=1 -v -run 'TestRoundTripsPerDecision|TestOverAdmissionBound' ./enforcement/lease/ 2>&1 | grep -E 'lease_test.go|^(--- |ok|FAIL)' | sed 's/^ *//'
+  echo "\$ go test -count=1 -v -run 'Lumpiness' ./enforcement/split/"
+  $GO test -count=1 -v -run 'Lumpiness' ./enforcement/split/ 2>&1 | grep -E 'split_test.go|^(--- |ok|FAIL)' | sed 's/^ *//'
+  echo "\$ go test -run XXX -bench Record -benchmem ./enforcement/hotkeys/   # per-decision cost of the top-K, 10,000 keys churning"
+  $GO test -run XXX -bench Record -benchmem ./enforcement/hotkeys/ 2>&1 | grep -E '^Benchmark'
+  echo '```'
+  echo
+} >>"$S"
+
 # ---- 2. HTTP: bare handler, allowed path, flood ----
 echo "bench: wrk runs (${WRK_SECONDS}s each)" >&2
 BPORT=$(free_port)
