@@ -148,7 +148,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	log.Info("meter-consumer stopping")
 	cancel() // when one component failed, stop the others
 	wg.Wait()
-	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+	sctx, scancel := context.WithTimeout(context.Background(), time.Second)
 	defer scancel()
 	_ = srv.Shutdown(sctx)
 	log.Info("meter-consumer stopped")

@@ -70,7 +70,7 @@ type Config struct {
 	BatchWait      time.Duration // longest a message waits in a batch, default 500 ms
 	DedupWindow    int64         // offsets per partition within which a repeated event id is a duplicate, default 250,000
 	SessionTimeout time.Duration // consumer-group session, default 10 s (heartbeats every quarter of it)
-	InsertTimeout  time.Duration // one batch write, default 30 s; on shutdown at most 5 s
+	InsertTimeout  time.Duration // one batch write, default 30 s; on shutdown at most 4 s
 
 	Logger   *slog.Logger          // required
 	Registry prometheus.Registerer // required; metrics are registered here
@@ -158,7 +158,7 @@ func (c *Consumer) clearFailing(p int) {
 }
 
 // Run consumes until ctx is cancelled, then flushes what it holds (within
-// 5 s), leaves the group and returns nil. It returns an error only when the
+// 4 s), leaves the group and returns nil. It returns an error only when the
 // group cannot be created.
 func (c *Consumer) Run(ctx context.Context) error {
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
@@ -169,7 +169,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		HeartbeatInterval: c.cfg.SessionTimeout / 4,
 		RebalanceTimeout:  c.cfg.SessionTimeout,
 		JoinGroupBackoff:  time.Second,
-		Timeout:           5 * time.Second,
+		Timeout:           3 * time.Second, // also bounds leaving the group at shutdown
 		// Partitions added to the topic trigger a rebalance.
 		WatchPartitionChanges:  true,
 		PartitionWatchInterval: 10 * time.Second,
@@ -368,7 +368,7 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 		if ctx.Err() != nil {
 			// Shutdown or rebalance: the group waits for this goroutine, so
 			// nobody else reads p until the flush is done.
-			return flush(min(c.cfg.InsertTimeout, 5*time.Second))
+			return flush(min(c.cfg.InsertTimeout, 4*time.Second))
 		}
 		// One deadline context per batch window, not per message.
 		if win.ctx == nil {
