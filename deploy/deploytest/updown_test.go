@@ -31,29 +31,35 @@ func TestUpDown(t *testing.T) {
 	root := repoRoot(t)
 	buildBinaries(t) // warms the build cache that `make up` uses
 	runDir, binDir := t.TempDir(), t.TempDir()
-	ports := map[string]int{}
-	used := map[int]bool{}
-	for _, v := range []string{"RW_REDIS_PORT", "RW_CLICKHOUSE_PORT", "RW_CLICKHOUSE_HTTP_PORT", "RW_KAFKA_PORT",
-		"RW_LIMITER_PORT", "RW_USAGE_PORT", "RW_METER_PORT"} {
-		p := testenv.FreePort(t)
-		for used[p] {
-			p = testenv.FreePort(t)
-		}
-		used[p], ports[v] = true, p
-	}
-	// The environment of the test, without what an outer make (make test)
-	// passes down to its children: this is a top-level `make up`.
+	// Free ports, chosen again if another test took one before make up ran.
+	var ports map[string]int
 	var env []string
-	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); k != "MAKEFLAGS" && k != "MAKELEVEL" && k != "MFLAGS" && !strings.HasPrefix(k, "RW_") {
-			env = append(env, kv)
+	pickPorts := func() {
+		ports = map[string]int{}
+		used := map[int]bool{}
+		for _, v := range []string{"RW_REDIS_PORT", "RW_CLICKHOUSE_PORT", "RW_CLICKHOUSE_HTTP_PORT", "RW_KAFKA_PORT",
+			"RW_LIMITER_PORT", "RW_USAGE_PORT", "RW_METER_PORT"} {
+			p := testenv.FreePort(t)
+			for used[p] {
+				p = testenv.FreePort(t)
+			}
+			used[p], ports[v] = true, p
+		}
+		// The environment of the test, without what an outer make (make
+		// test) passes down to its children: this is a top-level `make up`.
+		env = nil
+		for _, kv := range os.Environ() {
+			if k, _, _ := strings.Cut(kv, "="); k != "MAKEFLAGS" && k != "MAKELEVEL" && k != "MFLAGS" && !strings.HasPrefix(k, "RW_") {
+				env = append(env, kv)
+			}
+		}
+		env = append(env, "RUN_DIR="+runDir, "BIN_DIR="+binDir)
+		for k, v := range ports {
+			env = append(env, fmt.Sprintf("%s=%d", k, v))
 		}
 	}
-	env = append(env, "RUN_DIR="+runDir, "BIN_DIR="+binDir)
-	for k, v := range ports {
-		env = append(env, fmt.Sprintf("%s=%d", k, v))
-	}
-	makeRun := func(target string) string {
+	pickPorts()
+	runMake := func(target string) (string, error) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
@@ -62,15 +68,24 @@ func TestUpDown(t *testing.T) {
 		start := time.Now()
 		out, err := cmd.CombinedOutput()
 		t.Logf("make %s (%s):\n%s", target, time.Since(start).Round(time.Millisecond), out)
-		if err != nil {
-			logs, _ := filepath.Glob(filepath.Join(runDir, "logs", "*.log"))
-			for _, l := range logs {
-				b, _ := os.ReadFile(l)
-				t.Logf("--- %s ---\n%s", filepath.Base(l), tailBytes(b, 3000))
-			}
-			t.Fatalf("make %s: %v", target, err)
+		return string(out), err
+	}
+	failMake := func(target string, err error) {
+		t.Helper()
+		logs, _ := filepath.Glob(filepath.Join(runDir, "logs", "*.log"))
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			t.Logf("--- %s ---\n%s", filepath.Base(l), tailBytes(b, 3000))
 		}
-		return string(out)
+		t.Fatalf("make %s: %v", target, err)
+	}
+	makeRun := func(target string) string {
+		t.Helper()
+		out, err := runMake(target)
+		if err != nil {
+			failMake(target, err)
+		}
+		return out
 	}
 	var pids map[string]int
 	t.Cleanup(func() {
@@ -86,7 +101,18 @@ func TestUpDown(t *testing.T) {
 		}
 	})
 
-	out := makeRun("up")
+	var out string
+	for attempt := 1; ; attempt++ {
+		o, err := runMake("up")
+		if err == nil || attempt == 3 || !strings.Contains(o, "port busy, nothing was started") {
+			if err != nil {
+				failMake("up", err)
+			}
+			out = o
+			break
+		}
+		pickPorts() // a port was taken between choosing and starting
+	}
 	pids = readPids(t, runDir)
 	for _, c := range upComponents {
 		if pids[c] == 0 {
