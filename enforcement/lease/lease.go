@@ -179,6 +179,9 @@ type Authority struct {
 	decisions, local, leases, returns, direct, failures atomic.Int64
 	hot                                                 atomic.Int64
 
+	hotMu  sync.Mutex
+	hotSet map[*state]struct{} // hot states and states still holding tokens
+
 	pendMu  sync.Mutex
 	pending []pending // returns queued by decisions, sent by the sweeper or Close
 
@@ -201,6 +204,7 @@ type shard struct {
 
 type state struct {
 	mu sync.Mutex
+	id id // immutable
 
 	// hot-key detector, µs on the Authority's clock
 	winStart int64
@@ -225,7 +229,7 @@ var seed = maphash.MakeSeed()
 func New(next enforcement.Authority, store Store, cfg Config) *Authority {
 	cfg.defaults()
 	a := &Authority{next: next, store: store, cfg: cfg, epoch: cfg.Now(),
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{}), hotSet: make(map[*state]struct{})}
 	for i := range a.shards {
 		a.shards[i].m = make(map[id]*state)
 	}
@@ -266,7 +270,7 @@ func (a *Authority) lookup(k id) *state {
 	if len(s.m) >= a.cfg.MaxKeys/shardCount+1 {
 		return nil
 	}
-	st = &state{}
+	st = &state{id: k}
 	s.m[k] = st
 	return st
 }
@@ -287,8 +291,7 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 	st.count++
 	a.roll(st, now)
 	if !st.hot && float64(st.count) >= a.cfg.HotOpsPerSec*a.cfg.Window.Seconds() {
-		st.hot = true // hot before the window ends: a flood is detected at once
-		a.hot.Add(1)
+		a.markHot(st) // hot before the window ends: a flood is detected at once
 	}
 	if !st.hot || (st.failedAt != 0 && now-st.failedAt < a.cfg.FailBackoff.Microseconds()) {
 		st.mu.Unlock()
@@ -403,12 +406,21 @@ func (a *Authority) roll(st *state, now int64) {
 	st.winStart, st.count = now, 0
 	switch {
 	case !st.hot && rate >= a.cfg.HotOpsPerSec:
-		st.hot = true
-		a.hot.Add(1)
+		a.markHot(st)
 	case st.hot && rate < a.cfg.HotOpsPerSec*a.cfg.CoolFraction:
 		st.hot = false
 		a.hot.Add(-1)
 	}
+}
+
+// markHot makes st hot and puts it in the set the sweeper visits every
+// tick. Called under st.mu (lock order: st.mu, then hotMu).
+func (a *Authority) markHot(st *state) {
+	st.hot = true
+	a.hot.Add(1)
+	a.hotMu.Lock()
+	a.hotSet[st] = struct{}{}
+	a.hotMu.Unlock()
 }
 
 // localVerdict answers from held tokens. What the shared bucket holds is
@@ -473,24 +485,49 @@ func (a *Authority) later(p pending) {
 
 // collect takes back, from the states, the tokens due for return: all of
 // them when all is set, else those held longer than MaxHold or by keys that
-// cooled down. It also forgets idle cold states.
+// cooled down. It visits only the hot set, so a tick costs nothing for the
+// many cold keys; forget (less often) drops idle cold states.
 func (a *Authority) collect(all bool) []pending {
 	now := a.now()
 	hold := a.cfg.MaxHold.Microseconds()
-	idle := 2 * a.cfg.Window.Microseconds()
 	a.pendMu.Lock()
 	out := a.pending
 	a.pending = nil
 	a.pendMu.Unlock()
+	a.hotMu.Lock()
+	hot := make([]*state, 0, len(a.hotSet))
+	for st := range a.hotSet {
+		hot = append(hot, st)
+	}
+	a.hotMu.Unlock()
+	for _, st := range hot {
+		st.mu.Lock()
+		a.roll(st, now)
+		if st.held > 0 && (all || !st.hot || now-st.leasedAt >= hold) {
+			out = append(out, pending{st.id.key, st.id.scope, st.lim, st.held})
+			st.held = 0
+		}
+		if !st.hot && st.held == 0 {
+			a.hotMu.Lock()
+			delete(a.hotSet, st)
+			a.hotMu.Unlock()
+		}
+		st.mu.Unlock()
+	}
+	return out
+}
+
+// forget drops cold states unused for two windows: they would start over
+// exactly as they are.
+func (a *Authority) forget() {
+	now := a.now()
+	idle := 2 * a.cfg.Window.Microseconds()
 	for i := range a.shards {
 		s := &a.shards[i]
 		s.mu.Lock()
 		for k, st := range s.m {
-			st.mu.Lock()
-			a.roll(st, now)
-			if st.held > 0 && (all || !st.hot || now-st.leasedAt >= hold) {
-				out = append(out, pending{k.key, k.scope, st.lim, st.held})
-				st.held = 0
+			if !st.mu.TryLock() {
+				continue // in use right now
 			}
 			if !st.hot && st.held == 0 && st.refreshing == nil && now-st.lastUse >= idle {
 				delete(s.m, k)
@@ -499,20 +536,23 @@ func (a *Authority) collect(all bool) []pending {
 		}
 		s.mu.Unlock()
 	}
-	return out
 }
 
 func (a *Authority) sweepLoop() {
 	defer close(a.done)
 	t := time.NewTicker(a.cfg.Tick)
 	defer t.Stop()
-	for {
+	forgetEvery := max(1, int(a.cfg.Window/a.cfg.Tick)*4)
+	for tick := 1; ; tick++ {
 		select {
 		case <-a.stop:
 			return
 		case <-t.C:
 			for _, p := range a.collect(false) {
 				a.giveBack(p.key, p.scope, p.lim, p.n)
+			}
+			if tick%forgetEvery == 0 {
+				a.forget()
 			}
 		}
 	}
