@@ -224,11 +224,12 @@ fi
   echo
   echo 'Command: `loadgen -redis <redis> -instances 4 [-lease -lease-hot 100] -dist D -duration '"${LG_SECONDS}"'s -conns 32 -limit-rate 1000000 -limit-burst 1000000`:'
   echo 'four enforcement.Limiter instances in one process, each with its own go-redis pool (and its own leases), the allowed path.'
+  echo '"one" sends every decision to a single key (the hot key under its limit): the round trips per decision that leasing saves.'
   echo
   echo "| distribution | leasing | decisions/s | p50 µs | p99 µs | Redis scripts/s | round trips per decision |"
   echo "|---|---|---:|---:|---:|---:|---:|"
 } >>"$S"
-for dist in uniform zipf hot40; do
+for dist in uniform zipf hot40 one; do
   for lease in "" "-lease -lease-hot 100"; do
     tag=$([ -n "$lease" ] && echo yes || echo no)
     "$OUT/bin/loadgen" -redis "127.0.0.1:$RPORT" -instances 4 $lease -dist "$dist" -duration "${LG_SECONDS}s" -conns 32 \
