@@ -281,6 +281,26 @@ wait_port "$PPORT"
 read -r prof_rps _ _ < <(wrk_run profile "http://127.0.0.1:$PPORT/check" bench/wrk/uniform.lua)
 kill -TERM "$PROF_PID"
 wait "$PROF_PID" 2>/dev/null || true
+PPORT2=$(free_port)
+"$OUT/bin/profile" -pipeline -store-timeout "${BENCH_STORE_TIMEOUT:-100ms}" -addr "127.0.0.1:$PPORT2" -redis "127.0.0.1:$RPORT" \
+  -policy bench/policy.yaml -cpuprofile "$OUT/cpu-pipeline.pprof" 2>>"$OUT/profile.log" &
+PROF2_PID=$!
+PIDS+=($PROF2_PID)
+wait_port "$PPORT2"
+p0=$(scripts)
+read -r pipe_rps pipe_p50 pipe_p99 < <(wrk_run profile-pipeline "http://127.0.0.1:$PPORT2/check" bench/wrk/uniform.lua)
+p1=$(scripts)
+kill -TERM "$PROF2_PID"
+wait "$PROF2_PID" 2>/dev/null || true
+{
+  echo "### The allowed path with the auto-pipelined shared tier (bench/profile -pipeline, \`wrk -t2 -c32 -d${WRK_SECONDS}s\` uniform)"
+  echo
+  echo "| stack | req/s | p50 | p99 | Redis scripts during the run |"
+  echo "|---|---:|---:|---:|---:|"
+  echo "| /check, redisstore.Store (as cmd/limiter today; profiled, below) | $prof_rps | – | – | – |"
+  echo "| /check, redisstore.Pipelined | $pipe_rps | $pipe_p50 | $pipe_p99 | $((p1 - p0)) |"
+  echo
+} >>"$S"
 {
   echo "### What limits throughput: CPU profile of the /check stack (allowed path, wrk uniform, $prof_rps req/s while profiled)"
   echo
