@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -51,4 +52,24 @@ func (m *SlotMap) Owner(slot uint16) string {
 		return o
 	}
 	return "unassigned"
+}
+
+// Run refreshes the map every interval until ctx ends (a failover moves
+// slots to another master). It blocks; the caller owns the goroutine.
+// Failed refreshes keep the previous map and are reported to onErr (may be nil).
+func (m *SlotMap) Run(ctx context.Context, every time.Duration, onErr func(error)) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			rctx, cancel := context.WithTimeout(ctx, every)
+			if err := m.Refresh(rctx); err != nil && onErr != nil {
+				onErr(err)
+			}
+			cancel()
+		}
+	}
 }
