@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -24,6 +25,10 @@ type Config struct {
 	// MinSessionTimeout is the shortest consumer-group session the broker
 	// accepts; default 1 s (kfake's own default, 6 s, slows crash tests).
 	MinSessionTimeout time.Duration
+	// RetentionBytes bounds each partition's log (kfake holds it in
+	// memory): older batches are dropped every 5 s. Default 256 MiB;
+	// negative = unbounded.
+	RetentionBytes int64
 }
 
 // Broker is a running kfake cluster of one broker.
@@ -31,6 +36,9 @@ type Broker struct {
 	cluster *kfake.Cluster
 	addr    string
 	topic   string
+	once    sync.Once
+	stop    chan struct{} // closed by Close
+	done    chan struct{} // closed when the retention goroutine has exited
 }
 
 // Start starts the broker and creates the topic.
@@ -44,12 +52,16 @@ func Start(cfg Config) (*Broker, error) {
 	if cfg.MinSessionTimeout <= 0 {
 		cfg.MinSessionTimeout = time.Second
 	}
+	if cfg.RetentionBytes == 0 {
+		cfg.RetentionBytes = 256 << 20
+	}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.SeedTopics(int32(cfg.Partitions), cfg.Topic),
 		kfake.DefaultNumPartitions(cfg.Partitions),
 		kfake.AllowAutoTopicCreation(),
 		kfake.GroupMinSessionTimeout(cfg.MinSessionTimeout),
+		kfake.BrokerConfigs(map[string]string{"log.retention.bytes": strconv.FormatInt(cfg.RetentionBytes, 10)}),
 	}
 	if cfg.Port != 0 {
 		opts = append(opts, kfake.Ports(cfg.Port))
@@ -63,7 +75,26 @@ func Start(cfg Config) (*Broker, error) {
 		c.Close()
 		return nil, fmt.Errorf("kafkadev: broker listens on %v, want one address", addrs)
 	}
-	return &Broker{cluster: c, addr: addrs[0], topic: cfg.Topic}, nil
+	b := &Broker{cluster: c, addr: addrs[0], topic: cfg.Topic, stop: make(chan struct{}), done: make(chan struct{})}
+	go b.retain(cfg.RetentionBytes > 0)
+	return b, nil
+}
+
+// retain applies the retention limit every 5 s until Close.
+func (b *Broker) retain(enabled bool) {
+	defer close(b.done)
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+			if enabled {
+				b.cluster.ApplyRetention()
+			}
+		}
+	}
 }
 
 // Addr is the broker's host:port (loopback).
@@ -83,4 +114,10 @@ func (b *Broker) Topic() string { return b.topic }
 func (b *Broker) Cluster() *kfake.Cluster { return b.cluster }
 
 // Close stops the broker; its data is gone. Safe to call more than once.
-func (b *Broker) Close() { b.cluster.Close() }
+func (b *Broker) Close() {
+	b.once.Do(func() {
+		close(b.stop)
+		<-b.done
+		b.cluster.Close()
+	})
+}

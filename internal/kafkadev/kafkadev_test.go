@@ -75,3 +75,43 @@ func TestBrokerServesTopicAndGroups(t *testing.T) {
 		t.Fatalf("read %d messages from %d partitions, want 30 from 3", total, len(gen.Assignments["t.decisions"]))
 	}
 }
+
+func TestRetentionBoundsThePartitionLog(t *testing.T) {
+	b, err := kafkadev.Start(kafkadev.Config{Topic: "t", Partitions: 1, RetentionBytes: 256 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w := &kafka.Writer{Addr: kafka.TCP(b.Addr()), Topic: "t", BatchSize: 100, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	value := make([]byte, 10<<10)
+	for i := 0; i < 10; i++ { // 10 batches of 100 × 10 KiB = 10 MiB
+		msgs := make([]kafka.Message, 100)
+		for j := range msgs {
+			msgs[j] = kafka.Message{Value: value}
+		}
+		if err := w.WriteMessages(ctx, msgs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := kafka.DialLeader(ctx, "tcp", b.Addr(), "t", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for {
+		first, err := conn.ReadFirstOffset()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first > 0 {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal("log start offset still 0: retention never applied")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -27,3 +27,7 @@ func StartKafka(tb testing.TB, topic string, partitions int) *Kafka {
 func NewKafka(topic string, partitions int) (*Kafka, error) {
 	return kafkadev.Start(kafkadev.Config{Topic: topic, Partitions: partitions})
 }
+
+// NewKafkaWith starts a broker with cfg (Port 0 = a free port); the caller
+// must Close it.
+func NewKafkaWith(cfg kafkadev.Config) (*Kafka, error) { return kafkadev.Start(cfg) }
