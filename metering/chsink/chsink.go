@@ -7,12 +7,12 @@
 // The consumer reads one Kafka partition in offset order and hands the sink
 // batches: the distinct events of a contiguous offset range (..., last], all
 // with event_time in one UTC month. The sink writes a batch as four INSERTs,
-// one per table: decisions_raw (one row per event, with its partition and
-// offset), then usage_minute, usage_hour and usage_day (one row per key,
-// scope, tier and bucket, plus one marker row — key ” — that records the
-// partition and `last`). Each INSERT is one block into one monthly
-// partition, which ClickHouse applies atomically: after a crash a table has
-// either all of an INSERT or none of it.
+// sent concurrently, one per table: decisions_raw (one row per event, with
+// its partition and offset), usage_minute, usage_hour and usage_day (one row
+// per key, scope, tier and bucket, plus one marker row, whose key is the
+// empty string, that records the partition and `last`). Each INSERT is one
+// block into one monthly partition, which ClickHouse applies atomically:
+// after a crash a table has either all of an INSERT or none of it.
 //
 // So every table knows, on its own, the highest offset it holds for each
 // partition (Progress). On (re)start the consumer resumes each partition at
