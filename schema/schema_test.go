@@ -139,7 +139,7 @@ func TestApplyRejectsBadDatabaseName(t *testing.T) {
 	}
 }
 
-// The summing rollups keep markers (key ”) apart and sum only counters.
+// The summing rollups keep markers (empty key) apart and sum only counters.
 func TestRollupMarkersSurviveMerges(t *testing.T) {
 	db := ch.Database(t)
 	conn := ch.Conn(t)
