@@ -314,6 +314,7 @@ wait "$PROF2_PID" 2>/dev/null || true
 } >>"$S"
 
 echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)." >>"$S"
+cat bench/notes.md >>"$S"
 
 # ---- splice into BENCHMARKS.md ----
 touch "$MD"
