@@ -72,7 +72,7 @@ type Config struct {
 	Retry          Schedule      // zero = DefaultSchedule
 	AttemptTimeout time.Duration // one HTTP attempt, default 10 s
 	MaxInFlight    int           // concurrent deliveries, default 256
-	ShutdownGrace  time.Duration // for in-flight deliveries at shutdown, default 3 s
+	ShutdownGrace  time.Duration // for in-flight deliveries at shutdown, default 2 s
 	SessionTimeout time.Duration // consumer-group session, default 10 s
 	RecordEvery    time.Duration // flush interval of attempt records, default 500 ms
 
@@ -206,7 +206,7 @@ func New(cfg Config) (*Notifier, error) {
 		cfg.MaxInFlight = 256
 	}
 	if cfg.ShutdownGrace <= 0 {
-		cfg.ShutdownGrace = 3 * time.Second
+		cfg.ShutdownGrace = 2 * time.Second
 	}
 	if cfg.SessionTimeout <= 0 {
 		cfg.SessionTimeout = 10 * time.Second
@@ -243,7 +243,7 @@ func New(cfg Config) (*Notifier, error) {
 func pairKey(key, scope string) string { return key + "\x00" + scope }
 
 // Run consumes until ctx ends, then stops reading, gives in-flight
-// deliveries ShutdownGrace, flushes the attempt records (at most 3 s more)
+// deliveries ShutdownGrace, flushes the attempt records (at most 2 s more)
 // and returns nil.
 func (n *Notifier) Run(ctx context.Context) error {
 	recCtx, stopRec := context.WithCancel(context.Background())

@@ -133,7 +133,7 @@ func startNotifier(t *testing.T, conn driver.Conn, db string, k *testenv.Kafka, 
 		Brokers: []string{k.Addr()}, Topic: k.Topic(), URL: url, Secret: secret,
 		Retry:          notify.Schedule{Base: 20 * time.Millisecond, Max: 200 * time.Millisecond, Attempts: 6},
 		AttemptTimeout: 2 * time.Second, SessionTimeout: 2 * time.Second, RecordEvery: 50 * time.Millisecond,
-		ShutdownGrace: time.Second, Conn: conn, Database: db, Registry: reg,
+		Conn: conn, Database: db, Registry: reg,
 		Logger: slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if mod != nil {
@@ -402,5 +402,18 @@ func TestHangingReceiverDoesNotSlowMetering(t *testing.T) {
 	got, _ := rcv.snapshot()
 	if len(got) != 2 || metric(t, nr.reg, "notifier_notifications_total", "dropped") != 48*5 {
 		t.Fatalf("hanging receiver holds %d requests, dropped %v; want 2 and 240", len(got), metric(t, nr.reg, "notifier_notifications_total", "dropped"))
+	}
+	// SIGTERM budget (CONTRACT: 10 s for the whole binary): the hanging
+	// deliveries are abandoned after ShutdownGrace and recorded as such.
+	t0 := time.Now()
+	nr.stop()
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Fatalf("notifier took %s to stop with hanging deliveries", d)
+	} else {
+		t.Logf("notifier stopped in %s with 2 hanging deliveries", d)
+	}
+	var abandoned uint64
+	if err := conn.QueryRow(context.Background(), "SELECT count() FROM "+db+".webhook_deliveries WHERE outcome = 'abandoned'").Scan(&abandoned); err != nil || abandoned != 2 {
+		t.Fatalf("abandoned attempts recorded: %d %v, want 2", abandoned, err)
 	}
 }

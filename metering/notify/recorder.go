@@ -51,7 +51,7 @@ func (r *recorder) record(a Attempt) {
 	}
 }
 
-// run flushes until ctx ends, then flushes what is left (bounded by 3 s).
+// run flushes until ctx ends, then flushes what is left (bounded by 2 s).
 func (r *recorder) run(ctx context.Context) {
 	t := time.NewTicker(r.every)
 	defer t.Stop()
@@ -93,7 +93,7 @@ func (r *recorder) run(ctx context.Context) {
 				}
 				break
 			}
-			fctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			flush(fctx)
 			cancel()
 			return
