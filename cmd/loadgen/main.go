@@ -26,14 +26,15 @@ import (
 )
 
 type options struct {
-	urls       []string
-	redisAddr  string // in-process mode
-	redisStats string // Redis to read INFO commandstats from (defaults to redisAddr)
-	instances  int
-	lease      bool
-	leaseBlock int64
-	leaseHot   float64
-	pipeline   bool
+	urls         []string
+	redisAddr    string // in-process mode
+	redisStats   string // Redis to read INFO commandstats from (defaults to redisAddr)
+	instances    int
+	lease        bool
+	leaseBlock   int64
+	leaseHot     float64
+	leaseTimeout time.Duration
+	pipeline     bool
 
 	duration time.Duration
 	rate     float64 // decisions per second in total; 0 = flat out
@@ -64,6 +65,7 @@ func main() {
 	flag.BoolVar(&o.lease, "lease", false, "in-process mode: token leasing for hot keys")
 	flag.Int64Var(&o.leaseBlock, "lease-block", 100, "in-process mode: tokens per lease")
 	flag.Float64Var(&o.leaseHot, "lease-hot", 0, "in-process mode: decisions per second per instance that make a key hot (0 = the lease package's default)")
+	flag.DurationVar(&o.leaseTimeout, "lease-timeout", 100*time.Millisecond, "in-process mode: deadline of a lease call (a failed lease passes the key through for a second)")
 	flag.BoolVar(&o.pipeline, "pipeline", false, "in-process mode: auto-pipelined shared tier")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "how long to drive load")
 	flag.Float64Var(&o.rate, "rate", 0, "decisions per second in total (0 = flat out)")

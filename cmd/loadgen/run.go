@@ -173,7 +173,7 @@ func newInprocTarget(ctx context.Context, o *options) (*inprocTarget, error) {
 			auth = p
 		}
 		if o.lease {
-			la := lease.New(auth, store, lease.Config{Block: o.leaseBlock, MaxBlockFraction: 1, HotOpsPerSec: o.leaseHot})
+			la := lease.New(auth, store, lease.Config{Block: o.leaseBlock, MaxBlockFraction: 1, HotOpsPerSec: o.leaseHot, Timeout: o.leaseTimeout})
 			t.leases = append(t.leases, la)
 			auth = la
 		}
@@ -207,6 +207,7 @@ func (t *inprocTarget) close(ctx context.Context) *lease.Stats {
 		st.Leases += s.Leases
 		st.Returns += s.Returns
 		st.Direct += s.Direct
+		st.Failures += s.Failures
 	}
 	for _, l := range t.lims {
 		_ = l.Close(ctx)
