@@ -222,7 +222,7 @@ fi
 {
   echo "### Several limiter instances on one Redis, with and without token leasing (in-process, no HTTP)"
   echo
-  echo 'Command: `loadgen -redis <redis> -instances 4 [-lease -lease-hot 100] -dist D -duration '"${LG_SECONDS}"'s -conns 32 -limit-rate 1000000 -limit-burst 1000000`:'
+  echo 'Command: `loadgen -redis <redis> -instances 4 [-lease -lease-hot 100] -dist D -duration '"${LG_SECONDS}"'s -conns 32 -limit-rate 1000000000 -limit-burst 1000000000`:'
   echo 'four enforcement.Limiter instances in one process, each with its own go-redis pool (and its own leases), the allowed path.'
   echo '"one" sends every decision to a single key (the hot key under its limit): the round trips per decision that leasing saves.'
   echo
@@ -233,7 +233,7 @@ for dist in uniform zipf hot40 one; do
   for lease in "" "-lease -lease-hot 100"; do
     tag=$([ -n "$lease" ] && echo yes || echo no)
     "$OUT/bin/loadgen" -redis "127.0.0.1:$RPORT" -instances 4 $lease -dist "$dist" -duration "${LG_SECONDS}s" -conns 32 \
-      -limit-rate 1000000 -limit-burst 1000000 -key-prefix "ip-$dist-$tag-" -json "$OUT/inproc-$dist-$tag.json" >"$OUT/inproc-$dist-$tag.txt"
+      -limit-rate 1000000000 -limit-burst 1000000000 -key-prefix "ip-$dist-$tag-" -json "$OUT/inproc-$dist-$tag.json" >"$OUT/inproc-$dist-$tag.txt"
     row "$OUT/inproc-$dist-$tag.txt" "| $dist | $tag | %rps | %p50 | %p99 | %scripts_per_s | %trips |" >>"$S"
   done
 done
