@@ -129,6 +129,11 @@ func newInstances(t *testing.T, r *testenv.Redis, n int, prefix string, lim enfo
 		var auth enforcement.Authority = store
 		in := &instance{rdb: c}
 		if withLease {
+			if cfg.Timeout == 0 {
+				// A loaded CI machine can stall a call past the 5ms default;
+				// these tests measure counts, not the failure path.
+				cfg.Timeout = time.Second
+			}
 			in.lease = lease.New(store, store, cfg)
 			auth = in.lease
 			t.Cleanup(func() { _ = in.lease.Close(context.Background()) })
