@@ -83,6 +83,15 @@ type Limit struct {
 	Split int
 }
 
+// capacity is the largest cost a request can ever be allowed: the burst, or
+// one sub-bucket's when the key is split.
+func (l Limit) capacity() int64 {
+	if l.Split > 1 {
+		return max(1, l.Burst/int64(l.Split))
+	}
+	return l.Burst
+}
+
 // HasQuota reports whether the limit carries a calendar quota.
 func (l Limit) HasQuota() bool { return l.QuotaLimit > 0 && l.QuotaPeriod != PeriodNone }
 

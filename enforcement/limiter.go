@@ -221,9 +221,9 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 	if req.HasCost {
 		cost = req.Cost
 	}
-	if cost > res.Burst {
+	if capacity := res.capacity(); cost > capacity {
 		e.mu.Unlock()
-		return Decision{}, fmt.Errorf("%w: cost %d, capacity %d", ErrCostExceedsLimit, cost, res.Burst)
+		return Decision{}, fmt.Errorf("%w: cost %d, capacity %d", ErrCostExceedsLimit, cost, capacity)
 	}
 	e.lastUse = nowUS
 	d := Decision{Limit: res.Burst, Policy: res.Policy, Tier: res.Tier, Cost: cost, DryRun: res.DryRun}
@@ -254,7 +254,8 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 			l.cfg.Observer.ClockBack()
 		}
 		e.mu.Lock()
-		e.learn(l.now(), res.Limit, cost, &v)
+		wall := l.cfg.Now()
+		e.learn(l.micros(wall), wall, res.Limit, cost, &v)
 		e.mu.Unlock()
 		d.Source = SourceShared
 		d.WouldAllow = v.Allowed
@@ -322,13 +323,18 @@ func (e *entry) localWait(now, cost int64, localRate float64) int64 {
 // reports when the bucket will be full again, so the tokens left are
 // burst − reset × rate (rounded down by the store's millisecond: never more
 // than are there).
-func (e *entry) learn(now int64, lim Limit, cost int64, v *Verdict) {
+func (e *entry) learn(now int64, wall time.Time, lim Limit, cost int64, v *Verdict) {
+	if lim.Split > 1 {
+		// The verdict is one sub-bucket's; the others may well have room.
+		return
+	}
 	k := &e.known
 	tokens := float64(lim.Burst) - v.ResetAfter.Seconds()*lim.Rate
 	k.shadow = Bucket{Tokens: max(0, tokens), TS: now}
 	if lim.HasQuota() {
+		// The window is the store's; its end is placed on this clock.
 		_, end := lim.QuotaPeriod.Window(v.Now)
-		k.quotaUsed, k.quotaEnd = v.QuotaUsed, now+end.Sub(v.Now).Microseconds()
+		k.quotaUsed, k.quotaEnd = v.QuotaUsed, now+end.Sub(wall).Microseconds()
 	}
 	if v.Allowed {
 		k.notBefore = 0

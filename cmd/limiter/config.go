@@ -31,6 +31,9 @@ type config struct {
 	MaxKeys         int
 	ShutdownGrace   time.Duration
 	EmitBuffer      int
+	LeaseBlock      int           // 0 = token leasing off
+	LeaseHotOps     float64       // decisions per second that make a key hot
+	LeaseMaxHold    time.Duration // leased tokens unused this long go back
 }
 
 // loadConfig reads the environment; every problem is reported at once, each
@@ -58,6 +61,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		MaxKeys:           e.int("LIMITER_MAX_KEYS", 1_000_000, 1000, 1<<30),
 		ShutdownGrace:     e.duration("LIMITER_SHUTDOWN_GRACE", 8*time.Second),
 		EmitBuffer:        e.int("LIMITER_EMIT_BUFFER", 65536, 16, 1<<24),
+		LeaseBlock:        e.int("LIMITER_LEASE_BLOCK", 0, 0, 1_000_000),
+		LeaseHotOps:       e.float("LIMITER_LEASE_HOT_OPS", 500),
+		LeaseMaxHold:      e.duration("LIMITER_LEASE_MAX_HOLD", time.Second),
 	}
 	if c.LocalHeadroom < 1 {
 		e.fail("LIMITER_LOCAL_HEADROOM", "must be ≥ 1")

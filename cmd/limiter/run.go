@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -20,10 +23,14 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/guard"
+	"github.com/ratewarden/ratewarden/enforcement/hotkeys"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
+	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
 	"github.com/ratewarden/ratewarden/enforcement/policy"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/enforcement/shardguard"
+	"github.com/ratewarden/ratewarden/enforcement/split"
 )
 
 // run builds the limiter from cfg, serves until ctx ends, then shuts down
@@ -38,11 +45,12 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 
-	authority, store, closeStore, err := buildAuthority(ctx, cfg, metrics, log)
+	auth, err := buildAuthority(ctx, cfg, metrics, log)
 	if err != nil {
 		return err
 	}
-	defer closeStore()
+	hot := hotkeys.New(hotkeys.Config{Owner: auth.info.owner})
+	reg.MustRegister(hotkeys.NewCollector(hot))
 
 	rec, closeRecorder, err := buildRecorder(cfg, reg, log)
 	if err != nil {
@@ -50,13 +58,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 
 	lim, err := enforcement.New(enforcement.Config{
-		Authority:         authority,
+		Authority:         auth,
 		Policy:            pol,
 		ExpectedInstances: cfg.ExpectedInstances,
 		LocalHeadroom:     cfg.LocalHeadroom,
 		DegradedCeiling:   enforcement.Limit{Rate: cfg.DegradedRate, Burst: cfg.DegradedBurst},
 		MaxKeys:           cfg.MaxKeys,
-		Observer:          metrics,
+		Observer:          hotkeys.Observer{Tracker: hot, Next: metrics},
 		Recorder:          rec,
 	})
 	if err != nil {
@@ -83,8 +91,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, readiness(store, reloader.current()))
+		writeJSON(w, http.StatusOK, readiness(auth.info, reloader.current()))
 	})
+	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot)))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 
 	srv := &http.Server{
@@ -99,7 +108,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen on LIMITER_ADDR %s: %w", cfg.Addr, err)
 	}
-	log.Info("limiter listening", "addr", ln.Addr().String(), "store", store.kind,
+	log.Info("limiter listening", "addr", ln.Addr().String(), "store", auth.info.kind,
 		"expected_instances", cfg.ExpectedInstances, "policy", cfg.PolicyFile, "instance", cfg.InstanceID)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
@@ -117,22 +126,44 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	err = srv.Shutdown(shutCtx)
 	stopReload()
 	<-reloadDone
-	err = errors.Join(err, lim.Close(shutCtx), closeRecorder(shutCtx))
+	err = errors.Join(err, lim.Close(shutCtx), auth.close(shutCtx), closeRecorder(shutCtx))
 	return err
 }
 
 // storeInfo describes the authority for /readyz.
 type storeInfo struct {
-	kind  string // memory | redis | redis-cluster
-	guard *guard.Authority
+	kind   string                        // memory | redis | redis-cluster
+	states func() map[string]guard.State // breaker state per shard; nil in memory mode
+	owner  func(slot uint16) string      // the shard of a hash slot (hot-key visibility); nil = one server
 }
 
-func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (enforcement.Authority, storeInfo, func(), error) {
+// authority is the shared tier as built from the configuration, with what
+// must be closed at shutdown, in order.
+type authority struct {
+	enforcement.Authority
+	info    storeInfo
+	closers []func(context.Context) error
+}
+
+func (a *authority) close(ctx context.Context) error {
+	var errs []error
+	for _, c := range a.closers {
+		errs = append(errs, c(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// buildAuthority assembles the shared tier. With Redis the chain, from the
+// limiter outwards, is: lease (hot keys spend leased blocks in-process) →
+// split (split keys spread over sub-buckets) → a deadline and circuit
+// breaker per shard → auto-pipelined EVALSHA of the bucket script.
+func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*authority, error) {
 	if len(cfg.RedisAddrs) == 0 {
 		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")
 		mem := enforcement.NewMemoryAuthority(nil, cfg.MaxKeys)
-		stop := make(chan struct{})
+		stop, done := make(chan struct{}), make(chan struct{})
 		go func() {
+			defer close(done)
 			t := time.NewTicker(10 * time.Second)
 			defer t.Stop()
 			for {
@@ -144,10 +175,13 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 				}
 			}
 		}()
-		return mem, storeInfo{kind: "memory"}, func() { close(stop) }, nil
+		a := &authority{Authority: split.New(mem, nil), info: storeInfo{kind: "memory"}}
+		a.closers = append(a.closers, func(context.Context) error { close(stop); <-done; return nil })
+		return a, nil
 	}
+
+	a := &authority{info: storeInfo{kind: "redis"}}
 	var rdb redis.UniversalClient
-	info := storeInfo{kind: "redis"}
 	if len(cfg.RedisAddrs) == 1 {
 		rdb = redis.NewClient(&redis.Options{
 			Addr: cfg.RedisAddrs[0], Password: cfg.RedisPassword,
@@ -156,7 +190,7 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 			PoolSize: 64, MinIdleConns: 8,
 		})
 	} else {
-		info.kind = "redis-cluster"
+		a.info.kind = "redis-cluster"
 		rdb = redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: cfg.RedisAddrs, Password: cfg.RedisPassword,
 			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
@@ -164,20 +198,57 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 			PoolSize: 64, MinIdleConns: 8,
 		})
 	}
-	store := redisstore.New(rdb, cfg.RedisKeyPrefix)
+	// A pipeline never outlives a decision's deadline: a worker stuck on a
+	// dead Cluster master must not hold up the decisions of live ones.
+	pipelined := redisstore.NewPipelined(rdb, cfg.RedisKeyPrefix, redisstore.PipelineConfig{Timeout: cfg.StoreTimeout})
+	store := pipelined.Store()
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := store.Preload(pctx); err != nil {
 		// Not fatal: the limiter serves degraded and recovers when Redis does.
 		log.Warn("could not load the bucket script at start; serving degraded until Redis answers", "err", err)
 	}
-	g := guard.New(store, guard.Settings{
+
+	settings := guard.Settings{
 		Timeout:             cfg.StoreTimeout,
 		ConsecutiveFailures: uint32(cfg.BreakerFailures),
 		OpenFor:             cfg.BreakerOpenFor,
-	}, metrics, log)
-	info.guard = g
-	return g, info, func() { _ = rdb.Close() }, nil
+	}
+	var guarded enforcement.Authority
+	if a.info.kind == "redis-cluster" {
+		// One breaker per master: losing one degrades only its slots.
+		slots, err := redisstore.NewSlotMap(pctx, rdb)
+		if err != nil {
+			log.Warn("could not read the cluster's slots at start; retrying in the background", "err", err)
+		}
+		slotCtx, stopSlots := context.WithCancel(context.Background())
+		slotsDone := make(chan struct{})
+		go func() {
+			defer close(slotsDone)
+			slots.Run(slotCtx, 10*time.Second, func(err error) { log.Warn("refresh cluster slots", "err", err) })
+		}()
+		a.closers = append(a.closers, func(context.Context) error { stopSlots(); <-slotsDone; return nil })
+		sg := shardguard.New(pipelined, slots.Owner, nil, settings, metrics, log)
+		guarded, a.info.states, a.info.owner = sg, sg.States, slots.Owner
+	} else {
+		g := guard.New(pipelined, settings, metrics, log)
+		guarded = g
+		a.info.states = func() map[string]guard.State { return map[string]guard.State{"store": g.State()} }
+	}
+	a.Authority = split.New(guarded, nil)
+	if cfg.LeaseBlock > 0 {
+		la := lease.New(a.Authority, store, lease.Config{
+			Block:        int64(cfg.LeaseBlock),
+			HotOpsPerSec: cfg.LeaseHotOps,
+			MaxHold:      cfg.LeaseMaxHold,
+			Timeout:      cfg.StoreTimeout,
+			Log:          log,
+		})
+		a.Authority = la
+		a.closers = append(a.closers, la.Close) // returns held tokens while Redis is still open
+	}
+	a.closers = append(a.closers, pipelined.Close, func(context.Context) error { return rdb.Close() })
+	return a, nil
 }
 
 type readyBody struct {
@@ -199,15 +270,27 @@ type policyInfo struct {
 // outage into a platform outage. The body says which.
 func readiness(s storeInfo, p policyInfo) readyBody {
 	b := readyBody{Status: "ok", Store: s.kind, Policy: p}
-	if s.guard != nil {
-		switch s.guard.State() {
+	if s.states == nil {
+		return b
+	}
+	b.Breaker = "closed"
+	var down []string
+	for shard, st := range s.states() {
+		switch st {
 		case guard.Open:
-			b.Status, b.Breaker, b.Reason = "degraded", "open", "shared store unavailable: deciding with tightened local limits"
+			b.Breaker = "open"
+			down = append(down, shard)
 		case guard.HalfOpen:
-			b.Status, b.Breaker, b.Reason = "degraded", "half-open", "probing the shared store"
-		default:
-			b.Breaker = "closed"
+			if b.Breaker != "open" {
+				b.Breaker = "half-open"
+			}
+			down = append(down, shard)
 		}
+	}
+	if len(down) > 0 {
+		sort.Strings(down)
+		b.Status = "degraded"
+		b.Reason = "shared store unavailable (" + strings.Join(down, ", ") + "): deciding with tightened local limits"
 	}
 	return b
 }
@@ -216,4 +299,18 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// adminOnly requires the bearer token when one is configured.
+func adminOnly(token string, next http.Handler) http.Handler {
+	if token == "" {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+token)) != 1 {
+			writeJSON(w, http.StatusUnauthorized, map[string]any{"error": map[string]string{"code": "unauthorized", "message": "a valid bearer token is required"}})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }

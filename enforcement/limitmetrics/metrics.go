@@ -24,7 +24,7 @@ type Metrics struct {
 	storeErrors     prometheus.Counter
 	unavailable     prometheus.Counter
 	clockBack       prometheus.Counter
-	breaker         prometheus.Gauge
+	breaker         *prometheus.GaugeVec
 	anonymous       *prometheus.CounterVec
 	fixed           [2][4]prometheus.Counter // [allowed][source]
 	anon            [2]prometheus.Counter    // [allowed]
@@ -71,10 +71,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "limiter_negative_elapsed_total",
 			Help: "Bucket updates that saw the clock step backwards (elapsed clamped to 0; no tokens removed).",
 		}),
-		breaker: prometheus.NewGauge(prometheus.GaugeOpts{
+		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "limiter_breaker_state",
-			Help: "Shared store circuit breaker: 0 closed, 1 half-open, 2 open.",
-		}),
+			Help: "Shared store circuit breaker per shard (\"store\" for a standalone Redis, the master's address in a Cluster): 0 closed, 1 half-open, 2 open.",
+		}, []string{"shard"}),
 		anonymous: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_anonymous_decisions_total",
 			Help: "Decisions for address-keyed (ip:) traffic by result: a rejection ratio near 0% or 100% means the proxy headers are misconfigured.",
@@ -142,5 +142,18 @@ func (m *Metrics) StoreCall(took time.Duration, err error) {
 	}
 }
 
-// BreakerState implements guard.Observer.
-func (m *Metrics) BreakerState(s guard.State) { m.breaker.Set(float64(s)) }
+// BreakerState implements guard.Observer for a standalone store.
+func (m *Metrics) BreakerState(s guard.State) { m.breaker.WithLabelValues("store").Set(float64(s)) }
+
+// ForShard returns the observer of one Cluster shard's guard
+// (shardguard uses it when present).
+func (m *Metrics) ForShard(shard string) guard.Observer { return shardObserver{m, shard} }
+
+type shardObserver struct {
+	*Metrics
+	shard string
+}
+
+func (o shardObserver) BreakerState(s guard.State) {
+	o.breaker.WithLabelValues(o.shard).Set(float64(s))
+}

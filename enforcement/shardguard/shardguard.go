@@ -58,7 +58,11 @@ func (a *Authority) guardOf(shard string) *guard.Authority {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if g = a.guards[shard]; g == nil {
-		g = guard.New(a.next, a.settings, a.obs, a.log.With("shard", shard))
+		obs := a.obs
+		if per, ok := obs.(interface{ ForShard(string) guard.Observer }); ok {
+			obs = per.ForShard(shard) // a breaker state per shard, not one for all
+		}
+		g = guard.New(a.next, a.settings, obs, a.log.With("shard", shard))
 		a.guards[shard] = g
 	}
 	return g
