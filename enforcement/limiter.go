@@ -302,7 +302,8 @@ func (e *entry) localWait(now, cost int64, localRate float64) int64 {
 	if now < k.quotaEnd && k.quotaUsed+cost > e.res.QuotaLimit {
 		wait = max(wait, k.quotaEnd-now)
 	}
-	if k.shadow.TS != 0 {
+	// The store's own retry time for this very cost needs no second opinion.
+	if k.shadow.TS != 0 && !(wait > 0 && cost == k.blockedCost) {
 		probe := k.shadow
 		// The shadow is rounded to the store's millisecond; within that
 		// rounding, let the store decide.

@@ -40,6 +40,8 @@ func NewCheckHandler(c Checker, authToken string, log *slog.Logger) *CheckHandle
 	return h
 }
 
+var jsonContentType = []string{"application/json"}
+
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
 
 func (h *CheckHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -73,8 +75,9 @@ func (h *CheckHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	out := appendDecision((*bp)[:0], &d)
 	*bp = out[:0]
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+	// A shared, never-mutated value: no allocation per response. net/http
+	// sets Content-Length itself for a body this small.
+	w.Header()["Content-Type"] = jsonContentType
 	_, _ = w.Write(out)
 }
 
