@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/metering/chsink"
 	"github.com/ratewarden/ratewarden/metering/consumer"
+	"github.com/ratewarden/ratewarden/metering/notify"
 	"github.com/ratewarden/ratewarden/schema"
 )
 
@@ -110,10 +112,35 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 
 	components := []component{schemaComp, meterComp}
-	// The soft-limit notifier (consumer group "notifier") is started here
-	// when cfg.WebhookURL is set: append its component to the list.
+	// The soft-limit notifier: its own consumer group ("notifier"), so a slow
+	// webhook receiver never delays metering (metering/notify).
 	if cfg.WebhookURL != "" {
-		log.Warn("WEBHOOK_URL is set but the notifier is not wired into this build yet")
+		ncfg, _, err := notify.ConfigFromEnv(os.Getenv) // WEBHOOK_ENDPOINTS_FILE, WEBHOOK_COOLDOWN
+		if err != nil {
+			return err
+		}
+		ncfg.Brokers, ncfg.Topic, ncfg.GroupID = cfg.KafkaBrokers, cfg.KafkaTopic, "notifier"
+		ncfg.URL, ncfg.Secret, ncfg.SessionTimeout = cfg.WebhookURL, cfg.WebhookSecret, cfg.SessionTimeout
+		ncfg.Conn, ncfg.Database = conn, cfg.Database
+		ncfg.Logger, ncfg.Registry = log.With("component", "notifier"), reg
+		notifier, err := notify.New(ncfg)
+		if err != nil {
+			return err
+		}
+		components = append(components, component{
+			name: "notifier",
+			run: func(ctx context.Context) error {
+				for !schemaReady.Load() { // webhook_deliveries must exist
+					select {
+					case <-ctx.Done():
+						return nil
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+				return notifier.Run(ctx)
+			},
+			ready: notifier.Ready,
+		})
 	}
 
 	ln, err := net.Listen("tcp", cfg.MeterAddr)
