@@ -234,40 +234,16 @@ func (p *Pipelined) run(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 func (p *Pipelined) exec(ctx context.Context, batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	pipe := p.rdb.Pipeline()
 	for _, c := range batch {
-		bucketKey := p.store.BucketKey(c.key, c.scope)
-		quotaKey := bucketKey
-		var quotaEnd int64
-		if c.lim.HasQuota() {
-			start, end := c.lim.QuotaPeriod.Window(time.Now())
-			quotaKey = p.store.QuotaKey(c.key, c.lim.QuotaID, start)
-			quotaEnd = end.UnixMilli()
-		}
-		cmds = append(cmds, bucketScript.EvalSha(ctx, pipe, []string{bucketKey, quotaKey},
-			c.lim.Rate, c.lim.Burst, c.cost, c.lim.QuotaLimit, quotaEnd, c.lim.SoftLimitPercent))
+		keys, args := p.store.bucketCall(c.key, c.scope, c.lim, c.cost)
+		cmds = append(cmds, bucketScript.EvalSha(ctx, pipe, keys, args...))
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	return cmds
 }
 
 func (p *Pipelined) verdict(c *call, cmd *redis.Cmd) (enforcement.Verdict, error) {
-	bucketKey := p.store.BucketKey(c.key, c.scope)
 	res, err := cmd.Int64Slice()
-	if err != nil {
-		return enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q (pipelined): %w", bucketKey, err)
-	}
-	if len(res) != 8 {
-		return enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q (pipelined): %w: %d values", bucketKey, errBadReply, len(res))
-	}
-	return enforcement.Verdict{
-		Allowed:    res[0] == 1,
-		Remaining:  res[1],
-		RetryAfter: time.Duration(res[2]) * time.Millisecond,
-		ResetAfter: time.Duration(res[3]) * time.Millisecond,
-		Now:        time.UnixMilli(res[4]),
-		Warning:    res[5] == 1,
-		QuotaUsed:  res[6],
-		ClockBack:  res[7] == 1,
-	}, nil
+	return verdictOf(p.store.BucketKey(c.key, c.scope), res, err)
 }
 
 // BucketScriptSource is the Lua source of the bucket script, for tools that

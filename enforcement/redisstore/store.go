@@ -57,6 +57,13 @@ func (s *Store) QuotaKey(key, quotaID string, windowStart time.Time) string {
 // Take implements enforcement.Authority with one round trip (EVALSHA; the
 // script is loaded on NOSCRIPT and the call retried once).
 func (s *Store) Take(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64) (enforcement.Verdict, error) {
+	keys, args := s.bucketCall(key, scope, lim, cost)
+	res, err := bucketScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+	return verdictOf(keys[0], res, err)
+}
+
+// bucketCall is the KEYS and ARGV of one bucket decision.
+func (s *Store) bucketCall(key, scope string, lim enforcement.Limit, cost int64) (keys []string, args []any) {
 	bucketKey := s.BucketKey(key, scope)
 	quotaKey := bucketKey // unused by the script without a quota; same slot either way
 	var quotaEnd int64
@@ -68,8 +75,11 @@ func (s *Store) Take(ctx context.Context, key, scope string, lim enforcement.Lim
 		quotaKey = s.QuotaKey(key, lim.QuotaID, start)
 		quotaEnd = end.UnixMilli()
 	}
-	res, err := bucketScript.Run(ctx, s.rdb, []string{bucketKey, quotaKey},
-		lim.Rate, lim.Burst, cost, lim.QuotaLimit, quotaEnd, lim.SoftLimitPercent).Int64Slice()
+	return []string{bucketKey, quotaKey}, []any{lim.Rate, lim.Burst, cost, lim.QuotaLimit, quotaEnd, lim.SoftLimitPercent}
+}
+
+// verdictOf reads the script's reply, checking its shape.
+func verdictOf(bucketKey string, res []int64, err error) (enforcement.Verdict, error) {
 	if err != nil {
 		return enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q: %w", bucketKey, err)
 	}
