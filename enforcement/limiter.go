@@ -254,8 +254,10 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 			l.cfg.Observer.ClockBack()
 		}
 		e.mu.Lock()
-		wall := l.cfg.Now()
-		e.learn(l.micros(wall), wall, res.Limit, cost, &v)
+		if e.res.Limit == res.Limit { // not swapped for another limit meanwhile
+			wall := l.cfg.Now()
+			e.learn(l.micros(wall), wall, res.Limit, cost, &v)
+		}
 		e.mu.Unlock()
 		d.Source = SourceShared
 		d.WouldAllow = v.Allowed
@@ -283,7 +285,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 	d.WouldAllow = dr.Allowed
 	d.Remaining = wholeTokens(dr.Tokens)
 	d.Limit = tight.Burst
-	d.ResetAt = l.cfg.Now().Add(time.Duration(dr.ResetAfterUS) * time.Microsecond)
+	d.ResetAt = start.Add(time.Duration(dr.ResetAfterUS) * time.Microsecond)
 	if !dr.Allowed {
 		d.RetryAfter = time.Duration(ceilMS(dr.RetryAfterUS)) * time.Millisecond
 	}
