@@ -223,3 +223,25 @@ func (c *ClickHouse) Database(tb testing.TB) string {
 	})
 	return name
 }
+
+// MainWithClickHouse is a package's TestMain body when its tests share one
+// clickhouse-server: it starts the server (its data in a fresh temporary
+// directory), stores it in *ch, runs the tests, stops the server and
+// returns the exit code for os.Exit. A server that cannot start fails the
+// run; it is never skipped.
+func MainWithClickHouse(m *testing.M, ch **ClickHouse) int {
+	dir, err := os.MkdirTemp("", "testenv-ch-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	c, err := NewClickHouse(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start clickhouse-server:", err)
+		return 1
+	}
+	defer c.Close()
+	*ch = c
+	return m.Run()
+}

@@ -16,21 +16,7 @@ import (
 var ch *testenv.ClickHouse
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "chsink-ch-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	ch, err = testenv.NewClickHouse(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	ch.Close()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.MainWithClickHouse(m, &ch))
 }
 
 func records(from, n int, base time.Time) []chsink.Record {

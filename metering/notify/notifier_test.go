@@ -31,21 +31,7 @@ var ch *testenv.ClickHouse
 
 func TestMain(m *testing.M) {
 	gin.SetMode(gin.TestMode)
-	dir, err := os.MkdirTemp("", "notify-ch-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	ch, err = testenv.NewClickHouse(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	ch.Close()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.MainWithClickHouse(m, &ch))
 }
 
 const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -24,21 +24,7 @@ var sharedCH *testenv.ClickHouse
 
 func TestMain(m *testing.M) {
 	gin.SetMode(gin.TestMode)
-	dir, err := os.MkdirTemp("", "usage-ch-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	sharedCH, err = testenv.NewClickHouse(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start clickhouse-server:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	sharedCH.Close()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.MainWithClickHouse(m, &sharedCH))
 }
 
 const (
