@@ -47,14 +47,31 @@ type checkBody struct {
 // of the wrong type, missing or oversized fields and a cost that is not an
 // integer in [0, 1e9] are refused with a message that names the field.
 func DecodeCheck(body []byte) (enforcement.Request, *Error) {
-	var b checkBody
-	if err := json.Unmarshal(body, &b); err != nil {
+	b, ok := scanCheck(body) // the common, simple body without reflection
+	if !ok {
+		b = checkBody{}
+		if apiErr := decodeCheckJSON(body, &b); apiErr != nil {
+			return enforcement.Request{}, apiErr
+		}
+	}
+	return validateCheck(&b)
+}
+
+// decodeCheckJSON is the general decoder: any valid JSON, with encoding/json's
+// rules (case-insensitive names, the last of repeated fields, escapes).
+func decodeCheckJSON(body []byte, b *checkBody) *Error {
+	if err := json.Unmarshal(body, b); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) && typeErr.Field != "" {
-			return enforcement.Request{}, invalid("%s must be a %s", typeErr.Field, wantType(typeErr.Field))
+			return invalid("%s must be a %s", typeErr.Field, wantType(typeErr.Field))
 		}
-		return enforcement.Request{}, invalid("body is not a JSON object: %v", err)
+		return invalid("body is not a JSON object: %v", err)
 	}
+	return nil
+}
+
+// validateCheck applies the contract's bounds to a decoded body.
+func validateCheck(b *checkBody) (enforcement.Request, *Error) {
 	var req enforcement.Request
 	switch {
 	case b.Key == nil || *b.Key == "":

@@ -27,3 +27,31 @@ func FuzzDecodeCheck(f *testing.F) {
 		}
 	})
 }
+
+// FuzzScanAgreesWithJSON: whenever the fast scanner accepts a body, the
+// general decoder reads the same request (or refuses it the same way).
+func FuzzScanAgreesWithJSON(f *testing.F) {
+	for _, s := range []string{
+		`{"key":"k","scope":"s"}`, `{"key":"k","scope":"s","cost":10,"tier":"pro"}`,
+		` { "cost" : 0 , "key":"k" , "scope" : "s" } `, `{"key":"k","scope":"s","cost":-1}`,
+		`{"key":"k","scope":"s","cost":01}`, `{"key":null,"scope":"s"}`, `{}`, `{"key":"é","scope":"s"}`,
+		`{"key":"k","key":"j","scope":"s"}`, `{"KEY":"k","scope":"s"}`, `{"key":"k","scope":"s"}x`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fast, ok := scanCheck(body)
+		if !ok {
+			return
+		}
+		var slow checkBody
+		if apiErr := decodeCheckJSON(body, &slow); apiErr != nil {
+			t.Fatalf("scanner accepted %q, encoding/json refused it: %v", body, apiErr)
+		}
+		r1, e1 := validateCheck(&fast)
+		r2, e2 := validateCheck(&slow)
+		if r1 != r2 || (e1 == nil) != (e2 == nil) || (e1 != nil && *e1 != *e2) {
+			t.Fatalf("%q: scanner %+v %v, encoding/json %+v %v", body, r1, e1, r2, e2)
+		}
+	})
+}

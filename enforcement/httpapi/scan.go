@@ -1,0 +1,138 @@
+package httpapi
+
+import "unicode/utf8"
+
+// scanCheck decodes the body every well-behaved client sends — one flat
+// object whose members are among key, scope and tier (plain strings or
+// null) and cost (a plain integer or null), each at most once — without
+// reflection or allocations beyond the strings. Anything else (escapes,
+// other members, nesting, odd numbers, invalid UTF-8, syntax errors) returns
+// ok = false and takes the general decoder, so both always agree: the fuzz
+// test compares them.
+func scanCheck(body []byte) (b checkBody, ok bool) {
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return b, false
+	}
+	i = skipSpace(body, i+1)
+	if i < len(body) && body[i] == '}' {
+		return b, skipSpace(body, i+1) == len(body)
+	}
+	var seen [4]bool
+	for {
+		name, j, ok := scanPlainString(body, i)
+		if !ok {
+			return b, false
+		}
+		i = skipSpace(body, j)
+		if i >= len(body) || body[i] != ':' {
+			return b, false
+		}
+		i = skipSpace(body, i+1)
+		field := -1
+		switch string(name) { // no allocation: the compiler compares in place
+		case "key":
+			field = 0
+		case "scope":
+			field = 1
+		case "tier":
+			field = 2
+		case "cost":
+			field = 3
+		}
+		if field < 0 || seen[field] {
+			return b, false
+		}
+		seen[field] = true
+		if isNull(body, i) {
+			i += 4
+		} else if field == 3 {
+			j := scanPlainInt(body, i)
+			if j == i {
+				return b, false
+			}
+			b.Cost = body[i:j]
+			i = j
+		} else {
+			v, j, ok := scanPlainString(body, i)
+			if !ok {
+				return b, false
+			}
+			s := string(v)
+			switch field {
+			case 0:
+				b.Key = &s
+			case 1:
+				b.Scope = &s
+			case 2:
+				b.Tier = &s
+			}
+			i = j
+		}
+		i = skipSpace(body, i)
+		if i >= len(body) {
+			return b, false
+		}
+		switch body[i] {
+		case ',':
+			i = skipSpace(body, i+1)
+		case '}':
+			return b, skipSpace(body, i+1) == len(body)
+		default:
+			return b, false
+		}
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+func isNull(b []byte, i int) bool {
+	return len(b)-i >= 4 && string(b[i:i+4]) == "null"
+}
+
+// scanPlainString reads a JSON string at i that has no escapes and is valid
+// UTF-8; it returns its contents and the index after the closing quote.
+func scanPlainString(b []byte, i int) ([]byte, int, bool) {
+	if i >= len(b) || b[i] != '"' {
+		return nil, i, false
+	}
+	start := i + 1
+	for j := start; j < len(b); j++ {
+		switch c := b[j]; {
+		case c == '"':
+			v := b[start:j]
+			return v, j + 1, utf8.Valid(v)
+		case c == '\\' || c < 0x20:
+			return nil, i, false
+		}
+	}
+	return nil, i, false
+}
+
+// scanPlainInt reads -?(0|[1-9][0-9]*) at i, not followed by a fraction or
+// an exponent, and returns the index after it (i when there is none).
+func scanPlainInt(b []byte, i int) int {
+	j := i
+	if j < len(b) && b[j] == '-' {
+		j++
+	}
+	switch {
+	case j < len(b) && b[j] == '0':
+		j++
+	case j < len(b) && b[j] >= '1' && b[j] <= '9':
+		for j < len(b) && b[j] >= '0' && b[j] <= '9' {
+			j++
+		}
+	default:
+		return i
+	}
+	if j < len(b) && (b[j] == '.' || b[j] == 'e' || b[j] == 'E' || (b[j] >= '0' && b[j] <= '9')) {
+		return i
+	}
+	return j
+}
