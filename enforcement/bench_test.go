@@ -12,13 +12,8 @@ import (
 // BenchmarkLocalReject: a key whose bucket the local tier knows to be empty.
 // This is the path a flood takes; it must cost less than an acceptance.
 func BenchmarkLocalReject(b *testing.B) {
-	l, _ := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 1000), Policy: policyOf(0.001, 10)})
-	defer l.Close(context.Background())
+	l, r := flooded(b)
 	ctx := context.Background()
-	r := req("flood", 1)
-	for i := 0; i < 20; i++ {
-		l.Check(ctx, r)
-	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -30,13 +25,8 @@ func BenchmarkLocalReject(b *testing.B) {
 
 // BenchmarkLocalRejectParallel: the same flood from every core at once.
 func BenchmarkLocalRejectParallel(b *testing.B) {
-	l, _ := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 1000), Policy: policyOf(0.001, 10)})
-	defer l.Close(context.Background())
+	l, r := flooded(b)
 	ctx := context.Background()
-	r := req("flood", 1)
-	for i := 0; i < 20; i++ {
-		l.Check(ctx, r)
-	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -71,4 +61,18 @@ func BenchmarkBucketTake(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		bk.Take(now+int64(i), 1e6, 1e6, 1)
 	}
+}
+
+// flooded is a limiter whose one key has spent its burst, and that key's request.
+func flooded(b *testing.B) (*enforcement.Limiter, enforcement.Request) {
+	l, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 1000), Policy: policyOf(0.001, 10)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close(context.Background()) })
+	r := req("flood", 1)
+	for i := 0; i < 20; i++ {
+		l.Check(context.Background(), r)
+	}
+	return l, r
 }

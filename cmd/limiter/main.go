@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 )
 
@@ -21,7 +20,7 @@ func main() {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	cfg, err := loadConfig(os.Getenv)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "limiter: invalid configuration: "+strings.ReplaceAll(err.Error(), "\n", "; "))
+		fmt.Fprintln(os.Stderr, "limiter: invalid configuration: "+err.Error())
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

@@ -122,26 +122,6 @@ func faultEvents(n int) []metering.Event {
 	return out
 }
 
-func wantTotals(evs []metering.Event) map[testenv.UsageKey]testenv.UsageTotal {
-	out := map[testenv.UsageKey]testenv.UsageTotal{}
-	for _, e := range evs {
-		k := testenv.UsageKey{Key: e.Key, Scope: e.Scope}
-		t := out[k]
-		t.Requests++
-		if e.Allowed {
-			t.Allowed++
-			t.Cost += e.Cost
-		} else {
-			t.Rejected++
-		}
-		if e.Warning {
-			t.Warnings++
-		}
-		out[k] = t
-	}
-	return out
-}
-
 // TestExactTotalsUnderFaults streams a known set of events (plus producer
 // retries and a replayed range, i.e. the same event ids again at new
 // offsets) while two consumer processes are SIGKILLed and restarted at
@@ -248,7 +228,7 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 		t.FailNow()
 	}
 	conn := ch.Conn(t)
-	testenv.WaitUsageTotals(t, conn, db, wantTotals(evs), 120*time.Second)
+	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(evs), 120*time.Second)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

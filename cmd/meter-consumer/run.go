@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -58,8 +57,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	schemaComp := component{
 		name: "schema",
 		run: func(ctx context.Context) error {
-			applySchema(ctx, conn, cfg.Database, log)
-			schemaReady.Store(ctx.Err() == nil)
+			schemaReady.Store(schema.ApplyUntilDone(ctx, conn, cfg.Database, log))
 			<-ctx.Done()
 			return nil
 		},
@@ -180,32 +178,6 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	_ = srv.Shutdown(sctx)
 	log.Info("meter-consumer stopped")
 	return runErr
-}
-
-// applySchema applies the migrations, retrying while ClickHouse is
-// unreachable, until it succeeds or ctx ends.
-func applySchema(ctx context.Context, conn driver.Conn, db string, log *slog.Logger) {
-	backoff := 200 * time.Millisecond
-	for {
-		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := schema.Apply(actx, conn, db)
-		cancel()
-		if err == nil {
-			v, _ := schema.Version(ctx, conn, db)
-			log.Info("schema applied", "database", db, "version", v)
-			return
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		log.Warn("schema not applied yet; retrying", "database", db, "err", err, "backoff", backoff.String())
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
 }
 
 func healthMux(reg *prometheus.Registry, components []component) http.Handler {

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -54,7 +53,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	// still down.
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); applySchema(ctx, conn, cfg.Database, log) }()
+	go func() { defer wg.Done(); schema.ApplyUntilDone(ctx, conn, cfg.Database, log) }()
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -89,27 +88,4 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	log.Info("stopped")
 	return nil
-}
-
-func applySchema(ctx context.Context, conn driver.Conn, db string, log *slog.Logger) {
-	backoff := 200 * time.Millisecond
-	for {
-		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := schema.Apply(actx, conn, db)
-		cancel()
-		if err == nil {
-			log.Info("schema applied", "database", db)
-			return
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		log.Warn("schema not applied yet; retrying", "database", db, "err", err, "backoff", backoff.String())
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 2*time.Second)
-	}
 }

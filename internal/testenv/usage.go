@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/ratewarden/ratewarden/metering"
 )
 
 // UsageKey names one series of the rollup tables.
@@ -102,4 +104,26 @@ func usageDiff(got, want map[UsageKey]UsageTotal) (diff string, over bool) {
 		lines = append(lines[:10], fmt.Sprintf("... and %d more", len(lines)-10))
 	}
 	return strings.Join(lines, "; "), over
+}
+
+// TotalsOf is what the rollups must hold for events: per key and scope, the
+// requests, allowed, rejected, cost of the allowed and warnings.
+func TotalsOf(evs []metering.Event) map[UsageKey]UsageTotal {
+	out := map[UsageKey]UsageTotal{}
+	for _, e := range evs {
+		k := UsageKey{Key: e.Key, Scope: e.Scope}
+		t := out[k]
+		t.Requests++
+		if e.Allowed {
+			t.Allowed++
+			t.Cost += e.Cost
+		} else {
+			t.Rejected++
+		}
+		if e.Warning {
+			t.Warnings++
+		}
+		out[k] = t
+	}
+	return out
 }

@@ -44,26 +44,6 @@ func events(n int) []metering.Event {
 	return out
 }
 
-func want(evs []metering.Event) map[testenv.UsageKey]testenv.UsageTotal {
-	out := map[testenv.UsageKey]testenv.UsageTotal{}
-	for _, e := range evs {
-		k := testenv.UsageKey{Key: e.Key, Scope: e.Scope}
-		t := out[k]
-		t.Requests++
-		if e.Allowed {
-			t.Allowed++
-			t.Cost += e.Cost
-		} else {
-			t.Rejected++
-		}
-		if e.Warning {
-			t.Warnings++
-		}
-		out[k] = t
-	}
-	return out
-}
-
 func produce(t *testing.T, addr, topic string, evs []metering.Event) {
 	t.Helper()
 	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topic, Balancer: &kafka.Hash{}, BatchSize: 1000, BatchTimeout: time.Millisecond}
@@ -160,7 +140,7 @@ func TestConsumesIntoRollupsExactly(t *testing.T) {
 	}
 	w.Close()
 	produce(t, k.Addr(), k.Topic(), evs[4500:4501]) // a duplicate after the poison
-	testenv.WaitUsageTotals(t, conn, db, want(evs), 60*time.Second)
+	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(evs), 60*time.Second)
 
 	var raw uint64
 	if err := conn.QueryRow(context.Background(), "SELECT count() FROM "+db+".decisions_raw").Scan(&raw); err != nil {
@@ -180,7 +160,7 @@ func TestConsumesIntoRollupsExactly(t *testing.T) {
 	startConsumer(t, conn, db, k.Addr(), k.Topic(), 700)
 	produce(t, k.Addr(), k.Topic(), evs[:10]) // old duplicates, within the window
 	time.Sleep(time.Second)
-	testenv.WaitUsageTotals(t, conn, db, want(evs), 30*time.Second)
+	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(evs), 30*time.Second)
 }
 
 // waitCounter waits until the counter reaches want (messages may still be

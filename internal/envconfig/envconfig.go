@@ -1,0 +1,110 @@
+// Package envconfig reads a binary's configuration from environment
+// variables, gathering every problem so that a bad start reports them all at
+// once, each naming its variable, on one line.
+package envconfig
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Reader reads variables through get (os.Getenv, or a map in tests). A
+// variable that is unset or blank takes its default. Not safe for
+// concurrent use.
+type Reader struct {
+	get  func(string) string
+	errs []error
+}
+
+// New returns a Reader over get.
+func New(get func(string) string) *Reader { return &Reader{get: get} }
+
+// Fail records a problem with variable name.
+func (r *Reader) Fail(name, format string, args ...any) {
+	r.errs = append(r.errs, fmt.Errorf("%s: %s", name, fmt.Sprintf(format, args...)))
+}
+
+// Err is every problem recorded, on one line ("; " between them), or nil.
+func (r *Reader) Err() error {
+	if err := errors.Join(r.errs...); err != nil {
+		return errors.New(strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	return nil
+}
+
+// Raw is the variable's value, untrimmed ("" when unset).
+func (r *Reader) Raw(name string) string { return r.get(name) }
+
+// String is the trimmed value, or def.
+func (r *Reader) String(name, def string) string {
+	if v := strings.TrimSpace(r.get(name)); v != "" {
+		return v
+	}
+	return def
+}
+
+// List splits a comma-separated value, dropping blanks.
+func (r *Reader) List(name string) []string {
+	var out []string
+	for _, s := range strings.Split(r.get(name), ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Int is an integer in [lo, hi], or def.
+func (r *Reader) Int(name string, def, lo, hi int64) int64 {
+	v := strings.TrimSpace(r.get(name))
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < lo || n > hi {
+		r.Fail(name, "%q is not an integer in [%d, %d]", v, lo, hi)
+		return def
+	}
+	return n
+}
+
+// Float is a number ≥ 0, or def.
+func (r *Reader) Float(name string, def float64) float64 {
+	v := strings.TrimSpace(r.get(name))
+	if v == "" {
+		return def
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 0 {
+		r.Fail(name, "%q is not a number ≥ 0", v)
+		return def
+	}
+	return f
+}
+
+// Duration is a duration in [lo, hi] (time.ParseDuration syntax), or def.
+func (r *Reader) Duration(name string, def, lo, hi time.Duration) time.Duration {
+	v := strings.TrimSpace(r.get(name))
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < lo || d > hi {
+		r.Fail(name, "%q is not a duration in [%s, %s]", v, lo, hi)
+		return def
+	}
+	return d
+}
+
+// HostPort checks that v (read from name) is host:port with a valid port.
+func (r *Reader) HostPort(name, v string) {
+	if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+		r.Fail(name, "%q is not host:port", v)
+	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		r.Fail(name, "%q has a bad port", v)
+	}
+}
