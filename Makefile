@@ -3,7 +3,12 @@ GO      ?= go
 PKGS    ?= ./...
 BIN     := bin
 
-.PHONY: test vet build bench clean
+.PHONY: test vet build bench clean deps stress-test
+
+# Go from its standard place when the shell has not put it on PATH yet (a
+# fresh machine): the recipes and the tests, which build binaries with
+# `go build`, find it there. An earlier go on PATH still wins.
+export PATH := $(PATH):/usr/local/go/bin
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
@@ -14,8 +19,24 @@ vet:
 
 # Every test, against real redis-server / clickhouse-server processes and an
 # in-process Kafka-protocol broker that the harness starts on free loopback ports.
-test: vet
+# `deps` first, so that on a fresh Debian machine (as root) this is all it takes.
+test: deps vet
 	$(GO) test -race -count=1 -timeout 25m $(PKGS)
+
+# The Debian packages the tests need (scripts/deps.sh installs the missing
+# ones with apt-get), and the Go modules, fetched up front with a few retries:
+# a proxy hiccup on a fresh machine then fails here, named, instead of as a
+# build error in the middle of the test run.
+deps:
+	@scripts/deps.sh test
+	@for i in 1 2 3; do $(GO) mod download && exit 0; echo "go mod download failed (attempt $$i of 3)" >&2; sleep $$((i * 5)); done; exit 1
+
+# The fault and process tests, STRESS_RUNS times (default 5) while stress-ng
+# keeps every core busy; prints passed/runs per test and fails unless every
+# test passed every run (scripts/stress-test.sh; README, "Testing").
+stress-test:
+	@scripts/deps.sh stress
+	@scripts/stress-test.sh
 
 clean:
 	rm -rf $(BIN)

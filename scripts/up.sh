@@ -16,27 +16,11 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 # --- 1. tools -----------------------------------------------------------------
+# What the stack needs (redis-server, clickhouse-server/client, curl) is
+# installed with apt-get when missing; scripts/deps.sh is the one place that
+# knows the packages (make test uses it too).
 install_missing() {
-  local need=()
-  command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
-  command -v clickhouse-server >/dev/null 2>&1 || need+=(clickhouse-server)
-  command -v clickhouse-client >/dev/null 2>&1 || need+=(clickhouse-client)
-  command -v curl >/dev/null 2>&1 || need+=(curl ca-certificates)
-  [ ${#need[@]} -eq 0 ] && return 0
-  [ "$(id -u)" = 0 ] || die "missing packages: ${need[*]}. Run 'make up' as root, or: sudo apt-get install ${need[*]}"
-  command -v apt-get >/dev/null 2>&1 || die "missing: ${need[*]} and no apt-get here; install them with your package manager"
-  say "installing ${need[*]} (apt-get)"
-  # The packages' own system services would take ports 6379 and 9000: keep
-  # them from starting during the install (policy-rc.d, as in containers).
-  local policy=/usr/sbin/policy-rc.d added=""
-  if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && added=1
-  fi
-  local rc=0
-  { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; } || rc=$?
-  [ -n "$added" ] && rm -f "$policy"
-  [ $rc -eq 0 ] || die "apt-get install ${need[*]} failed (exit $rc)"
+  "$ROOT/scripts/deps.sh" stack || die "the packages make up needs are missing (see above)"
 }
 
 find_go() {
