@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/ratewarden/ratewarden/internal/redislog"
 )
 
 func main() {
@@ -18,6 +20,7 @@ func main() {
 		os.Exit(policyCommand(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	redislog.Use(log) // go-redis's own lines as JSON too, like every other log line
 	cfg, err := loadConfig(os.Getenv)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "limiter: invalid configuration: "+err.Error())

@@ -23,6 +23,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ratewarden/ratewarden/internal/redislog"
 )
 
 type options struct {
@@ -91,6 +93,7 @@ func main() {
 		o.redisStats = o.redisAddr
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	redislog.Use(log) // go-redis's own lines as JSON too, like every other log line
 	if err := o.validate(); err != nil {
 		log.Error("invalid flags", "err", err)
 		os.Exit(2)
