@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# make stress-test: the fault and process tests, STRESS_RUNS times, while
+# stress-ng keeps every core busy. The failure guarantees (degrade, recover,
+# exact totals) must hold on a loaded machine, every time: a test that passes
+# only on an idle machine depends on its speed, which no test may.
+#
+#   STRESS_RUNS=5      how many times each test runs
+#   STRESS_CPUS=nproc  stress-ng CPU workers (default: one per core)
+#   STRESS_RACE=1      with the race detector, as make test (0: without)
+#   STRESS_TESTS       "package regexp" lines, replacing the default set below
+#   STRESS_OUT         directory for the logs (default: a new one under $TMPDIR)
+#
+# Prints a table (test, passed/runs) and exits non-zero if any test failed
+# any run, or a package run failed without a test to blame (build error,
+# TestMain, timeout). stress-ng is always stopped: on exit, on Ctrl-C, and by
+# a watchdog if this script itself is killed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin"
+
+GO="${GO:-go}"
+RUNS="${STRESS_RUNS:-5}"
+CPUS="${STRESS_CPUS:-$(nproc)}"
+RACE="${STRESS_RACE:-1}"
+
+# The packages whose tests kill, pause, restart or cut off real servers
+# (redis-server, Cluster masters, clickhouse-server, the Kafka broker) or run
+# the binaries as processes. Whole packages where every test is such a test,
+# so that fault tests added later are stressed too; one test by name where
+# the package is mostly something else.
+DEFAULT_TESTS="
+./cmd/limiter .
+./cmd/meter-consumer .
+./cmd/usage-api .
+./enforcement/shardguard .
+./enforcement/lease .
+./internal/testenv .
+./metering/kafkaemit .
+./metering/usage ^TestClickHouseOutage\$
+./deploy/deploytest ^TestUpDown\$
+"
+TESTS="${STRESS_TESTS:-$DEFAULT_TESTS}"
+
+die() { printf 'stress-test: %s\n' "$*" >&2; exit 2; }
+
+case "$RUNS" in '' | *[!0-9]* | 0) die "STRESS_RUNS must be a positive integer, got '$RUNS'" ;; esac
+case "$CPUS" in '' | *[!0-9]* | 0) die "STRESS_CPUS must be a positive integer, got '$CPUS'" ;; esac
+command -v stress-ng >/dev/null 2>&1 || die "stress-ng is not installed (make stress-test installs it: scripts/deps.sh stress)"
+command -v "$GO" >/dev/null 2>&1 || die "go is not installed"
+
+pkgs=()
+regexps=()
+while read -r pkg re; do
+  [ -z "$pkg" ] && continue
+  pkgs+=("$pkg")
+  regexps+=("${re:-.}")
+done <<<"$TESTS"
+[ ${#pkgs[@]} -gt 0 ] || die "no tests selected (STRESS_TESTS is empty)"
+
+OUT="${STRESS_OUT:-$(mktemp -d "${TMPDIR:-/tmp}/ratewarden-stress.XXXXXX")}"
+mkdir -p "$OUT" || die "cannot create $OUT"
+race=()
+[ "$RACE" = 1 ] && race=(-race)
+
+# Compile every test binary before the load starts, so that the runs time
+# the tests and not the compiler (the binaries land in the build cache).
+echo "==> building the test binaries (${pkgs[*]})"
+if ! "$GO" test "${race[@]}" -c -o "$OUT/bin/" "${pkgs[@]}" >"$OUT/build.log" 2>&1; then
+  cat "$OUT/build.log" >&2
+  die "build failed"
+fi
+rm -rf "$OUT/bin"
+
+# --- stress-ng, always stopped ------------------------------------------------
+stress_pid=""
+watchdog_pid=""
+stop_stress() {
+  if [ -n "$watchdog_pid" ]; then
+    kill "$watchdog_pid" 2>/dev/null
+    wait "$watchdog_pid" 2>/dev/null
+    watchdog_pid=""
+  fi
+  if [ -n "$stress_pid" ]; then
+    # stress-ng leads its own process group (setsid): the group holds its
+    # workers, so they stop with it.
+    kill -TERM -- "-$stress_pid" 2>/dev/null
+    wait "$stress_pid" 2>/dev/null
+    stress_pid=""
+  fi
+}
+trap stop_stress EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# A cap on its life, in case both the trap and the watchdog are bypassed:
+# an hour per run is far beyond what a run takes.
+# setsid runs stress-ng in a new session without forking (a background job of
+# a script is not a group leader), so $! is stress-ng and its process group.
+setsid stress-ng --cpu "$CPUS" --timeout "$((RUNS * 3600))s" --quiet </dev/null >"$OUT/stress-ng.log" 2>&1 &
+stress_pid=$!
+# The watchdog stops stress-ng when this script ends without its trap
+# (SIGKILL): it polls the script's pid.
+(
+  trap - EXIT INT TERM
+  while kill -0 $$ 2>/dev/null; do sleep 2; done
+  kill -TERM -- "-$stress_pid" 2>/dev/null
+) </dev/null >/dev/null 2>&1 &
+watchdog_pid=$!
+sleep 1
+kill -0 "$stress_pid" 2>/dev/null || { cat "$OUT/stress-ng.log" >&2; die "stress-ng did not start"; }
+echo "==> stress-ng --cpu $CPUS running (pid $stress_pid); $RUNS run(s); logs in $OUT"
+
+# --- the runs -----------------------------------------------------------------
+declare -A passed failed skipped notrun
+order=()         # "pkg test" in the order first seen
+pkg_failures=()  # package runs that failed with no failing test to blame
+declare -A seen
+
+for ((run = 1; run <= RUNS; run++)); do
+  for i in "${!pkgs[@]}"; do
+    pkg="${pkgs[$i]}" re="${regexps[$i]}"
+    if ! kill -0 "$stress_pid" 2>/dev/null; then
+      die "stress-ng exited before run $run ($OUT/stress-ng.log): the results would not be under load"
+    fi
+    log="$OUT/run$run-$(printf '%s' "${pkg#./}" | tr '/' '_').log"
+    start=$SECONDS
+    "$GO" test "${race[@]}" -count=1 -v -timeout 30m -run "$re" "$pkg" >"$log" 2>&1
+    rc=$?
+    # Top-level results are the unindented "--- PASS/FAIL/SKIP: Name" lines;
+    # a test that started ("=== RUN   Name") and has none was cut off by a
+    # panic or the timeout, which is a failure.
+    declare -A result=()
+    while read -r kind name; do
+      case "$kind" in
+        RUN) [ -z "${result[$name]:-}" ] && result[$name]=cut ;;
+        PASS) result[$name]=pass ;;
+        FAIL) result[$name]=fail ;;
+        SKIP) result[$name]=skip ;;
+      esac
+    done < <(sed -n -E \
+      -e 's/^=== RUN +([^/ ]+)$/RUN \1/p' \
+      -e 's/^--- (PASS|FAIL|SKIP): ([^/ ]+) .*/\1 \2/p' "$log")
+    blamed=0 np=0 nf=0
+    for name in "${!result[@]}"; do
+      key="$pkg $name"
+      if [ -z "${seen[$key]:-}" ]; then
+        seen[$key]=1
+        order+=("$key")
+      fi
+      case "${result[$name]}" in
+        pass) passed[$key]=$((${passed[$key]:-0} + 1)); np=$((np + 1)) ;;
+        skip) skipped[$key]=$((${skipped[$key]:-0} + 1)) ;;
+        *) failed[$key]="${failed[$key]:-}${failed[$key]:+,}$run"; blamed=1; nf=$((nf + 1)) ;;
+      esac
+    done
+    unset result
+    if [ $rc -ne 0 ] && [ $blamed = 0 ]; then
+      pkg_failures+=("run $run: $pkg exited $rc with no failing test (build, TestMain or timeout): $log")
+    fi
+    printf '    run %d/%d %-26s %3d passed %3d failed  %4ds  %s\n' "$run" "$RUNS" "$pkg" "$np" "$nf" "$((SECONDS - start))" \
+      "$([ $rc -eq 0 ] && echo ok || echo "FAIL ($log)")"
+  done
+done
+stop_stress
+
+# --- the table ----------------------------------------------------------------
+# A test that did not run at all in some run (added or renamed meanwhile by
+# a concurrent change) is shown as such rather than as a failure.
+bad=0
+echo
+printf '%-72s %s\n' "test (stress-ng --cpu $CPUS, race=$RACE)" "passed/runs"
+mapfile -t order < <(printf '%s\n' "${order[@]}" | sort)
+for key in "${order[@]}"; do
+  p=${passed[$key]:-0} s=${skipped[$key]:-0} f="${failed[$key]:-}"
+  nf=0
+  [ -n "$f" ] && nf=$(($(tr -cd ',' <<<"$f" | wc -c) + 1))
+  absent=$((RUNS - p - s - nf))
+  note=""
+  [ -n "$f" ] && note="  failed in run ${f}" && bad=1
+  [ "$s" -gt 0 ] && note="$note  skipped $s"
+  [ "$absent" -gt 0 ] && note="$note  not run $absent"
+  printf '%-72s %d/%d%s\n' "${key#./}" "$p" "$RUNS" "$note"
+done
+for f in "${pkg_failures[@]}"; do
+  echo "package failure, $f"
+  bad=1
+done
+echo
+if [ $bad -ne 0 ]; then
+  echo "stress-test: FAILED (logs: $OUT)"
+  exit 1
+fi
+echo "stress-test: every test passed every run (logs: $OUT)"
