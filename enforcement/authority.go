@@ -24,6 +24,9 @@ type Verdict struct {
 	Warning    bool          // bucket or quota consumption reached the soft limit
 	QuotaUsed  int64         // tokens spent in the current quota window (0 without quota)
 	ClockBack  bool          // the authority's clock was behind the bucket's last update
+	// InProcess: decided in this process with no network work (spent from
+	// tokens leased earlier); the decision's source is local, not shared.
+	InProcess bool
 }
 
 // softLimitReached is the soft-limit comparison of the in-process authority;

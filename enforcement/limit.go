@@ -17,6 +17,7 @@ package enforcement
 
 import (
 	"errors"
+	"strings"
 	"time"
 )
 
@@ -73,6 +74,10 @@ type Limit struct {
 	// QuotaID names the allowance: limits of one key that share a QuotaID
 	// (the tier or rule that set the quota) spend one counter across scopes.
 	QuotaID string
+	// QuotaDenyUnknown: while the shared store cannot be asked, a key whose
+	// quota use in the current window was never reported to this instance
+	// gets nothing of the quota (rather than its share of the whole quota).
+	QuotaDenyUnknown bool
 
 	// SoftLimitPercent sets Decision.Warning when consumption (of the bucket,
 	// or of the quota) reaches this percentage; 0 = no soft limit.
@@ -114,12 +119,27 @@ type Request struct {
 	HasCost bool
 }
 
+// Keys of traffic with no identity. The seed's check that forwarded headers
+// are trusted correctly watches the rejection ratio of exactly these.
+const (
+	// AddressKeyPrefix starts the key of traffic limited by client address.
+	AddressKeyPrefix = "ip:"
+	// AnonymousKey is the key of traffic with neither identity nor address.
+	AnonymousKey = "anonymous"
+)
+
+// IsAnonymous reports whether key is anonymous traffic: keyed by client
+// address, or by nothing at all.
+func IsAnonymous(key string) bool {
+	return key == AnonymousKey || strings.HasPrefix(key, AddressKeyPrefix)
+}
+
 // Source says which tier made a decision.
 type Source uint8
 
 // Decision sources, as reported in the "source" field.
 const (
-	SourceLocal    Source = iota + 1 // the in-process tier rejected, no network work
+	SourceLocal    Source = iota + 1 // decided in process with no network work (the local tier, or leased tokens)
 	SourceShared                     // the shared authority decided
 	SourceDegraded                   // the authority could not be asked; the tightened local limit decided
 )

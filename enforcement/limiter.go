@@ -27,9 +27,15 @@ import (
 //     that arrives before the first verdict, or many instances at once). It
 //     is sized loosely, the resolved rate × LocalHeadroom ÷ ExpectedInstances
 //     with the full burst, so well-behaved traffic never trips it.
-//   - degraded: the tightened limit (rate and burst ÷ ExpectedInstances, or
+//   - degraded: the tightened limit (rate and burst ÷ the instance count, or
 //     the safety ceiling if lower) that decides while the authority cannot
-//     be asked.
+//     be asked, and the quota share it may spend meanwhile: the last
+//     remaining the store reported ÷ the instance count, less what this
+//     instance already spent unrecorded in the window.
+//
+// The instance count starts at ExpectedInstances and follows the fleet's
+// live count (SetInstances) while the store can report it, so a fleet that
+// scaled out does not multiply the degraded limit by its size.
 //
 // The entry lock is never held across the authority call.
 
@@ -64,7 +70,8 @@ type Config struct {
 	Authority Authority
 	// Policy is the initial policy. Required.
 	Policy Policy
-	// ExpectedInstances is how many replicas share the load (default 1).
+	// ExpectedInstances is how many replicas share the load until the
+	// fleet's live count is known (SetInstances); default 1.
 	ExpectedInstances int
 	// LocalHeadroom scales the local tier's rate above each instance's fair
 	// share (default 2: an instance may see twice its share before the
@@ -95,11 +102,16 @@ type Limiter struct {
 	storeEpoch atomic.Uint64
 	policy     atomic.Pointer[policyBox]
 	entries    *table[entry]
+	quotas     *table[quotaEntry]
 	epoch      time.Time
-	instN      float64
-	stop       chan struct{}
-	stopOnce   sync.Once
-	done       chan struct{}
+	instances  atomic.Int64 // replicas sharing the load: ExpectedInstances, then the live count
+	// lastStoreOK and lastStoreFail are when (µs on the limiter's clock) the
+	// store last answered and last failed: readiness reports a store whose
+	// latest call failed even before the breaker has seen enough to open.
+	lastStoreOK, lastStoreFail atomic.Int64
+	stop                       chan struct{}
+	stopOnce                   sync.Once
+	done                       chan struct{}
 }
 
 type policyBox struct{ p Policy }
@@ -114,6 +126,35 @@ type entry struct {
 	local    Bucket
 	degraded Bucket
 	lastUse  int64 // µs on the limiter's clock
+}
+
+// quotaEntry is one key's quota allowance (key, QuotaID) as the degraded
+// path needs it. Limits of one key that share a QuotaID share it, as they
+// share one counter in the store. It outlives store epochs: the last count
+// the store reported is exactly what an outage must start from.
+type quotaEntry struct {
+	mu    sync.Mutex
+	limit int64 // the QuotaLimit the state below was learned under
+	seen  quotaSeen
+	dq    degradedQuota
+}
+
+// quotaSeen is the store's last word on a key's quota window.
+type quotaSeen struct {
+	used int64 // tokens spent in the window
+	end  int64 // unix seconds when the window ends; 0 = nothing known
+}
+
+// degradedQuota is what this instance may spend of a quota while the store
+// cannot be asked. Spending while degraded is never recorded in the store,
+// so it is remembered for the whole window: a second outage in the same
+// window starts from the store's newer count less what this instance
+// already spent unrecorded.
+type degradedQuota struct {
+	end        int64 // unix seconds when the window ends; 0 = no window yet
+	share      int64 // this instance's share of the remaining quota, fixed at the outage's first decision
+	unrecorded int64 // tokens spent while degraded in this window
+	stale      bool  // share must be recomputed (the store answered since)
 }
 
 // learned is what an entry knows of the shared state from its verdicts.
@@ -155,12 +196,13 @@ func New(cfg Config) (*Limiter, error) {
 	l := &Limiter{
 		cfg:     cfg,
 		entries: newTable[entry](cfg.MaxKeys),
+		quotas:  newTable[quotaEntry](cfg.MaxKeys),
 		epoch:   cfg.Now(),
-		instN:   float64(cfg.ExpectedInstances),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
 	l.policy.Store(&policyBox{cfg.Policy})
+	l.instances.Store(int64(cfg.ExpectedInstances))
 	go l.sweepLoop()
 	return l, nil
 }
@@ -168,6 +210,25 @@ func New(cfg Config) (*Limiter, error) {
 // SetPolicy swaps the policy. Decisions in flight finish under the policy
 // they started with; the next decision of each key re-resolves its limit.
 func (l *Limiter) SetPolicy(p Policy) { l.policy.Store(&policyBox{p}) }
+
+// SetInstances sets how many replicas share the load (the fleet's live
+// count); values below 1 are ignored. The local tier, the tightened limit
+// and the degraded quota share divide by it from the next decision on.
+func (l *Limiter) SetInstances(n int) {
+	if n >= 1 {
+		l.instances.Store(int64(n))
+	}
+}
+
+// Instances is the replica count the limiter divides by.
+func (l *Limiter) Instances() int { return int(l.instances.Load()) }
+
+func (l *Limiter) instN() float64 { return float64(l.instances.Load()) }
+
+// StoreFailing reports whether the shared store's latest call failed (no
+// answer since): decisions are degraded even if too few calls failed for
+// the breaker to open.
+func (l *Limiter) StoreFailing() bool { return l.lastStoreFail.Load() > l.lastStoreOK.Load() }
 
 // Policy returns the policy in force.
 func (l *Limiter) Policy() Policy { return l.policy.Load().p }
@@ -193,8 +254,11 @@ func (l *Limiter) micros(t time.Time) int64 {
 
 // Check decides whether req may proceed. The error is non-nil only for a
 // request that can never be decided (ErrInvalidRequest, ErrUnknownTier,
-// ErrCostExceedsLimit); an unreachable authority is handled by the failure
-// policy and never surfaces as an error.
+// ErrCostExceedsLimit), or when ctx ended before the shared store answered
+// (the error wraps ctx.Err(): the caller went away, which is not the
+// store's failure and changes nothing of what the limiter knows); an
+// unreachable authority is handled by the failure policy and never
+// surfaces as an error.
 func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 	start := l.cfg.Now() // one clock reading serves the whole local path
 	if req.Key == "" || req.Scope == "" || (req.HasCost && req.Cost < 0) {
@@ -253,13 +317,21 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 		if v.ClockBack && l.cfg.Observer != nil {
 			l.cfg.Observer.ClockBack()
 		}
+		wall := l.cfg.Now()
+		now := l.micros(wall)
+		l.lastStoreOK.Store(now)
 		e.mu.Lock()
 		if e.res.Limit == res.Limit { // not swapped for another limit meanwhile
-			wall := l.cfg.Now()
-			e.learn(l.micros(wall), wall, res.Limit, cost, &v)
+			e.learn(now, wall, res.Limit, cost, &v)
 		}
 		e.mu.Unlock()
+		if res.HasQuota() && res.Split <= 1 {
+			l.learnQuota(req.Key, res.Limit, &v)
+		}
 		d.Source = SourceShared
+		if v.InProcess {
+			d.Source = SourceLocal
+		}
 		d.WouldAllow = v.Allowed
 		d.Remaining = v.Remaining
 		d.RetryAfter = v.RetryAfter
@@ -267,30 +339,129 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 		d.Warning = v.Warning
 		return l.finish(&req, d, start), nil
 	}
+	if ctx.Err() != nil {
+		// The caller went away (or its own deadline passed): nobody is
+		// left to answer, and the store did nothing wrong.
+		return Decision{}, fmt.Errorf("enforcement: decision abandoned by the caller: %w", ctx.Err())
+	}
 
 	// Failure policy: fail open at the shared tier, while the tightened local
-	// bucket keeps enforcing.
+	// bucket and the quota share keep enforcing.
 	l.storeEpoch.Add(1)
+	l.lastStoreFail.Store(nowUS)
 	if l.cfg.Observer != nil {
 		l.cfg.Observer.AuthorityFailed(err)
 	}
-	tight := l.tightened(res.Limit)
-	e.mu.Lock()
-	dr := e.degraded.Take(nowUS, tight.Rate, tight.Burst, cost)
+	return l.degradedDecision(&req, d, res.Limit, cost, e, start, nowUS), nil
+}
+
+// degradedDecision decides with the tightened limit and the quota share
+// while the authority cannot be asked.
+func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int64, e *entry, start time.Time, nowUS int64) Decision {
+	inst := l.instN()
+	tight := l.tightened(lim, inst)
+	d.Source = SourceDegraded
+	d.Limit = tight.Burst
+
+	var q *quotaEntry
+	quotaLeft, quotaWait := int64(math.MaxInt64), time.Duration(0)
+	e.mu.Lock() // lock order: entry, then quota
+	if lim.HasQuota() {
+		q = l.quotas.get(bucketID{req.Key, lim.QuotaID}, nil)
+		q.mu.Lock()
+		_, end := lim.QuotaPeriod.Window(start)
+		quotaLeft = q.degradedLeft(lim, inst, end.Unix())
+		if cost > quotaLeft {
+			quotaWait = ceilDurationMS(end.Sub(start))
+		}
+	}
+	spend := cost
+	if quotaWait > 0 {
+		spend = 0 // a quota rejection spends no bucket tokens, as in the store
+	}
+	dr := e.degraded.Take(nowUS, tight.Rate, tight.Burst, spend)
+	allowed := dr.Allowed && quotaWait == 0
+	if q != nil {
+		if allowed {
+			q.dq.unrecorded += cost
+			quotaLeft -= cost
+		}
+		q.mu.Unlock()
+	}
 	e.mu.Unlock()
 	if dr.ClockBack && l.cfg.Observer != nil {
 		l.cfg.Observer.ClockBack()
 	}
-	d.Source = SourceDegraded
-	d.WouldAllow = dr.Allowed
-	d.Remaining = wholeTokens(dr.Tokens)
-	d.Limit = tight.Burst
+	d.WouldAllow = allowed
+	d.Remaining = min(wholeTokens(dr.Tokens), quotaLeft)
 	d.ResetAt = start.Add(time.Duration(dr.ResetAfterUS) * time.Microsecond)
-	if !dr.Allowed {
-		d.RetryAfter = time.Duration(ceilMS(dr.RetryAfterUS)) * time.Millisecond
+	if !allowed {
+		wait := time.Duration(0)
+		if !dr.Allowed {
+			wait = time.Duration(ceilMS(dr.RetryAfterUS)) * time.Millisecond
+		}
+		if quotaWait > 0 {
+			probe := e.degraded // would the bucket alone have allowed cost?
+			if r := probe.Take(nowUS, tight.Rate, tight.Burst, cost); !r.Allowed {
+				wait = time.Duration(ceilMS(r.RetryAfterUS)) * time.Millisecond
+			}
+		}
+		d.RetryAfter = max(wait, quotaWait)
 	}
-	d.Warning = softLimitReached(tight, dr.Tokens, 0)
-	return l.finish(&req, d, start), nil
+	used := int64(0)
+	if lim.HasQuota() {
+		used = lim.QuotaLimit - max(0, quotaLeft)
+	}
+	d.Warning = softLimitReached(Limit{Burst: tight.Burst, SoftLimitPercent: lim.SoftLimitPercent,
+		QuotaLimit: lim.QuotaLimit, QuotaPeriod: lim.QuotaPeriod}, dr.Tokens, used)
+	return l.finish(req, d, start)
+}
+
+// learnQuota keeps the store's count of the key's quota window for the
+// degraded path.
+func (l *Limiter) learnQuota(key string, lim Limit, v *Verdict) {
+	_, end := lim.QuotaPeriod.Window(v.Now)
+	q := l.quotas.get(bucketID{key, lim.QuotaID}, nil)
+	q.mu.Lock()
+	q.reset(lim.QuotaLimit)
+	q.seen = quotaSeen{used: v.QuotaUsed, end: end.Unix()}
+	q.dq.stale = true // the next outage starts from this count
+	q.mu.Unlock()
+}
+
+// reset forgets what was learned under another quota limit. Called under q.mu.
+func (q *quotaEntry) reset(limit int64) {
+	if q.limit != limit {
+		q.limit, q.seen, q.dq = limit, quotaSeen{}, degradedQuota{}
+	}
+}
+
+// degradedLeft is what this instance may still spend of the quota window
+// ending at end (unix seconds) while the store cannot be asked. Called
+// under q.mu.
+func (q *quotaEntry) degradedLeft(lim Limit, inst float64, end int64) int64 {
+	q.reset(lim.QuotaLimit)
+	dq := &q.dq
+	if dq.end != end { // a new window: nothing spent unrecorded in it yet
+		*dq = degradedQuota{end: end, stale: true}
+	}
+	if dq.stale {
+		// The outage's first decision: this instance's share of what the
+		// store last said was left. A key the store never reported in this
+		// window shares the whole quota, or gets nothing when the policy
+		// says so.
+		remaining := lim.QuotaLimit
+		if q.seen.end != end {
+			if lim.QuotaDenyUnknown {
+				remaining = 0
+			}
+		} else {
+			remaining -= q.seen.used
+		}
+		dq.share = int64(math.Floor(float64(max(0, remaining)) / inst))
+		dq.stale = false
+	}
+	return max(0, dq.share-dq.unrecorded)
 }
 
 // localWait is the local tier: it returns 0 when the request should go to
@@ -362,15 +533,15 @@ func (l *Limiter) finish(req *Request, d Decision, start time.Time) Decision {
 }
 
 func (l *Limiter) localRate(rate float64) float64 {
-	return rate * l.cfg.LocalHeadroom / l.instN
+	return rate * l.cfg.LocalHeadroom / l.instN()
 }
 
 // tightened is the limit each instance enforces alone while the authority is
 // unavailable: its fair share of the limit, or the safety ceiling if lower.
-func (l *Limiter) tightened(lim Limit) Limit {
+func (l *Limiter) tightened(lim Limit, inst float64) Limit {
 	t := Limit{
-		Rate:             lim.Rate / l.instN,
-		Burst:            max(1, int64(math.Floor(float64(lim.Burst)/l.instN))),
+		Rate:             lim.Rate / inst,
+		Burst:            max(1, int64(math.Floor(float64(lim.Burst)/inst))),
 		SoftLimitPercent: lim.SoftLimitPercent,
 	}
 	if c := l.cfg.DegradedCeiling; c.Rate > 0 && c.Burst > 0 {
@@ -382,7 +553,7 @@ func (l *Limiter) tightened(lim Limit) Limit {
 
 // Tightened returns the limit enforced per instance while the shared store is
 // unavailable, for the resolved limit lim (documentation and tests).
-func (l *Limiter) Tightened(lim Limit) Limit { return l.tightened(lim) }
+func (l *Limiter) Tightened(lim Limit) Limit { return l.tightened(lim, l.instN()) }
 
 // Entries is the number of (key, scope) entries the local tier holds.
 func (l *Limiter) Entries() int { return l.entries.len() }
@@ -404,8 +575,17 @@ func (l *Limiter) sweepLoop() {
 // Sweep forgets entries unused for IdleAfter whose buckets are full: they
 // would restart exactly as they are.
 func (l *Limiter) Sweep() int {
-	now := l.now()
+	wall := l.cfg.Now()
+	now := l.micros(wall)
 	idle := l.cfg.IdleAfter.Microseconds()
+	// A quota window that has ended holds nothing the next one needs.
+	l.quotas.sweep(func(q *quotaEntry) bool {
+		if !q.mu.TryLock() {
+			return false
+		}
+		defer q.mu.Unlock()
+		return max(q.seen.end, q.dq.end) <= wall.Unix()
+	})
 	return l.entries.sweep(func(e *entry) bool {
 		if !e.mu.TryLock() {
 			return false // in use right now
@@ -414,7 +594,7 @@ func (l *Limiter) Sweep() int {
 		if now-e.lastUse < idle {
 			return false
 		}
-		tight := l.tightened(e.res.Limit)
+		tight := l.tightened(e.res.Limit, l.instN())
 		return e.local.Full(now, l.localRate(e.res.Rate), e.res.Burst) &&
 			e.degraded.Full(now, tight.Rate, tight.Burst)
 	})

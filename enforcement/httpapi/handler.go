@@ -69,6 +69,9 @@ func (h *CheckHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d, err := h.checker.Check(r.Context(), req)
+	if err != nil && r.Context().Err() != nil {
+		return // the client went away: nobody to answer
+	}
 	if err != nil {
 		WriteError(w, errorFor(err), "")
 		return

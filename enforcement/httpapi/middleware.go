@@ -47,7 +47,7 @@ func FirstKey(fns ...KeyFunc) KeyFunc {
 func AddressKey(p *Proxies) KeyFunc {
 	return func(r *http.Request) string {
 		if a := p.ClientAddr(r); a.IsValid() {
-			return "ip:" + a.String()
+			return enforcement.AddressKeyPrefix + a.String()
 		}
 		return ""
 	}
@@ -74,13 +74,16 @@ type Guard struct {
 func (g *Guard) Allow(w http.ResponseWriter, r *http.Request) bool {
 	key := g.Key(r)
 	if key == "" {
-		key = "anonymous"
+		key = enforcement.AnonymousKey
 	}
 	req := enforcement.Request{Key: key, Scope: g.scope(r)}
 	if g.Cost != nil {
 		req.Cost, req.HasCost = g.Cost(r)
 	}
 	d, err := g.Checker.Check(r.Context(), req)
+	if err != nil && r.Context().Err() != nil {
+		return false // the client went away: nobody to answer, nothing to log
+	}
 	if err != nil {
 		// A request that can never be decided is the service's
 		// misconfiguration, not the client's fault: say so and stop.

@@ -76,8 +76,9 @@ type Config struct {
 	// this off: a refresh then needs only the request's cost.
 	MinGrant   float64
 	ExactRetry bool
-	// HotOpsPerSec: a (key, scope) decided at least this often on this
-	// instance is leased (default 500 decisions per second).
+	// HotOpsPerSec: a (key, scope) decided at least this often across the
+	// fleet is leased (default 500 decisions per second); each instance
+	// sees HotOpsPerSec ÷ its SetInstances count of it.
 	HotOpsPerSec float64
 	// CoolFraction: a leased key whose rate falls below HotOpsPerSec ×
 	// CoolFraction returns its tokens and stops leasing (default 0.5; the
@@ -178,6 +179,10 @@ type Authority struct {
 
 	decisions, local, leases, returns, direct, failures atomic.Int64
 	hot                                                 atomic.Int64
+	// instances is the fleet's size: a key is hot when the fleet, not this
+	// instance, decides it HotOpsPerSec times a second, and each instance
+	// sees about 1 ÷ instances of it.
+	instances atomic.Int64
 
 	hotMu  sync.Mutex
 	hotSet map[*state]struct{} // hot states and states still holding tokens
@@ -233,6 +238,7 @@ func New(next enforcement.Authority, store Store, cfg Config) *Authority {
 	for i := range a.shards {
 		a.shards[i].m = make(map[id]*state)
 	}
+	a.instances.Store(1)
 	go a.sweepLoop()
 	return a
 }
@@ -243,6 +249,18 @@ func New(next enforcement.Authority, store Store, cfg Config) *Authority {
 func (a *Authority) BlockFor(lim enforcement.Limit) int64 {
 	return max(1, min(a.cfg.Block, int64(math.Floor(float64(lim.Burst)*a.cfg.MaxBlockFraction))))
 }
+
+// SetInstances sets the fleet's size (values below 1 are ignored): hot-key
+// detection then fires at HotOpsPerSec ÷ n on this instance, so a key that
+// is hot across the fleet is leased however many replicas share it.
+func (a *Authority) SetInstances(n int) {
+	if n >= 1 {
+		a.instances.Store(int64(n))
+	}
+}
+
+// hotOps is the per-instance rate that makes a key hot.
+func (a *Authority) hotOps() float64 { return a.cfg.HotOpsPerSec / float64(a.instances.Load()) }
 
 // Stats returns the counters so far.
 func (a *Authority) Stats() Stats {
@@ -290,7 +308,7 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 	st.lastUse = now
 	st.count++
 	a.roll(st, now)
-	if !st.hot && float64(st.count) >= a.cfg.HotOpsPerSec*a.cfg.Window.Seconds() {
+	if !st.hot && float64(st.count) >= a.hotOps()*a.cfg.Window.Seconds() {
 		a.markHot(st) // hot before the window ends: a flood is detected at once
 	}
 	if !st.hot || (st.failedAt != 0 && now-st.failedAt < a.cfg.FailBackoff.Microseconds()) {
@@ -405,9 +423,9 @@ func (a *Authority) roll(st *state, now int64) {
 	rate := float64(st.count) / (float64(elapsed) / 1e6)
 	st.winStart, st.count = now, 0
 	switch {
-	case !st.hot && rate >= a.cfg.HotOpsPerSec:
+	case !st.hot && rate >= a.hotOps():
 		a.markHot(st)
-	case st.hot && rate < a.cfg.HotOpsPerSec*a.cfg.CoolFraction:
+	case st.hot && rate < a.hotOps()*a.cfg.CoolFraction:
 		st.hot = false
 		a.hot.Add(-1)
 	}
@@ -437,6 +455,7 @@ func (a *Authority) localVerdict(st *state, now int64) enforcement.Verdict {
 		ResetAfter: reset,
 		Now:        a.cfg.Now(),
 		Warning:    softLimit(lim, remaining),
+		InProcess:  true,
 	}
 }
 

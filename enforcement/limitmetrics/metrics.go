@@ -3,7 +3,6 @@
 package limitmetrics
 
 import (
-	"strings"
 	"sync"
 	"time"
 
@@ -17,19 +16,18 @@ import (
 // for concurrent use. Label values are bounded: sources and results are
 // fixed sets, and policy names come from the policy file.
 type Metrics struct {
-	decisions       *prometheus.CounterVec
-	byPolicy        *prometheus.CounterVec
-	latency         prometheus.Histogram
-	storeLatency    prometheus.Histogram
-	storeErrors     prometheus.Counter
-	unavailable     prometheus.Counter
-	clockBack       prometheus.Counter
-	breaker         *prometheus.GaugeVec
-	anonymous       *prometheus.CounterVec
-	fixed           [2][4]prometheus.Counter // [allowed][source]
-	anon            [2]prometheus.Counter    // [allowed]
-	policyCounters  sync.Map                 // policy name → *[3]prometheus.Counter
-	anonymousPrefix string
+	decisions      *prometheus.CounterVec
+	byPolicy       *prometheus.CounterVec
+	latency        prometheus.Histogram
+	storeLatency   prometheus.Histogram
+	storeErrors    prometheus.Counter
+	unavailable    prometheus.Counter
+	clockBack      prometheus.Counter
+	breaker        *prometheus.GaugeVec
+	anonymous      *prometheus.CounterVec
+	fixed          [2][4]prometheus.Counter // [allowed][source]
+	anon           [2]prometheus.Counter    // [allowed]
+	policyCounters sync.Map                 // policy name → *[3]prometheus.Counter
 }
 
 var (
@@ -40,7 +38,6 @@ var (
 // New registers the limiter's metrics on reg.
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		anonymousPrefix: "ip:",
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_decisions_total",
 			Help: "Decisions by result (allowed, rejected) and source (local, shared, degraded).",
@@ -77,7 +74,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"shard"}),
 		anonymous: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_anonymous_decisions_total",
-			Help: "Decisions for address-keyed (ip:) traffic by result: a rejection ratio near 0% or 100% means the proxy headers are misconfigured.",
+			Help: "Decisions for anonymous traffic (keyed by client address, ip:, or by nothing, anonymous) by result: a rejection ratio near 0% or 100% means the proxy headers are misconfigured.",
 		}, []string{"result"}),
 	}
 	reg.MustRegister(m.decisions, m.byPolicy, m.latency, m.storeLatency, m.storeErrors,
@@ -100,7 +97,7 @@ func (m *Metrics) Decided(req enforcement.Request, d enforcement.Decision, took 
 		a = 1
 	}
 	m.fixed[a][d.Source].Inc()
-	if strings.HasPrefix(req.Key, m.anonymousPrefix) {
+	if enforcement.IsAnonymous(req.Key) {
 		m.anon[a].Inc()
 	}
 	m.latency.Observe(took.Seconds())

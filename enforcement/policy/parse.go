@@ -445,6 +445,7 @@ func (v *validator) compile(f File) *Policy {
 		if t.Quota != nil {
 			lim.QuotaLimit, lim.QuotaPeriod = v.quota(path+".quota", t.Quota)
 			lim.QuotaID = "tier:" + name
+			lim.QuotaDenyUnknown = t.Quota.UnknownWhileDegraded == "deny"
 		}
 		p.tiers[name] = tierLimit{name: name, limit: lim}
 	}
@@ -586,6 +587,11 @@ func (v *validator) quota(path string, q *Quota) (int64, enforcement.Period) {
 	}
 	if q.Limit < 1 || q.Limit > 1<<50 {
 		v.fail(path+".limit", "must be between 1 and 2^50, got %d", q.Limit)
+	}
+	switch q.UnknownWhileDegraded {
+	case "", "share", "deny":
+	default:
+		v.fail(path+".unknown_while_degraded", "must be share or deny, got %q", q.UnknownWhileDegraded)
 	}
 	return q.Limit, period
 }

@@ -45,6 +45,10 @@ type Tier struct {
 type Quota struct {
 	Limit  int64  `yaml:"limit"`
 	Period string `yaml:"period"` // hour, day, month (UTC)
+	// UnknownWhileDegraded: what a key whose use in the window this
+	// instance never heard from the store may spend while the store is
+	// down: "share" (default: the quota ÷ instances) or "deny" (nothing).
+	UnknownWhileDegraded string `yaml:"unknown_while_degraded"`
 }
 
 // Rule overrides the tier's limit for the requests it matches. Every matcher
@@ -144,6 +148,7 @@ func (p *Policy) Resolve(key, scope, tier string) (enforcement.Resolved, error) 
 		}
 		if r.Quota != nil {
 			res.QuotaLimit, res.QuotaPeriod, res.QuotaID = r.Quota.Limit, quotaPeriods[r.Quota.Period], "rule:"+r.Name
+			res.QuotaDenyUnknown = r.Quota.UnknownWhileDegraded == "deny"
 		}
 		res.Split = r.Split
 	}
