@@ -15,16 +15,17 @@ import (
 type SlotMap struct {
 	rdb    redis.Cmdable
 	owners atomic.Pointer[[16384]string]
+	loaded atomic.Bool // a refresh has succeeded
 }
 
 // NewSlotMap loads the slot owners through rdb (a *redis.ClusterClient or
-// any client connected to one node of the cluster).
+// any client connected to one node of the cluster). The map is usable even
+// when the error is not nil: a cluster unreachable at start leaves every
+// slot "unassigned" until Run's next refresh reaches it.
 func NewSlotMap(ctx context.Context, rdb redis.Cmdable) (*SlotMap, error) {
 	m := &SlotMap{rdb: rdb}
-	if err := m.Refresh(ctx); err != nil {
-		return nil, err
-	}
-	return m, nil
+	m.owners.Store(new([16384]string))
+	return m, m.Refresh(ctx)
 }
 
 // Refresh reloads the slot owners.
@@ -43,7 +44,21 @@ func (m *SlotMap) Refresh(ctx context.Context) error {
 		}
 	}
 	m.owners.Store(&owners)
+	m.loaded.Store(true)
 	return nil
+}
+
+// Masters is the set of shards that own slots now ("unassigned" included
+// while any slot has no owner).
+func (m *SlotMap) Masters() map[string]bool {
+	out := map[string]bool{}
+	for _, o := range m.owners.Load() {
+		if o == "" {
+			o = "unassigned"
+		}
+		out[o] = true
+	}
+	return out
 }
 
 // Owner is host:port of the master serving slot, or "unassigned".
@@ -55,17 +70,23 @@ func (m *SlotMap) Owner(slot uint16) string {
 }
 
 // Run refreshes the map every interval until ctx ends (a failover moves
-// slots to another master). It blocks; the caller owns the goroutine.
-// Failed refreshes keep the previous map and are reported to onErr (may be nil).
+// slots to another master); until the first refresh succeeds it retries
+// every second, so a limiter started before its cluster converges within
+// about a second of the cluster coming up. It blocks; the caller owns the
+// goroutine. Failed refreshes keep the previous map and are reported to
+// onErr (may be nil).
 func (m *SlotMap) Run(ctx context.Context, every time.Duration, onErr func(error)) {
-	t := time.NewTicker(every)
-	defer t.Stop()
+	const untilLoaded = time.Second
 	for {
+		wait := every
+		if !m.loaded.Load() {
+			wait = min(every, untilLoaded)
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-			rctx, cancel := context.WithTimeout(ctx, every)
+		case <-time.After(wait):
+			rctx, cancel := context.WithTimeout(ctx, wait)
 			if err := m.Refresh(rctx); err != nil && onErr != nil {
 				onErr(err)
 			}

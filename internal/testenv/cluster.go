@@ -82,19 +82,67 @@ func NewCluster(dir string, masters int) (*Cluster, error) {
 		}
 		c.Masters = append(c.Masters, r)
 	}
+	if err := c.create(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// ClusterPorts picks n loopback ports, each free together with its cluster
+// bus port, for a cluster to be started later on exactly these ports
+// (NewClusterAt): a test of a client that starts before its cluster.
+func ClusterPorts(n int) ([]int, error) {
+	used := map[int]bool{}
+	ports := make([]int, 0, n)
+	for len(ports) < n {
+		p, err := clusterPort(used)
+		if err != nil {
+			return nil, err
+		}
+		used[p] = true
+		ports = append(ports, p)
+	}
+	return ports, nil
+}
+
+// NewClusterAt starts a cluster whose masters listen on ports (from
+// ClusterPorts); the caller must Close it.
+func NewClusterAt(dir string, ports []int) (*Cluster, error) {
+	if len(ports) < 3 {
+		return nil, fmt.Errorf("a Redis Cluster needs at least 3 masters, got %d", len(ports))
+	}
+	c := &Cluster{}
+	for _, port := range ports {
+		r := &Redis{Port: port, dir: dir, args: []string{
+			"--cluster-enabled", "yes",
+			"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", port),
+			"--cluster-node-timeout", "1000",
+			"--cluster-require-full-coverage", "no",
+		}}
+		if err := r.start(); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("start cluster master on port %d: %w", port, err)
+		}
+		c.Masters = append(c.Masters, r)
+	}
+	if err := c.create(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// create joins the masters into one cluster and waits until it is ok.
+func (c *Cluster) create() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
 	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("redis-cli --cluster create: %w: %s", err, out)
+		return fmt.Errorf("redis-cli --cluster create: %w: %s", err, out)
 	}
-	if err := c.WaitOK(ctx, nil); err != nil {
-		c.Close()
-		return nil, err
-	}
-	return c, nil
+	return c.WaitOK(ctx, nil)
 }
 
 // clusterPort picks a loopback port that is free together with its cluster
