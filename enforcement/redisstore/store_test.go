@@ -131,16 +131,33 @@ func TestIdleKeyEvaporatesOnceRefilled(t *testing.T) {
 	c := newClient(t, r.Addr())
 	s := redisstore.New(c, "ttl")
 	ctx := context.Background()
+
+	// The TTL is the time to refill: 3 tokens at 0.01/s is 300 s. It counts
+	// down from the Take, so it may be short of 300 s by at most the time
+	// the Take and the PTTL took (a loaded machine can take long).
+	slow := enforcement.Limit{Rate: 0.01, Burst: 5}
+	before := time.Now()
+	if _, err := s.Take(ctx, "slow", "s", slow, 3); err != nil {
+		t.Fatal(err)
+	}
+	pttl := c.PTTL(ctx, s.BucketKey("slow", "s")).Val()
+	took := time.Since(before)
+	if pttl > 300*time.Second || pttl < 300*time.Second-took-time.Millisecond {
+		t.Fatalf("TTL = %v, want the time to refill 3 tokens at 0.01/s (300 s) less at most %v", pttl, took)
+	}
+
+	// A bucket that refills in 300 ms is gone once those have passed since
+	// the Take answered (its TTL was set before that).
 	lim := enforcement.Limit{Rate: 10, Burst: 5}
 	if _, err := s.Take(ctx, "idle", "s", lim, 3); err != nil {
 		t.Fatal(err)
 	}
+	answered := time.Now()
 	key := s.BucketKey("idle", "s")
-	pttl := c.PTTL(ctx, key).Val()
-	if pttl <= 250*time.Millisecond || pttl > 300*time.Millisecond {
-		t.Fatalf("TTL = %v, want the time to refill 3 tokens at 10/s (300ms)", pttl)
+	if pttl := c.PTTL(ctx, key).Val(); pttl > 300*time.Millisecond || pttl == -1 {
+		t.Fatalf("TTL = %v, want at most 300ms (the time to refill 3 tokens at 10/s)", pttl)
 	}
-	time.Sleep(350 * time.Millisecond)
+	time.Sleep(time.Until(answered.Add(350 * time.Millisecond)))
 	if n := c.Exists(ctx, key).Val(); n != 0 {
 		t.Fatalf("refilled bucket still in Redis")
 	}
@@ -205,7 +222,9 @@ func TestNoScriptIsReloaded(t *testing.T) {
 	c := newClient(t, r.Addr())
 	s := redisstore.New(c, "noscript")
 	ctx := context.Background()
-	lim := enforcement.Limit{Rate: 1, Burst: 5}
+	// One token a day: no whole token refills while the test runs, however
+	// slow the machine, so the remaining count is exact.
+	lim := enforcement.Limit{Rate: 1.0 / 86400, Burst: 5}
 	if _, err := s.Take(ctx, "k", "s", lim, 1); err != nil {
 		t.Fatal(err)
 	}
