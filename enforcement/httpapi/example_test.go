@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
@@ -24,9 +25,14 @@ tiers:
 	if err != nil {
 		panic(err)
 	}
+	// A clock that stands still keeps the printed retry time exact however
+	// slow the machine; a service leaves both clocks nil (time.Now).
+	now := time.Now()
+	clock := func() time.Time { return now }
 	lim, err := enforcement.New(enforcement.Config{
-		Authority: enforcement.NewMemoryAuthority(nil, 100_000), // single instance only
+		Authority: enforcement.NewMemoryAuthority(clock, 100_000), // single instance only
 		Policy:    pol,
+		Now:       clock,
 	})
 	if err != nil {
 		panic(err)

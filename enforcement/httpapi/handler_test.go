@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -20,17 +21,22 @@ import (
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
+// testPolicy's limits that the tests exhaust refill one token an hour: no
+// whole token comes back while a test runs, however slow the machine, so
+// remaining counts are exact and retry times are known up to the time the
+// test itself took.
 const testPolicy = `
 version: 1
 default_tier: free
 tiers:
-  free: { rate: 1, burst: 5, soft_limit_percent: 60 }
+  free: { rate: 1, period: hour, burst: 5, soft_limit_percent: 60 }
   pro:  { rate: 100, burst: 200 }
 rules:
   - name: search-dry
     tier: pro
     scope: "api:search"
     rate: 1
+    period: hour
     burst: 2
     dry_run: true
 costs: { "api:search": 10, "health": 0 }
@@ -87,6 +93,7 @@ func post(t *testing.T, h http.Handler, body string, header ...string) *httptest
 
 func TestCheckResponseFields(t *testing.T) {
 	h := httpapi.NewCheckHandler(newLimiter(t), "", nil)
+	start := time.Now() // the bucket is full until the first request
 	var last checkResponse
 	for i := 0; i < 4; i++ {
 		w := post(t, h, `{"key":"acct_1","scope":"api:read","cost":1}`)
@@ -105,9 +112,13 @@ func TestCheckResponseFields(t *testing.T) {
 	if !*last.Allowed || *last.Remaining != 1 || *last.Limit != 5 || *last.Source != "shared" || *last.Policy != "free" || !*last.Warning {
 		t.Fatalf("4th of burst 5 with 60%% soft limit: %+v", last)
 	}
+	// 4 tokens to refill at one an hour: 4 h from the moment the bucket was
+	// read, which is at most what the test took ago (and resetAt is rounded
+	// up to the second).
 	reset, err := time.Parse(time.RFC3339, *last.ResetAt)
-	if err != nil || reset.Location() != time.UTC || time.Until(reset) < 3*time.Second || time.Until(reset) > 6*time.Second {
-		t.Fatalf("resetAt %q: want RFC 3339 UTC about 4 s ahead (%v)", *last.ResetAt, err)
+	if until := time.Until(reset); err != nil || reset.Location() != time.UTC ||
+		until > 4*time.Hour+time.Second || until < 4*time.Hour-time.Since(start)-time.Second {
+		t.Fatalf("resetAt %q: want RFC 3339 UTC 4 h ahead less at most %v (%v)", *last.ResetAt, time.Since(start), err)
 	}
 
 	// Exhaust, then a rejection is still a 200 with an exact retry time.
@@ -115,8 +126,11 @@ func TestCheckResponseFields(t *testing.T) {
 	w := post(t, h, `{"key":"acct_1","scope":"api:read","cost":2}`)
 	var rej checkResponse
 	json.Unmarshal(w.Body.Bytes(), &rej)
-	if w.Code != 200 || *rej.Allowed || *rej.RetryAfterMs < 1900 || *rej.RetryAfterMs > 2000 {
-		t.Fatalf("rejection: %d %s", w.Code, w.Body)
+	// A deficit of 2 tokens at one an hour: 2 h, less what refilled since
+	// the bucket emptied (at most the time the test took); +1 ms of rounding up.
+	const deficit = 2 * 3600 * 1000
+	if w.Code != 200 || *rej.Allowed || *rej.RetryAfterMs > deficit+1 || *rej.RetryAfterMs < deficit-time.Since(start).Milliseconds()-1 {
+		t.Fatalf("rejection: %d %s; want retryAfterMs %d less at most %v", w.Code, w.Body, deficit, time.Since(start))
 	}
 
 	// Dry run: allowed, with what enforcement would have done.
@@ -227,6 +241,7 @@ func TestMiddlewareHeaders(t *testing.T) {
 		return resp
 	}
 	var resp *http.Response
+	start := time.Now() // the bucket is full until the first request
 	for i := 0; i < 5; i++ {
 		resp = get("X-API-Key", "abc")
 		if resp.StatusCode != 200 {
@@ -240,8 +255,12 @@ func TestMiddlewareHeaders(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	var e errorResponse
 	json.Unmarshal(body, &e)
-	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "1" || resp.Header.Get("RateLimit-Remaining") != "0" ||
-		e.Error.Code != "rate_limited" || e.Error.RequestID != "req_test_1" || !strings.Contains(e.Error.Message, "Retry in about 1 second") {
+	// One token at one an hour: 3600 s, less the whole seconds that refilled
+	// since the bucket emptied (at most the time the test took).
+	retry, _ := strconv.ParseInt(resp.Header.Get("Retry-After"), 10, 64)
+	if resp.StatusCode != 429 || retry > 3600 || retry < 3600-int64(time.Since(start).Seconds())-1 || resp.Header.Get("RateLimit-Remaining") != "0" ||
+		e.Error.Code != "rate_limited" || e.Error.RequestID != "req_test_1" ||
+		!strings.Contains(e.Error.Message, fmt.Sprintf("Retry in about %d seconds.", retry)) {
 		t.Fatalf("429: %d %v %s", resp.StatusCode, resp.Header, body)
 	}
 
