@@ -202,6 +202,8 @@ func decisions(ids *metering.IDs, key, scope string, n int, limit int64) []meter
 	return out
 }
 
+// waitFor polls cond until it holds. The bounds given are generous: they
+// are reached only when something is broken, never by a slow machine.
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)
@@ -243,11 +245,11 @@ func TestOneCrossingOneDelivery(t *testing.T) {
 	evs := decisions(ids, "acct_a", "api:search", 100, 100) // warnings from the 80th
 	produce(t, k.Addr(), k.Topic(), evs)
 	r := startNotifier(t, conn, db, k, rcv.srv.URL+"/hook?token=abc", nil)
-	waitFor(t, 30*time.Second, "100 events read", func() bool { return metric(t, r.reg, "notifier_events_total", "") >= 100 })
-	waitFor(t, 10*time.Second, "one delivery recorded", func() bool { return len(deliveries(t, conn, db, "acct_a")) == 1 })
+	waitFor(t, 60*time.Second, "100 events read", func() bool { return metric(t, r.reg, "notifier_events_total", "") >= 100 })
+	waitFor(t, 60*time.Second, "one delivery recorded", func() bool { return len(deliveries(t, conn, db, "acct_a")) == 1 })
 	produce(t, k.Addr(), k.Topic(), decisions(ids, "acct_a", "api:write", 10, 10)) // another scope crosses at once
-	waitFor(t, 10*time.Second, "110 events read", func() bool { return metric(t, r.reg, "notifier_events_total", "") >= 110 })
-	waitFor(t, 10*time.Second, "two deliveries recorded", func() bool { return len(deliveries(t, conn, db, "acct_a")) == 2 })
+	waitFor(t, 60*time.Second, "110 events read", func() bool { return metric(t, r.reg, "notifier_events_total", "") >= 110 })
+	waitFor(t, 60*time.Second, "two deliveries recorded", func() bool { return len(deliveries(t, conn, db, "acct_a")) == 2 })
 
 	got, bad := rcv.snapshot()
 	if len(got) != 2 || bad != 0 {
@@ -271,8 +273,16 @@ func TestOneCrossingOneDelivery(t *testing.T) {
 	// start; the cool-downs restored from ClickHouse suppress any repeat.
 	r.stop()
 	r2 := startNotifier(t, conn, db, k, rcv.srv.URL+"/hook", func(c *notify.Config) { c.GroupID = "notifier-replay" })
-	waitFor(t, 30*time.Second, "replay read", func() bool { return metric(t, r2.reg, "notifier_events_total", "") >= 110 })
-	time.Sleep(200 * time.Millisecond)
+	waitFor(t, 60*time.Second, "replay read", func() bool { return metric(t, r2.reg, "notifier_events_total", "") >= 110 })
+	// Every one of the 24 warned decisions is decided before the check (a
+	// fixed pause would pass early on a slow machine whatever was sent): a
+	// replay must suppress them all and send nothing.
+	waitFor(t, 60*time.Second, "the replay decided the 24 warnings", func() bool {
+		return metric(t, r2.reg, "notifier_notifications_total", "") >= 24
+	})
+	if sent := metric(t, r2.reg, "notifier_notifications_total", "sent"); sent != 0 {
+		t.Fatalf("the replay sent %v notifications again, want 0", sent)
+	}
 	if got, _ := rcv.snapshot(); len(got) != 2 {
 		t.Fatalf("after a replay the receiver has %d deliveries, want still 2", len(got))
 	}
@@ -292,7 +302,7 @@ func TestRetriedDeliveryIsRecorded(t *testing.T) {
 	})
 	nr := startNotifier(t, conn, db, k, rcv.srv.URL, nil)
 	produce(t, k.Addr(), k.Topic(), decisions(metering.NewIDs(), "acct_r", "api:search", 10, 10))
-	waitFor(t, 30*time.Second, "four attempts recorded", func() bool { return len(deliveries(t, conn, db, "acct_r")) == 4 })
+	waitFor(t, 60*time.Second, "four attempts recorded", func() bool { return len(deliveries(t, conn, db, "acct_r")) == 4 })
 	if ok, why := nr.n.Ready(); !ok {
 		t.Fatalf("notifier not ready: %s", why)
 	}
@@ -380,7 +390,7 @@ func TestHangingReceiverDoesNotSlowMetering(t *testing.T) {
 	}
 	produce(t, k.Addr(), k.Topic(), evs)
 	testenv.WaitUsageTotals(t, conn, db, want, 60*time.Second)
-	waitFor(t, 30*time.Second, "the notifier read every event", func() bool {
+	waitFor(t, 60*time.Second, "the notifier read every event", func() bool {
 		return metric(t, nr.reg, "notifier_events_total", "") >= float64(len(evs))
 	})
 	// Each key has 5 warned decisions; the 48 keys without a slot are
