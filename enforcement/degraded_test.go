@@ -207,6 +207,11 @@ func TestInstancesFollowTheFleet(t *testing.T) {
 	if l.Instances() != 8 {
 		t.Fatalf("instances %d after an invalid count, want 8", l.Instances())
 	}
+	l.SetInstances(1) // fewer than the operator's figure: the figure is the floor
+	if l.Instances() != 2 {
+		t.Fatalf("instances %d after a count of 1, want the floor 2", l.Instances())
+	}
+	l.SetInstances(8)
 	auth.down.Store(true)
 	if got := spend(t, l, "k", 100, enforcement.SourceDegraded); got != 25 {
 		t.Fatalf("degraded at 8 instances: allowed %d, want 25", got)

@@ -34,8 +34,9 @@ import (
 //     instance already spent unrecorded in the window.
 //
 // The instance count starts at ExpectedInstances and follows the fleet's
-// live count (SetInstances) while the store can report it, so a fleet that
-// scaled out does not multiply the degraded limit by its size.
+// live count (SetInstances, never below ExpectedInstances) while the store
+// can report it, so a fleet that scaled out does not multiply the degraded
+// limit by its size.
 //
 // The entry lock is never held across the authority call.
 
@@ -71,7 +72,8 @@ type Config struct {
 	// Policy is the initial policy. Required.
 	Policy Policy
 	// ExpectedInstances is how many replicas share the load until the
-	// fleet's live count is known (SetInstances); default 1.
+	// fleet's live count is known (SetInstances), and the floor of that
+	// count after; default 1.
 	ExpectedInstances int
 	// LocalHeadroom scales the local tier's rate above each instance's fair
 	// share (default 2: an instance may see twice its share before the
@@ -212,11 +214,14 @@ func New(cfg Config) (*Limiter, error) {
 func (l *Limiter) SetPolicy(p Policy) { l.policy.Store(&policyBox{p}) }
 
 // SetInstances sets how many replicas share the load (the fleet's live
-// count); values below 1 are ignored. The local tier, the tightened limit
-// and the degraded quota share divide by it from the next decision on.
+// count). ExpectedInstances stays the floor: a count below it (an instance
+// that cannot see the others yet) is raised to it, so the operator's figure
+// is never loosened. Values below 1 are ignored. The local tier, the
+// tightened limit and the degraded quota share divide by it from the next
+// decision on.
 func (l *Limiter) SetInstances(n int) {
 	if n >= 1 {
-		l.instances.Store(int64(n))
+		l.instances.Store(int64(max(n, l.cfg.ExpectedInstances)))
 	}
 }
 

@@ -33,6 +33,7 @@ type config struct {
 	LeaseBlock      int           // 0 = token leasing off
 	LeaseHotOps     float64       // decisions per second that make a key hot
 	LeaseMaxHold    time.Duration // leased tokens unused this long go back
+	FleetHeartbeat  time.Duration // period of the fleet heartbeat (live instance count)
 }
 
 // loadConfig reads the environment; every problem is reported at once, each
@@ -64,6 +65,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		LeaseBlock:        int(e.Int("LIMITER_LEASE_BLOCK", 0, 0, 1_000_000)),
 		LeaseHotOps:       e.Float("LIMITER_LEASE_HOT_OPS", 500),
 		LeaseMaxHold:      e.Duration("LIMITER_LEASE_MAX_HOLD", s, 10*ms, time.Hour),
+		FleetHeartbeat:    e.Duration("LIMITER_FLEET_HEARTBEAT", 2*s, 10*ms, time.Minute),
 	}
 	e.HostPort("LIMITER_ADDR", c.Addr)
 	for _, a := range c.RedisAddrs {

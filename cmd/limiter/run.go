@@ -22,9 +22,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/fleet"
 	"github.com/ratewarden/ratewarden/enforcement/guard"
 	"github.com/ratewarden/ratewarden/enforcement/hotkeys"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
+	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
 	"github.com/ratewarden/ratewarden/enforcement/policy"
@@ -70,6 +72,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	closeFleet, err := startFleet(auth, cfg, lim, metrics, log)
+	if err != nil {
+		return err
+	}
 
 	reloader := newPolicyReloader(cfg.PolicyFile, lim, reg, log)
 	reloader.set(pol)
@@ -91,7 +97,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, readiness(auth.info, reloader.current()))
+		writeJSON(w, http.StatusOK, readiness(auth.info, lim.StoreFailing(), reloader.current()))
 	})
 	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot)))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -126,7 +132,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	err = srv.Shutdown(shutCtx)
 	stopReload()
 	<-reloadDone
-	err = errors.Join(err, lim.Close(shutCtx), auth.close(shutCtx), closeRecorder(shutCtx))
+	err = errors.Join(err, lim.Close(shutCtx), closeFleet(shutCtx), auth.close(shutCtx), closeRecorder(shutCtx))
 	return err
 }
 
@@ -135,6 +141,9 @@ type storeInfo struct {
 	kind   string                        // memory | redis | redis-cluster
 	states func() map[string]guard.State // breaker state per shard; nil in memory mode
 	owner  func(slot uint16) string      // the shard of a hash slot (hot-key visibility); nil = one server
+	// failing reports store trouble the breakers have not (yet) seen: the
+	// fleet heartbeat failing while traffic is too light to trip them. nil = none.
+	failing func() bool
 }
 
 // authority is the shared tier as built from the configuration, with what
@@ -143,6 +152,10 @@ type authority struct {
 	enforcement.Authority
 	info    storeInfo
 	closers []func(context.Context) error
+	// With Redis: the store behind the same guards as every decision, for
+	// the fleet heartbeat, and the leasing layer when leasing is on.
+	fleetStore fleet.Store
+	lease      *lease.Authority
 }
 
 func (a *authority) close(ctx context.Context) error {
@@ -215,40 +228,140 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 		OpenFor:             cfg.BreakerOpenFor,
 	}
 	var guarded enforcement.Authority
+	var guardOf func(slot uint16) *guard.Authority // the guard of the shard that owns a slot
 	if a.info.kind == "redis-cluster" {
-		// One breaker per master: losing one degrades only its slots.
+		// One breaker per master: losing one degrades only its slots. A
+		// cluster unreachable at start leaves the map unassigned (every
+		// key decides degraded) until a refresh reaches it.
 		slots, err := redisstore.NewSlotMap(pctx, rdb)
 		if err != nil {
-			log.Warn("could not read the cluster's slots at start; retrying in the background", "err", err)
+			log.Warn("could not read the cluster's slots at start; serving degraded and retrying every second", "err", err)
 		}
 		slotCtx, stopSlots := context.WithCancel(context.Background())
 		slotsDone := make(chan struct{})
 		go func() {
 			defer close(slotsDone)
-			slots.Run(slotCtx, 10*time.Second, func(err error) { log.Warn("refresh cluster slots", "err", err) })
+			failing := err != nil
+			slots.Run(slotCtx, 10*time.Second, func(err error) {
+				if !failing { // once per outage, not once a second
+					log.Warn("refresh cluster slots", "err", err)
+				}
+				failing = true
+			})
 		}()
 		a.closers = append(a.closers, func(context.Context) error { stopSlots(); <-slotsDone; return nil })
 		sg := shardguard.New(pipelined, slots.Owner, nil, settings, metrics, log)
-		guarded, a.info.states, a.info.owner = sg, sg.States, slots.Owner
+		guarded, a.info.owner = sg, slots.Owner
+		guardOf = sg.Guard
+		// Only the shards that own slots now: a guard left behind by a
+		// failover, or the "unassigned" one of a start before the cluster,
+		// says nothing about the store any more.
+		a.info.states = func() map[string]guard.State {
+			live := slots.Masters()
+			out := sg.States()
+			for shard := range out {
+				if !live[shard] {
+					delete(out, shard)
+				}
+			}
+			return out
+		}
 	} else {
 		g := guard.New(pipelined, settings, metrics, log)
 		guarded = g
+		guardOf = func(uint16) *guard.Authority { return g }
 		a.info.states = func() map[string]guard.State { return map[string]guard.State{"store": g.State()} }
 	}
+	// Every store call, whatever its purpose, passes the same deadline and
+	// breaker as the decisions on the same shard.
+	gs := guardedStore{store: store, guardOf: guardOf}
+	a.fleetStore = gs
 	a.Authority = split.New(guarded, nil)
 	if cfg.LeaseBlock > 0 {
-		la := lease.New(a.Authority, store, lease.Config{
+		a.lease = lease.New(a.Authority, gs, lease.Config{
 			Block:        int64(cfg.LeaseBlock),
 			HotOpsPerSec: cfg.LeaseHotOps,
 			MaxHold:      cfg.LeaseMaxHold,
-			Timeout:      cfg.StoreTimeout,
-			Log:          log,
+			// The guard judges lateness (and tells a starved process from a
+			// slow store); this is only the outer bound of a lease call.
+			Timeout: time.Second,
+			Log:     log,
 		})
-		a.Authority = la
-		a.closers = append(a.closers, la.Close) // returns held tokens while Redis is still open
+		a.Authority = a.lease
+		a.closers = append(a.closers, a.lease.Close) // returns held tokens while Redis is still open
 	}
 	a.closers = append(a.closers, pipelined.Close, func(context.Context) error { return rdb.Close() })
 	return a, nil
+}
+
+// startFleet starts the fleet heartbeat when the store is shared: the live
+// instance count (never below LIMITER_EXPECTED_INSTANCES) is what the
+// limiter's local tier, degraded limits and quota share divide by, and
+// what the hot-key threshold is shared over. The returned func stops it and
+// leaves the fleet.
+func startFleet(a *authority, cfg config, lim *enforcement.Limiter, metrics *limitmetrics.Metrics, log *slog.Logger) (func(context.Context) error, error) {
+	metrics.Instances(lim.Instances())
+	if a.fleetStore == nil {
+		return func(context.Context) error { return nil }, nil
+	}
+	hb, err := fleet.Start(a.fleetStore, fleet.Config{
+		Member: cfg.InstanceID,
+		Every:  cfg.FleetHeartbeat,
+		Log:    log,
+		OnCount: func(n int) {
+			lim.SetInstances(n) // never below LIMITER_EXPECTED_INSTANCES
+			n = lim.Instances()
+			if a.lease != nil {
+				a.lease.SetInstances(n)
+			}
+			metrics.Instances(n)
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.info.failing = hb.Failing
+	return hb.Close, nil
+}
+
+// guardedStore sends the store calls that are not decisions — leases,
+// returns, fleet heartbeats — through the guard of the shard that owns
+// their key.
+type guardedStore struct {
+	store   *redisstore.Store
+	guardOf func(slot uint16) *guard.Authority
+}
+
+func (g guardedStore) Lease(ctx context.Context, key, scope string, lim enforcement.Limit, need, want int64) (grant redisstore.Grant, err error) {
+	err = g.guardOf(keyslot.KeySlot(key, scope)).Do(ctx, func(ctx context.Context) error {
+		grant, err = g.store.Lease(ctx, key, scope, lim, need, want)
+		return err
+	})
+	return grant, err
+}
+
+func (g guardedStore) Return(ctx context.Context, key, scope string, lim enforcement.Limit, n int64) (grant redisstore.Grant, err error) {
+	err = g.guardOf(keyslot.KeySlot(key, scope)).Do(ctx, func(ctx context.Context) error {
+		grant, err = g.store.Return(ctx, key, scope, lim, n)
+		return err
+	})
+	return grant, err
+}
+
+func (g guardedStore) Beat(ctx context.Context, member string, ttl time.Duration) (n int, err error) {
+	err = g.guardOf(keyslot.Slot(g.store.FleetKey())).Do(ctx, func(ctx context.Context) error {
+		n, err = g.store.Beat(ctx, member, ttl)
+		return err
+	})
+	return n, err
+}
+
+func (g guardedStore) Leave(ctx context.Context, member string, ttl time.Duration) (n int, err error) {
+	err = g.guardOf(keyslot.Slot(g.store.FleetKey())).Do(ctx, func(ctx context.Context) error {
+		n, err = g.store.Leave(ctx, member, ttl)
+		return err
+	})
+	return n, err
 }
 
 type readyBody struct {
@@ -268,7 +381,7 @@ type policyInfo struct {
 // readiness is always 200: a limiter whose shared store is down still
 // serves (degraded), and taking it out of rotation would turn a store
 // outage into a platform outage. The body says which.
-func readiness(s storeInfo, p policyInfo) readyBody {
+func readiness(s storeInfo, storeFailing bool, p policyInfo) readyBody {
 	b := readyBody{Status: "ok", Store: s.kind, Policy: p}
 	if s.states == nil {
 		return b
@@ -287,10 +400,17 @@ func readiness(s storeInfo, p policyInfo) readyBody {
 			down = append(down, shard)
 		}
 	}
-	if len(down) > 0 {
+	switch {
+	case len(down) > 0:
 		sort.Strings(down)
 		b.Status = "degraded"
 		b.Reason = "shared store unavailable (" + strings.Join(down, ", ") + "): deciding with tightened local limits"
+	case storeFailing:
+		b.Status = "degraded"
+		b.Reason = "the latest decision could not ask the shared store: decided with tightened local limits"
+	case s.failing != nil && s.failing():
+		b.Status = "degraded"
+		b.Reason = "the fleet heartbeat cannot reach the shared store: decisions will be degraded"
 	}
 	return b
 }

@@ -25,6 +25,7 @@ type Metrics struct {
 	clockBack      prometheus.Counter
 	breaker        *prometheus.GaugeVec
 	anonymous      *prometheus.CounterVec
+	instances      prometheus.Gauge
 	fixed          [2][4]prometheus.Counter // [allowed][source]
 	anon           [2]prometheus.Counter    // [allowed]
 	policyCounters sync.Map                 // policy name → *[3]prometheus.Counter
@@ -76,9 +77,13 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "limiter_anonymous_decisions_total",
 			Help: "Decisions for anonymous traffic (keyed by client address, ip:, or by nothing, anonymous) by result: a rejection ratio near 0% or 100% means the proxy headers are misconfigured.",
 		}, []string{"result"}),
+		instances: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "limiter_fleet_instances",
+			Help: "Limiter instances sharing the load, as last counted by the fleet heartbeat (LIMITER_EXPECTED_INSTANCES before the first count): what the local tier, the degraded limits and the quota share divide by.",
+		}),
 	}
 	reg.MustRegister(m.decisions, m.byPolicy, m.latency, m.storeLatency, m.storeErrors,
-		m.unavailable, m.clockBack, m.breaker, m.anonymous)
+		m.unavailable, m.clockBack, m.breaker, m.anonymous, m.instances)
 	for a, result := range []string{"rejected", "allowed"} {
 		for _, s := range []enforcement.Source{enforcement.SourceLocal, enforcement.SourceShared, enforcement.SourceDegraded} {
 			m.fixed[a][s] = m.decisions.WithLabelValues(result, s.String())
@@ -124,6 +129,9 @@ func (m *Metrics) policy(name string) *[3]prometheus.Counter {
 	v, _ := m.policyCounters.LoadOrStore(name, pc)
 	return v.(*[3]prometheus.Counter)
 }
+
+// Instances sets the fleet size gauge.
+func (m *Metrics) Instances(n int) { m.instances.Set(float64(n)) }
 
 // AuthorityFailed implements enforcement.Observer.
 func (m *Metrics) AuthorityFailed(error) { m.unavailable.Inc() }

@@ -83,3 +83,8 @@ func (a *Authority) States() map[string]guard.State {
 	}
 	return out
 }
+
+// Guard returns the guard of the shard that owns slot, for store calls
+// other than decisions (leases, heartbeats): they pass the same deadline
+// and breaker.
+func (a *Authority) Guard(slot uint16) *guard.Authority { return a.guardOf(a.owner(slot)) }

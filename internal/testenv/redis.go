@@ -54,6 +54,16 @@ func NewRedis(dir string, extra ...string) (*Redis, error) {
 	return nil, fmt.Errorf("start redis-server: %w", lastErr)
 }
 
+// NewRedisAt starts a redis-server on port (from FreePort), for a test of a
+// client that starts before its server. The caller must Close it.
+func NewRedisAt(dir string, port int, extra ...string) (*Redis, error) {
+	r := &Redis{Port: port, dir: dir, args: extra}
+	if err := r.start(); err != nil {
+		return nil, fmt.Errorf("start redis-server on port %d: %w", port, err)
+	}
+	return r, nil
+}
+
 func (r *Redis) start() error {
 	args := []string{
 		"--port", strconv.Itoa(r.Port),
