@@ -160,11 +160,14 @@ func call(t *testing.T, method, u, token, body string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
+// e2ePolicy refills one token an hour: the 15 requests of a key are
+// certain to exhaust its bucket (and 12 to cross the soft limit), however
+// slowly the machine sends them.
 const e2ePolicy = `version: 1
 default_tier: free
 tiers:
-  free: { rate: 1, burst: 5, soft_limit_percent: 50 }
-  pro:  { rate: 1, burst: 8, quota: { limit: 1000, period: day } }
+  free: { rate: 1, period: hour, burst: 5, soft_limit_percent: 50 }
+  pro:  { rate: 1, period: hour, burst: 8, quota: { limit: 1000, period: day } }
 costs: { "api:search": 2 }
 keys: { acct_pro: pro }
 `
