@@ -8,11 +8,14 @@ package kafkadev
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Config says where the broker listens and what it holds. The zero value
@@ -120,4 +123,62 @@ func (b *Broker) Close() {
 		<-b.done
 		b.cluster.Close()
 	})
+}
+
+// SlowFetches makes the broker answer every Fetch request at least d after
+// it arrives, as an overloaded broker or machine does (the consumer's
+// network deadline must allow for it), until the returned restore is called.
+// For tests.
+func (b *Broker) SlowFetches(d time.Duration) (restore func()) {
+	return b.controlFetches(func(*kmsg.FetchRequest) bool { return true }, func(stop <-chan struct{}) {
+		select {
+		case <-time.After(d):
+		case <-stop:
+		}
+	})
+}
+
+// HoldFetches makes the broker hold every Fetch request that asks for
+// partition of the topic, without an answer, until the returned release is
+// called: the partition's consumers see no records, no error and no end of
+// their wait (a stalled partition). Other partitions are served normally as
+// long as their fetches travel on other connections. For tests.
+func (b *Broker) HoldFetches(partition int32) (release func()) {
+	return b.controlFetches(func(req *kmsg.FetchRequest) bool {
+		for _, t := range req.Topics {
+			if t.Topic != b.topic && t.Topic != "" { // "" = addressed by topic ID (v13+)
+				continue
+			}
+			if slices.ContainsFunc(t.Partitions, func(p kmsg.FetchRequestTopicPartition) bool { return p.Partition == partition }) {
+				return true
+			}
+		}
+		return false
+	}, func(stop <-chan struct{}) { <-stop })
+}
+
+// controlFetches runs wait (in kfake's sleep, which lets the broker serve
+// other connections meanwhile) before kfake handles each Fetch request that
+// match selects, until the returned function is called; that wakes every
+// held request and removes the control at the next Fetch.
+func (b *Broker) controlFetches(match func(*kmsg.FetchRequest) bool, wait func(stop <-chan struct{})) func() {
+	stop := make(chan struct{})
+	var stopped atomic.Bool
+	b.cluster.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if stopped.Load() {
+			b.cluster.DropControl()
+			return nil, nil, false
+		}
+		if fr, ok := req.(*kmsg.FetchRequest); ok && match(fr) {
+			b.cluster.SleepControl(func() { wait(stop) })
+		}
+		return nil, nil, false // not handled: kfake answers the request itself
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			stopped.Store(true)
+			close(stop)
+		})
+	}
 }
