@@ -117,7 +117,7 @@ func startNotifier(t *testing.T, conn driver.Conn, db string, k *testenv.Kafka, 
 	reg := prometheus.NewRegistry()
 	cfg := notify.Config{
 		Brokers: []string{k.Addr()}, Topic: k.Topic(), URL: url, Secret: secret,
-		Retry:          notify.Schedule{Base: 20 * time.Millisecond, Max: 200 * time.Millisecond, Attempts: 6},
+		Retry: notify.Schedule{Base: 20 * time.Millisecond, Max: 200 * time.Millisecond, Attempts: 6},
 		// An attempt that timed out on a loaded machine would be one more
 		// retry than the tests count: the deadline is for a hung receiver.
 		AttemptTimeout: 30 * time.Second, SessionTimeout: 2 * time.Second, RecordEvery: 50 * time.Millisecond,
