@@ -44,7 +44,10 @@ type PipelineConfig struct {
 	// Queue is the queue's capacity (default 4096); a full queue makes
 	// Take wait (bounded by its context).
 	Queue int
-	// Timeout bounds one pipeline round trip (default 1s); each caller's
+	// Timeout bounds one pipeline round trip (default 1s), unless the
+	// latest deadline among the batch's callers' contexts is later: a
+	// caller that may wait longer (guard.Settings.MaxWait, on a starved
+	// process) is not failed by a shorter pipeline deadline. Each caller's
 	// own context bounds its wait.
 	Timeout time.Duration
 }
@@ -67,6 +70,7 @@ type Pipelined struct {
 var _ enforcement.Authority = (*Pipelined)(nil)
 
 type call struct {
+	ctx        context.Context // the caller's: a call it gave up on is not sent
 	key, scope string
 	lim        enforcement.Limit
 	cost       int64
@@ -112,7 +116,7 @@ func (p *Pipelined) Take(ctx context.Context, key, scope string, lim enforcement
 		return enforcement.Verdict{}, ErrClosed
 	default:
 	}
-	c := &call{key: key, scope: scope, lim: lim, cost: cost, done: make(chan struct{})}
+	c := &call{ctx: ctx, key: key, scope: scope, lim: lim, cost: cost, done: make(chan struct{})}
 	select {
 	case p.queue <- c:
 	case <-p.stop:
@@ -167,7 +171,10 @@ func (p *Pipelined) work() {
 			batch = append(batch, c)
 		}
 		batch = p.fill(batch)
-		cmds = p.run(batch, cmds[:0])
+		batch = p.dropAbandoned(batch)
+		if len(batch) > 0 {
+			cmds = p.run(batch, cmds[:0])
+		}
 	}
 }
 
@@ -200,8 +207,29 @@ func (p *Pipelined) fill(batch []*call) []*call {
 	return batch
 }
 
+// dropAbandoned answers the calls whose caller has gone (it already
+// returned; a bucket must not spend a token for nobody) and keeps the rest.
+func (p *Pipelined) dropAbandoned(batch []*call) []*call {
+	kept := batch[:0]
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.err = err
+			close(c.done)
+			continue
+		}
+		kept = append(kept, c)
+	}
+	return kept
+}
+
 func (p *Pipelined) run(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
-	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout)
+	deadline := time.Now().Add(p.cfg.Timeout)
+	for _, c := range batch {
+		if d, ok := c.ctx.Deadline(); ok && d.After(deadline) {
+			deadline = d
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	cmds = p.exec(ctx, batch, cmds)
 	// NOSCRIPT (a restarted or failed-over server): load the script and

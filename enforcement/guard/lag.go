@@ -1,0 +1,199 @@
+package guard
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// CPU starvation: is this process, or the machine it runs on, short of CPU?
+//
+// One probe goroutine per process sleeps lagTick at a time and records how
+// late each wake-up was. That lateness, beyond lagSlack (the timer's own
+// imprecision on an idle machine), is scheduler lag: the process wanted a
+// CPU and did not get one, whatever the cause (other processes, GC, a full
+// run queue). Two readings are taken from it:
+//
+//   - the lag during one call (from Timeout before it was sent until it is
+//     judged): at least starvedLag means this process itself was held up;
+//   - contention: the share of wake-ups in the last contentionWindow that
+//     were late at all. A sleeping probe wakes promptly on a busy machine
+//     more often than not, but a co-located store or the process's busy
+//     threads, which run for longer stretches, are held up whenever it is
+//     late; a busy machine shows as a share of late wake-ups well above
+//     zero, an idle one as none (BENCHMARKS.md, "Store deadline on a
+//     starved machine").
+//
+// The probe runs only while store calls are in flight: the first call
+// starts it, and it stops itself after lagIdleStop without calls. So it has
+// one owner (this package's monitor), a way to stop (the guards going
+// quiet), and costs nothing on an idle limiter. Until it has a full window
+// of history (just started), contention is unknown and taken as "busy", so
+// a process that has just started is never quick to blame the store.
+
+const (
+	lagTick     = time.Millisecond
+	lagSlack    = 250 * time.Microsecond
+	lagIdleStop = 10 * time.Second
+	lagHistory  = 8192 // samples kept: at least 8 s of history at lagTick
+	// starvedLag is how much lag during one call makes it "starved".
+	starvedLag = time.Millisecond
+	// contentionWindow and busyShare: the machine is busy when at least
+	// busyShare of the wake-ups in the last contentionWindow were late.
+	contentionWindow = time.Second
+	busyShare        = 0.05
+	// minSamples: fewer wake-ups than this in the window = no history yet
+	// (or a process frozen for most of it): busy.
+	minSamples = 100
+)
+
+type lagSample struct {
+	at   time.Time     // when the probe woke
+	cum  time.Duration // lag accumulated up to then
+	late int64         // late wake-ups counted up to then
+}
+
+// lagMonitor accumulates scheduler lag. Use newLagMonitor. Methods are safe
+// for concurrent use.
+type lagMonitor struct {
+	tick, slack time.Duration
+
+	inflight atomic.Int64
+
+	mu      sync.Mutex
+	running bool
+	ring    []lagSample // oldest at start, newest at start+n-1 (mod len)
+	start   int
+	n       int
+	cum     time.Duration
+	late    int64
+}
+
+func newLagMonitor(tick, slack time.Duration, history int) *lagMonitor {
+	return &lagMonitor{tick: tick, slack: slack, ring: make([]lagSample, history)}
+}
+
+// processLag is the one monitor of this process: the CPU is shared by
+// every guard in it.
+var processLag = newLagMonitor(lagTick, lagSlack, lagHistory)
+
+// enter marks a store call in flight, starting the probe if it is not running.
+func (m *lagMonitor) enter() {
+	m.inflight.Add(1)
+	m.mu.Lock()
+	if !m.running {
+		m.running = true
+		m.start, m.n = 0, 0 // history from before a stop says nothing of now
+		go m.probe()
+	}
+	m.mu.Unlock()
+}
+
+// exit marks a store call done.
+func (m *lagMonitor) exit() { m.inflight.Add(-1) }
+
+func (m *lagMonitor) probe() {
+	timer := time.NewTimer(m.tick)
+	defer timer.Stop()
+	last := time.Now()
+	var idleSince time.Time
+	for {
+		<-timer.C
+		now := time.Now()
+		m.record(now, now.Sub(last)-m.tick)
+		if m.inflight.Load() > 0 {
+			idleSince = time.Time{}
+		} else if idleSince.IsZero() {
+			idleSince = now
+		} else if now.Sub(idleSince) >= lagIdleStop {
+			m.mu.Lock()
+			if m.inflight.Load() == 0 {
+				m.running = false
+				m.mu.Unlock()
+				return
+			}
+			m.mu.Unlock()
+			idleSince = time.Time{}
+		}
+		timer.Reset(m.tick)
+		last = time.Now()
+	}
+}
+
+// record adds one wake-up that came over late (negative = early).
+func (m *lagMonitor) record(at time.Time, over time.Duration) {
+	m.mu.Lock()
+	if over > m.slack {
+		m.cum += over - m.slack
+		m.late++
+	}
+	s := lagSample{at: at, cum: m.cum, late: m.late}
+	if m.n < len(m.ring) {
+		m.ring[(m.start+m.n)%len(m.ring)] = s
+		m.n++
+	} else {
+		m.ring[m.start] = s
+		m.start = (m.start + 1) % len(m.ring)
+	}
+	m.mu.Unlock()
+}
+
+func (m *lagMonitor) sample(i int) lagSample { return m.ring[(m.start+i)%len(m.ring)] }
+
+// atOrBefore is the index of the newest sample at or before t, or -1.
+// Called with m.mu held.
+func (m *lagMonitor) atOrBefore(t time.Time) int {
+	lo, hi := 0, m.n // first index with at > t, by binary search
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if m.sample(mid).at.After(t) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo - 1
+}
+
+// starvation is what the monitor saw.
+type starvation struct {
+	lag  time.Duration // this process's scheduler lag over the call
+	busy bool          // the machine was busy in the last contentionWindow (or no history yet)
+}
+
+// starved says whether a call that is late by the clock may be the CPU's
+// fault rather than the store's.
+func (s starvation) starved() bool { return s.busy || s.lag >= starvedLag }
+
+// since is what the monitor saw from `from` to now: the lag since then
+// (including a wake-up that is overdue right now: a process that is not
+// running cannot record it), and whether the machine is busy.
+func (m *lagMonitor) since(from, now time.Time) starvation {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.n == 0 {
+		return starvation{busy: true}
+	}
+	newest := m.sample(m.n - 1)
+	var st starvation
+	if over := now.Sub(newest.at) - m.tick; over > m.slack {
+		st.lag = over - m.slack
+	}
+	if i := m.atOrBefore(from); i >= 0 {
+		st.lag += newest.cum - m.sample(i).cum
+	} else {
+		st.lag += newest.cum // before the first sample: all of it counts
+	}
+	i := m.atOrBefore(now.Add(-contentionWindow))
+	if i < 0 {
+		st.busy = true // no full window of history yet
+		return st
+	}
+	wakeups := m.n - 1 - i
+	if wakeups < minSamples {
+		st.busy = true
+		return st
+	}
+	st.busy = float64(newest.late-m.sample(i).late) >= busyShare*float64(wakeups)
+	return st
+}
