@@ -3,7 +3,8 @@
 // Kafka-protocol broker — on free loopback ports, and always stops them.
 //
 // A missing server binary is a test failure, never a skip: CI installs them
-// (.ci/run) and a test that silently skipped would prove nothing.
+// (make test, through scripts/deps.sh) and a test that silently skipped
+// would prove nothing.
 package testenv
 
 import (
@@ -62,7 +63,7 @@ type Process struct {
 func startProcess(name string, logPath string, bin string, args ...string) (*Process, error) {
 	path, err := exec.LookPath(bin)
 	if err != nil {
-		return nil, fmt.Errorf("%s is not installed (CI installs it in .ci/run): %w", bin, err)
+		return nil, fmt.Errorf("%s is not installed (make test installs it as root: scripts/deps.sh): %w", bin, err)
 	}
 	cmd := exec.Command(path, args...)
 	if logPath != "" {

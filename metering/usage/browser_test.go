@@ -43,7 +43,7 @@ func browser(t *testing.T) (context.Context, context.CancelFunc) {
 	t.Helper()
 	path, err := exec.LookPath("chromium")
 	if err != nil {
-		t.Fatalf("chromium is not installed (apt-get install chromium; CI installs it in .ci/run): %v", err)
+		t.Fatalf("chromium is not installed (make test installs it as root: scripts/deps.sh): %v", err)
 	}
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(path),
