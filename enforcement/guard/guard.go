@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,9 +41,10 @@ type Settings struct {
 	// waited Timeout + StarvedGrace of time in which the process ran (wall
 	// time minus the measured scheduler lag).
 	StarvedGrace time.Duration
-	// MaxWait bounds any call in wall time, starved or not (default 500ms,
-	// at least Timeout). It is also the deadline the store call's context
-	// carries, so a pipeline or a client read never outlives it.
+	// MaxWait bounds any call in wall time, however starved the process
+	// (default 1s, at least Timeout): the store client's own read timeout.
+	// It is also the deadline the store call's context carries, so a
+	// pipeline or a client read never outlives it.
 	MaxWait time.Duration
 	// ConsecutiveFailures opens the breaker (default 5).
 	ConsecutiveFailures uint32
@@ -62,7 +64,7 @@ func (s Settings) withDefaults() Settings {
 		s.StarvedGrace = 100 * time.Millisecond
 	}
 	if s.MaxWait <= 0 {
-		s.MaxWait = 500 * time.Millisecond
+		s.MaxWait = time.Second
 	}
 	s.MaxWait = max(s.MaxWait, s.Timeout)
 	if s.ConsecutiveFailures == 0 {
@@ -216,10 +218,11 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 
 // Do runs one store call, fn, under the guard's deadline and breaker: the
 // same ones Take uses, so that every call to the store, whatever its
-// purpose, is fenced alike and counts towards the same breaker. fn must
-// return when its ctx is done; ctx carries the deadline MaxWait (or the
-// caller's, when sooner), and is canceled earlier when the guard judges the
-// store late.
+// purpose, is fenced alike and counts towards the same breaker. fn's ctx
+// carries the deadline MaxWait (or the caller's, when sooner) and is
+// canceled when the guard judges the store late; Do returns then, without
+// waiting for fn, whose result is dropped (fn runs in a goroutine of its
+// own, and must return by its ctx's deadline).
 //
 // The error is nil, or satisfies ErrStoreUnavailable (the store failed, was
 // late, or the breaker is open: fn was not called), or is the caller's own
@@ -251,10 +254,30 @@ func (a *Authority) call(parent context.Context, fn func(ctx context.Context) er
 		w.deadline = d
 	}
 	w.Context, w.cancel = context.WithCancel(parent)
+	w.mu.Lock()
 	w.timer = time.AfterFunc(a.s.Timeout, w.judge)
-	err := fn(w)
-	w.done.Store(true)
+	w.mu.Unlock()
+	// fn runs in a goroutine of its own so that the call ends when the
+	// guard gives up on it, even if fn would not (a go-redis read heeds
+	// only its context's deadline, MaxWait, not an earlier cancellation).
+	// That goroutine ends when fn returns, by MaxWait at the latest; its
+	// result is then dropped.
+	res := make(chan error, 1)
+	go func() { res <- fn(w) }()
+	var err error
+	select {
+	case err = <-res:
+	case <-w.Done():
+		select {
+		case err = <-res: // answered as it was given up on: take the answer
+		default:
+			err = w.Err()
+		}
+	}
+	w.mu.Lock()
+	w.done = true
 	w.timer.Stop()
+	w.mu.Unlock()
 	w.cancel()
 	took := time.Since(start)
 
@@ -281,9 +304,11 @@ type watch struct {
 	start           time.Time
 	deadline        time.Time
 	cancel          context.CancelFunc
-	timer           *time.Timer
-	done            atomic.Bool
 	failed          atomic.Pointer[string] // why the guard gave up on the call
+
+	mu    sync.Mutex
+	timer *time.Timer
+	done  bool // the call returned: judge no more
 }
 
 // Deadline is MaxWait after the start, or the caller's, when sooner.
@@ -292,7 +317,9 @@ func (w *watch) Deadline() (time.Time, bool) { return w.deadline, true }
 // judge runs when the call has had no reply for Timeout, and again as long
 // as the process keeps it waiting.
 func (w *watch) judge() {
-	if w.done.Load() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
 		return
 	}
 	now := time.Now()

@@ -56,7 +56,7 @@ type lagSample struct {
 // lagMonitor accumulates scheduler lag. Use newLagMonitor. Methods are safe
 // for concurrent use.
 type lagMonitor struct {
-	tick, slack time.Duration
+	tick, slack, idleStop time.Duration
 
 	inflight atomic.Int64
 
@@ -70,7 +70,7 @@ type lagMonitor struct {
 }
 
 func newLagMonitor(tick, slack time.Duration, history int) *lagMonitor {
-	return &lagMonitor{tick: tick, slack: slack, ring: make([]lagSample, history)}
+	return &lagMonitor{tick: tick, slack: slack, idleStop: lagIdleStop, ring: make([]lagSample, history)}
 }
 
 // processLag is the one monitor of this process: the CPU is shared by
@@ -92,6 +92,13 @@ func (m *lagMonitor) enter() {
 // exit marks a store call done.
 func (m *lagMonitor) exit() { m.inflight.Add(-1) }
 
+// isRunning says whether the probe goroutine runs.
+func (m *lagMonitor) isRunning() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.running
+}
+
 func (m *lagMonitor) probe() {
 	timer := time.NewTimer(m.tick)
 	defer timer.Stop()
@@ -105,7 +112,7 @@ func (m *lagMonitor) probe() {
 			idleSince = time.Time{}
 		} else if idleSince.IsZero() {
 			idleSince = now
-		} else if now.Sub(idleSince) >= lagIdleStop {
+		} else if now.Sub(idleSince) >= m.idleStop {
 			m.mu.Lock()
 			if m.inflight.Load() == 0 {
 				m.running = false

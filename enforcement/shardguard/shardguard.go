@@ -73,6 +73,13 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 	return a.guardOf(a.owner(a.slotOf(key, scope))).Take(ctx, key, scope, lim, cost)
 }
 
+// Do runs fn, a store call about the bucket of (key, scope) (a lease, a
+// return), under the deadline and breaker of the shard that owns the key's
+// slot: the same ones its decisions pass (guard.Authority.Do).
+func (a *Authority) Do(ctx context.Context, key, scope string, fn func(ctx context.Context) error) error {
+	return a.guardOf(a.owner(a.slotOf(key, scope))).Do(ctx, fn)
+}
+
 // States reports every shard's breaker state.
 func (a *Authority) States() map[string]guard.State {
 	a.mu.RLock()
