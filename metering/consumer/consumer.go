@@ -12,9 +12,11 @@
 //     lowest (chsink.Progress.Resume), never at a Kafka committed offset;
 //  2. reloads the deduplication window (event ids of the last offsets) from
 //     decisions_raw;
-//  3. reads messages in offset order into a batch cut by size, by time, and
-//     at every change of UTC month, dropping event ids already seen at an
-//     earlier offset (producer retries);
+//  3. reads messages in offset order (fetch.go: its own fetcher, whose
+//     round trips have a deadline that allows for a slow broker, never
+//     kafka-go's Reader) into a batch cut by size, by time, and at every
+//     change of UTC month, dropping event ids already seen at an earlier
+//     offset (producer retries);
 //  4. writes the batch (chsink.Sink.Write) and only then commits the offset
 //     to Kafka — for lag tools only, it is never read back.
 //
@@ -22,6 +24,10 @@
 // the goroutine's state and starts again at step 1 after a backoff, so a
 // ClickHouse outage, a consumer crash and a rebalance all recover through
 // the same path. While a partition is failing the consumer is not ready.
+//
+// A stall watchdog (watchdog.go) catches what fails without an error: a
+// partition with messages to read that writes nothing for StallAfter is
+// counted, reported by Ready and given a fresh reader.
 package consumer
 
 import (
@@ -31,6 +37,7 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,6 +78,15 @@ type Config struct {
 	DedupWindow    int64         // offsets per partition within which a repeated event id is a duplicate, default 250,000
 	SessionTimeout time.Duration // consumer-group session, default 10 s (heartbeats every quarter of it)
 	InsertTimeout  time.Duration // one batch write, default 30 s; on shutdown at most 4 s
+	// StallAfter is how long a running partition with lag may write nothing
+	// before the watchdog counts a stall and restarts its reader; default
+	// 2 min (well above InsertTimeout: a slow INSERT is not a stall).
+	StallAfter time.Duration
+	// FetchMaxWait is how long the broker may hold a fetch for data to
+	// arrive, default 500 ms; FetchTimeout is the time allowed on top of it
+	// for the round trip, default 30 s (Kafka's request.timeout.ms).
+	FetchMaxWait time.Duration
+	FetchTimeout time.Duration
 
 	Logger   *slog.Logger          // required
 	Registry prometheus.Registerer // required; metrics are registered here
@@ -86,7 +102,8 @@ type Consumer struct {
 	pingOK  atomic.Bool
 	joined  atomic.Bool // a member of the group (false while Kafka is unreachable)
 	mu      sync.Mutex
-	failing map[int]string // partition → last error
+	failing map[int]string     // partition → last error
+	parts   map[int]*partState // owned partitions, for the stall watchdog
 }
 
 // New validates cfg and registers the metrics.
@@ -122,11 +139,20 @@ func New(cfg Config) (*Consumer, error) {
 	if cfg.InsertTimeout <= 0 {
 		cfg.InsertTimeout = 30 * time.Second
 	}
+	if cfg.StallAfter <= 0 {
+		cfg.StallAfter = 2 * time.Minute
+	}
+	if cfg.FetchMaxWait <= 0 {
+		cfg.FetchMaxWait = 500 * time.Millisecond
+	}
+	if cfg.FetchTimeout <= 0 {
+		cfg.FetchTimeout = 30 * time.Second
+	}
 	m, err := newMetrics(cfg.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: metrics: %w", err)
 	}
-	return &Consumer{cfg: cfg, log: cfg.Logger, m: m, seed: maphash.MakeSeed(), failing: map[int]string{}}, nil
+	return &Consumer{cfg: cfg, log: cfg.Logger, m: m, seed: maphash.MakeSeed(), failing: map[int]string{}, parts: map[int]*partState{}}, nil
 }
 
 // Ready reports whether the consumer can do its job, and why not.
@@ -139,10 +165,23 @@ func (c *Consumer) Ready() (bool, string) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	why := map[int]string{}
 	for p, e := range c.failing {
-		return false, fmt.Sprintf("partition %d: %s", p, e)
+		why[p] = e
 	}
-	return true, ""
+	for p, s := range c.parts {
+		if r := s.stallReason(); r != "" {
+			why[p] = r // a stall outranks the error of a restarted attempt
+		}
+	}
+	if len(why) == 0 {
+		return true, ""
+	}
+	var reasons []string
+	for _, p := range sortedKeys(why) {
+		reasons = append(reasons, fmt.Sprintf("partition %d: %s", p, why[p]))
+	}
+	return false, strings.Join(reasons, "; ")
 }
 
 func (c *Consumer) setFailing(p int, err error) {
@@ -178,8 +217,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return fmt.Errorf("consumer: group %s: %w", c.cfg.GroupID, err)
 	}
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() { defer wg.Done(); c.pingLoop(ctx) }()
+	go func() { defer wg.Done(); c.watch(ctx) }()
 
 	for {
 		gen, err := group.Next(ctx)
@@ -248,7 +288,8 @@ func (c *Consumer) pingLoop(ctx context.Context) {
 }
 
 // runPartition owns partition p for one generation: it consumes, and after
-// any error starts again from the progress stored in ClickHouse.
+// any error, or when the stall watchdog ends a stalled attempt, starts again
+// from the progress stored in ClickHouse.
 func (c *Consumer) runPartition(runCtx, genCtx context.Context, gen *kafka.Generation, p int) {
 	ctx, cancel := context.WithCancel(runCtx)
 	defer cancel()
@@ -259,13 +300,37 @@ func (c *Consumer) runPartition(runCtx, genCtx context.Context, gen *kafka.Gener
 		case <-ctx.Done():
 		}
 	}()
+	label := strconv.Itoa(p)
+	// A counter that exists from the start (at 0) lets increase() see the
+	// first stall; it is kept when the partition moves elsewhere.
+	c.m.stalls.WithLabelValues(label).Add(0)
+	st := &partState{}
+	c.mu.Lock()
+	c.parts[p] = st
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		if c.parts[p] == st {
+			delete(c.parts, p)
+		}
+		c.mu.Unlock()
+	}()
 	defer c.clearFailing(p)
-	defer c.m.lag.DeleteLabelValues(strconv.Itoa(p))
+	defer c.m.lag.DeleteLabelValues(label)
 	backoff := 200 * time.Millisecond
 	for {
-		err := c.consume(ctx, gen, p)
+		actx, restart := context.WithCancel(ctx)
+		err := c.consume(actx, restart, gen, p, st)
+		restarted := actx.Err() != nil && ctx.Err() == nil // by the watchdog
+		restart()
+		st.stop()
 		if ctx.Err() != nil {
 			return
+		}
+		if restarted {
+			// A fresh reader at once: the stall was counted and logged.
+			c.log.Info("partition reader restarted by the stall watchdog", "partition", p)
+			continue
 		}
 		c.setFailing(p, err)
 		c.m.restarts.Inc()
@@ -280,8 +345,9 @@ func (c *Consumer) runPartition(runCtx, genCtx context.Context, gen *kafka.Gener
 }
 
 // consume runs steps 1–4 of the package comment until ctx ends (nil after a
-// final flush) or something fails (the error).
-func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) error {
+// final flush) or something fails (the error). restart ends ctx (the stall
+// watchdog's way to give the partition a fresh reader).
+func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen *kafka.Generation, p int, st *partState) error {
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.InsertTimeout)
 	prog, err := c.cfg.Sink.Progress(lctx, p)
 	cancel()
@@ -304,20 +370,10 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 	}
 	c.clearFailing(p)
 	c.log.Debug("partition resumed", "partition", p, "offset", resume, "progress", prog[:])
+	st.start(resume, restart)
 
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:       c.cfg.Brokers,
-		Topic:         c.cfg.Topic,
-		Partition:     p,
-		MinBytes:      1,
-		MaxBytes:      4 << 20, // kfake builds each fetch response in its single loop: keep them small
-		MaxWait:       100 * time.Millisecond,
-		QueueCapacity: 20000, // keep fetching while a batch is written
-	})
-	defer r.Close()
-	if err := r.SetOffset(resume); err != nil {
-		return fmt.Errorf("seek partition %d to %d: %w", p, resume, err)
-	}
+	f := startFetcher(ctx, c, p, resume)
+	defer f.stop()
 
 	var (
 		dec        metering.Decoder
@@ -325,14 +381,17 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 		n          int   // messages in the batch, duplicates and bad ones included
 		last       int64 // offset of the batch's last message
 		month      int
-		batchStart time.Time
 		lastCommit time.Time
 		lagLabel   = strconv.Itoa(p)
-		win        window // deadline of the current batch window
-		dups, bad  int    // in the batch, counted when it is written
+		timer      = time.NewTimer(time.Hour)
+		due        <-chan time.Time // fires when the batch's first message has waited BatchWait; nil while empty
+		dups, bad  int              // in the batch, counted when it is written
 	)
-	defer win.close()
+	timer.Stop()
+	defer timer.Stop()
 	flush := func(budget time.Duration) error {
+		timer.Stop()
+		due = nil
 		if n == 0 {
 			return nil
 		}
@@ -351,7 +410,9 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 		for i := range batch {
 			c.m.delay.Observe(float64(nowMs-batch[i].Event.TS) / 1000)
 		}
-		c.m.lag.WithLabelValues(lagLabel).Set(float64(max(r.Lag(), 0)))
+		if st.progress(last + 1) {
+			c.log.Info("partition makes progress again after a stall", "partition", p, "offset", last+1)
+		}
 		if now.Sub(lastCommit) >= time.Second {
 			// For lag tools only; the resume point is ClickHouse's.
 			if err := gen.CommitOffsets(map[string]map[int]int64{c.cfg.Topic: {p: last + 1}}); err != nil {
@@ -360,96 +421,70 @@ func (c *Consumer) consume(ctx context.Context, gen *kafka.Generation, p int) er
 			lastCommit = now
 		}
 		batch, n = batch[:0], 0
-		win.close() // the next batch gets a fresh window
 		return nil
 	}
 
 	for {
-		if ctx.Err() != nil {
-			// Shutdown or rebalance: the group waits for this goroutine, so
-			// nobody else reads p until the flush is done.
+		var res fetchResult
+		select {
+		case <-ctx.Done():
+			// Shutdown, rebalance or a watchdog restart: the group waits for
+			// this goroutine, so nobody else reads p until the flush is done.
 			return flush(min(c.cfg.InsertTimeout, 4*time.Second))
-		}
-		// One deadline context per batch window, not per message.
-		if win.ctx == nil {
-			deadline := time.Now().Add(c.cfg.BatchWait)
-			if n > 0 {
-				deadline = batchStart.Add(c.cfg.BatchWait)
-			}
-			win.open(ctx, deadline)
-		}
-		msg, err := r.FetchMessage(win.ctx)
-		if err != nil {
-			win.close()
-			if ctx.Err() != nil {
-				continue
-			}
-			if errors.Is(err, context.DeadlineExceeded) {
-				if err := flush(c.cfg.InsertTimeout); err != nil {
-					return err
-				}
-				c.m.lag.WithLabelValues(lagLabel).Set(float64(max(r.Lag(), 0)))
-				continue
-			}
-			return fmt.Errorf("fetch partition %d: %w", p, err)
-		}
-		ev, err := dec.Decode(msg.Value)
-		if err == nil && (ev.TS < minTS || ev.TS > maxTS) {
-			// DateTime cannot hold it: one such event would fail every
-			// INSERT of its batch forever.
-			err = fmt.Errorf("%w: ts %d out of range", metering.ErrBadEvent, ev.TS)
-		}
-		fresh := msg.Offset > seenUpTo
-		if err != nil {
-			if fresh {
-				bad++
-			}
-			c.log.Debug("skipping undecodable message", "partition", p, "offset", msg.Offset, "err", err)
-		} else {
-			mo := chsink.MonthOf(ev.TS)
-			if len(batch) > 0 && mo != month {
-				if err := flush(c.cfg.InsertTimeout); err != nil {
-					return err
-				}
-			}
-			if dd.add(ev.EventID, msg.Offset) {
-				if fresh {
-					dups++
-				}
-			} else {
-				if len(batch) == 0 {
-					month = mo
-				}
-				batch = append(batch, chsink.Record{Offset: msg.Offset, Event: ev})
-			}
-		}
-		if n == 0 {
-			batchStart = time.Now()
-		}
-		n++
-		last = msg.Offset
-		if n >= c.cfg.BatchSize {
+		case <-due:
 			if err := flush(c.cfg.InsertTimeout); err != nil {
 				return err
 			}
+			continue
+		case res = <-f.out:
+		}
+		if res.err != nil {
+			return res.err
+		}
+		st.seen(res.hwm)
+		c.m.lag.WithLabelValues(lagLabel).Set(float64(max(res.hwm-res.next, 0)))
+		for _, msg := range res.msgs {
+			ev, err := dec.Decode(msg.value)
+			if err == nil && (ev.TS < minTS || ev.TS > maxTS) {
+				// DateTime cannot hold it: one such event would fail every
+				// INSERT of its batch forever.
+				err = fmt.Errorf("%w: ts %d out of range", metering.ErrBadEvent, ev.TS)
+			}
+			fresh := msg.offset > seenUpTo
+			if err != nil {
+				if fresh {
+					bad++
+				}
+				c.log.Debug("skipping undecodable message", "partition", p, "offset", msg.offset, "err", err)
+			} else {
+				mo := chsink.MonthOf(ev.TS)
+				if len(batch) > 0 && mo != month {
+					if err := flush(c.cfg.InsertTimeout); err != nil {
+						return err
+					}
+				}
+				if dd.add(ev.EventID, msg.offset) {
+					if fresh {
+						dups++
+					}
+				} else {
+					if len(batch) == 0 {
+						month = mo
+					}
+					batch = append(batch, chsink.Record{Offset: msg.offset, Event: ev})
+				}
+			}
+			if n == 0 {
+				timer.Reset(c.cfg.BatchWait)
+				due = timer.C
+			}
+			n++
+			last = msg.offset
+			if n >= c.cfg.BatchSize {
+				if err := flush(c.cfg.InsertTimeout); err != nil {
+					return err
+				}
+			}
 		}
 	}
-}
-
-// window is the deadline context of one batch window, shared by all the
-// fetches of the window (a context per message cost 7% of the CPU).
-type window struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-}
-
-func (w *window) open(parent context.Context, deadline time.Time) {
-	w.ctx, w.cancel = context.WithDeadline(parent, deadline)
-}
-
-func (w *window) close() {
-	if w.cancel != nil {
-		w.cancel()
-	}
-	w.ctx, w.cancel = nil, nil
 }

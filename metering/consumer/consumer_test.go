@@ -69,6 +69,13 @@ type running struct {
 
 func startConsumer(t *testing.T, conn driver.Conn, db, broker, topic string, batch int) *running {
 	t.Helper()
+	return startConsumerWith(t, conn, db, broker, topic, batch, 0)
+}
+
+// startConsumerWith starts a consumer whose stall watchdog fires after
+// stallAfter without progress (0 = the default).
+func startConsumerWith(t *testing.T, conn driver.Conn, db, broker, topic string, batch int, stallAfter time.Duration) *running {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	obs, err := consumer.InsertMetrics(reg)
 	if err != nil {
@@ -81,7 +88,7 @@ func startConsumer(t *testing.T, conn driver.Conn, db, broker, topic string, bat
 	c, err := consumer.New(consumer.Config{
 		Brokers: []string{broker}, Topic: topic, Sink: sink, Ping: conn.Ping,
 		BatchSize: batch, BatchWait: 100 * time.Millisecond, SessionTimeout: 2 * time.Second,
-		Logger: testLogger(), Registry: reg,
+		StallAfter: stallAfter, Logger: testLogger(), Registry: reg,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ type metrics struct {
 	delay       prometheus.Histogram
 	chUp        prometheus.Gauge
 	restarts    prometheus.Counter
+	stalls      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -52,8 +53,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "meter_partition_restarts_total", Help: "Times a partition reader restarted from the progress stored in ClickHouse after an error.",
 		}),
+		stalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meter_partition_stalls_total", Help: "Times a partition with messages to read wrote nothing to ClickHouse for METER_STALL_AFTER while nothing failed; each time its reader was restarted.",
+		}, []string{"partition"}),
 	}
-	for _, c := range []prometheus.Collector{m.lag, m.assigned, m.batchEvents, m.written, m.duplicates, m.bad, m.delay, m.chUp, m.restarts} {
+	for _, c := range []prometheus.Collector{m.lag, m.assigned, m.batchEvents, m.written, m.duplicates, m.bad, m.delay, m.chUp, m.restarts, m.stalls} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -1,0 +1,204 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+)
+
+// A partition is read with kafka-go's Client.Fetch, not its Reader: the
+// Reader uses the fetch's MaxWait as the socket deadline of the whole
+// fetch (segmentio/kafka-go#574), so a broker or machine slower than
+// MaxWait to deliver a response makes every fetch time out; the Reader
+// then retries the same offset forever, reports it only to its optional
+// ErrorLogger and never to FetchMessage, and the partition stops without a
+// trace (issue 11: with a 100 ms MaxWait, a catch-up fetch after a
+// rebalance on a busy machine never completed). Here the broker is asked to
+// wait MaxWait, the round trip is given MaxWait plus FetchTimeout, and any
+// failure ends the fetcher with an error the consumer logs and recovers
+// from.
+
+// fetchResult is what one fetch produced: the messages at or after the
+// offset asked for, in order, the partition's high watermark then and the
+// offset the fetcher reads next; or the error that ended the fetcher.
+type fetchResult struct {
+	msgs []fetchedMsg
+	hwm  int64
+	next int64
+	err  error
+}
+
+type fetchedMsg struct {
+	offset int64
+	value  []byte
+}
+
+// fetcher reads one partition ahead of the consumer (so that the next
+// messages arrive while a batch is written) on a transport of its own: a
+// fresh fetcher is a fresh reader, with new connections and metadata.
+type fetcher struct {
+	client    *kafka.Client
+	transport *kafka.Transport
+	topic     string
+	partition int
+	maxWait   time.Duration // what the broker may wait for data
+	timeout   time.Duration // network allowance on top of maxWait
+	maxBytes  int64
+	log       *slog.Logger
+
+	out    chan fetchResult // closed never; the owner stops the fetcher with stop
+	cancel context.CancelFunc
+	done   chan struct{} // closed when run has returned
+}
+
+// fetchQueue bounds the responses read ahead (each at most maxBytes).
+const fetchQueue = 4
+
+// startFetcher starts reading partition p at offset. The caller owns the
+// fetcher and must call stop.
+func startFetcher(ctx context.Context, c *Consumer, p int, offset int64) *fetcher {
+	tr := &kafka.Transport{
+		DialTimeout:    5 * time.Second,
+		MetadataTopics: []string{c.cfg.Topic},
+		ClientID:       "meter-consumer",
+	}
+	fctx, cancel := context.WithCancel(ctx)
+	f := &fetcher{
+		client:    &kafka.Client{Addr: kafka.TCP(c.cfg.Brokers...), Transport: tr},
+		transport: tr,
+		topic:     c.cfg.Topic,
+		partition: p,
+		maxWait:   c.cfg.FetchMaxWait,
+		timeout:   c.cfg.FetchTimeout,
+		maxBytes:  1 << 20, // kfake builds each fetch response in its single loop: keep them small
+		log:       c.log,
+		out:       make(chan fetchResult, fetchQueue),
+		cancel:    cancel,
+		done:      make(chan struct{}),
+	}
+	go func() {
+		defer close(f.done)
+		f.run(fctx, offset)
+	}()
+	return f
+}
+
+// stop ends the fetch in flight, waits for the fetcher's goroutine and
+// releases its connections.
+func (f *fetcher) stop() {
+	f.cancel()
+	<-f.done
+	f.transport.CloseIdleConnections()
+}
+
+func (f *fetcher) run(ctx context.Context, offset int64) {
+	for {
+		start := time.Now()
+		msgs, hwm, next, err := f.fetch(ctx, offset)
+		if ctx.Err() != nil {
+			return
+		}
+		select {
+		case f.out <- fetchResult{msgs: msgs, hwm: hwm, next: next, err: err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+		// A broker answers an empty fetch when MaxWait has passed; one that
+		// answers sooner is not asked again at once (no busy loop).
+		if len(msgs) == 0 && next == offset {
+			if wait := f.maxWait - time.Since(start); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(wait):
+				}
+			}
+		}
+		offset = next
+	}
+}
+
+// fetch reads the messages at offset and after; next is the offset to ask
+// for next.
+func (f *fetcher) fetch(ctx context.Context, offset int64) (msgs []fetchedMsg, hwm, next int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, f.maxWait+f.timeout)
+	defer cancel()
+	resp, err := f.client.Fetch(ctx, &kafka.FetchRequest{
+		Topic: f.topic, Partition: f.partition, Offset: offset,
+		MinBytes: 1, MaxBytes: f.maxBytes, MaxWait: f.maxWait,
+	})
+	if err != nil {
+		return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: %w", f.partition, offset, err)
+	}
+	if resp.Error != nil {
+		if errors.Is(resp.Error, kafka.OffsetOutOfRange) {
+			return f.outOfRange(ctx, offset)
+		}
+		return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: %w", f.partition, offset, resp.Error)
+	}
+	next = offset
+	for {
+		rec, err := resp.Records.ReadRecord()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: read record: %w", f.partition, offset, err)
+		}
+		value, err := protocol.ReadAll(rec.Value)
+		if rec.Key != nil {
+			rec.Key.Close()
+		}
+		if rec.Value != nil {
+			rec.Value.Close()
+		}
+		if err != nil {
+			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: read record %d: %w", f.partition, offset, rec.Offset, err)
+		}
+		if rec.Offset < offset {
+			continue // a batch may start before the offset asked for
+		}
+		msgs = append(msgs, fetchedMsg{offset: rec.Offset, value: value})
+		next = rec.Offset + 1
+	}
+	return msgs, resp.HighWatermark, next, nil
+}
+
+// outOfRange handles an offset the log does not hold: below its start
+// (retention deleted messages before they were consumed) the fetcher skips
+// to the start and says so; past its end (Kafka lost messages ClickHouse
+// already has, or the topic was recreated) is an error, so the partition is
+// reported failing until the log reaches the offset.
+func (f *fetcher) outOfRange(ctx context.Context, offset int64) ([]fetchedMsg, int64, int64, error) {
+	res, err := f.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{
+		Topics: map[string][]kafka.OffsetRequest{f.topic: {kafka.FirstOffsetOf(f.partition), kafka.LastOffsetOf(f.partition)}},
+	})
+	if err != nil {
+		return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: out of range, and its bounds are unknown: %w", f.partition, offset, err)
+	}
+	for _, po := range res.Topics[f.topic] {
+		if po.Partition != f.partition {
+			continue
+		}
+		if po.Error != nil {
+			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: out of range, and its bounds are unknown: %w", f.partition, offset, po.Error)
+		}
+		if offset < po.FirstOffset {
+			f.log.Warn("messages deleted by retention before they were consumed; skipping them",
+				"partition", f.partition, "from", offset, "to", po.FirstOffset-1)
+			return nil, po.LastOffset, po.FirstOffset, nil
+		}
+		return nil, po.LastOffset, offset, fmt.Errorf("fetch partition %d: offset %d is past the end of the log (%d); Kafka lost messages ClickHouse has, or the topic was recreated",
+			f.partition, offset, po.LastOffset)
+	}
+	return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: out of range, and the broker did not list the partition's bounds", f.partition, offset)
+}
