@@ -25,6 +25,7 @@ type config struct {
 	BatchWait      time.Duration // METER_BATCH_WAIT, longest a message waits in a batch
 	DedupWindow    int64         // METER_DEDUP_WINDOW, offsets per partition
 	SessionTimeout time.Duration // METER_SESSION_TIMEOUT, consumer-group session
+	StallAfter     time.Duration // METER_STALL_AFTER, stall watchdog: no progress with lag for this long
 }
 
 // loadConfig reads and validates the configuration; the error names every
@@ -43,6 +44,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		BatchWait:      e.Duration("METER_BATCH_WAIT", 500*time.Millisecond, time.Millisecond, time.Minute),
 		DedupWindow:    e.Int("METER_DEDUP_WINDOW", 250_000, 1, 100_000_000),
 		SessionTimeout: e.Duration("METER_SESSION_TIMEOUT", 10*time.Second, time.Second, 5*time.Minute),
+		StallAfter:     e.Duration("METER_STALL_AFTER", 2*time.Minute, time.Second, 24*time.Hour),
 	}
 	if len(c.KafkaBrokers) == 0 {
 		e.Fail("KAFKA_BROKERS", "required (comma-separated host:port)")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -89,6 +90,56 @@ func (p *meterProc) readyz() int {
 	return resp.StatusCode
 }
 
+// readyzBody returns the /readyz status code and body, 0 when nothing
+// answers.
+func (p *meterProc) readyzBody() (int, string) {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + p.addr + "/readyz")
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// stalls scrapes meter_partition_stalls_total by partition from /metrics.
+func (p *meterProc) stalls(t *testing.T) map[int]float64 {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + p.addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s: %v", p.addr, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", p.addr, err)
+	}
+	out := map[int]float64{}
+	for _, l := range strings.Split(string(b), "\n") {
+		var part int
+		var v float64
+		if _, err := fmt.Sscanf(l, `meter_partition_stalls_total{partition="%d"} %g`, &part, &v); err == nil {
+			out[part] = v
+		}
+	}
+	return out
+}
+
+// waitUntil polls cond until it holds and fails naming what it waited for
+// after within.
+func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up after %s waiting for %s", within, what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 func waitStatus(t *testing.T, p *meterProc, want int, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
@@ -122,12 +173,23 @@ func faultEvents(n int) []metering.Event {
 	return out
 }
 
+// stallAfter is the stall watchdog's clock (METER_STALL_AFTER) in the fault
+// test: short enough to provoke a stall within the test, far above any
+// pause of a healthy partition on a loaded machine, and so that the faults
+// that are errors (a killed consumer, ClickHouse down) are reported as
+// errors, never as stalls.
+const stallAfter = 20 * time.Second
+
 // TestExactTotalsUnderFaults streams a known set of events (plus producer
 // retries and a replayed range, i.e. the same event ids again at new
 // offsets) while two consumer processes are SIGKILLed and restarted at
 // random moments (each time also a rebalance) and ClickHouse is stopped and
 // started again; then every rollup must hold exactly one count per distinct
-// event.
+// event, and the stall watchdog must not have fired. Then the broker stops
+// answering the fetches of one partition while it has messages to read: the
+// watchdog must count that stall on the partition's owner, whose /readyz
+// names the partition, and once the broker answers again the partition
+// recovers without a restart, with exact totals.
 func TestExactTotalsUnderFaults(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -140,6 +202,7 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 		"KAFKA_BROKERS=" + k.Addr(), "KAFKA_TOPIC=" + k.Topic(),
 		"CLICKHOUSE_ADDR=" + ch.Addr(), "CLICKHOUSE_DATABASE=" + db,
 		"METER_BATCH_SIZE=1500", "METER_BATCH_WAIT=100ms", "METER_SESSION_TIMEOUT=2s",
+		"METER_STALL_AFTER=" + stallAfter.String(),
 	}
 	evs := faultEvents(60_000)
 
@@ -240,6 +303,71 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 		t.Fatalf("decisions_raw: %d rows, %d distinct ids; want %d of each", raw, distinct, len(evs))
 	}
 	t.Logf("%d distinct events, %d duplicates produced, %d consumer SIGKILLs, 1 ClickHouse restart: totals exact", len(evs), dups, kills)
+
+	// Kills, rebalances and a ClickHouse outage are errors, reported as
+	// such: the stall watchdog stayed quiet on every partition.
+	for _, p := range procs {
+		for part, n := range p.stalls(t) {
+			if n != 0 {
+				t.Fatalf("meter-consumer %s counted %v stalls of partition %d in the healthy part of the run", p.addr, n, part)
+			}
+		}
+	}
+
+	// A stall: the broker holds every fetch of one partition, unanswered,
+	// while new events give it messages to read.
+	held := int32(rng.IntN(4))
+	t.Logf("holding the fetches of partition %d", held)
+	release := k.HoldFetches(held)
+	defer release()
+	more := faultEvents(8_000)
+	w := &kafka.Writer{Addr: kafka.TCP(k.Addr()), Topic: k.Topic(), Balancer: &kafka.Hash{},
+		BatchSize: 1000, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
+	msgs := make([]kafka.Message, len(more))
+	for i := range more {
+		msgs[i] = kafka.Message{Key: []byte(more[i].Key), Value: more[i].AppendEncode(nil)}
+	}
+	wctx, wcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	err := w.WriteMessages(wctx, msgs...)
+	wcancel()
+	w.Close()
+	if err != nil {
+		t.Fatalf("produce the events of the stall: %v", err)
+	}
+	var owner *meterProc
+	waitUntil(t, stallAfter+2*time.Minute, fmt.Sprintf("a stall of partition %d to be counted", held), func() bool {
+		for _, p := range procs {
+			if p.stalls(t)[int(held)] >= 1 {
+				owner = p
+				return true
+			}
+		}
+		return false
+	})
+	waitUntil(t, time.Minute, fmt.Sprintf("/readyz of %s to answer 503 naming partition %d", owner.addr, held), func() bool {
+		code, body := owner.readyzBody()
+		return code == http.StatusServiceUnavailable && strings.Contains(body, fmt.Sprintf("partition %d: stalled", held))
+	})
+	release() // the broker answers again: the watchdog's fresh reader resumes
+	all := append(append([]metering.Event(nil), evs...), more...)
+	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(all), 120*time.Second)
+	for _, p := range procs {
+		waitStatus(t, p, http.StatusOK, 60*time.Second)
+		for part, n := range p.stalls(t) {
+			if part != int(held) && n != 0 {
+				t.Fatalf("meter-consumer %s counted %v stalls of partition %d, which was never held", p.addr, n, part)
+			}
+		}
+	}
+	qctx, qcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer qcancel()
+	if err := conn.QueryRow(qctx, "SELECT count(), uniqExact(event_id) FROM "+db+".decisions_raw").Scan(&raw, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if raw != uint64(len(all)) || distinct != uint64(len(all)) {
+		t.Fatalf("decisions_raw after the stall: %d rows, %d distinct ids; want %d of each", raw, distinct, len(all))
+	}
+	t.Logf("partition %d stalled, was counted by %s and recovered: totals exact", held, owner.addr)
 
 	// Graceful stop: SIGTERM, exit 0 within 10 s.
 	for _, p := range procs {

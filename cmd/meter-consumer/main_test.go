@@ -37,6 +37,8 @@ func TestInvalidConfigExitsWithOneLineNamingTheVariable(t *testing.T) {
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "WEBHOOK_URL=https://example.test/hook", "WEBHOOK_SECRET=plain"}, "WEBHOOK_SECRET"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_ADDR=8082"}, "METER_ADDR"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_BATCH_SIZE=0"}, "METER_BATCH_SIZE"},
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_STALL_AFTER=0s"}, "METER_STALL_AFTER"},
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_STALL_AFTER=soon"}, "METER_STALL_AFTER"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -64,8 +66,8 @@ func TestConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := fmt.Sprintln(c.KafkaBrokers, c.KafkaTopic, c.ClickHouseAddr, c.Database, c.MeterAddr)
-	want := "[127.0.0.1:9092 127.0.0.1:9093] ratelimit.decisions 127.0.0.1:9000 ratelimit 127.0.0.1:8082\n"
+	got := fmt.Sprintln(c.KafkaBrokers, c.KafkaTopic, c.ClickHouseAddr, c.Database, c.MeterAddr, c.StallAfter)
+	want := "[127.0.0.1:9092 127.0.0.1:9093] ratelimit.decisions 127.0.0.1:9000 ratelimit 127.0.0.1:8082 2m0s\n"
 	if got != want {
 		t.Fatalf("defaults %q, want %q", got, want)
 	}

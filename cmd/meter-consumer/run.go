@@ -87,6 +87,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		BatchWait:      cfg.BatchWait,
 		DedupWindow:    cfg.DedupWindow,
 		SessionTimeout: cfg.SessionTimeout,
+		StallAfter:     cfg.StallAfter,
 		Logger:         log.With("component", "meter"),
 		Registry:       reg,
 	})
