@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // Design: every (key, scope) has one local entry, held in a sharded table and
@@ -50,7 +52,7 @@ type Policy interface {
 }
 
 // ErrUnknownTier is returned by a Policy for a tier it does not define.
-var ErrUnknownTier = errors.New("unknown tier")
+var ErrUnknownTier = limits.ErrUnknownTier
 
 // Observer receives what the limiter does, for metrics. Implementations must
 // be safe for concurrent use and cheap: they run on every decision.
@@ -290,7 +292,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 	if req.HasCost {
 		cost = req.Cost
 	}
-	if capacity := res.capacity(); cost > capacity {
+	if capacity := res.Capacity(); cost > capacity {
 		e.mu.Unlock()
 		return Decision{}, fmt.Errorf("%w: cost %d, capacity %d", ErrCostExceedsLimit, cost, capacity)
 	}

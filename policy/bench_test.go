@@ -9,9 +9,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/enforcement/policy"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 // requests the benchmarks resolve: the common shapes of traffic.

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ratewarden/ratewarden/enforcement/policy"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 func TestUnknownWhileDegraded(t *testing.T) {

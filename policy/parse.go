@@ -14,7 +14,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // MaxFileSize bounds a policy file; a larger one is refused.
@@ -438,7 +438,7 @@ func (v *validator) compile(f File) *Policy {
 		if strings.TrimSpace(name) == "" {
 			v.fail(path, "a tier needs a name")
 		}
-		lim := enforcement.Limit{Burst: t.Burst, SoftLimitPercent: t.SoftLimitPercent}
+		lim := limits.Limit{Burst: t.Burst, SoftLimitPercent: t.SoftLimitPercent}
 		lim.Rate = v.rate(path, t.Rate, t.Period)
 		v.burst(path+".burst", t.Burst)
 		v.soft(path+".soft_limit_percent", t.SoftLimitPercent)
@@ -467,7 +467,7 @@ func (v *validator) compile(f File) *Policy {
 	if c := f.GlobalCeiling; c != nil {
 		rate := v.rate("global_ceiling", c.Rate, c.Period)
 		v.burst("global_ceiling.burst", c.Burst)
-		p.ceiling = &enforcement.Limit{Rate: rate, Burst: c.Burst}
+		p.ceiling = &limits.Limit{Rate: rate, Burst: c.Burst}
 	}
 	names := map[string]int{}
 	for i, r := range f.Rules {
@@ -580,7 +580,7 @@ func (v *validator) soft(path string, pct float64) {
 	}
 }
 
-func (v *validator) quota(path string, q *Quota) (int64, enforcement.Period) {
+func (v *validator) quota(path string, q *Quota) (int64, limits.Period) {
 	period, ok := quotaPeriods[q.Period]
 	if !ok {
 		v.fail(path+".period", "must be hour, day or month, got %q", q.Period)

@@ -10,7 +10,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/ratewarden/ratewarden/enforcement/policy"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 // File is the policy as yaml.v3 alone reads it (the fuzz test's reference).
@@ -187,7 +187,7 @@ func TestParseRefusesOversizedFile(t *testing.T) {
 // resolves to a usable limit (rate > 0, burst ≥ 1) or to ErrUnknownTier.
 // Seeds: testdata/fuzz/FuzzParse.
 func FuzzParse(f *testing.F) {
-	for _, path := range []string{"testdata/resolve.yaml", "../../deploy/policy.yaml"} {
+	for _, path := range []string{"testdata/resolve.yaml", "../deploy/policy.yaml"} {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			f.Fatal(err)

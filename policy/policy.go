@@ -10,7 +10,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // File is the policy file as written. Field names are the file's.
@@ -77,14 +77,12 @@ type Policy struct {
 	hash    string
 	tiers   map[string]tierLimit
 	rules   []compiledRule
-	ceiling *enforcement.Limit
+	ceiling *limits.Limit
 }
-
-var _ enforcement.Policy = (*Policy)(nil)
 
 type tierLimit struct {
 	name  string
-	limit enforcement.Limit
+	limit limits.Limit
 }
 
 type compiledRule struct {
@@ -109,17 +107,18 @@ func hashOf(b []byte) string {
 
 var periodSeconds = map[string]float64{"": 1, "second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
-var quotaPeriods = map[string]enforcement.Period{
-	"hour": enforcement.PeriodHour, "day": enforcement.PeriodDay, "month": enforcement.PeriodMonth,
+var quotaPeriods = map[string]limits.Period{
+	"hour": limits.PeriodHour, "day": limits.PeriodDay, "month": limits.PeriodMonth,
 }
 
-// Resolve implements enforcement.Policy. The order, most specific first:
+// Resolve implements enforcement.Policy (and is the one resolution the
+// usage API reports against). The order, most specific first:
 // the tier is the request's, else the keys map's, else default_tier; among
 // the rules that match, exact key > key_prefix > tier > no key matcher, and
 // within that exact scope > glob scope > no scope; ties go to the rule listed
 // first; no rule → the tier's own limit. global_ceiling then caps rate and
 // burst.
-func (p *Policy) Resolve(key, scope, tier string) (enforcement.Resolved, error) {
+func (p *Policy) Resolve(key, scope, tier string) (limits.Resolved, error) {
 	if tier == "" {
 		tier = p.file.Keys[key]
 		if tier == "" {
@@ -128,9 +127,9 @@ func (p *Policy) Resolve(key, scope, tier string) (enforcement.Resolved, error) 
 	}
 	tl, ok := p.tiers[tier]
 	if !ok {
-		return enforcement.Resolved{}, fmt.Errorf("%w %q", enforcement.ErrUnknownTier, tier)
+		return limits.Resolved{}, fmt.Errorf("%w %q", limits.ErrUnknownTier, tier)
 	}
-	res := enforcement.Resolved{Limit: tl.limit, Policy: tier, Tier: tier, DryRun: p.file.DryRun, Cost: 1}
+	res := limits.Resolved{Limit: tl.limit, Policy: tier, Tier: tier, DryRun: p.file.DryRun, Cost: 1}
 	if c, ok := p.file.Costs[scope]; ok {
 		res.Cost = c
 	}

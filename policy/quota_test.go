@@ -8,10 +8,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/enforcement/policy"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/policy"
 )
+
+// The limiter resolves through this package's Policy.
+var _ enforcement.Policy = (*policy.Policy)(nil)
 
 // TestQuotaWindowBoundary: quota windows are UTC calendar windows; the last
 // instant of one and the first of the next fall in different windows, and

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/enforcement/policy"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 func load(t testing.TB, path string) *policy.Policy {
@@ -183,7 +183,7 @@ func TestVersionHashFile(t *testing.T) {
 }
 
 func TestDeployPolicyIsValid(t *testing.T) {
-	p := load(t, "../../deploy/policy.yaml")
+	p := load(t, "../deploy/policy.yaml")
 	res, err := p.Resolve("acct_demo_pro", "api:search", "")
 	if err != nil || res.Policy != "pro-search" || !res.DryRun || res.Cost != 10 {
 		t.Fatalf("deploy policy, pro search: %+v %v", res, err)
@@ -200,7 +200,7 @@ func TestWarnings(t *testing.T) {
 	if w := p.Warnings(); len(w) != 1 || !strings.Contains(w[0], `costs["big"] = 600 exceeds every burst (at most 500)`) {
 		t.Fatalf("warnings %q", w)
 	}
-	if w := load(t, "../../deploy/policy.yaml").Warnings(); len(w) != 0 {
+	if w := load(t, "../deploy/policy.yaml").Warnings(); len(w) != 0 {
 		t.Fatalf("deploy/policy.yaml: %q", w)
 	}
 }

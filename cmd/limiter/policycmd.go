@@ -6,7 +6,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/ratewarden/ratewarden/enforcement/policy"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 const policyUsage = `usage:

@@ -20,7 +20,7 @@ func TestPolicyCheck(t *testing.T) {
 	}
 
 	// Valid but suspicious: exit 0, with the warning.
-	code, out, _ = runPolicy("check", "../../enforcement/policy/testdata/resolve.yaml")
+	code, out, _ = runPolicy("check", "../../policy/testdata/resolve.yaml")
 	if code != 0 || !strings.Contains(out, `warning: rules[7] "pro-search-dup" can never win`) {
 		t.Fatalf("check with a shadowed rule: exit %d\n%s", code, out)
 	}

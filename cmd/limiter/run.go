@@ -29,7 +29,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
-	"github.com/ratewarden/ratewarden/enforcement/policy"
+	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/enforcement/shardguard"
 	"github.com/ratewarden/ratewarden/enforcement/split"

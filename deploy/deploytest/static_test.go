@@ -17,7 +17,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/ratewarden/ratewarden/enforcement/policy"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 // services are the binaries that run as long-lived services in compose and k8s.

@@ -13,7 +13,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/ginlimit"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
-	"github.com/ratewarden/ratewarden/enforcement/policy"
+	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )

@@ -8,7 +8,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
-	"github.com/ratewarden/ratewarden/enforcement/policy"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 // Protecting a Go service in-process: identity first (X-API-Key), client

@@ -1,0 +1,103 @@
+// Package limits is what a limit is — a token bucket's rate and burst, a
+// calendar quota, the rule that set them — with no behaviour attached. The
+// policy file resolves to these values (package policy), the limiter
+// enforces them (package enforcement), and the accounting side reports
+// against them (package metering/usage): each of those imports this leaf
+// package, none imports another for it.
+package limits
+
+import (
+	"errors"
+	"time"
+)
+
+// ErrUnknownTier is returned by a policy for a tier it does not define.
+var ErrUnknownTier = errors.New("unknown tier")
+
+// Period is the calendar window of a quota, in UTC.
+type Period uint8
+
+// Quota periods. PeriodNone means the limit has no quota.
+const (
+	PeriodNone Period = iota
+	PeriodHour
+	PeriodDay
+	PeriodMonth
+)
+
+// String returns the policy-file spelling of p.
+func (p Period) String() string {
+	switch p {
+	case PeriodHour:
+		return "hour"
+	case PeriodDay:
+		return "day"
+	case PeriodMonth:
+		return "month"
+	}
+	return "none"
+}
+
+// Window returns the UTC calendar window of period p that contains t.
+// For PeriodNone it returns the zero times.
+func (p Period) Window(t time.Time) (start, end time.Time) {
+	t = t.UTC()
+	switch p {
+	case PeriodHour:
+		start = t.Truncate(time.Hour)
+		return start, start.Add(time.Hour)
+	case PeriodDay:
+		start = time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
+		return start, start.AddDate(0, 0, 1)
+	case PeriodMonth:
+		start = time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+		return start, start.AddDate(0, 1, 0)
+	}
+	return time.Time{}, time.Time{}
+}
+
+// Limit is what one bucket enforces. The zero value is not a valid limit:
+// Rate and Burst must be positive.
+type Limit struct {
+	Rate  float64 // sustained refill, tokens per second
+	Burst int64   // capacity: the largest burst, and the largest cost ever allowed
+
+	QuotaLimit  int64  // tokens allowed per QuotaPeriod window; 0 = no quota
+	QuotaPeriod Period // PeriodNone = no quota
+	// QuotaID names the allowance: limits of one key that share a QuotaID
+	// (the tier or rule that set the quota) spend one counter across scopes.
+	QuotaID string
+	// QuotaDenyUnknown: while the shared store cannot be asked, a key whose
+	// quota use in the current window was never reported to this instance
+	// gets nothing of the quota (rather than its share of the whole quota).
+	QuotaDenyUnknown bool
+
+	// SoftLimitPercent sets Decision.Warning when consumption (of the bucket,
+	// or of the quota) reaches this percentage; 0 = no soft limit.
+	SoftLimitPercent float64
+
+	// Split spreads a hot key's bucket over Split sub-keys, each holding
+	// 1/Split of the rate and burst (key splitting); 0 or 1 = one bucket.
+	Split int
+}
+
+// Capacity is the largest cost a request can ever be allowed: the burst, or
+// one sub-bucket's when the key is split.
+func (l Limit) Capacity() int64 {
+	if l.Split > 1 {
+		return max(1, l.Burst/int64(l.Split))
+	}
+	return l.Burst
+}
+
+// HasQuota reports whether the limit carries a calendar quota.
+func (l Limit) HasQuota() bool { return l.QuotaLimit > 0 && l.QuotaPeriod != PeriodNone }
+
+// Resolved is a limit together with what the policy said about it.
+type Resolved struct {
+	Limit
+	Policy string // name of the rule (or tier) that set the limit
+	Tier   string // the tier the request resolved to
+	DryRun bool   // count what would be rejected, reject nothing
+	Cost   int64  // the scope's cost when the request names none
+}
