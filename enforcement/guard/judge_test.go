@@ -188,7 +188,14 @@ func TestLagProbeStopsWhenIdle(t *testing.T) {
 	m.mu.Lock()
 	n = m.n
 	m.mu.Unlock()
-	if n > 1 {
+	if n > 2 {
 		t.Fatalf("history from before the stop kept: %d samples", n)
+	}
+	// A probe that has not run since it was started is overdue: lag.
+	m2 := newLagMonitor(ms, 250*time.Microsecond, 8192)
+	started := time.Now()
+	m2.restart(started) // as enter does, without the goroutine
+	if st := m2.since(started.Add(-5*ms), started.Add(51*ms)); st.lag != 49750*time.Microsecond || !st.starved() {
+		t.Fatalf("%+v, want the 50ms the probe is overdue, less the slack", st)
 	}
 }

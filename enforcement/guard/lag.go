@@ -83,10 +83,18 @@ func (m *lagMonitor) enter() {
 	m.mu.Lock()
 	if !m.running {
 		m.running = true
-		m.start, m.n = 0, 0 // history from before a stop says nothing of now
+		m.restart(time.Now())
 		go m.probe()
 	}
 	m.mu.Unlock()
+}
+
+// restart drops the history (from before a stop, it says nothing of now)
+// and records the start as the first sample: a probe that does not get to
+// run after it is overdue, which counts as lag. Called with m.mu held.
+func (m *lagMonitor) restart(at time.Time) {
+	m.start, m.n = 0, 1
+	m.ring[0] = lagSample{at: at, cum: m.cum, late: m.late}
 }
 
 // exit marks a store call done.
