@@ -49,6 +49,10 @@ import (
 	"github.com/ratewarden/ratewarden/metering/chsink"
 )
 
+// revokeFlush bounds the last batch a partition writes when it is revoked
+// (shutdown, rebalance, a watchdog restart).
+const revokeFlush = 4 * time.Second
+
 // Sink stores batches and reports progress (implemented by *chsink.Sink).
 type Sink interface {
 	Progress(ctx context.Context, partition int) (chsink.Progress, error)
@@ -206,9 +210,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 		Topics:            []string{c.cfg.Topic},
 		SessionTimeout:    c.cfg.SessionTimeout,
 		HeartbeatInterval: c.cfg.SessionTimeout / 4,
-		RebalanceTimeout:  c.cfg.SessionTimeout,
-		JoinGroupBackoff:  time.Second,
-		Timeout:           3 * time.Second, // also bounds leaving the group at shutdown
+		// A member told to rejoin first finishes its partitions' last
+		// batches (up to revokeFlush each, in parallel). The coordinator
+		// drops a member that has not rejoined within the rebalance
+		// timeout and hands its partitions to another while those batches
+		// are still being written, which counts them twice; so the
+		// timeout leaves room for the flush (it was the session timeout,
+		// 2 s in the fault test, and members were dropped mid-flush on a
+		// loaded machine).
+		RebalanceTimeout: c.cfg.SessionTimeout + 2*revokeFlush + 2*time.Second,
+		JoinGroupBackoff: time.Second,
+		Timeout:          3 * time.Second, // also bounds leaving the group at shutdown
 		// Partitions added to the topic trigger a rebalance.
 		WatchPartitionChanges:  true,
 		PartitionWatchInterval: 10 * time.Second,
@@ -430,7 +442,7 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 		case <-ctx.Done():
 			// Shutdown, rebalance or a watchdog restart: the group waits for
 			// this goroutine, so nobody else reads p until the flush is done.
-			return flush(min(c.cfg.InsertTimeout, 4*time.Second))
+			return flush(min(c.cfg.InsertTimeout, revokeFlush))
 		case <-due:
 			if err := flush(c.cfg.InsertTimeout); err != nil {
 				return err
