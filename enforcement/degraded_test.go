@@ -217,3 +217,30 @@ func TestInstancesFollowTheFleet(t *testing.T) {
 		t.Fatalf("degraded at 8 instances: allowed %d, want 25", got)
 	}
 }
+
+func TestRemainingReportsTheBindingConstraint(t *testing.T) {
+	clk := newClock()
+	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 100), Policy: quotaPolicy(false), Now: clk.Now})
+	monthEnd := time.Date(2026, 8, 1, 0, 0, 0, 0, time.UTC)
+	ctx := context.Background()
+	// The bucket (1000) binds first: 10 spent, 990 in the bucket, 90 in the quota → the quota binds.
+	d, _ := l.Check(ctx, req("k", 10))
+	if !d.Allowed || d.Remaining != 90 || d.Limit != 100 || !d.ResetAt.Equal(monthEnd) {
+		t.Fatalf("quota binding: %+v, want remaining 90 of the quota's 100, resetting at the month's end", d)
+	}
+	// Spend the quota: the rejection reports 0 of 100 until the month ends.
+	l.Check(ctx, req("k", 90))
+	d, _ = l.Check(ctx, req("k", 1))
+	if d.Allowed || d.Remaining != 0 || d.Limit != 100 || !d.ResetAt.Equal(monthEnd) {
+		t.Fatalf("quota spent: %+v, want 0 of 100 resetting at the month's end", d)
+	}
+
+	// A quota far larger than the bucket: the bucket binds and is reported.
+	big := fixedPolicy{enforcement.Resolved{Limit: enforcement.Limit{Rate: 1, Burst: 10,
+		QuotaLimit: 1000, QuotaPeriod: enforcement.PeriodMonth, QuotaID: "q"}, Policy: "p", Tier: "t", Cost: 1}}
+	l2 := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 100), Policy: big, Now: clk.Now})
+	d, _ = l2.Check(ctx, req("k", 4))
+	if !d.Allowed || d.Remaining != 6 || d.Limit != 10 || !d.ResetAt.Equal(clk.Now().Add(4*time.Second)) {
+		t.Fatalf("bucket binding: %+v, want 6 of 10, full again in 4 s", d)
+	}
+}

@@ -310,10 +310,14 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 				d.Remaining = wholeTokens(tokens)
 				d.Warning = softLimitReached(res.Limit, tokens, k.quotaUsed)
 			}
+			quotaUsed, quotaEnd := e.known.quotaUsed, e.known.quotaEnd
 			e.mu.Unlock()
 			d.Source = SourceLocal
 			d.RetryAfter = time.Duration(ceilMS(wait)) * time.Millisecond
 			d.ResetAt = start.Add(time.Duration(reset) * time.Microsecond)
+			if quotaEnd > nowUS {
+				bindQuota(&d, res.Limit, quotaUsed, start.Add(time.Duration(quotaEnd-nowUS)*time.Microsecond))
+			}
 			return l.finish(&req, d, start), nil
 		}
 	}
@@ -344,6 +348,10 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 		d.RetryAfter = v.RetryAfter
 		d.ResetAt = v.Now.Add(v.ResetAfter)
 		d.Warning = v.Warning
+		if res.HasQuota() {
+			_, end := res.QuotaPeriod.Window(v.Now)
+			bindQuota(&d, res.Limit, v.QuotaUsed, end)
+		}
 		return l.finish(&req, d, start), nil
 	}
 	if ctx.Err() != nil {
@@ -371,12 +379,14 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 	d.Limit = tight.Burst
 
 	var q *quotaEntry
+	var quotaEndAt time.Time
 	quotaLeft, quotaWait := int64(math.MaxInt64), time.Duration(0)
 	e.mu.Lock() // lock order: entry, then quota
 	if lim.HasQuota() {
 		q = l.quotas.get(bucketID{req.Key, lim.QuotaID}, nil)
 		q.mu.Lock()
 		_, end := lim.QuotaPeriod.Window(start)
+		quotaEndAt = end
 		quotaLeft = q.degradedLeft(lim, inst, end.Unix())
 		if cost > quotaLeft {
 			quotaWait = ceilDurationMS(end.Sub(start))
@@ -400,8 +410,12 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 		l.cfg.Observer.ClockBack()
 	}
 	d.WouldAllow = allowed
-	d.Remaining = min(wholeTokens(dr.Tokens), quotaLeft)
+	d.Remaining = wholeTokens(dr.Tokens)
 	d.ResetAt = start.Add(time.Duration(dr.ResetAfterUS) * time.Microsecond)
+	if q != nil && quotaLeft < d.Remaining {
+		// This instance's share of the quota binds: report it.
+		d.Remaining, d.Limit, d.ResetAt = max(0, quotaLeft), lim.QuotaLimit, quotaEndAt
+	}
 	if !allowed {
 		wait := time.Duration(0)
 		if !dr.Allowed {
@@ -469,6 +483,18 @@ func (q *quotaEntry) degradedLeft(lim Limit, inst float64, end int64) int64 {
 		dq.stale = false
 	}
 	return max(0, dq.share-dq.unrecorded)
+}
+
+// bindQuota makes d report the quota when it binds tighter than the bucket
+// (fewer tokens left in the window than in the bucket): remaining, limit and
+// reset are then the quota's, so that a caller pacing itself on them (and
+// the RateLimit-* headers built from them) sees the constraint that will
+// reject it. used is the window's spend after this decision; end is when
+// the window resets.
+func bindQuota(d *Decision, lim Limit, used int64, end time.Time) {
+	if left := max(0, lim.QuotaLimit-used); left < d.Remaining {
+		d.Remaining, d.Limit, d.ResetAt = left, lim.QuotaLimit, end
+	}
 }
 
 // localWait is the local tier: it returns 0 when the request should go to

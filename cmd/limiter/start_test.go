@@ -93,8 +93,10 @@ keys:
 func TestQuotaHoldsWhileTheStoreIsDown(t *testing.T) {
 	r := testenv.StartRedis(t)
 	p := startLimiter(t, quotaPolicy, "REDIS_ADDRS="+r.Addr(), "LIMITER_BREAKER_OPEN_FOR=200ms")
-	if d, _ := p.check(t, "acct_seen", "api", 1); !d.Allowed || d.Source != "shared" {
-		t.Fatalf("first request: %+v", d)
+	// remaining reports the binding constraint: 2 left of the quota's 3,
+	// not the bucket's 999.
+	if d, _ := p.check(t, "acct_seen", "api", 1); !d.Allowed || d.Source != "shared" || d.Remaining != 2 || d.Limit != 3 {
+		t.Fatalf("first request: %+v, want allowed by the store with 2 of the quota's 3 remaining", d)
 	}
 	r.Process().Kill()
 	count := func(key string, n int) (allowed int) {
