@@ -2,6 +2,7 @@ package kafkadev_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -56,16 +57,23 @@ func TestBrokerServesTopicAndGroups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Each partition is read up to its end offset, not until a silence: a
+	// pause of a loaded machine is not the end of a partition.
 	total := 0
 	for _, pa := range gen.Assignments["t.decisions"] {
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{b.Addr()}, Topic: "t.decisions", Partition: pa.ID, MaxWait: 100 * time.Millisecond})
-		r.SetOffset(0)
-		for {
-			rctx, rc := context.WithTimeout(ctx, 500*time.Millisecond)
-			_, err := r.ReadMessage(rctx)
-			rc()
-			if err != nil {
-				break
+		conn, err := kafka.DialLeader(ctx, "tcp", b.Addr(), "t.decisions", pa.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, err := conn.ReadLastOffset()
+		conn.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{b.Addr()}, Topic: "t.decisions", Partition: pa.ID, MaxWait: time.Second})
+		for off := int64(0); off < last; off++ {
+			if _, err := r.ReadMessage(ctx); err != nil {
+				t.Fatalf("partition %d: read offset %d of %d: %v", pa.ID, off, last, err)
 			}
 			total++
 		}
@@ -114,4 +122,57 @@ func TestRetentionBoundsThePartitionLog(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// HoldFetches leaves the fetches of one partition unanswered until release,
+// and serves the others; SlowFetches delays every answer.
+func TestFetchFaults(t *testing.T) {
+	b, err := kafkadev.Start(kafkadev.Config{Topic: "t", Partitions: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	w := &kafka.Writer{Addr: kafka.TCP(b.Addr()), Topic: "t", Balancer: &kafka.RoundRobin{}, BatchTimeout: time.Millisecond}
+	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte("a")}, kafka.Message{Value: []byte("b")}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	// One client (and connection pool) per partition: kfake answers the
+	// requests of one connection in order, so a held fetch holds its
+	// connection.
+	fetch := func(ctx context.Context, p int) (*kafka.FetchResponse, error) {
+		tr := &kafka.Transport{}
+		defer tr.CloseIdleConnections()
+		c := &kafka.Client{Addr: kafka.TCP(b.Addr()), Transport: tr}
+		return c.Fetch(ctx, &kafka.FetchRequest{Topic: "t", Partition: p, Offset: 0, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond})
+	}
+
+	release := b.HoldFetches(1)
+	if _, err := fetch(ctx, 0); err != nil {
+		t.Fatalf("partition 0 while partition 1 is held: %v", err)
+	}
+	// How long a held fetch is left unanswered is the test's choice; any
+	// wait shows it is not answered.
+	hctx, hcancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = fetch(hctx, 1)
+	hcancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("held partition 1 answered: %v", err)
+	}
+	release()
+	if resp, err := fetch(ctx, 1); err != nil || resp.Error != nil {
+		t.Fatalf("partition 1 after release: %v %v", err, resp)
+	}
+
+	restore := b.SlowFetches(300 * time.Millisecond)
+	start := time.Now()
+	if _, err := fetch(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("a slowed fetch was answered after %s, want at least 300ms", d)
+	}
+	restore()
 }
