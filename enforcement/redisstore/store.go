@@ -8,12 +8,12 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 //go:embed bucket.lua
@@ -50,8 +50,9 @@ func (s *Store) BucketKey(key, scope string) string {
 
 // QuotaKey is the Redis key of the quota counter of key for the window that
 // starts at windowStart.
+// The layout is limits.QuotaKey, shared with the reconciler and the usage API.
 func (s *Store) QuotaKey(key, quotaID string, windowStart time.Time) string {
-	return s.prefix + ":{" + key + "}:q:" + quotaID + ":" + strconv.FormatInt(windowStart.Unix(), 10)
+	return limits.QuotaKey(s.prefix, key, quotaID, windowStart)
 }
 
 // Take implements enforcement.Authority with one round trip (EVALSHA; the
