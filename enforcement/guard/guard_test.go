@@ -75,31 +75,10 @@ func pipelined(t testing.TB, rdb *redis.Client, prefix string, timeout time.Dura
 
 var roomy = enforcement.Limit{Rate: 1e6, Burst: 1e6}
 
-// starve keeps every core of the machine busy until the test ends:
-// stress-ng --cpu N (N = cores) when it is installed, and as many spinning
-// goroutines in this process as GOMAXPROCS, so that the guard's own process
-// waits for CPU too. Both are stopped at cleanup.
+// starve keeps every core of the machine busy until the test ends with
+// stress-ng --cpu N (N = cores), or, where it is not installed, with as many
+// spinning goroutines in this process as GOMAXPROCS. Stopped at cleanup.
 func starve(t *testing.T) {
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range runtime.GOMAXPROCS(0) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			x := 0
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				for i := range 100000 {
-					x += i
-				}
-			}
-		}()
-	}
-	t.Cleanup(func() { close(stop); wg.Wait() })
 	if path, err := exec.LookPath("stress-ng"); err == nil {
 		cmd := exec.Command(path, "--cpu", fmt.Sprint(runtime.NumCPU()), "--timeout", "300s", "--quiet")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -108,7 +87,27 @@ func starve(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	} else {
-		t.Log("stress-ng is not installed: starving the process with spinning goroutines only")
+		t.Log("stress-ng is not installed: starving the process with spinning goroutines")
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for range runtime.GOMAXPROCS(0) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				x := 0
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					for i := range 100000 {
+						x += i
+					}
+				}
+			}()
+		}
+		t.Cleanup(func() { close(stop); wg.Wait() })
 	}
 	time.Sleep(500 * time.Millisecond) // let the load take hold
 }

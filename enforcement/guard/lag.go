@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,7 +10,8 @@ import (
 // CPU starvation: is this process, or the machine it runs on, short of CPU?
 //
 // One probe goroutine per process sleeps lagTick at a time and records how
-// late each wake-up was. That lateness, beyond lagSlack (the timer's own
+// late each wake-up was, and how long it then waited at the back of the run
+// queue (runtime.Gosched). That lateness, beyond lagSlack (the timer's own
 // imprecision on an idle machine), is scheduler lag: the process wanted a
 // CPU and did not get one, whatever the cause (other processes, GC, a full
 // run queue). Two readings are taken from it:
@@ -114,8 +116,13 @@ func (m *lagMonitor) probe() {
 	var idleSince time.Time
 	for {
 		<-timer.C
+		woke := time.Now()
+		// A goroutine woken by its timer runs before the others waiting
+		// (runnext): yield to the back of the run queue and count the wait
+		// too, as a goroutine woken by the network waits.
+		runtime.Gosched()
 		now := time.Now()
-		m.record(now, now.Sub(last)-m.tick)
+		m.record(now, woke.Sub(last)-m.tick+now.Sub(woke))
 		if m.inflight.Load() > 0 {
 			idleSince = time.Time{}
 		} else if idleSince.IsZero() {
