@@ -35,7 +35,7 @@ deps:
 # keeps every core busy; prints passed/runs per test and fails unless every
 # test passed every run (scripts/stress-test.sh; README, "Testing").
 stress-test:
-	@scripts/deps.sh stress
+	@scripts/deps.sh test
 	@scripts/stress-test.sh
 
 clean:

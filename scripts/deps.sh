@@ -5,8 +5,7 @@
 # Debian machine is set up by whichever of them a newcomer runs first.
 #
 #   scripts/deps.sh          what `make up` needs: the stack's servers and curl
-#   scripts/deps.sh test     what the tests need on top (make test)
-#   scripts/deps.sh stress   the tests' needs plus stress-ng (make stress-test)
+#   scripts/deps.sh test     what the tests need on top (make test, make stress-test)
 #
 # Nothing is installed when everything is there (only `command -v` checks),
 # so the common case costs nothing and needs no root. When something is
@@ -30,16 +29,13 @@ test_extra=(
   "wrk wrk"                        # HTTP load in the /check tests and benchmarks
   "chromium chromium"              # the dashboard's browser test (headless)
   "promtool prometheus"            # `promtool test rules` on deploy/prometheus/rules
-)
-stress_extra=(
-  "stress-ng stress-ng"            # keeps both cores busy in make stress-test
+  "stress-ng stress-ng"            # load for the tests that prove behaviour on a busy machine, and make stress-test
 )
 
 case "$set_name" in
   stack) wanted=("${stack[@]}") ;;
   test) wanted=("${stack[@]}" "${test_extra[@]}") ;;
-  stress) wanted=("${stack[@]}" "${test_extra[@]}" "${stress_extra[@]}") ;;
-  *) echo "usage: $0 [stack|test|stress]" >&2; exit 2 ;;
+  *) echo "usage: $0 [stack|test]" >&2; exit 2 ;;
 esac
 
 need=()

@@ -45,7 +45,7 @@ die() { printf 'stress-test: %s\n' "$*" >&2; exit 2; }
 
 case "$RUNS" in '' | *[!0-9]* | 0) die "STRESS_RUNS must be a positive integer, got '$RUNS'" ;; esac
 case "$CPUS" in '' | *[!0-9]* | 0) die "STRESS_CPUS must be a positive integer, got '$CPUS'" ;; esac
-command -v stress-ng >/dev/null 2>&1 || die "stress-ng is not installed (make stress-test installs it: scripts/deps.sh stress)"
+command -v stress-ng >/dev/null 2>&1 || die "stress-ng is not installed (make stress-test installs it: scripts/deps.sh test)"
 command -v "$GO" >/dev/null 2>&1 || die "go is not installed"
 
 pkgs=()
