@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/ratewarden/ratewarden/internal/testenv"
@@ -88,6 +89,34 @@ func (p *meterProc) readyz() int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// waitRaw waits until decisions_raw holds want rows, with want distinct
+// event ids, and fails at once on more. The four tables of a batch are
+// written concurrently, so the rollups can be complete a moment before the
+// raw table.
+func waitRaw(t *testing.T, conn driver.Conn, db string, want int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		var raw, distinct uint64
+		err := conn.QueryRow(ctx, "SELECT count(), uniqExact(event_id) FROM "+db+".decisions_raw").Scan(&raw, &distinct)
+		cancel()
+		if err != nil {
+			t.Fatalf("count decisions_raw: %v", err)
+		}
+		if raw > uint64(want) || distinct > uint64(want) {
+			t.Fatalf("decisions_raw: %d rows, %d distinct ids; want %d of each", raw, distinct, want)
+		}
+		if raw == uint64(want) && distinct == uint64(want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("decisions_raw: %d rows, %d distinct ids after %s; want %d of each", raw, distinct, within, want)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // readyzBody returns the /readyz status code and body, 0 when nothing
@@ -293,15 +322,7 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 	conn := ch.Conn(t)
 	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(evs), 120*time.Second)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var raw, distinct uint64
-	if err := conn.QueryRow(ctx, "SELECT count(), uniqExact(event_id) FROM "+db+".decisions_raw").Scan(&raw, &distinct); err != nil {
-		t.Fatal(err)
-	}
-	if raw != uint64(len(evs)) || distinct != uint64(len(evs)) {
-		t.Fatalf("decisions_raw: %d rows, %d distinct ids; want %d of each", raw, distinct, len(evs))
-	}
+	waitRaw(t, conn, db, len(evs), 60*time.Second)
 	t.Logf("%d distinct events, %d duplicates produced, %d consumer SIGKILLs, 1 ClickHouse restart: totals exact", len(evs), dups, kills)
 
 	// Kills, rebalances and a ClickHouse outage are errors, reported as
@@ -359,14 +380,7 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 			}
 		}
 	}
-	qctx, qcancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer qcancel()
-	if err := conn.QueryRow(qctx, "SELECT count(), uniqExact(event_id) FROM "+db+".decisions_raw").Scan(&raw, &distinct); err != nil {
-		t.Fatal(err)
-	}
-	if raw != uint64(len(all)) || distinct != uint64(len(all)) {
-		t.Fatalf("decisions_raw after the stall: %d rows, %d distinct ids; want %d of each", raw, distinct, len(all))
-	}
+	waitRaw(t, conn, db, len(all), 60*time.Second)
 	t.Logf("partition %d stalled, was counted by %s and recovered: totals exact", held, owner.addr)
 
 	// Graceful stop: SIGTERM, exit 0 within 10 s.
