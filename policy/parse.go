@@ -506,6 +506,7 @@ func (v *validator) compile(f File) *Policy {
 		}
 		p.rules = append(p.rules, compiledRule{Rule: r, index: i, scopeGlob: strings.Contains(r.Scope, "*")})
 	}
+	p.domains = v.domains(f)
 	if len(v.errs) == 0 {
 		v.refillTimes(p)
 	}

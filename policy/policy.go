@@ -23,6 +23,9 @@ type File struct {
 	Rules         []Rule            `yaml:"rules"`
 	Costs         map[string]int64  `yaml:"costs"`
 	Keys          map[string]string `yaml:"keys"`
+	// Domains maps Envoy rate limit descriptors to keys and scopes, per
+	// domain (see domains.go).
+	Domains map[string]Domain `yaml:"domains"`
 }
 
 // Ceiling caps whatever resolves.
@@ -78,6 +81,7 @@ type Policy struct {
 	tiers   map[string]tierLimit
 	rules   []compiledRule
 	ceiling *limits.Limit
+	domains map[string]compiledDomain
 }
 
 type tierLimit struct {
