@@ -14,13 +14,18 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/metering/chsink"
 	"github.com/ratewarden/ratewarden/metering/consumer"
 	"github.com/ratewarden/ratewarden/metering/notify"
+	"github.com/ratewarden/ratewarden/metering/quotause"
+	"github.com/ratewarden/ratewarden/metering/reconcile"
+	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/schema"
 )
 
@@ -142,6 +147,14 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		})
 	}
 
+	if len(cfg.RedisAddrs) > 0 {
+		rc, err := buildReconciler(cfg, conn, &schemaReady, reg, log)
+		if err != nil {
+			return err
+		}
+		components = append(components, rc)
+	}
+
 	ln, err := net.Listen("tcp", cfg.MeterAddr)
 	if err != nil {
 		return fmt.Errorf("METER_ADDR %s: %w", cfg.MeterAddr, err)
@@ -204,4 +217,46 @@ func healthMux(reg *prometheus.Registry, components []component) http.Handler {
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return mux
+}
+
+// buildReconciler is the quota reconciler (metering/reconcile): every
+// METER_RECONCILE_EVERY it raises the limiters' quota counters in Redis to
+// what the rollups record, so that a Redis that lost its state does not hand
+// out a fresh allowance. It waits for the schema like the others.
+func buildReconciler(cfg config, conn driver.Conn, schemaReady *atomic.Bool, reg *prometheus.Registry, log *slog.Logger) (component, error) {
+	rlog := log.With("component", "reconciler")
+	rdb := redisclient.New(cfg.RedisAddrs, cfg.RedisPassword, 2*time.Second)
+	reader, err := quotause.NewReader(conn, cfg.Database)
+	if err != nil {
+		return component{}, err
+	}
+	pol := policy.NewCurrent(cfg.PolicyFile, func(err error) {
+		rlog.Warn("policy file refused; reconciling with the previous one", "path", cfg.PolicyFile, "err", err)
+	})
+	if _, err := pol.Get(); err != nil {
+		return component{}, fmt.Errorf("POLICY_FILE %s: %w", cfg.PolicyFile, err)
+	}
+	rec, err := reconcile.New(reconcile.Config{
+		Redis: rdb, KeyPrefix: cfg.RedisKeyPrefix, Rows: reader, Policy: pol.Get,
+		Every: cfg.ReconcileEvery, Logger: rlog, Registry: reg,
+	})
+	if err != nil {
+		return component{}, err
+	}
+	log.Info("quota reconciler on", "redis", cfg.RedisAddrs, "every", cfg.ReconcileEvery.String(), "policy", cfg.PolicyFile)
+	return component{
+		name: "reconciler",
+		run: func(ctx context.Context) error {
+			defer rdb.Close()
+			for !schemaReady.Load() { // the rollups must exist
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+			return rec.Run(ctx)
+		},
+		ready: rec.Ready,
+	}, nil
 }
