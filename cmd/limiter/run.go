@@ -110,6 +110,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		WriteTimeout:      10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
+	stopGRPC, err := startGRPC(cfg, lim, reg, log) // the Envoy rate limit service (grpc.go)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on LIMITER_ADDR %s: %w", cfg.Addr, err)
@@ -127,9 +131,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	log.Info("shutting down")
 	shutCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 	defer cancel()
-	// Reverse order: stop taking requests (in-flight ones finish), then the
+	// Reverse order: stop taking requests on both doors, HTTP and gRPC
+	// (in-flight ones finish), then the
 	// policy watcher, the limiter, and last the event buffer, which flushes.
-	err = srv.Shutdown(shutCtx)
+	err = errors.Join(srv.Shutdown(shutCtx), stopGRPC(shutCtx))
 	stopReload()
 	<-reloadDone
 	err = errors.Join(err, lim.Close(shutCtx), closeFleet(shutCtx), auth.close(shutCtx), closeRecorder(shutCtx))
@@ -332,36 +337,55 @@ type guardedStore struct {
 	guardOf func(slot uint16) *guard.Authority
 }
 
-func (g guardedStore) Lease(ctx context.Context, key, scope string, lim enforcement.Limit, need, want int64) (grant redisstore.Grant, err error) {
-	err = g.guardOf(keyslot.KeySlot(key, scope)).Do(ctx, func(ctx context.Context) error {
+// Each method hands fn its own result variables and reads them only when
+// Do succeeded: Do may give up on a late call and return while fn is still
+// running, and fn's late write must then touch nothing the caller reads.
+
+func (g guardedStore) Lease(ctx context.Context, key, scope string, lim enforcement.Limit, need, want int64) (redisstore.Grant, error) {
+	var grant redisstore.Grant
+	err := g.guardOf(keyslot.KeySlot(key, scope)).Do(ctx, func(ctx context.Context) error {
+		var err error
 		grant, err = g.store.Lease(ctx, key, scope, lim, need, want)
 		return err
 	})
-	return grant, err
+	if err != nil {
+		return redisstore.Grant{}, err
+	}
+	return grant, nil
 }
 
-func (g guardedStore) Return(ctx context.Context, key, scope string, lim enforcement.Limit, n int64) (grant redisstore.Grant, err error) {
-	err = g.guardOf(keyslot.KeySlot(key, scope)).Do(ctx, func(ctx context.Context) error {
+func (g guardedStore) Return(ctx context.Context, key, scope string, lim enforcement.Limit, n int64) (redisstore.Grant, error) {
+	var grant redisstore.Grant
+	err := g.guardOf(keyslot.KeySlot(key, scope)).Do(ctx, func(ctx context.Context) error {
+		var err error
 		grant, err = g.store.Return(ctx, key, scope, lim, n)
 		return err
 	})
-	return grant, err
+	if err != nil {
+		return redisstore.Grant{}, err
+	}
+	return grant, nil
 }
 
-func (g guardedStore) Beat(ctx context.Context, member string, ttl time.Duration) (n int, err error) {
-	err = g.guardOf(keyslot.Slot(g.store.FleetKey())).Do(ctx, func(ctx context.Context) error {
-		n, err = g.store.Beat(ctx, member, ttl)
-		return err
-	})
-	return n, err
+func (g guardedStore) Beat(ctx context.Context, member string, ttl time.Duration) (int, error) {
+	return g.fleet(ctx, func(ctx context.Context) (int, error) { return g.store.Beat(ctx, member, ttl) })
 }
 
-func (g guardedStore) Leave(ctx context.Context, member string, ttl time.Duration) (n int, err error) {
-	err = g.guardOf(keyslot.Slot(g.store.FleetKey())).Do(ctx, func(ctx context.Context) error {
-		n, err = g.store.Leave(ctx, member, ttl)
+func (g guardedStore) Leave(ctx context.Context, member string, ttl time.Duration) (int, error) {
+	return g.fleet(ctx, func(ctx context.Context) (int, error) { return g.store.Leave(ctx, member, ttl) })
+}
+
+func (g guardedStore) fleet(ctx context.Context, call func(context.Context) (int, error)) (int, error) {
+	var n int
+	err := g.guardOf(keyslot.Slot(g.store.FleetKey())).Do(ctx, func(ctx context.Context) error {
+		var err error
+		n, err = call(ctx)
 		return err
 	})
-	return n, err
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
 }
 
 type readyBody struct {

@@ -537,7 +537,8 @@ func (a *Authority) collect(all bool) []pending {
 }
 
 // forget drops cold states unused for two windows: they would start over
-// exactly as they are.
+// exactly as they are — except one still backing off a failed lease, which
+// would otherwise lease from a dead store again as soon as it ran hot.
 func (a *Authority) forget() {
 	now := a.now()
 	idle := 2 * a.cfg.Window.Microseconds()
@@ -548,7 +549,8 @@ func (a *Authority) forget() {
 			if !st.mu.TryLock() {
 				continue // in use right now
 			}
-			if !st.hot && st.held == 0 && st.refreshing == nil && now-st.lastUse >= idle {
+			backingOff := st.failedAt != 0 && now-st.failedAt < a.cfg.FailBackoff.Microseconds()
+			if !st.hot && st.held == 0 && st.refreshing == nil && !backingOff && now-st.lastUse >= idle {
 				delete(s.m, k)
 			}
 			st.mu.Unlock()

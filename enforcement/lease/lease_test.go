@@ -399,7 +399,10 @@ func TestDeadStoreFallsThrough(t *testing.T) {
 	r := testenv.StartRedis(t)
 	c := client(t, r)
 	store := redisstore.New(c, "dead")
-	a := lease.New(store, store, lease.Config{HotOpsPerSec: 1, Block: 5, MaxBlockFraction: 1, FailBackoff: time.Hour})
+	// A lease deadline a loaded machine cannot miss: the failure below is
+	// the dead store's, never a slow scheduler's.
+	a := lease.New(store, store, lease.Config{HotOpsPerSec: 1, Block: 5, MaxBlockFraction: 1, FailBackoff: time.Hour,
+		Timeout: 5 * time.Second})
 	defer a.Close(context.Background())
 	ctx := context.Background()
 	lim := enforcement.Limit{Rate: 1, Burst: 100}
