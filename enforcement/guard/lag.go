@@ -61,14 +61,14 @@ type lagMonitor struct {
 	tick, slack, idleStop time.Duration
 
 	inflight atomic.Int64
+	running  atomic.Bool // a probe goroutine runs (or is being started)
 
-	mu      sync.Mutex
-	running bool
-	ring    []lagSample // oldest at start, newest at start+n-1 (mod len)
-	start   int
-	n       int
-	cum     time.Duration
-	late    int64
+	mu    sync.Mutex
+	ring  []lagSample // oldest at start, newest at start+n-1 (mod len)
+	start int
+	n     int
+	cum   time.Duration
+	late  int64
 }
 
 func newLagMonitor(tick, slack time.Duration, history int) *lagMonitor {
@@ -79,16 +79,16 @@ func newLagMonitor(tick, slack time.Duration, history int) *lagMonitor {
 // every guard in it.
 var processLag = newLagMonitor(lagTick, lagSlack, lagHistory)
 
-// enter marks a store call in flight, starting the probe if it is not running.
+// enter marks a store call in flight, starting the probe if it is not
+// running. The hot path is two atomic operations.
 func (m *lagMonitor) enter() {
 	m.inflight.Add(1)
-	m.mu.Lock()
-	if !m.running {
-		m.running = true
+	if !m.running.Load() && m.running.CompareAndSwap(false, true) {
+		m.mu.Lock()
 		m.restart(time.Now())
+		m.mu.Unlock()
 		go m.probe()
 	}
-	m.mu.Unlock()
 }
 
 // restart drops the history (from before a stop, it says nothing of now)
@@ -103,11 +103,7 @@ func (m *lagMonitor) restart(at time.Time) {
 func (m *lagMonitor) exit() { m.inflight.Add(-1) }
 
 // isRunning says whether the probe goroutine runs.
-func (m *lagMonitor) isRunning() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.running
-}
+func (m *lagMonitor) isRunning() bool { return m.running.Load() }
 
 func (m *lagMonitor) probe() {
 	timer := time.NewTimer(m.tick)
@@ -128,13 +124,13 @@ func (m *lagMonitor) probe() {
 		} else if idleSince.IsZero() {
 			idleSince = now
 		} else if now.Sub(idleSince) >= m.idleStop {
-			m.mu.Lock()
-			if m.inflight.Load() == 0 {
-				m.running = false
-				m.mu.Unlock()
+			m.running.Store(false)
+			// A call that entered before the store saw running and did
+			// not start a probe: carry on for it, unless one that entered
+			// after has started a new probe already.
+			if m.inflight.Load() == 0 || !m.running.CompareAndSwap(false, true) {
 				return
 			}
-			m.mu.Unlock()
 			idleSince = time.Time{}
 		}
 		timer.Reset(m.tick)
