@@ -17,8 +17,12 @@
 //     kafka-go's Reader) into a batch cut by size, by time, and at every
 //     change of UTC month, dropping event ids already seen at an earlier
 //     offset (producer retries);
-//  4. writes the batch (chsink.Sink.Write) and only then commits the offset
-//     to Kafka — for lag tools only, it is never read back.
+//  4. commits the progress written so far to Kafka, which the group
+//     coordinator refuses from a member it no longer counts as the
+//     partition's owner (so a member dropped from the group stops writing
+//     at its next batch, not at its next heartbeat), then writes the batch
+//     (chsink.Sink.Write). The committed offsets are for lag tools and this
+//     check only; they are never read back.
 //
 // Any error (ClickHouse down, a failed INSERT, a broken fetch) throws away
 // the goroutine's state and starts again at step 1 after a backoff, so a
@@ -390,8 +394,9 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 	var (
 		dec        metering.Decoder
 		batch      = make([]chsink.Record, 0, min(c.cfg.BatchSize, 65536))
-		n          int   // messages in the batch, duplicates and bad ones included
-		last       int64 // offset of the batch's last message
+		n          int      // messages in the batch, duplicates and bad ones included
+		last       int64    // offset of the batch's last message
+		written    = resume // every offset below is in ClickHouse
 		month      int
 		lastCommit time.Time
 		lagLabel   = strconv.Itoa(p)
@@ -407,11 +412,24 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 		if n == 0 {
 			return nil
 		}
+		// Only the partition's owner may write. A member the coordinator
+		// dropped (its heartbeats late on a loaded machine) learns it at its
+		// next heartbeat, while the new owner already writes from the
+		// progress it read: both would count the same batches. Committing
+		// the progress so far first asks the coordinator, which refuses a
+		// member or generation that is no longer current.
+		if err := gen.CommitOffsets(map[string]map[int]int64{c.cfg.Topic: {p: written}}); err != nil {
+			if errors.Is(err, kafka.UnknownMemberId) || errors.Is(err, kafka.IllegalGeneration) || errors.Is(err, kafka.RebalanceInProgress) {
+				return fmt.Errorf("partition %d: offsets %d–%d not written: this member no longer owns the partition (%w)", p, written, last, err)
+			}
+			return fmt.Errorf("partition %d: offsets %d–%d not written: the group coordinator did not confirm that this member owns the partition: %w", p, written, last, err)
+		}
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
 		defer cancel()
 		if err := c.cfg.Sink.Write(wctx, p, batch, last, &prog); err != nil {
 			return err
 		}
+		written = last + 1
 		now := time.Now()
 		c.m.batchEvents.Observe(float64(n))
 		c.m.duplicates.Add(float64(dups))
