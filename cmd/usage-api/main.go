@@ -15,6 +15,8 @@ import (
 	_ "time/tzdata" // tz= works on machines without a zoneinfo package
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/ratewarden/ratewarden/internal/redislog"
 )
 
 func main() {
@@ -25,6 +27,7 @@ func main() {
 	}
 	gin.SetMode(gin.ReleaseMode)
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	redislog.Use(log) // go-redis's own lines (quota reads from Redis) as JSON too
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := run(ctx, cfg, log); err != nil {
