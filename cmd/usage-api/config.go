@@ -18,6 +18,12 @@ type config struct {
 	TokenSecret    string        // USAGE_TOKEN_SECRET, required
 	PolicyFile     string        // POLICY_FILE: quotas and soft limits
 	QueryTimeout   time.Duration // USAGE_QUERY_TIMEOUT
+
+	// Optional: the limiters' Redis, read by the quota view for what the
+	// enforced counters say is left.
+	RedisAddrs     []string // REDIS_ADDRS: empty = the record only
+	RedisPassword  string   // REDIS_PASSWORD
+	RedisKeyPrefix string   // REDIS_KEY_PREFIX, as the limiters'
 }
 
 // minAdminToken is the shortest accepted USAGE_ADMIN_TOKEN, in bytes.
@@ -35,6 +41,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 		TokenSecret:    e.Raw("USAGE_TOKEN_SECRET"),
 		PolicyFile:     e.String("POLICY_FILE", "deploy/policy.yaml"),
 		QueryTimeout:   e.Duration("USAGE_QUERY_TIMEOUT", 10*time.Second, 100*time.Millisecond, 5*time.Minute),
+		RedisAddrs:     e.List("REDIS_ADDRS"),
+		RedisPassword:  e.Raw("REDIS_PASSWORD"),
+		RedisKeyPrefix: e.String("REDIS_KEY_PREFIX", "rl"),
+	}
+	for _, a := range c.RedisAddrs {
+		e.HostPort("REDIS_ADDRS", a)
 	}
 	e.HostPort("USAGE_API_ADDR", c.Addr)
 	e.HostPort("CLICKHOUSE_ADDR", c.ClickHouseAddr)

@@ -26,6 +26,7 @@ func TestLoadConfig(t *testing.T) {
 		{map[string]string{"CLICKHOUSE_ADDR": "host:99999"}, "CLICKHOUSE_ADDR:"},
 		{map[string]string{"CLICKHOUSE_DATABASE": "rl; DROP"}, "CLICKHOUSE_DATABASE:"},
 		{map[string]string{"USAGE_QUERY_TIMEOUT": "forever"}, "USAGE_QUERY_TIMEOUT:"},
+		{map[string]string{"REDIS_ADDRS": "nohost"}, "REDIS_ADDRS:"},
 		{map[string]string{"USAGE_TOKEN_SECRET": "admin-token-0123456789"}, "must differ"},
 	} {
 		m := map[string]string{}

@@ -13,7 +13,9 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/metering/usage"
 	"github.com/ratewarden/ratewarden/schema"
 )
@@ -42,8 +44,16 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var rdb redis.UniversalClient
+	if len(cfg.RedisAddrs) > 0 {
+		rdb = redisclient.New(cfg.RedisAddrs, cfg.RedisPassword, time.Second)
+		defer rdb.Close()
+	} else {
+		log.Warn("REDIS_ADDRS is empty: the quota view shows the usage record only, not what the limiter's counters say is left")
+	}
 	srv, err := usage.New(usage.Config{Store: store, Signer: signer, AdminToken: cfg.AdminToken,
-		PolicyPath: cfg.PolicyFile, Logger: log, Registry: reg, QueryTimeout: cfg.QueryTimeout})
+		PolicyPath: cfg.PolicyFile, Logger: log, Registry: reg, QueryTimeout: cfg.QueryTimeout,
+		Redis: rdb, KeyPrefix: cfg.RedisKeyPrefix})
 	if err != nil {
 		return err
 	}

@@ -8,24 +8,31 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratewarden/ratewarden/metering/quotause"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 // Config configures a Server. Zero values of optional fields are documented.
 type Config struct {
-	Store      *Store       // required
-	Signer     *Signer      // required
-	AdminToken string       // required: the operator's bearer token
-	PolicyPath string       // policy file for quotas; "" = no quotas known
-	Logger     *slog.Logger // nil = discard
+	Store      *Store  // required
+	Signer     *Signer // required
+	AdminToken string  // required: the operator's bearer token
+	PolicyPath string  // the limiter's policy file, for quotas; "" = no quotas known
+	// Redis is the limiters' Redis or Cluster, read for what the quota
+	// counters say is left; nil = the quota view shows the record only.
+	Redis        redis.UniversalClient
+	KeyPrefix    string        // REDIS_KEY_PREFIX of the limiters; "" = "rl"
+	RedisTimeout time.Duration // bound on the Redis read of one request; 0 = 1 s
+	Logger       *slog.Logger  // nil = discard
 	// Registry receives the server's metrics and is served on /metrics;
 	// nil = a fresh registry.
 	Registry *prometheus.Registry
@@ -47,14 +54,8 @@ type Server struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 
-	policyMu   sync.Mutex
-	policy     *Policy
-	policyStat policyStamp
-}
-
-type policyStamp struct {
-	mod  time.Time
-	size int64
+	policy    *policy.Current  // nil without Config.PolicyPath
+	quotaRows *quotause.Reader // the rollups, read as the reconciler reads them
 }
 
 // New builds a Server from cfg.
@@ -87,7 +88,16 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxTokenTTL == 0 {
 		cfg.MaxTokenTTL = 30 * 24 * time.Hour
 	}
+	if cfg.RedisTimeout == 0 {
+		cfg.RedisTimeout = time.Second
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, now: cfg.Now}
+	s.policy = newPolicy(cfg.PolicyPath, s)
+	rows, err := quotause.NewReader(cfg.Store.conn, cfg.Store.db)
+	if err != nil {
+		return nil, err
+	}
+	s.quotaRows = rows
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "usage_api_requests_total", Help: "HTTP requests answered, by route and status code.",
 	}, []string{"route", "code"})
@@ -456,130 +466,4 @@ func (s *Server) getDeliveries(c *gin.Context) {
 		return
 	}
 	c.JSON(http.StatusOK, gin.H{"attempts": ds})
-}
-
-// currentPolicy returns the policy file's content, re-read when the file
-// changes; a file that fails to parse keeps the previous policy.
-func (s *Server) currentPolicy() (*Policy, error) {
-	if s.cfg.PolicyPath == "" {
-		return nil, errors.New("no policy file configured")
-	}
-	s.policyMu.Lock()
-	defer s.policyMu.Unlock()
-	st, err := os.Stat(s.cfg.PolicyPath)
-	if err != nil {
-		if s.policy != nil {
-			return s.policy, nil
-		}
-		return nil, fmt.Errorf("policy file: %w", err)
-	}
-	stamp := policyStamp{mod: st.ModTime(), size: st.Size()}
-	if s.policy != nil && stamp == s.policyStat {
-		return s.policy, nil
-	}
-	p, err := LoadPolicy(s.cfg.PolicyPath)
-	if err != nil {
-		s.log.Warn("policy file refused; keeping the previous one", "path", s.cfg.PolicyPath, "err", err)
-		if s.policy != nil {
-			return s.policy, nil
-		}
-		return nil, err
-	}
-	s.policy, s.policyStat = p, stamp
-	return p, nil
-}
-
-var quotaParamNames = map[string]bool{"key": true}
-
-type quotaResponse struct {
-	Key       string     `json:"key"`
-	Tier      string     `json:"tier"`
-	Quota     *quotaInfo `json:"quota"` // null when no quota applies
-	SoftLimit softLimit  `json:"softLimit"`
-}
-
-type quotaInfo struct {
-	Limit       uint64  `json:"limit"`
-	Period      string  `json:"period"`
-	Source      string  `json:"source"`
-	PeriodStart string  `json:"periodStart"`
-	ResetsAt    string  `json:"resetsAt"`
-	Used        uint64  `json:"used"`
-	Remaining   uint64  `json:"remaining"`
-	PercentUsed float64 `json:"percentUsed"`
-}
-
-type softLimit struct {
-	Percent          float64 `json:"percent"` // 0 = none
-	State            string  `json:"state"`   // none | ok | warning
-	WarningsLastHour uint64  `json:"warningsLastHour"`
-}
-
-// getQuota answers GET /v1/quota: the current quota period of a key (used =
-// tokens spent by allowed decisions, from the rollups), and its soft-limit
-// state (warning when any decision of the last hour carried a warning, or
-// quota use is at or above the soft-limit percentage).
-func (s *Server) getQuota(c *gin.Context) {
-	var p problems
-	single := singles(c.Request.URL.Query(), quotaParamNames, &p)
-	if k, ok := single["key"]; ok {
-		if msg := checkText(k, MaxKeyLen); msg != "" {
-			p.add("key %s", msg)
-		}
-	}
-	if err := p.err(); err != nil {
-		fail(c, http.StatusBadRequest, "invalid_request", err.Error())
-		return
-	}
-	key, ok := resolveKey(c, single["key"])
-	if !ok {
-		return
-	}
-	pol, err := s.currentPolicy()
-	if err != nil {
-		s.log.Warn("quota: no policy", "err", err)
-		fail(c, http.StatusServiceUnavailable, "policy_unavailable", "the policy file cannot be read")
-		return
-	}
-	qt, hasQuota := pol.QuotaFor(key)
-	now := s.now().UTC()
-	ctx, cancel := s.queryCtx(c)
-	defer cancel()
-	resp := quotaResponse{Key: key, Tier: qt.Tier, SoftLimit: softLimit{Percent: qt.SoftLimitPercent, State: "none"}}
-	lastHour, err := s.cfg.Store.totals(ctx, totalsQuery{db: s.cfg.Store.db, table: "usage_minute", key: key,
-		from: now.Add(-time.Hour).Truncate(time.Minute), to: now.Truncate(time.Minute).Add(time.Minute)})
-	if err != nil {
-		s.storeFail(c, err)
-		return
-	}
-	resp.SoftLimit.WarningsLastHour = lastHour.Warnings
-	if hasQuota {
-		start, _ := periodStart(qt.Period, now)
-		end := periodEnd(qt.Period, start)
-		table := "usage_day"
-		if qt.Period == "hour" {
-			table = "usage_hour"
-		}
-		used, err := s.cfg.Store.totals(ctx, totalsQuery{db: s.cfg.Store.db, table: table, key: key, from: start, to: end})
-		if err != nil {
-			s.storeFail(c, err)
-			return
-		}
-		qi := &quotaInfo{Limit: qt.Limit, Period: qt.Period, Source: qt.Source, Used: used.Cost,
-			PeriodStart: start.Format(time.RFC3339), ResetsAt: end.Format(time.RFC3339)}
-		if used.Cost < qt.Limit {
-			qi.Remaining = qt.Limit - used.Cost
-		}
-		if qt.Limit > 0 {
-			qi.PercentUsed = float64(used.Cost) * 100 / float64(qt.Limit)
-		}
-		resp.Quota = qi
-	}
-	if qt.SoftLimitPercent > 0 || lastHour.Warnings > 0 {
-		resp.SoftLimit.State = "ok"
-		if lastHour.Warnings > 0 || (resp.Quota != nil && qt.SoftLimitPercent > 0 && resp.Quota.PercentUsed >= qt.SoftLimitPercent) {
-			resp.SoftLimit.State = "warning"
-		}
-	}
-	c.JSON(http.StatusOK, resp)
 }
