@@ -51,6 +51,10 @@ type Request struct {
 	Cost  int64  // tokens to spend; meaningful only when HasCost
 	// HasCost distinguishes "cost 0" from "no cost given" (the scope's cost).
 	HasCost bool
+	// Domain is the Envoy rate limit domain the request came through (empty
+	// for /check and the middleware). It plays no part in the decision; it
+	// is recorded with it.
+	Domain string
 }
 
 // Keys of traffic with no identity. The seed's check that forwarded headers

@@ -34,6 +34,9 @@ type config struct {
 	LeaseHotOps     float64       // decisions per second that make a key hot
 	LeaseMaxHold    time.Duration // leased tokens unused this long go back
 	FleetHeartbeat  time.Duration // period of the fleet heartbeat (live instance count)
+
+	GRPCAddr          string // the Envoy rate limit service; empty = off
+	GRPCAddrIsDefault bool   // LIMITER_GRPC_ADDR unset: a taken port is a warning, not a failure
 }
 
 // loadConfig reads the environment; every problem is reported at once, each
@@ -74,6 +77,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	for _, a := range c.KafkaBrokers {
 		e.HostPort("KAFKA_BROKERS", a)
 	}
+	c.GRPCAddr, c.GRPCAddrIsDefault = grpcAddrFrom(e)
 	if c.LocalHeadroom < 1 {
 		e.Fail("LIMITER_LOCAL_HEADROOM", "must be ≥ 1")
 	}

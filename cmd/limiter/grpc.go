@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/envoyrls"
+	"github.com/ratewarden/ratewarden/internal/envconfig"
+)
+
+// defaultGRPCAddr is LIMITER_GRPC_ADDR's default (CONTRACT.md).
+const defaultGRPCAddr = "127.0.0.1:8083"
+
+// grpcMaxMessage bounds a gRPC request, as /check bounds its body.
+const grpcMaxMessage = 64 << 10
+
+// lookupEnv tells a variable set to empty from an unset one, which a
+// getenv cannot.
+var lookupEnv = os.LookupEnv
+
+// grpcAddrFrom reads LIMITER_GRPC_ADDR: unset = the default, set and
+// empty = the gRPC server is off. isDefault reports the default.
+func grpcAddrFrom(e *envconfig.Reader) (addr string, isDefault bool) {
+	const name = "LIMITER_GRPC_ADDR"
+	if v := strings.TrimSpace(e.Raw(name)); v != "" {
+		e.HostPort(name, v)
+		return v, false
+	}
+	if _, set := lookupEnv(name); set {
+		return "", false
+	}
+	return defaultGRPCAddr, true
+}
+
+// grpcMetrics are the gRPC server's metrics: per method, and per
+// descriptor of the rate limit service.
+type grpcMetrics struct {
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+	inFlight *prometheus.GaugeVec
+	byResult *prometheus.CounterVec
+	results  []prometheus.Counter
+}
+
+func newGRPCMetrics(reg prometheus.Registerer) *grpcMetrics {
+	m := &grpcMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_grpc_requests_total",
+			Help: "gRPC calls by full method and status code.",
+		}, []string{"method", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "limiter_grpc_request_duration_seconds",
+			Help:    "gRPC call latency by full method, from the call's arrival to its answer (unary) or end (stream).",
+			Buckets: []float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3, 1},
+		}, []string{"method"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limiter_grpc_in_flight",
+			Help: "gRPC calls being served, by full method.",
+		}, []string{"method"}),
+		byResult: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_envoy_descriptors_total",
+			Help: "Descriptors of ShouldRateLimit calls by result: ok, over_limit, would_reject (dry run), no_match and unknown_domain (answered OK with no limit), not_evaluated (after a rejected descriptor: nothing spent), cost_exceeds_limit.",
+		}, []string{"result"}),
+	}
+	reg.MustRegister(m.requests, m.latency, m.inFlight, m.byResult)
+	for _, r := range envoyrls.Results() {
+		m.results = append(m.results, m.byResult.WithLabelValues(r.String()))
+	}
+	return m
+}
+
+// Descriptor implements envoyrls.Observer.
+func (m *grpcMetrics) Descriptor(_ string, r envoyrls.Result) {
+	if int(r) < len(m.results) {
+		m.results[r].Inc()
+	}
+}
+
+func (m *grpcMetrics) observe(method string, start time.Time, err error) {
+	m.requests.WithLabelValues(method, status.Code(err).String()).Inc()
+	m.latency.WithLabelValues(method).Observe(time.Since(start).Seconds())
+}
+
+// grpcAuth checks the bearer token (metadata "authorization: Bearer
+// <token>") on every call but the health service's, as /check requires it
+// and /healthz does not.
+type grpcAuth struct{ token []byte }
+
+func (a grpcAuth) check(ctx context.Context, method string) error {
+	if a.token == nil || strings.HasPrefix(method, "/grpc.health.v1.Health/") {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get("authorization") {
+		if bearerOK(v, a.token) {
+			return nil
+		}
+	}
+	return status.Error(codes.Unauthenticated, "a valid bearer token is required (metadata authorization: Bearer <token>)")
+}
+
+func bearerOK(header string, token []byte) bool {
+	const prefix = "Bearer "
+	if len(header) < len(prefix) || !strings.EqualFold(header[:len(prefix)], prefix) {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(header[len(prefix):]), token) == 1
+}
+
+// startGRPC serves the Envoy rate limit service, the gRPC health service
+// and reflection on LIMITER_GRPC_ADDR. The returned func stops it
+// gracefully: health turns NOT_SERVING, new calls are refused, calls in
+// flight finish (until ctx ends; then they are cut).
+func startGRPC(cfg config, lim *enforcement.Limiter, reg prometheus.Registerer, log *slog.Logger) (func(context.Context) error, error) {
+	noop := func(context.Context) error { return nil }
+	if cfg.GRPCAddr == "" {
+		log.Info("LIMITER_GRPC_ADDR is empty: the Envoy rate limit service (gRPC) is off")
+		return noop, nil
+	}
+	ln, err := net.Listen("tcp", cfg.GRPCAddr)
+	if err != nil {
+		if cfg.GRPCAddrIsDefault {
+			// Not asked for by name: the limiter still serves /check.
+			log.Warn("the Envoy rate limit service (gRPC) is off: LIMITER_GRPC_ADDR is unset and its default address is taken; set LIMITER_GRPC_ADDR",
+				"addr", cfg.GRPCAddr, "err", err)
+			return noop, nil
+		}
+		return nil, fmt.Errorf("listen on LIMITER_GRPC_ADDR %s: %w", cfg.GRPCAddr, err)
+	}
+	m := newGRPCMetrics(reg)
+	auth := grpcAuth{}
+	if cfg.AuthToken != "" {
+		auth.token = []byte(cfg.AuthToken)
+	}
+	srv := grpc.NewServer(
+		grpc.MaxRecvMsgSize(grpcMaxMessage),
+		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+			start := time.Now()
+			g := m.inFlight.WithLabelValues(info.FullMethod)
+			g.Inc()
+			defer g.Dec()
+			resp, err := func() (any, error) {
+				if err := auth.check(ctx, info.FullMethod); err != nil {
+					return nil, err
+				}
+				return handler(ctx, req)
+			}()
+			m.observe(info.FullMethod, start, err)
+			return resp, err
+		}),
+		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+			start := time.Now()
+			g := m.inFlight.WithLabelValues(info.FullMethod)
+			g.Inc()
+			defer g.Dec()
+			err := auth.check(ss.Context(), info.FullMethod)
+			if err == nil {
+				err = handler(srv, ss)
+			}
+			m.observe(info.FullMethod, start, err)
+			return err
+		}),
+	)
+	rlsv3.RegisterRateLimitServiceServer(srv, envoyrls.New(lim, m))
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(srv, hs)
+	reflection.Register(srv)
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	log.Info("envoy rate limit service listening", "addr", ln.Addr().String(), "service", rlsv3.RateLimitService_ServiceDesc.ServiceName)
+	return func(ctx context.Context) error {
+		hs.Shutdown() // NOT_SERVING: health checkers stop sending first
+		stopped := make(chan struct{})
+		go func() { srv.GracefulStop(); close(stopped) }()
+		var err error
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			srv.Stop() // the grace period is over: cut what is left
+			<-stopped
+			err = errors.New("grpc: calls still in flight at the end of the shutdown grace were cut")
+		}
+		if serr := <-served; serr != nil && !errors.Is(serr, grpc.ErrServerStopped) {
+			err = errors.Join(err, fmt.Errorf("grpc serve: %w", serr))
+		}
+		return err
+	}, nil
+}

@@ -1,0 +1,380 @@
+// Package envoyrls serves the Envoy rate limit service API
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) over the
+// limiter: each descriptor of a RateLimitRequest becomes a key and a scope
+// through the policy file's `domains` section, is decided by
+// Limiter.Check exactly as a POST /check of that key and scope would be,
+// and the Decisions become the response Envoy understands.
+//
+// It is transport only: the decision, its tiers and its failure policy are
+// the enforcement package's; the mapping is the policy package's.
+//
+// A request with several descriptors is decided descriptor by descriptor,
+// in the order Envoy sent them, and stops at the first that is over its
+// limit: that one spends nothing (a rejection never spends), and the ones
+// after it are not evaluated (status UNKNOWN), so they spend nothing
+// either. The ones before it have spent: a refund would be a second write
+// racing every other spender of those buckets, and would hand back tokens
+// that concurrent requests were already refused for. Put the descriptors
+// of the caller's own budgets first and shared (global) ones last, and a
+// flood from one caller never reaches the shared budget (docs/policy.md).
+package envoyrls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/limits"
+	"github.com/ratewarden/ratewarden/policy"
+)
+
+// Bounds of a request, beyond which it is refused with INVALID_ARGUMENT
+// before anything is spent. The mapped key and scope have /check's bounds.
+const (
+	MaxDescriptors = 64
+	MaxEntries     = 32
+	MaxEntryBytes  = 4096 // an entry's key or value
+	MaxKeyBytes    = 256
+	MaxScopeBytes  = 128
+	MaxCost        = 1_000_000_000
+)
+
+// Limiter is what the service needs of *enforcement.Limiter.
+type Limiter interface {
+	Check(ctx context.Context, req enforcement.Request) (enforcement.Decision, error)
+	Policy() enforcement.Policy
+}
+
+// Mapper maps descriptors to keys and scopes and resolves limits;
+// *policy.Policy is one. A policy that is not a Mapper knows no domain.
+type Mapper interface {
+	MapDescriptor(domain string, entries []policy.Entry) (policy.Mapped, policy.MapResult)
+	Resolve(key, scope, tier string) (limits.Resolved, error)
+}
+
+// Result is what became of one descriptor, for metrics.
+type Result uint8
+
+// Descriptor results (the `result` label of limiter_envoy_descriptors_total).
+const (
+	ResultOK            Result = iota // decided, allowed
+	ResultOverLimit                   // decided, rejected
+	ResultWouldReject                 // decided in dry run: allowed, but enforcement would have rejected
+	ResultNoMatch                     // no mapping of the domain matches: OK, no limit
+	ResultUnknownDomain               // the policy has no such domain: OK, no limit
+	ResultNotEvaluated                // after a rejected descriptor: UNKNOWN, nothing spent
+	ResultCostExceeds                 // the cost is larger than the bucket could ever hold: OVER_LIMIT
+	numResults
+)
+
+var resultNames = [numResults]string{"ok", "over_limit", "would_reject", "no_match", "unknown_domain", "not_evaluated", "cost_exceeds_limit"}
+
+// String is the metric label of r.
+func (r Result) String() string {
+	if r < numResults {
+		return resultNames[r]
+	}
+	return "unknown"
+}
+
+// Results lists every Result, for metrics that pre-create their series.
+func Results() []Result {
+	out := make([]Result, numResults)
+	for i := range out {
+		out[i] = Result(i)
+	}
+	return out
+}
+
+// Observer counts descriptor results. It must be cheap and safe for concurrent use.
+type Observer interface {
+	Descriptor(domain string, r Result)
+}
+
+// Service implements rlsv3.RateLimitServiceServer.
+type Service struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	lim Limiter
+	obs Observer
+	now func() time.Time
+}
+
+// New returns the service over lim. obs may be nil.
+func New(lim Limiter, obs Observer) *Service {
+	return &Service{lim: lim, obs: obs, now: time.Now}
+}
+
+// plan is one descriptor, validated and mapped, before anything is spent.
+type plan struct {
+	mapped  policy.Mapped
+	result  policy.MapResult
+	cost    int64
+	hasCost bool
+}
+
+// ShouldRateLimit implements the Envoy rate limit service.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	domain := req.GetDomain()
+	descs := req.GetDescriptors()
+	switch {
+	case domain == "":
+		return nil, status.Error(codes.InvalidArgument, "domain is required")
+	case len(domain) > MaxEntryBytes:
+		return nil, status.Errorf(codes.InvalidArgument, "domain is %d bytes, at most %d", len(domain), MaxEntryBytes)
+	case len(descs) == 0:
+		return nil, status.Error(codes.InvalidArgument, "at least one descriptor is required")
+	case len(descs) > MaxDescriptors:
+		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors, at most %d", len(descs), MaxDescriptors)
+	}
+	mapper, _ := s.lim.Policy().(Mapper)
+
+	// Everything is validated and mapped before anything is spent: an
+	// invalid descriptor refuses the whole request with nothing spent.
+	var plansBuf [4]plan
+	plans := plansBuf[:0]
+	var entryBuf [8]policy.Entry
+	for i, d := range descs {
+		p, err := planOf(mapper, domain, req.GetHitsAddend(), d, entryBuf[:0])
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d]: %v", i, err)
+		}
+		plans = append(plans, p)
+	}
+
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(plans)),
+	}
+	statuses := make([]rlsv3.RateLimitResponse_DescriptorStatus, len(plans))
+	var (
+		bind     enforcement.Decision // the decision the headers report
+		bindSet  bool
+		rejected bool
+		now      time.Time
+	)
+	for i := range plans {
+		p := &plans[i]
+		st := &statuses[i]
+		resp.Statuses[i] = st
+		switch {
+		case p.result == policy.MapUnknownDomain:
+			st.Code = rlsv3.RateLimitResponse_OK
+			s.observe(domain, ResultUnknownDomain)
+			continue
+		case p.result == policy.MapNoMatch:
+			st.Code = rlsv3.RateLimitResponse_OK
+			s.observe(domain, ResultNoMatch)
+			continue
+		case rejected:
+			st.Code = rlsv3.RateLimitResponse_UNKNOWN
+			s.observe(domain, ResultNotEvaluated)
+			continue
+		}
+		d, err := s.lim.Check(ctx, enforcement.Request{
+			Key: p.mapped.Key, Scope: p.mapped.Scope, Tier: p.mapped.Tier,
+			Cost: p.cost, HasCost: p.hasCost, Domain: domain,
+		})
+		if now.IsZero() {
+			now = s.now()
+		}
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+				return nil, status.FromContextError(ctx.Err()).Err()
+			case errors.Is(err, enforcement.ErrCostExceedsLimit):
+				// It could never pass: over the limit, for good. Nothing
+				// was spent or recorded.
+				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+				st.CurrentLimit = currentLimit(mapper, p.mapped, enforcement.Decision{})
+				st.DurationUntilReset = durationpb.New(0)
+				rejected = true
+				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+				s.observe(domain, ResultCostExceeds)
+				continue
+			case errors.Is(err, enforcement.ErrUnknownTier), errors.Is(err, enforcement.ErrInvalidRequest):
+				return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d]: %v", i, err)
+			}
+			return nil, status.Errorf(codes.Internal, "descriptors[%d]: %v", i, err)
+		}
+		st.CurrentLimit = currentLimit(mapper, p.mapped, d)
+		st.LimitRemaining = uint32(min(max(0, d.Remaining), math.MaxUint32))
+		st.DurationUntilReset = durationpb.New(ceilMS(d.ResetAt.Sub(now)))
+		switch {
+		case !d.Allowed:
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			rejected = true
+			bind, bindSet = d, true
+			s.observe(domain, ResultOverLimit)
+			continue
+		case !d.WouldAllow:
+			st.Code = rlsv3.RateLimitResponse_OK
+			s.observe(domain, ResultWouldReject)
+		default:
+			st.Code = rlsv3.RateLimitResponse_OK
+			s.observe(domain, ResultOK)
+		}
+		// Allowed so far: the headers report the limit closest to
+		// exhaustion. A dry-run limit is invisible to clients.
+		if !d.DryRun && (!bindSet || d.Remaining < bind.Remaining ||
+			(d.Remaining == bind.Remaining && d.Limit < bind.Limit)) {
+			bind, bindSet = d, true
+		}
+	}
+	if bindSet {
+		resp.ResponseHeadersToAdd = headers(&bind, now)
+	}
+	return resp, nil
+}
+
+func (s *Service) observe(domain string, r Result) {
+	if s.obs != nil {
+		s.obs.Descriptor(domain, r)
+	}
+}
+
+// planOf validates and maps one descriptor.
+func planOf(mapper Mapper, domain string, requestHits uint32, d *ratelimitv3.RateLimitDescriptor, buf []policy.Entry) (plan, error) {
+	es := d.GetEntries()
+	switch {
+	case len(es) == 0:
+		return plan{}, errors.New("a descriptor needs at least one entry")
+	case len(es) > MaxEntries:
+		return plan{}, fmt.Errorf("%d entries, at most %d", len(es), MaxEntries)
+	case d.GetIsNegativeHits():
+		return plan{}, errors.New("is_negative_hits (a refund) is not supported")
+	}
+	entries := buf
+	for j, e := range es {
+		if e.GetKey() == "" {
+			return plan{}, fmt.Errorf("entries[%d]: the key is empty", j)
+		}
+		if len(e.GetKey()) > MaxEntryBytes || len(e.GetValue()) > MaxEntryBytes {
+			return plan{}, fmt.Errorf("entries[%d]: a key or value is longer than %d bytes", j, MaxEntryBytes)
+		}
+		entries = append(entries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
+	}
+	var p plan
+	// hits_addend is the cost: the descriptor's own if set, else the
+	// request's if not zero (proto3 cannot tell 0 from unset, and Envoy
+	// sends 0 unless configured), else the policy's cost for the scope.
+	switch {
+	case d.GetHitsAddend() != nil:
+		p.cost, p.hasCost = int64(min(d.GetHitsAddend().GetValue(), MaxCost+1)), true
+	case requestHits > 0:
+		p.cost, p.hasCost = int64(requestHits), true
+	}
+	if p.cost > MaxCost {
+		return plan{}, fmt.Errorf("hits_addend is more than %d", MaxCost)
+	}
+	if mapper == nil {
+		p.result = policy.MapUnknownDomain
+		return p, nil
+	}
+	p.mapped, p.result = mapper.MapDescriptor(domain, entries)
+	if p.result != policy.MapOK {
+		return p, nil
+	}
+	switch {
+	case p.mapped.Key == "":
+		return plan{}, fmt.Errorf("mapping %s makes an empty key", p.mapped.Name)
+	case p.mapped.Scope == "":
+		return plan{}, fmt.Errorf("mapping %s makes an empty scope", p.mapped.Name)
+	case len(p.mapped.Key) > MaxKeyBytes:
+		return plan{}, fmt.Errorf("mapping %s makes a key of %d bytes, at most %d", p.mapped.Name, len(p.mapped.Key), MaxKeyBytes)
+	case len(p.mapped.Scope) > MaxScopeBytes:
+		return plan{}, fmt.Errorf("mapping %s makes a scope of %d bytes, at most %d", p.mapped.Name, len(p.mapped.Scope), MaxScopeBytes)
+	}
+	return p, nil
+}
+
+// currentLimit describes the limit that decided: the calendar quota when
+// it binds (the decision reports the quota's limit), else the bucket's
+// sustained rate in the smallest unit in which it is a whole number.
+func currentLimit(mapper Mapper, m policy.Mapped, d enforcement.Decision) *rlsv3.RateLimitResponse_RateLimit {
+	res, err := mapper.Resolve(m.Key, m.Scope, m.Tier)
+	if err != nil {
+		return nil
+	}
+	out := &rlsv3.RateLimitResponse_RateLimit{Name: res.Policy}
+	if res.HasQuota() && d.Limit == res.QuotaLimit && d.Limit != res.Burst && d.Source != enforcement.SourceDegraded {
+		out.RequestsPerUnit = uint32(min(res.QuotaLimit, math.MaxUint32))
+		switch res.QuotaPeriod {
+		case limits.PeriodHour:
+			out.Unit = rlsv3.RateLimitResponse_RateLimit_HOUR
+		case limits.PeriodDay:
+			out.Unit = rlsv3.RateLimitResponse_RateLimit_DAY
+		case limits.PeriodMonth:
+			out.Unit = rlsv3.RateLimitResponse_RateLimit_MONTH
+		}
+		return out
+	}
+	// The key's whole rate, split keys included (sub-buckets are an
+	// implementation detail).
+	out.RequestsPerUnit, out.Unit = rateUnit(res.Rate)
+	return out
+}
+
+// rateUnit expresses tokens per second in the smallest of second, minute,
+// hour and day in which it is a whole number (rounded in days otherwise).
+func rateUnit(rate float64) (uint32, rlsv3.RateLimitResponse_RateLimit_Unit) {
+	for _, u := range []struct {
+		secs float64
+		unit rlsv3.RateLimitResponse_RateLimit_Unit
+	}{
+		{1, rlsv3.RateLimitResponse_RateLimit_SECOND},
+		{60, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+		{3600, rlsv3.RateLimitResponse_RateLimit_HOUR},
+	} {
+		n := rate * u.secs
+		if r := math.Round(n); r >= 1 && math.Abs(n-r) < 1e-6*r {
+			return uint32(min(r, math.MaxUint32)), u.unit
+		}
+	}
+	return uint32(min(max(1, math.Round(rate*86400)), math.MaxUint32)), rlsv3.RateLimitResponse_RateLimit_DAY
+}
+
+// headers are the RateLimit-* and X-RateLimit-* headers (as the HTTP
+// middleware sets them: the limit, whole tokens left, whole seconds until
+// the bucket is full) and, on a rejection, Retry-After (whole seconds,
+// rounded up) for Envoy to add to the client's response.
+func headers(d *enforcement.Decision, now time.Time) []*corev3.HeaderValue {
+	limit := strconv.FormatInt(d.Limit, 10)
+	remaining := strconv.FormatInt(max(0, d.Remaining), 10)
+	reset := strconv.FormatInt(max(0, int64(math.Ceil(d.ResetAt.Sub(now).Seconds()))), 10)
+	hv := make([]corev3.HeaderValue, 0, 7)
+	hv = append(hv,
+		corev3.HeaderValue{Key: "x-ratelimit-limit", Value: limit},
+		corev3.HeaderValue{Key: "x-ratelimit-remaining", Value: remaining},
+		corev3.HeaderValue{Key: "x-ratelimit-reset", Value: reset},
+		corev3.HeaderValue{Key: "ratelimit-limit", Value: limit},
+		corev3.HeaderValue{Key: "ratelimit-remaining", Value: remaining},
+		corev3.HeaderValue{Key: "ratelimit-reset", Value: reset},
+	)
+	if !d.Allowed && d.RetryAfter > 0 {
+		hv = append(hv, corev3.HeaderValue{Key: "retry-after", Value: strconv.FormatInt(int64(math.Ceil(d.RetryAfter.Seconds())), 10)})
+	}
+	out := make([]*corev3.HeaderValue, len(hv))
+	for i := range hv {
+		out[i] = &hv[i]
+	}
+	return out
+}
+
+func ceilMS(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return (d + time.Millisecond - 1).Truncate(time.Millisecond)
+}
