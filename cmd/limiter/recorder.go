@@ -41,10 +41,7 @@ func (m *meteringRecorder) Record(req enforcement.Request, d enforcement.Decisio
 		DryRun:    d.DryRun,
 		Warning:   d.Warning,
 		Instance:  m.instance,
-		// The shadow verdict, when a shadow limit was evaluated.
-		Shadow:         d.Shadow.Name,
-		ShadowRejected: d.Shadow.Name != "" && !d.Shadow.WouldAllow,
-		Domain:         req.Domain,
+		Domain:    req.Domain,
 	})
 }
 
