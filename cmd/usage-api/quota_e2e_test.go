@@ -249,3 +249,178 @@ func TestPolicyAgreesWithTheLimiter(t *testing.T) {
 		})
 	}
 }
+
+const lossPolicy = `version: 1
+default_tier: free
+tiers:
+  free: { rate: 100000, burst: 100000 }
+  pro:  { rate: 100000, burst: 100000, quota: { limit: 100, period: month } }
+  big:  { rate: 100000, burst: 100000, quota: { limit: 10000, period: month } }
+keys: { acct_restart: pro, acct_evict: pro, acct_paced: big }
+`
+
+// waitFor polls cond every 20 ms until it holds, failing after within
+// (a bound for a starved machine, not the expected time) with what.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > within {
+			t.Fatalf("not within %s: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// spend sends n decisions of cost through /check; every one must be allowed
+// by Redis (source shared).
+func spend(t *testing.T, limiter *proc, key string, cost, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		if a := check(t, limiter, key, "api:search", "", cost); !a.Allowed || a.Source != "shared" {
+			t.Fatalf("decision %d of %s: %+v, want allowed by Redis", i+1, key, a)
+		}
+	}
+}
+
+// warm makes sure the limiter's connections to a restarted Redis work
+// (cost-0 decisions spend nothing) so the decisions that count are Redis's.
+func warm(t *testing.T, limiter *proc, key string) {
+	t.Helper()
+	ok := 0
+	waitFor(t, 60*time.Second, "the limiter decides with Redis again", func() bool {
+		if check(t, limiter, key, "api:search", "", 0).Source == "degraded" {
+			ok = 0
+		} else {
+			ok++
+		}
+		return ok >= 3
+	})
+}
+
+// exactlyRemaining asserts that the limiter admits exactly want more tokens
+// of key's quota (cost 1 each, all decided by Redis), then rejects.
+func exactlyRemaining(t *testing.T, limiter *proc, key string, want int) {
+	t.Helper()
+	for i := 0; i < want; i++ {
+		if a := check(t, limiter, key, "api:search", "", 1); !a.Allowed || a.Source != "shared" {
+			t.Fatalf("%s: token %d of the %d remaining: %+v", key, i+1, want, a)
+		}
+	}
+	if a := check(t, limiter, key, "api:search", "", 1); a.Allowed {
+		t.Fatalf("%s: token %d allowed; only %d remained (a fresh allowance?)", key, want+1, want)
+	}
+}
+
+// TestQuotaSurvivesRedisLoss: mid-period, with usage recorded in ClickHouse
+// through the real pipeline (limiter → Kafka → meter-consumer), Redis
+// restarts empty and, separately, a quota counter is deleted as an eviction
+// would. The usage API says plainly that Redis is behind the record; the
+// reconciler in meter-consumer restores the counter within one interval, and
+// the next decisions see exactly limit − recorded allowed cost. A third key
+// under paced traffic measures the over-admission while the counter is lost.
+func TestQuotaSurvivesRedisLoss(t *testing.T) {
+	ch := testenv.StartClickHouse(t)
+	db := ch.Database(t)
+	kafka := testenv.StartKafka(t, "ratelimit.decisions", 4)
+	r := testenv.StartRedis(t)
+	rdb := redisClient(t, r.Addr())
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte(lossPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"KAFKA_BROKERS=" + kafka.Addr(), "KAFKA_TOPIC=" + kafka.Topic(), "CLICKHOUSE_ADDR=" + ch.Addr(),
+		"CLICKHOUSE_DATABASE=" + db, "POLICY_FILE=" + policy, "REDIS_ADDRS=" + r.Addr()}
+	limiter := start(t, "limiter", "LIMITER_ADDR", "/healthz", append(common, "LIMITER_GRPC_ADDR=", "LIMITER_STORE_TIMEOUT=2s")...)
+	api := start(t, "usage-api", "USAGE_API_ADDR", "/readyz", append(common,
+		"USAGE_ADMIN_TOKEN="+e2eAdmin, "USAGE_TOKEN_SECRET=e2e-secret-0123456789abcdef")...)
+	// First without the reconciler (REDIS_ADDRS empty for meter-consumer):
+	// the loss must be visible before anything repairs it.
+	meterEnv := append(append([]string{}, common...), "METER_BATCH_WAIT=50ms", "REDIS_ADDRS=")
+	meter := start(t, "meter-consumer", "METER_ADDR", "/readyz", meterEnv...)
+
+	recorded := func(key string, used uint64) func() bool {
+		return func() bool {
+			q := getQuota(t, api, key, "", "").Quota
+			return q != nil && q.Used == used && q.Consistency.State == "agree"
+		}
+	}
+	spend(t, limiter, "acct_restart", 6, 10) // 60 of 100
+	waitFor(t, 2*time.Minute, "60 tokens of acct_restart recorded and agreeing with Redis", recorded("acct_restart", 60))
+
+	if err := r.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	q := getQuota(t, api, "acct_restart", "", "").Quota
+	if q.Consistency.State != "redis_behind" || q.Consistency.Difference != -60 || q.Redis == nil || q.Redis.Present ||
+		q.Redis.Remaining != 100 || q.Remaining != 40 || !strings.Contains(q.Consistency.Message, "lost its counter") {
+		t.Fatalf("after the restart the usage API shows %+v", *q)
+	}
+	t.Logf("usage API after the Redis restart: %s", q.Consistency.Message)
+
+	// Now the reconciler: meter-consumer with REDIS_ADDRS, every second.
+	meter.stop(t)
+	const every = time.Second
+	meterEnv = append(append([]string{}, common...), "METER_BATCH_WAIT=50ms", "METER_RECONCILE_EVERY="+every.String())
+	start(t, "meter-consumer", "METER_ADDR", "/readyz", meterEnv...)
+	counter := func(key string) int64 {
+		rkey, _, _, _, ok := enforcedCounter(t, rdb, key)
+		if !ok {
+			return -1
+		}
+		v, err := rdb.Get(context.Background(), rkey).Int64()
+		if err != nil {
+			return -1
+		}
+		return v
+	}
+	waitFor(t, 60*time.Second, "the reconciler restores acct_restart's counter to 60", func() bool { return counter("acct_restart") == 60 })
+	warm(t, limiter, "acct_restart")
+	exactlyRemaining(t, limiter, "acct_restart", 40)
+	waitFor(t, 2*time.Minute, "the usage API shows acct_restart's 100 agreeing", recorded("acct_restart", 100))
+
+	// An eviction: the counter alone disappears, the reconciler running.
+	spend(t, limiter, "acct_evict", 3, 10) // 30 of 100
+	waitFor(t, 2*time.Minute, "30 tokens of acct_evict recorded", recorded("acct_evict", 30))
+	rkey, _, _, _, _ := enforcedCounter(t, rdb, "acct_evict")
+	if err := rdb.Del(context.Background(), rkey).Err(); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor(t, 60*time.Second, "the reconciler restores acct_evict's counter to 30", func() bool {
+		v, err := rdb.Get(context.Background(), rkey).Int64()
+		return err == nil && v == 30
+	})
+	t.Logf("evicted counter restored %s after the eviction (METER_RECONCILE_EVERY=%s)", took.Round(time.Millisecond), every)
+	exactlyRemaining(t, limiter, "acct_evict", 70)
+
+	// Over-admission under traffic: 9,000 of 10,000 spent and recorded; the
+	// counter is lost; decisions of 10 tokens every 20 ms (500 tokens/s)
+	// until the first rejection. Without the reconciler they would run for
+	// the whole fresh allowance (10,000 tokens, 20 s).
+	spend(t, limiter, "acct_paced", 900, 10)
+	waitFor(t, 2*time.Minute, "9000 tokens of acct_paced recorded", recorded("acct_paced", 9000))
+	rkey, _, _, _, _ = enforcedCounter(t, rdb, "acct_paced")
+	if err := rdb.Del(context.Background(), rkey).Err(); err != nil {
+		t.Fatal(err)
+	}
+	lost := time.Now()
+	admitted := 0
+	for {
+		a := check(t, limiter, "acct_paced", "api:search", "", 10)
+		if !a.Allowed {
+			break
+		}
+		admitted += 10
+		if admitted >= 10000 {
+			t.Fatal("a fresh allowance: 10,000 tokens admitted after the counter was lost")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	over := admitted - 1000
+	t.Logf("paced traffic (500 tokens/s) after the loss: %d tokens admitted where 1000 remained: over-admission %d tokens over %s (METER_RECONCILE_EVERY=%s)",
+		admitted, over, time.Since(lost).Round(time.Millisecond), every)
+	if over < 0 {
+		t.Errorf("admitted %d, less than the 1000 that remained", admitted)
+	}
+}
