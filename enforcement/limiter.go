@@ -380,6 +380,7 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 
 	var q *quotaEntry
 	var quotaEndAt time.Time
+	var quotaUsed int64 // the window's spend as this instance knows it: the store's count and its own unrecorded spend
 	quotaLeft, quotaWait := int64(math.MaxInt64), time.Duration(0)
 	e.mu.Lock() // lock order: entry, then quota
 	if lim.HasQuota() {
@@ -402,6 +403,10 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 		if allowed {
 			q.dq.unrecorded += cost
 			quotaLeft -= cost
+		}
+		quotaUsed = q.dq.unrecorded
+		if q.seen.end == q.dq.end {
+			quotaUsed += q.seen.used
 		}
 		q.mu.Unlock()
 	}
@@ -429,12 +434,8 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 		}
 		d.RetryAfter = max(wait, quotaWait)
 	}
-	used := int64(0)
-	if lim.HasQuota() {
-		used = lim.QuotaLimit - max(0, quotaLeft)
-	}
 	d.Warning = softLimitReached(Limit{Burst: tight.Burst, SoftLimitPercent: lim.SoftLimitPercent,
-		QuotaLimit: lim.QuotaLimit, QuotaPeriod: lim.QuotaPeriod}, dr.Tokens, used)
+		QuotaLimit: lim.QuotaLimit, QuotaPeriod: lim.QuotaPeriod}, dr.Tokens, quotaUsed)
 	return l.finish(req, d, start)
 }
 
