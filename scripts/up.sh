@@ -149,8 +149,11 @@ alive() {
 http_ok() { curl -fsS -m 2 -o /dev/null "$1"; }
 
 if wants redis; then
+  # Quota counters survive a restart: AOF fsynced every second; under memory
+  # pressure buckets (short TTLs) go before quota counters (docs/operations.md).
   start redis redis-server -- --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$RUN_DIR/redis" \
-    --save "" --appendonly no --protected-mode yes --daemonize no
+    --save "" --appendonly yes --appendfsync everysec --maxmemory-policy volatile-ttl \
+    --protected-mode yes --daemonize no
 fi
 if wants clickhouse; then
   CH="$RUN_DIR/clickhouse"
@@ -172,12 +175,13 @@ fi
 wait_until clickhouse 90 http_ok "http://127.0.0.1:$CH_HTTP_PORT/ping"
 if wants meter-consumer; then
   start meter-consumer "$BIN_DIR/meter-consumer" KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" \
-    CLICKHOUSE_ADDR="127.0.0.1:$CH_TCP_PORT" METER_ADDR="127.0.0.1:$METER_PORT"
+    CLICKHOUSE_ADDR="127.0.0.1:$CH_TCP_PORT" METER_ADDR="127.0.0.1:$METER_PORT" \
+    REDIS_ADDRS="127.0.0.1:$REDIS_PORT" POLICY_FILE="$ROOT/deploy/policy.yaml"
 fi
 if wants usage-api; then
   start usage-api "$BIN_DIR/usage-api" USAGE_API_ADDR="127.0.0.1:$USAGE_PORT" \
     CLICKHOUSE_ADDR="127.0.0.1:$CH_TCP_PORT" POLICY_FILE="$ROOT/deploy/policy.yaml" \
-    USAGE_ADMIN_TOKEN="$USAGE_ADMIN_TOKEN" USAGE_TOKEN_SECRET="$USAGE_TOKEN_SECRET"
+    REDIS_ADDRS="127.0.0.1:$REDIS_PORT" USAGE_ADMIN_TOKEN="$USAGE_ADMIN_TOKEN" USAGE_TOKEN_SECRET="$USAGE_TOKEN_SECRET"
 fi
 wait_until limiter 30 http_ok "http://127.0.0.1:$LIMITER_PORT/readyz"
 if wants demo-traffic; then
