@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 
 	"github.com/ratewarden/ratewarden/policy"
@@ -11,7 +12,8 @@ import (
 
 const policyUsage = `usage:
   limiter policy check FILE
-  limiter policy explain FILE --key K --scope S [--tier T]`
+  limiter policy explain FILE --key K --scope S [--tier T]
+  limiter policy explain FILE --domain D --descriptor KEY=VALUE [--descriptor KEY=VALUE ...]`
 
 // policyCommand runs `limiter policy ...` and returns the exit code.
 func policyCommand(args []string, stdout, stderr io.Writer) int {
@@ -29,6 +31,9 @@ func policyCommand(args []string, stdout, stderr io.Writer) int {
 	key := fs.String("key", "", "rate-limit key")
 	scope := fs.String("scope", "", "scope")
 	tier := fs.String("tier", "", "tier (default: the keys map, else default_tier)")
+	domain := fs.String("domain", "", "Envoy rate limit domain (with --descriptor)")
+	var entries descriptorFlag
+	fs.Var(&entries, "descriptor", "an entry KEY=VALUE of an Envoy descriptor, in order (repeat for each entry)")
 	// FILE may come before or after the flags.
 	rest := args[1:]
 	var files []string
@@ -46,7 +51,7 @@ func policyCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "one policy FILE is required\n"+policyUsage)
 		return 2
 	}
-	if verb == "check" && (*key != "" || *scope != "" || *tier != "") {
+	if verb == "check" && (*key != "" || *scope != "" || *tier != "" || *domain != "" || len(entries) > 0) {
 		fmt.Fprintln(stderr, "check takes no flags\n"+policyUsage)
 		return 2
 	}
@@ -66,8 +71,17 @@ func policyCommand(args []string, stdout, stderr io.Writer) int {
 		for _, w := range p.Warnings() {
 			fmt.Fprintln(stdout, "warning: "+w)
 		}
+		printDomains(stdout, p)
 		return 0
 	case "explain":
+		if *domain != "" || len(entries) > 0 {
+			if *domain == "" || len(entries) == 0 || *key != "" || *scope != "" || *tier != "" {
+				fmt.Fprintln(stderr, "explain takes either --domain with --descriptor, or --key and --scope\n"+policyUsage)
+				return 2
+			}
+			fmt.Fprint(stdout, policy.ExplainDescriptor(p, *domain, entries))
+			return 0
+		}
 		if *key == "" || *scope == "" {
 			fmt.Fprintln(stderr, "explain needs --key and --scope\n"+policyUsage)
 			return 2
@@ -81,4 +95,38 @@ func policyCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stderr, policyUsage)
 	return 2
+}
+
+// descriptorFlag collects --descriptor KEY=VALUE entries, in order.
+type descriptorFlag []policy.Entry
+
+func (d *descriptorFlag) String() string { return fmt.Sprint(*d) }
+
+func (d *descriptorFlag) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want KEY=VALUE, got %q", v)
+	}
+	*d = append(*d, policy.Entry{Key: k, Value: val})
+	return nil
+}
+
+// printDomains lists the Envoy domains of p and their descriptor mappings.
+func printDomains(w io.Writer, p *policy.Policy) {
+	names := p.Domains()
+	sort.Strings(names)
+	for _, name := range names {
+		fmt.Fprintf(w, "domain %s:\n", name)
+		for i, m := range p.File().Domains[name].Descriptors {
+			label := m.Name
+			if label == "" {
+				label = fmt.Sprintf("descriptors[%d]", i)
+			}
+			tier := ""
+			if m.Tier != "" {
+				tier = " tier " + m.Tier
+			}
+			fmt.Fprintf(w, "  %-20s [%s] -> key %q scope %q%s\n", label, strings.Join(m.Match, ", "), m.Key, m.Scope, tier)
+		}
+	}
 }
