@@ -12,6 +12,10 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // artifactsDir is <repo>/testdata-artifacts (git-ignored), where the browser
@@ -83,10 +87,31 @@ func TestDashboardInBrowser(t *testing.T) {
 			cost: uint64(1 + i%5), allowed: i%7 != 0 && !(i > 2500 && i%2 == 0), warning: i < 150})
 	}
 	seed(t, e.conn, e.db, ds)
+	// The limiter's Redis, for what the quota counter says is left.
+	rds := testenv.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rds.Addr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	srv, err := New(Config{Store: e.store, Signer: e.signer, AdminToken: testAdmin, PolicyPath: e.policy,
+		QueryTimeout: 30 * time.Second, Redis: rdb, KeyPrefix: "rb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.srv = srv
+	e.http.Config.Handler = srv.Handler()
 	tok := e.issue("acct_dash", 3600).Token
+	code, b := e.do("GET", "/v1/quota", tok, "")
+	quota := decode[quotaResponse](t, b).Quota
+	if code != 200 || quota == nil {
+		t.Fatalf("quota: %d %s", code, b)
+	}
+	monthStart, _ := limits.PeriodMonth.Window(now)
+	counter := limits.QuotaKey("rb", "acct_dash", quota.QuotaID, monthStart)
+	if err := rdb.Set(context.Background(), counter, quota.Used, 0).Err(); err != nil { // Redis agrees with the record
+		t.Fatal(err)
+	}
 
 	q := url.Values{"from": {now.Add(-24 * time.Hour).Format(time.RFC3339)}, "to": {now.Format(time.RFC3339)}, "window": {"hour"}}
-	code, b := e.do("GET", "/v1/usage?"+q.Encode(), tok, "")
+	code, b = e.do("GET", "/v1/usage?"+q.Encode(), tok, "")
 	if code != 200 {
 		t.Fatalf("api: %d %s", code, b)
 	}
@@ -173,6 +198,9 @@ func TestDashboardInBrowser(t *testing.T) {
 	if q, badge, status := text("quota-body"), text("soft-state"), text("status"); !strings.Contains(q, "of 1,000 tokens this month") || badge != "soft limit reached" || strings.TrimSpace(status) != "" {
 		t.Errorf("quota %q, badge %q, status %q", q, badge, status)
 	}
+	if q := text("quota-body"); !strings.Contains(q, "left according to the limiter") || strings.Contains(q, "usage record") {
+		t.Errorf("quota while Redis agrees: %q", q)
+	}
 	screenshot("usage-dashboard.png", 100)
 
 	// Phone width: the layout reflows and nothing scrolls sideways.
@@ -188,6 +216,20 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	screenshot("usage-dashboard-phone.png", 100)
 	do("desktop viewport", chromedp.EmulateViewport(1280, 900))
+
+	// Redis loses the counter: the page says so plainly, and shows what the
+	// limiter will admit meanwhile.
+	if err := rdb.Del(context.Background(), counter).Err(); err != nil {
+		t.Fatal(err)
+	}
+	do("refresh after the counter is lost",
+		chromedp.Click(chromedp.ID("refresh")),
+		chromedp.WaitVisible(chromedp.CSS(`#quota-body .notice.redis_behind`)),
+	)
+	if q := text("quota-body"); !strings.Contains(q, "fewer tokens than the usage record") || !strings.Contains(q, "1,000 left according to the limiter") {
+		t.Errorf("quota after Redis lost the counter: %q", q)
+	}
+	screenshot("usage-dashboard-redis-behind.png", 100)
 
 	// No script error and no CSP violation so far.
 	if v, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.documentElement.getAttribute("data-page-errors") || ""`)); err != nil || v != "" {

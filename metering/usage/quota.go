@@ -255,10 +255,13 @@ func quotaInfoOf(q quotause.Quota, e enforcedCounter) quotaInfo {
 		if !e.present {
 			lost = "its counter"
 		}
+		// What the limiter may admit beyond the quota before the counter is
+		// restored: the lost count, or all the counter still lets through.
+		over := min(uint64(-diff), qi.Redis.Remaining)
 		qi.Consistency.State = "redis_behind"
 		qi.Consistency.Message = fmt.Sprintf("Redis counts %d fewer tokens than the usage record: it has lost %s "+
 			"(a restart, failover or eviction). The reconciler restores it within one interval (METER_RECONCILE_EVERY); "+
-			"until then up to %d tokens more than the quota allows may be admitted.", -diff, lost, -diff)
+			"until then up to %d tokens more than the quota allows may be admitted.", -diff, lost, over)
 	default:
 		qi.Consistency.State = "redis_ahead"
 		qi.Consistency.Message = fmt.Sprintf("Redis counts %d more tokens than the usage record: decisions not yet in the "+

@@ -125,27 +125,47 @@
     });
   }
 
+  // One block per quota counter the key spends (the enforced rule, the
+  // window's limit, what the usage record says was used, what the limiter's
+  // counter in Redis says is left, when it resets), and a plain notice when
+  // Redis and the record disagree.
   function renderQuota(q) {
     var body = $("quota-body"), badge = $("soft-state");
     badge.textContent = q.softLimit.state === "none" ? "no soft limit" : (q.softLimit.state === "warning" ? "soft limit reached" : "below soft limit");
     badge.className = "badge " + q.softLimit.state;
     body.textContent = "";
-    var p = function (text) { var e = document.createElement("p"); e.textContent = text; body.appendChild(e); return e; };
-    if (!q.quota) {
-      p("Tier " + (q.tier || "–") + ": no quota, only rate limits.").className = "hint";
-    } else {
-      var pct = Math.min(100, q.quota.percentUsed);
+    var p = function (parent, text, cls) { var e = document.createElement("p"); e.textContent = text; if (cls) { e.className = cls; } parent.appendChild(e); return e; };
+    var list = q.quotas || (q.quota ? [q.quota] : []);
+    if (!list.length) {
+      p(body, "Tier " + (q.tier || "–") + ": no quota, only rate limits.", "hint");
+    }
+    list.forEach(function (c) {
+      var box = document.createElement("section");
+      box.className = "counter";
+      box.setAttribute("data-quota", c.quotaId);
+      body.appendChild(box);
+      var h = document.createElement("h3");
+      h.textContent = (c.source === "tier" ? "Tier " + c.rule : "Rule " + c.rule) + " · " + c.period + "ly quota" + (c.dryRun ? " (dry run)" : "");
+      box.appendChild(h);
+      var pct = Math.min(100, c.percentUsed);
       var meter = document.createElement("div");
       meter.className = "meter" + (pct >= 100 ? " full" : (q.softLimit.percent && pct >= q.softLimit.percent ? " warning" : ""));
       var fill = document.createElement("span");
       fill.style.width = pct.toFixed(1) + "%";
       meter.appendChild(fill);
-      body.appendChild(meter);
-      p(nf.format(q.quota.used) + " of " + nf.format(q.quota.limit) + " tokens this " + q.quota.period + " (" + q.quota.percentUsed.toFixed(1) + "%)");
-      p(nf.format(q.quota.remaining) + " remaining · resets " + new Date(q.quota.resetsAt).toLocaleString()).className = "hint";
-    }
+      box.appendChild(meter);
+      p(box, nf.format(c.used) + " of " + nf.format(c.limit) + " tokens this " + c.period + " (" + c.percentUsed.toFixed(1) + "%)");
+      var left = c.redis ? nf.format(c.redis.remaining) + " left according to the limiter" : nf.format(c.remaining) + " remaining";
+      p(box, left + " · resets " + new Date(c.resetsAt).toLocaleString(), "hint enforced");
+      if (c.scopes && c.scopes.length) {
+        p(box, "Counts " + c.scopes.join(", "), "hint");
+      }
+      if (c.consistency && (c.consistency.state === "redis_behind" || c.consistency.state === "redis_ahead")) {
+        p(box, c.consistency.message, "notice " + c.consistency.state).setAttribute("role", "status");
+      }
+    });
     if (q.softLimit.percent) {
-      p("Soft limit at " + q.softLimit.percent + "% · " + nf.format(q.softLimit.warningsLastHour) + " warned decisions in the last hour").className = "hint";
+      p(body, "Soft limit at " + q.softLimit.percent + "% · " + nf.format(q.softLimit.warningsLastHour) + " warned decisions in the last hour", "hint");
     }
   }
 
