@@ -110,6 +110,9 @@ type Decision struct {
 	Policy     string
 	Tier       string
 	Cost       int64 // the cost that was charged for (after defaults)
+	// Shadow is the verdict of the shadow limit evaluated beside this
+	// decision (Config.Shadow); zero when none applied. Never enforced.
+	Shadow ShadowVerdict
 }
 
 // Errors a caller branches on.

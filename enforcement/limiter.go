@@ -92,6 +92,9 @@ type Config struct {
 	// Observer and Recorder are optional.
 	Observer Observer
 	Recorder Recorder
+	// Shadow, optional, evaluates shadow limits beside every decision
+	// (Decision.Shadow); it never changes the enforced decision.
+	Shadow ShadowEvaluator
 	// Now is the clock (default time.Now). The local tier measures elapsed
 	// time on it; tests use it to step time, including backwards.
 	Now func() time.Time
@@ -551,11 +554,15 @@ func (e *entry) learn(now int64, wall time.Time, lim Limit, cost int64, v *Verdi
 	k.notBefore, k.blockedCost = now+v.RetryAfter.Microseconds(), cost
 }
 
-// finish applies dry run, reports and records the decision.
+// finish applies dry run, evaluates the shadow limit, reports and records
+// the decision.
 func (l *Limiter) finish(req *Request, d Decision, start time.Time) Decision {
 	d.Allowed = d.WouldAllow || d.DryRun
 	if d.Allowed {
 		d.RetryAfter = 0
+	}
+	if l.cfg.Shadow != nil {
+		d.Shadow = l.cfg.Shadow.Evaluate(l.Policy(), *req, d, start)
 	}
 	if l.cfg.Observer != nil {
 		l.cfg.Observer.Decided(*req, d, max(0, time.Since(start)))

@@ -166,7 +166,7 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				return e, 0, false
 			}
 			e.Key = d.str(s, false)
-		case "scope", "tier", "source", "policy", "instance":
+		case "scope", "tier", "source", "policy", "instance", "shadow":
 			s, g := str()
 			if !g {
 				return e, 0, false
@@ -182,6 +182,8 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				bit, e.Policy = 1<<7, d.str(s, true)
 			case "instance":
 				bit, e.Instance = 1<<8, d.str(s, true)
+			case "shadow":
+				bit, e.Shadow = 1<<15, d.str(s, true)
 			}
 		case "cost":
 			bit = 1 << 9
@@ -202,7 +204,7 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 			} else {
 				bit, e.Limit = 1<<11, x
 			}
-		case "allowed", "dry_run", "warning":
+		case "allowed", "dry_run", "warning", "shadow_rejected":
 			x, g := boolean()
 			if !g {
 				return e, 0, false
@@ -214,6 +216,8 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				bit, e.DryRun = 1<<13, x
 			case "warning":
 				bit, e.Warning = 1<<14, x
+			case "shadow_rejected":
+				bit, e.ShadowRejected = 1<<16, x
 			}
 		default:
 			return e, 0, false // unknown field: let encoding/json decide

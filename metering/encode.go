@@ -41,6 +41,7 @@ func (e *Event) AppendEncode(dst []byte) []byte {
 	dst = strconv.AppendBool(dst, e.Warning)
 	dst = append(dst, `,"instance":`...)
 	dst = appendString(dst, e.Instance)
+	dst = e.appendShadow(dst)
 	return append(dst, '}')
 }
 
@@ -58,4 +59,17 @@ func appendString(dst []byte, s string) []byte {
 	dst = append(dst, '"')
 	dst = append(dst, s...)
 	return append(dst, '"')
+}
+
+// appendShadow writes the shadow verdict's members, present only when a
+// shadow limit was evaluated (omitempty in Encode).
+func (e *Event) appendShadow(dst []byte) []byte {
+	if e.Shadow != "" {
+		dst = append(dst, `,"shadow":`...)
+		dst = appendString(dst, e.Shadow)
+	}
+	if e.ShadowRejected {
+		dst = append(dst, `,"shadow_rejected":true`...)
+	}
+	return dst
 }

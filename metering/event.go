@@ -35,6 +35,13 @@ type Event struct {
 	// gRPC rate limit service; absent for /check. Added within version 1:
 	// decoders that do not know it ignore it.
 	Domain string `json:"domain,omitempty"`
+	// Shadow names the shadow limit evaluated beside this decision (a rule
+	// marked shadow, or the candidate policy's rule); absent when none
+	// applied. ShadowRejected: that limit would have rejected the decision
+	// (absent = it would have allowed it). Never enforced. Added within
+	// version 1: decoders that do not know them ignore them.
+	Shadow         string `json:"shadow,omitempty"`
+	ShadowRejected bool   `json:"shadow_rejected,omitempty"`
 }
 
 type wireEvent struct {

@@ -504,6 +504,12 @@ func (v *validator) compile(f File) *Policy {
 		if r.Split < 0 || r.Split > 1024 {
 			v.fail(path+".split", "must be between 0 and 1024, got %d", r.Split)
 		}
+		if r.Shadow {
+			p.hasShadow = true
+			if r.DryRun {
+				v.fail(path+".shadow", "a shadow rule is never enforced, so dry_run means nothing on it: use one or the other")
+			}
+		}
 		p.rules = append(p.rules, compiledRule{Rule: r, index: i, scopeGlob: strings.Contains(r.Scope, "*")})
 	}
 	p.domains = v.domains(f)

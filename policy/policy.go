@@ -71,6 +71,9 @@ type Rule struct {
 	DryRun           bool     `yaml:"dry_run"`
 	// Split spreads each matching key over this many sub-buckets (hot keys).
 	Split int `yaml:"split"`
+	// Shadow: the rule is evaluated beside the enforced one, in its own
+	// bucket state, and reported, never enforced (see shadow.go).
+	Shadow bool `yaml:"shadow"`
 }
 
 // Policy is a validated policy file, ready to resolve limits. It is
@@ -82,6 +85,9 @@ type Policy struct {
 	rules   []compiledRule
 	ceiling *limits.Limit
 	domains map[string]compiledDomain
+	// hasShadow: some rule is marked shadow, so decisions need a shadow
+	// resolution (none is attempted otherwise).
+	hasShadow bool
 }
 
 type tierLimit struct {
@@ -123,6 +129,13 @@ var quotaPeriods = map[string]limits.Period{
 // first; no rule → the tier's own limit. global_ceiling then caps rate and
 // burst.
 func (p *Policy) Resolve(key, scope, tier string) (limits.Resolved, error) {
+	res, _, err := p.resolve(key, scope, tier, false)
+	return res, err
+}
+
+// resolve is Resolve; withShadow lets shadow rules compete too (shadow.go).
+// It also returns the winning rule (nil = the tier's own limit).
+func (p *Policy) resolve(key, scope, tier string, withShadow bool) (limits.Resolved, *compiledRule, error) {
 	if tier == "" {
 		tier = p.file.Keys[key]
 		if tier == "" {
@@ -131,13 +144,14 @@ func (p *Policy) Resolve(key, scope, tier string) (limits.Resolved, error) {
 	}
 	tl, ok := p.tiers[tier]
 	if !ok {
-		return limits.Resolved{}, fmt.Errorf("%w %q", limits.ErrUnknownTier, tier)
+		return limits.Resolved{}, nil, fmt.Errorf("%w %q", limits.ErrUnknownTier, tier)
 	}
 	res := limits.Resolved{Limit: tl.limit, Policy: tier, Tier: tier, DryRun: p.file.DryRun, Cost: 1}
 	if c, ok := p.file.Costs[scope]; ok {
 		res.Cost = c
 	}
-	if r := p.bestRule(key, scope, tier); r != nil {
+	r := p.bestRule(key, scope, tier, withShadow)
+	if r != nil {
 		res.Policy = r.Name
 		res.DryRun = res.DryRun || r.DryRun
 		if r.Rate != nil {
@@ -159,7 +173,7 @@ func (p *Policy) Resolve(key, scope, tier string) (limits.Resolved, error) {
 		res.Rate = min(res.Rate, c.Rate)
 		res.Burst = min(res.Burst, c.Burst)
 	}
-	return res, nil
+	return res, r, nil
 }
 
 // Matches returns the rule that wins for (key, scope, tier) and every rule
@@ -176,7 +190,7 @@ func (p *Policy) Matches(key, scope, tier string) (winner *Rule, matched []Rule)
 		r := &p.rules[i]
 		if r.matches(key, scope, tier) {
 			matched = append(matched, r.Rule)
-			if best == nil || r.rank() > best.rank() {
+			if !r.Shadow && (best == nil || r.rank() > best.rank()) { // a shadow rule is never enforced
 				best = r
 			}
 		}
@@ -187,12 +201,26 @@ func (p *Policy) Matches(key, scope, tier string) (winner *Rule, matched []Rule)
 	return winner, matched
 }
 
-func (p *Policy) bestRule(key, scope, tier string) *compiledRule {
+// bestRule is the winning rule. Shadow rules take part only withShadow,
+// and then win ties against enforced rules of the same specificity: a
+// shadow rule answers "what if this rule were enforced instead".
+func (p *Policy) bestRule(key, scope, tier string, withShadow bool) *compiledRule {
 	var best *compiledRule
+	bestRank := -1
 	for i := range p.rules {
 		r := &p.rules[i]
-		if r.matches(key, scope, tier) && (best == nil || r.rank() > best.rank()) {
-			best = r // strictly greater: ties keep the rule listed first
+		if r.Shadow && !withShadow {
+			continue
+		}
+		if !r.matches(key, scope, tier) {
+			continue
+		}
+		rank := r.rank() * 2
+		if r.Shadow {
+			rank++
+		}
+		if rank > bestRank {
+			best, bestRank = r, rank // strictly greater: ties keep the rule listed first
 		}
 	}
 	return best
@@ -271,9 +299,11 @@ func globMatch(pattern, s string) bool {
 // resolve to. `limiter policy check` prints them; they refuse nothing.
 func (p *Policy) Warnings() []string {
 	var out []string
-	first := map[[4]string]string{}
+	first := map[[5]string]string{}
 	for _, r := range p.rules {
-		m := [4]string{r.Key, r.KeyPrefix, r.Tier, r.Scope}
+		// Shadow rules compete among themselves: one that shares an
+		// enforced rule's matchers is the usual trial of a new limit.
+		m := [5]string{r.Key, r.KeyPrefix, r.Tier, r.Scope, fmt.Sprint(r.Shadow)}
 		if earlier, ok := first[m]; ok {
 			out = append(out, fmt.Sprintf("rules[%d] %q can never win: %q has the same matchers and is listed first", r.index, r.Name, earlier))
 			continue

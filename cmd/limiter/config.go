@@ -34,6 +34,7 @@ type config struct {
 	LeaseHotOps     float64       // decisions per second that make a key hot
 	LeaseMaxHold    time.Duration // leased tokens unused this long go back
 	FleetHeartbeat  time.Duration // period of the fleet heartbeat (live instance count)
+	Shadow          shadowConfig  // shadow limits beside enforcement (shadow.go)
 
 	GRPCAddr          string // the Envoy rate limit service; empty = off
 	GRPCAddrIsDefault bool   // LIMITER_GRPC_ADDR unset: a taken port is a warning, not a failure
@@ -70,6 +71,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		LeaseMaxHold:      e.Duration("LIMITER_LEASE_MAX_HOLD", s, 10*ms, time.Hour),
 		FleetHeartbeat:    e.Duration("LIMITER_FLEET_HEARTBEAT", 2*s, 10*ms, time.Minute),
 	}
+	c.Shadow = shadowConfigFrom(e, c.StoreTimeout)
 	e.HostPort("LIMITER_ADDR", c.Addr)
 	for _, a := range c.RedisAddrs {
 		e.HostPort("REDIS_ADDRS", a)

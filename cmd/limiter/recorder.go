@@ -41,7 +41,10 @@ func (m *meteringRecorder) Record(req enforcement.Request, d enforcement.Decisio
 		DryRun:    d.DryRun,
 		Warning:   d.Warning,
 		Instance:  m.instance,
-		Domain:    req.Domain,
+		// The shadow verdict, when a shadow limit was evaluated.
+		Shadow:         d.Shadow.Name,
+		ShadowRejected: d.Shadow.Name != "" && !d.Shadow.WouldAllow,
+		Domain:         req.Domain,
 	})
 }
 

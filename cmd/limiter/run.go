@@ -29,10 +29,10 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
-	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/enforcement/shardguard"
 	"github.com/ratewarden/ratewarden/enforcement/split"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 // run builds the limiter from cfg, serves until ctx ends, then shuts down
@@ -58,6 +58,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	sh, closeShadow, err := buildShadow(cfg, auth, reg, log) // shadow limits (shadow.go)
+	if err != nil {
+		return err
+	}
 
 	lim, err := enforcement.New(enforcement.Config{
 		Authority:         auth,
@@ -68,6 +72,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		MaxKeys:           cfg.MaxKeys,
 		Observer:          hotkeys.Observer{Tracker: hot, Next: metrics},
 		Recorder:          rec,
+		Shadow:            sh,
 	})
 	if err != nil {
 		return err
@@ -137,7 +142,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	err = errors.Join(srv.Shutdown(shutCtx), stopGRPC(shutCtx))
 	stopReload()
 	<-reloadDone
-	err = errors.Join(err, lim.Close(shutCtx), closeFleet(shutCtx), auth.close(shutCtx), closeRecorder(shutCtx))
+	err = errors.Join(err, lim.Close(shutCtx), closeShadow(shutCtx), closeFleet(shutCtx), auth.close(shutCtx), closeRecorder(shutCtx))
 	return err
 }
 
@@ -161,6 +166,9 @@ type authority struct {
 	// the fleet heartbeat, and the leasing layer when leasing is on.
 	fleetStore fleet.Store
 	lease      *lease.Authority
+	// rdb is the Redis client (nil in single-node mode): the shadow tier
+	// builds its own store, in its own key namespace, on it.
+	rdb redis.UniversalClient
 }
 
 func (a *authority) close(ctx context.Context) error {
@@ -216,6 +224,7 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 			PoolSize: 64, MinIdleConns: 8,
 		})
 	}
+	a.rdb = rdb
 	// A pipeline never outlives a decision's deadline: a worker stuck on a
 	// dead Cluster master must not hold up the decisions of live ones.
 	pipelined := redisstore.NewPipelined(rdb, cfg.RedisKeyPrefix, redisstore.PipelineConfig{Timeout: cfg.StoreTimeout})

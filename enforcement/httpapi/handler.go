@@ -175,6 +175,15 @@ func appendDecision(b []byte, d *enforcement.Decision) []byte {
 	b = strconv.AppendBool(b, d.WouldAllow)
 	b = append(b, `,"warning":`...)
 	b = strconv.AppendBool(b, d.Warning)
+	if d.Shadow.Name != "" {
+		// Present only when a shadow limit was evaluated: responses of a
+		// policy without shadow limits are unchanged, byte for byte.
+		b = append(b, `,"shadow":{"name":`...)
+		b = appendJSONString(b, d.Shadow.Name)
+		b = append(b, `,"wouldAllow":`...)
+		b = strconv.AppendBool(b, d.Shadow.WouldAllow)
+		b = append(b, '}')
+	}
 	return append(b, "}\n"...)
 }
 

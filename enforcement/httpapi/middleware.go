@@ -121,13 +121,27 @@ func (g *Guard) scope(r *http.Request) string {
 	return r.Method + " " + r.URL.Path
 }
 
+// WarningHeader is set on a response whose decision reached the soft limit
+// (Decision.Warning), with the value SoftLimitWarning: the caller learns
+// it is close to its limit on the request itself, not only from the
+// soft-limit webhook its operator receives.
+const WarningHeader = "RateLimit-Warning"
+
+// SoftLimitWarning is WarningHeader's value: consumption is at or above
+// the rule's soft_limit_percent of the bucket or the quota.
+const SoftLimitWarning = "soft-limit"
+
 // SetHeaders sets RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset
-// (whole seconds until the bucket is full, rounded up).
+// (whole seconds until the bucket is full, rounded up), and WarningHeader
+// when the decision reached the soft limit.
 func SetHeaders(h http.Header, d *enforcement.Decision) {
 	reset := int64(math.Ceil(time.Until(d.ResetAt).Seconds()))
 	h.Set("RateLimit-Limit", strconv.FormatInt(d.Limit, 10))
 	h.Set("RateLimit-Remaining", strconv.FormatInt(max(0, d.Remaining), 10))
 	h.Set("RateLimit-Reset", strconv.FormatInt(max(0, reset), 10))
+	if d.Warning {
+		h.Set(WarningHeader, SoftLimitWarning)
+	}
 }
 
 // Middleware wraps next with g.

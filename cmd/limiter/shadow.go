@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/guard"
+	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
+	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/enforcement/shadow"
+	"github.com/ratewarden/ratewarden/enforcement/split"
+	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/policy"
+)
+
+// shadowConfig is the shadow tier's part of the configuration.
+type shadowConfig struct {
+	// PolicyFile is a whole candidate policy evaluated beside the enforced
+	// one (LIMITER_SHADOW_POLICY_FILE); empty = the enforced file's rules
+	// marked shadow.
+	PolicyFile string
+	// Timeout is the deadline of one shadow store call
+	// (LIMITER_SHADOW_TIMEOUT, default LIMITER_STORE_TIMEOUT).
+	Timeout time.Duration
+}
+
+// shadowConfigFrom reads the shadow tier's variables.
+func shadowConfigFrom(e *envconfig.Reader, storeTimeout time.Duration) shadowConfig {
+	return shadowConfig{
+		PolicyFile: e.String("LIMITER_SHADOW_POLICY_FILE", ""),
+		Timeout:    e.Duration("LIMITER_SHADOW_TIMEOUT", storeTimeout, 100*time.Microsecond, 10*time.Second),
+	}
+}
+
+// shadowKeyPrefix is the Redis namespace of shadow buckets and quota
+// counters: `rl:shadow:{key}:b:scope` can never be an enforced key, whose
+// layout is `rl:{key}:...` (the reconciler, which restores quota counters
+// under `rl:{`, never touches them either). The rate-limit key stays the
+// hash tag, so a shadow bucket lives in its enforced twin's Cluster slot.
+func shadowKeyPrefix(prefix string) string { return prefix + ":shadow" }
+
+// buildShadow assembles the shadow tier: its own store namespace, its own
+// deadline and breaker (a slow shadow never opens the enforced breaker),
+// and the candidate policy when LIMITER_SHADOW_POLICY_FILE is set. The
+// returned func stops it; call it before the authority closes Redis.
+func buildShadow(cfg config, a *authority, reg prometheus.Registerer, log *slog.Logger) (*shadow.Evaluator, func(context.Context) error, error) {
+	log = log.With("tier", "shadow")
+	var candidate enforcement.Policy
+	if cfg.Shadow.PolicyFile != "" {
+		p, err := policy.Load(cfg.Shadow.PolicyFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("LIMITER_SHADOW_POLICY_FILE: %w", err)
+		}
+		candidate = p
+		log.Info("shadow policy: every decision is also evaluated under the candidate file (reported, never enforced)",
+			"file", cfg.Shadow.PolicyFile, "hash", p.Hash())
+	}
+	var store enforcement.Authority
+	var closers []func(context.Context) error
+	if a.rdb == nil {
+		// Single-node mode: in-process buckets of their own.
+		mem := enforcement.NewMemoryAuthority(nil, cfg.MaxKeys)
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			t := time.NewTicker(10 * time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case now := <-t.C:
+					mem.Sweep(now)
+				}
+			}
+		}()
+		store = mem
+		closers = append(closers, func(context.Context) error { close(stop); <-done; return nil })
+	} else {
+		pipelined := redisstore.NewPipelined(a.rdb, shadowKeyPrefix(cfg.RedisKeyPrefix), redisstore.PipelineConfig{Timeout: cfg.Shadow.Timeout})
+		store = guard.New(pipelined, guard.Settings{
+			Timeout:             cfg.Shadow.Timeout,
+			ConsecutiveFailures: uint32(cfg.BreakerFailures),
+			OpenFor:             cfg.BreakerOpenFor,
+		}, nil, log)
+		closers = append(closers, pipelined.Close)
+	}
+	ev, err := shadow.New(shadow.Config{
+		Authority:         split.New(store, nil),
+		Candidate:         candidate,
+		ExpectedInstances: cfg.ExpectedInstances,
+		LocalHeadroom:     cfg.LocalHeadroom,
+		MaxKeys:           cfg.MaxKeys,
+		Timeout:           time.Second, // the outer bound; the guard's deadline is the real one
+		Observer:          limitmetrics.NewShadow(reg),
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	closers = append([]func(context.Context) error{ev.Close}, closers...)
+	return ev, func(ctx context.Context) error {
+		var first error
+		for _, c := range closers {
+			if err := c(ctx); err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
+	}, nil
+}

@@ -1,0 +1,67 @@
+package limitmetrics
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratewarden/ratewarden/enforcement/shadow"
+)
+
+// Shadow counts shadow-limit verdicts (package enforcement/shadow). It
+// implements shadow.Observer and is safe for concurrent use. Label values
+// are bounded: shadow names come from the policy file, reasons are a
+// fixed set.
+type Shadow struct {
+	decisions   *prometheus.CounterVec
+	unavailable *prometheus.CounterVec
+	byName      sync.Map // shadow name → *[2]prometheus.Counter {would_reject, allowed}
+}
+
+var _ shadow.Observer = (*Shadow)(nil)
+
+// NewShadow registers the shadow metrics on reg:
+// limiter_shadow_decisions_total{shadow, outcome="allowed|would_reject"}
+// and limiter_shadow_unavailable_total{reason="store|error"}.
+func NewShadow(reg prometheus.Registerer) *Shadow {
+	s := &Shadow{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_shadow_decisions_total",
+			Help: "Shadow-limit verdicts per shadow rule (evaluated beside enforcement, never enforced): allowed, or would_reject.",
+		}, []string{"shadow", "outcome"}),
+		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_shadow_unavailable_total",
+			Help: "Decisions a shadow limit applied to but could not decide (store: the shadow store failed or its breaker is open; error): they carry no shadow verdict.",
+		}, []string{"reason"}),
+	}
+	reg.MustRegister(s.decisions, s.unavailable)
+	for _, r := range []string{"store", "error"} {
+		s.unavailable.WithLabelValues(r)
+	}
+	return s
+}
+
+// Evaluated implements shadow.Observer.
+func (s *Shadow) Evaluated(name string, wouldAllow bool) {
+	c := s.counters(name)
+	if wouldAllow {
+		c[1].Inc()
+	} else {
+		c[0].Inc()
+	}
+}
+
+// Unavailable implements shadow.Observer.
+func (s *Shadow) Unavailable(reason string) { s.unavailable.WithLabelValues(reason).Inc() }
+
+func (s *Shadow) counters(name string) *[2]prometheus.Counter {
+	if v, ok := s.byName.Load(name); ok {
+		return v.(*[2]prometheus.Counter)
+	}
+	c := &[2]prometheus.Counter{
+		s.decisions.WithLabelValues(name, "would_reject"),
+		s.decisions.WithLabelValues(name, "allowed"),
+	}
+	v, _ := s.byName.LoadOrStore(name, c)
+	return v.(*[2]prometheus.Counter)
+}

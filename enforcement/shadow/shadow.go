@@ -1,0 +1,224 @@
+// Package shadow evaluates shadow limits beside enforcement: a trial limit
+// (a policy rule marked `shadow: true`, or every rule of a whole candidate
+// policy file) is decided next to the enforced one on every decision it
+// covers, in its own bucket state, and its verdict is reported
+// (Decision.Shadow, metrics, the decision event) but never enforced.
+//
+// Design: an Evaluator is a second enforcement.Limiter — the same local
+// tier, the same token-bucket arithmetic and the same store script — whose
+// policy resolves the shadow limit, and whose authority is a store in its
+// own namespace (its own Redis key prefix, or its own in-process buckets),
+// behind its own deadline and circuit breaker. So the shadow can never
+// spend the enforced bucket or quota, and a slow or failing shadow store
+// never opens the enforced breaker. The enforced decision is final before
+// the shadow is asked; a shadow that cannot decide (store failure, breaker
+// open, an error) gives no verdict and is counted, and the enforced
+// decision goes out unchanged. Floods on a key that the shadow limit
+// rejects are rejected by the shadow's own local tier with no store call.
+//
+// The cost: decisions no shadow limit covers pay one pointer check (no
+// shadow rules) or one resolution (~0.3 µs); covered ones pay a shadow
+// decision, at most one store round trip bounded by its deadline, and none
+// when the shadow limit equals the enforced one (the enforced verdict is
+// mirrored: the two buckets would be the same bucket).
+package shadow
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/limits"
+)
+
+// Resolver is what an enforced policy offers for shadow rules
+// (*policy.Policy is one).
+type Resolver interface {
+	HasShadow() bool
+	ResolveShadow(key, scope, tier string) (limits.Resolved, bool, error)
+}
+
+// Observer counts shadow outcomes. Implementations must be safe for
+// concurrent use and cheap.
+type Observer interface {
+	// Evaluated: the shadow limit name decided; wouldAllow is its verdict.
+	Evaluated(name string, wouldAllow bool)
+	// Unavailable: a shadow limit applied but could not decide (reason:
+	// "store" — the shadow store failed or its breaker is open — or
+	// "error"); the decision carries no shadow verdict.
+	Unavailable(reason string)
+}
+
+// Config configures an Evaluator. The zero value of each optional field is
+// a documented default.
+type Config struct {
+	// Authority is the shadow tier's store: a namespace of its own (never
+	// the enforced buckets), with its own deadline and breaker. Required.
+	Authority enforcement.Authority
+	// Candidate, when set, is a whole candidate policy: every decision is
+	// evaluated under it as well (its Resolve), and the enforced policy's
+	// shadow rules are not consulted. Nil = the shadow rules of the
+	// enforced policy in force (followed across reloads).
+	Candidate enforcement.Policy
+	// ExpectedInstances, LocalHeadroom and MaxKeys size the shadow's local
+	// tier as the enforced limiter's are sized (same defaults).
+	ExpectedInstances int
+	LocalHeadroom     float64
+	MaxKeys           int
+	// Timeout bounds one shadow decision end to end (default 50 ms); the
+	// authority's own deadline is normally much shorter.
+	Timeout time.Duration
+	// Observer is optional.
+	Observer Observer
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Evaluator implements enforcement.ShadowEvaluator. It is safe for
+// concurrent use. Close stops it.
+type Evaluator struct {
+	cfg   Config
+	inner *enforcement.Limiter
+	// last is the enforced policy the inner limiter's policy was built
+	// from: a reload of the enforced policy (new pointer) rebuilds it, so
+	// the inner entries re-resolve as the enforced ones do.
+	last atomic.Pointer[policyRef]
+}
+
+type policyRef struct{ p enforcement.Policy }
+
+var _ enforcement.ShadowEvaluator = (*Evaluator)(nil)
+
+// errNoShadow: no shadow limit covers the request (never surfaces: the
+// evaluator checks coverage before asking the inner limiter).
+var errNoShadow = errors.New("shadow: no shadow limit applies")
+
+// rulesOf resolves the shadow rules of one enforced policy.
+type rulesOf struct{ r Resolver }
+
+func (s rulesOf) Resolve(key, scope, tier string) (limits.Resolved, error) {
+	res, ok, err := s.r.ResolveShadow(key, scope, tier)
+	if err == nil && !ok {
+		err = errNoShadow
+	}
+	return res, err
+}
+
+// none is the inner policy before the first enforced policy is seen.
+type none struct{}
+
+func (none) Resolve(string, string, string) (limits.Resolved, error) {
+	return limits.Resolved{}, errNoShadow
+}
+
+// New returns an Evaluator; Close stops it.
+func New(cfg Config) (*Evaluator, error) {
+	if cfg.Authority == nil {
+		return nil, errors.New("shadow: Config.Authority is required")
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 50 * time.Millisecond
+	}
+	var initial enforcement.Policy = none{}
+	if cfg.Candidate != nil {
+		initial = cfg.Candidate
+	}
+	inner, err := enforcement.New(enforcement.Config{
+		Authority:         cfg.Authority,
+		Policy:            initial,
+		ExpectedInstances: cfg.ExpectedInstances,
+		LocalHeadroom:     cfg.LocalHeadroom,
+		MaxKeys:           cfg.MaxKeys,
+		Now:               cfg.Now,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Evaluator{cfg: cfg, inner: inner}, nil
+}
+
+// SetInstances follows the fleet's live count, as the enforced limiter does.
+func (e *Evaluator) SetInstances(n int) { e.inner.SetInstances(n) }
+
+// Close stops the inner limiter's sweeper. It is idempotent.
+func (e *Evaluator) Close(ctx context.Context) error { return e.inner.Close(ctx) }
+
+// Evaluate implements enforcement.ShadowEvaluator.
+func (e *Evaluator) Evaluate(p enforcement.Policy, req enforcement.Request, d enforcement.Decision, _ time.Time) enforcement.ShadowVerdict {
+	var res limits.Resolved
+	if e.cfg.Candidate != nil {
+		r, err := e.cfg.Candidate.Resolve(req.Key, req.Scope, req.Tier)
+		if err != nil {
+			// The candidate cannot decide this request at all (e.g. a
+			// tier it does not define): it would refuse it.
+			e.evaluated(refusedByCandidate, false)
+			return enforcement.ShadowVerdict{Name: refusedByCandidate, WouldAllow: false}
+		}
+		res = r
+	} else {
+		sr, ok := p.(Resolver)
+		if !ok || !sr.HasShadow() {
+			return enforcement.ShadowVerdict{}
+		}
+		r, covered, err := sr.ResolveShadow(req.Key, req.Scope, req.Tier)
+		if err != nil || !covered {
+			return enforcement.ShadowVerdict{} // an enforced error never gets here
+		}
+		res = r
+		if ref := e.last.Load(); ref == nil || ref.p != p {
+			e.last.Store(&policyRef{p})
+			e.inner.SetPolicy(rulesOf{sr})
+		}
+	}
+	if same(p, req, res) {
+		// The shadow bucket would be the enforced bucket: mirror it.
+		e.evaluated(res.Policy, d.WouldAllow)
+		return enforcement.ShadowVerdict{Name: res.Policy, WouldAllow: d.WouldAllow}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	defer cancel()
+	sd, err := e.inner.Check(ctx, req)
+	switch {
+	case errors.Is(err, enforcement.ErrCostExceedsLimit):
+		// Under the shadow limit this request could never be allowed.
+		e.evaluated(res.Policy, false)
+		return enforcement.ShadowVerdict{Name: res.Policy, WouldAllow: false}
+	case err != nil:
+		e.unavailable("error")
+		return enforcement.ShadowVerdict{}
+	case sd.Source == enforcement.SourceDegraded:
+		// The shadow store could not be asked: a degraded guess is not a
+		// verdict worth reporting.
+		e.unavailable("store")
+		return enforcement.ShadowVerdict{}
+	}
+	e.evaluated(sd.Policy, sd.WouldAllow)
+	return enforcement.ShadowVerdict{Name: sd.Policy, WouldAllow: sd.WouldAllow}
+}
+
+// same reports whether the shadow limit is exactly the limit the enforced
+// policy gives the request (same rate, burst, quota and quota owner): the
+// shadow bucket would then evolve exactly as the enforced one, so its
+// verdict is the enforced one, with no second store call.
+func same(p enforcement.Policy, req enforcement.Request, res limits.Resolved) bool {
+	enf, err := p.Resolve(req.Key, req.Scope, req.Tier)
+	return err == nil && enf.Limit == res.Limit && enf.Cost == res.Cost
+}
+
+// refusedByCandidate names the verdict of a request the candidate policy
+// cannot resolve at all (a tier it does not define): it would answer 400.
+const refusedByCandidate = "candidate:refused"
+
+func (e *Evaluator) evaluated(name string, wouldAllow bool) {
+	if e.cfg.Observer != nil {
+		e.cfg.Observer.Evaluated(name, wouldAllow)
+	}
+}
+
+func (e *Evaluator) unavailable(reason string) {
+	if e.cfg.Observer != nil {
+		e.cfg.Observer.Unavailable(reason)
+	}
+}
