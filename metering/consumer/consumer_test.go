@@ -149,12 +149,24 @@ func TestConsumesIntoRollupsExactly(t *testing.T) {
 	produce(t, k.Addr(), k.Topic(), evs[4500:4501]) // a duplicate after the poison
 	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(evs), 60*time.Second)
 
-	var raw uint64
-	if err := conn.QueryRow(context.Background(), "SELECT count() FROM "+db+".decisions_raw").Scan(&raw); err != nil {
-		t.Fatal(err)
-	}
-	if raw != uint64(len(evs)) {
-		t.Fatalf("decisions_raw has %d rows, want %d", raw, len(evs))
+	// A batch's four INSERTs run concurrently: the raw table may land a
+	// moment after the rollups. More rows than events fails at once.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var raw uint64
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := conn.QueryRow(ctx, "SELECT count() FROM "+db+".decisions_raw").Scan(&raw)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if raw == uint64(len(evs)) {
+			break
+		}
+		if raw > uint64(len(evs)) || time.Now().After(deadline) {
+			t.Fatalf("decisions_raw has %d rows, want %d", raw, len(evs))
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	waitCounter(t, r.reg, "meter_duplicates_discarded_total", 501)
 	waitCounter(t, r.reg, "meter_bad_messages_total", 2)
