@@ -36,6 +36,7 @@ DEFAULT_TESTS="
 ./enforcement/lease .
 ./internal/testenv .
 ./metering/kafkaemit .
+./metering/reconcile .
 ./metering/usage ^TestClickHouseOutage\$
 ./deploy/deploytest ^TestUpDown\$
 "
