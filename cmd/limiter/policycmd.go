@@ -13,7 +13,8 @@ import (
 const policyUsage = `usage:
   limiter policy check FILE
   limiter policy explain FILE --key K --scope S [--tier T]
-  limiter policy explain FILE --domain D --descriptor KEY=VALUE [--descriptor KEY=VALUE ...]`
+  limiter policy explain FILE --domain D --descriptor KEY=VALUE [--descriptor KEY=VALUE ...]
+  limiter policy replay FILE (--from T --to T | --since D) [--sample F] [--top N] [--json]`
 
 // policyCommand runs `limiter policy ...` and returns the exit code.
 func policyCommand(args []string, stdout, stderr io.Writer) int {
@@ -22,6 +23,9 @@ func policyCommand(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	verb := args[0]
+	if verb == "replay" { // what the file would have done to recorded traffic (replay.go)
+		return replayCommand(args[1:], stdout, stderr)
+	}
 	if verb != "check" && verb != "explain" {
 		fmt.Fprintln(stderr, policyUsage)
 		return 2

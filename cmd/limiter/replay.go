@@ -1,0 +1,260 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+
+	"github.com/ratewarden/ratewarden/enforcement/replay"
+	"github.com/ratewarden/ratewarden/metering/rawscan"
+	"github.com/ratewarden/ratewarden/policy"
+)
+
+const replayUsage = `usage:
+  limiter policy replay FILE (--from T --to T | --since D) [--sample F] [--top N] [--json]
+      [--tolerance D] [--window D] [--clickhouse-addr A] [--database DB]
+  Replays the decisions recorded in ClickHouse (decisions_raw) over [from, to)
+  under the candidate policy FILE and reports what it would have rejected.
+  Never touches Redis. CLICKHOUSE_ADDR, CLICKHOUSE_DATABASE, CLICKHOUSE_USER
+  and CLICKHOUSE_PASSWORD (or CLICKHOUSE_PASSWORD_FILE) are the defaults.`
+
+// replayArgs are the parsed flags of `limiter policy replay`.
+type replayArgs struct {
+	file         string
+	from, to     time.Time
+	sample       float64
+	top          int
+	asJSON       bool
+	tolerance    time.Duration
+	window       time.Duration
+	queryTimeout time.Duration
+	addr, db     string
+	user, pass   string
+}
+
+func parseReplayArgs(args []string, getenv func(string) string, now time.Time, stderr io.Writer) (replayArgs, error) {
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	a := replayArgs{}
+	from := fs.String("from", "", "start of the range, RFC 3339 (inclusive)")
+	to := fs.String("to", "", "end of the range, RFC 3339 (exclusive)")
+	since := fs.Duration("since", 0, "the range is the last D before now (instead of --from/--to)")
+	fs.Float64Var(&a.sample, "sample", 1, "fraction of keys to replay, (0, 1]; sampled by key, so a sampled key replays exactly")
+	fs.IntVar(&a.top, "top", 10, "keys to list")
+	fs.BoolVar(&a.asJSON, "json", false, "JSON for CI instead of tables")
+	fs.DurationVar(&a.tolerance, "tolerance", 10*time.Millisecond, "how close to a bucket boundary a recorded decision may be for a different replayed verdict to count as clock granularity")
+	fs.DurationVar(&a.window, "window", time.Hour, "read the range in windows of this length (one query each)")
+	fs.DurationVar(&a.queryTimeout, "query-timeout", 10*time.Minute, "deadline of one window's query")
+	fs.StringVar(&a.addr, "clickhouse-addr", orDefault(getenv("CLICKHOUSE_ADDR"), "127.0.0.1:9000"), "ClickHouse native address")
+	fs.StringVar(&a.db, "database", orDefault(getenv("CLICKHOUSE_DATABASE"), "ratelimit"), "ClickHouse database")
+	a.user = orDefault(getenv("CLICKHOUSE_USER"), "default")
+	a.pass = getenv("CLICKHOUSE_PASSWORD")
+	if f := getenv("CLICKHOUSE_PASSWORD_FILE"); f != "" && a.pass == "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return a, fmt.Errorf("CLICKHOUSE_PASSWORD_FILE: %w", err)
+		}
+		a.pass = strings.TrimSpace(string(b))
+	}
+	var files []string
+	rest := args
+	for len(rest) > 0 { // FILE may come before or after the flags
+		if err := fs.Parse(rest); err != nil {
+			return a, err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		files = append(files, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	var problems []string
+	if len(files) != 1 {
+		problems = append(problems, "one candidate policy FILE is required")
+	} else {
+		a.file = files[0]
+	}
+	switch {
+	case *since > 0 && (*from != "" || *to != ""):
+		problems = append(problems, "--since and --from/--to exclude each other")
+	case *since > 0:
+		a.from, a.to = now.Add(-*since), now
+	case *from == "" || *to == "":
+		problems = append(problems, "--from and --to (or --since) are required")
+	default:
+		var err error
+		if a.from, err = time.Parse(time.RFC3339, *from); err != nil {
+			problems = append(problems, "--from: "+err.Error())
+		}
+		if a.to, err = time.Parse(time.RFC3339, *to); err != nil {
+			problems = append(problems, "--to: "+err.Error())
+		}
+	}
+	if a.sample <= 0 || a.sample > 1 {
+		problems = append(problems, fmt.Sprintf("--sample must be in (0, 1], got %v", a.sample))
+	}
+	if len(problems) > 0 {
+		return a, fmt.Errorf("%s", strings.Join(problems, "; "))
+	}
+	return a, nil
+}
+
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+// replayCommand runs `limiter policy replay` and returns the exit code.
+func replayCommand(args []string, stdout, stderr io.Writer) int {
+	a, err := parseReplayArgs(args, os.Getenv, time.Now().UTC(), stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, err.Error()+"\n"+replayUsage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	out, err := runReplay(ctx, a)
+	if err != nil {
+		fmt.Fprintln(stderr, "replay failed: "+err.Error())
+		return 1
+	}
+	if a.asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			fmt.Fprintln(stderr, "replay: "+err.Error())
+			return 1
+		}
+		return 0
+	}
+	writeReplayTable(stdout, out)
+	return 0
+}
+
+// replayOutput is the report with what produced it (the JSON for CI).
+type replayOutput struct {
+	Candidate     string    `json:"candidate"`
+	CandidateHash string    `json:"candidateSha256"`
+	From          time.Time `json:"from"`
+	To            time.Time `json:"to"`
+	Sample        float64   `json:"sample"`
+	Seconds       float64   `json:"seconds"`
+	RowsPerSecond float64   `json:"rowsPerSecond"`
+	replay.Report
+}
+
+// runReplay streams the range through the engine.
+func runReplay(ctx context.Context, a replayArgs) (replayOutput, error) {
+	p, err := policy.Load(a.file)
+	if err != nil {
+		return replayOutput{}, err
+	}
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:        []string{a.addr},
+		Auth:        clickhouse.Auth{Database: "default", Username: a.user, Password: a.pass},
+		DialTimeout: 3 * time.Second,
+		ReadTimeout: time.Minute, // per block read; each window query has its own deadline too
+	})
+	if err != nil {
+		return replayOutput{}, fmt.Errorf("clickhouse %s: %w", a.addr, err)
+	}
+	defer conn.Close()
+	eng := replay.New(replay.Config{Policy: p, TopKeys: a.top, Tolerance: a.tolerance})
+	began := time.Now()
+	q := rawscan.Query{Database: a.db, From: a.from, To: a.to, Sample: a.sample}
+	var row replay.Row
+	err = rawscan.Scan(ctx, conn, q, a.window, a.queryTimeout, func(r *rawscan.Row) error {
+		row = replay.Row{TS: r.TS, Key: r.Key, Scope: r.Scope, Tier: r.Tier, Cost: r.Cost,
+			Allowed: r.Allowed, Source: r.Source, Policy: r.Policy, DryRun: r.DryRun}
+		eng.Add(row)
+		return nil
+	})
+	if err != nil {
+		return replayOutput{}, err
+	}
+	took := time.Since(began)
+	rep := eng.Report()
+	out := replayOutput{Candidate: a.file, CandidateHash: p.Hash(), From: a.from.UTC(), To: a.to.UTC(),
+		Sample: a.sample, Seconds: took.Seconds(), Report: rep}
+	if took > 0 {
+		out.RowsPerSecond = float64(rep.Rows) / took.Seconds()
+	}
+	return out, nil
+}
+
+func writeReplayTable(w io.Writer, o replayOutput) {
+	fmt.Fprintf(w, "replay of %s (sha256 %.12s) over [%s, %s)\n", o.Candidate, o.CandidateHash,
+		o.From.Format(time.RFC3339), o.To.Format(time.RFC3339))
+	sample := "every key"
+	if o.Sample < 1 {
+		sample = fmt.Sprintf("%.4g of keys (by key hash): multiply counts by %.4g for all traffic", o.Sample, 1/o.Sample)
+	}
+	fmt.Fprintf(w, "decisions replayed: %d in %.1f s (%.0f/s); sample: %s\n", o.Rows, o.Seconds, o.RowsPerSecond, sample)
+	t := o.Total
+	fmt.Fprintf(w, "rejected then: %d (%s); rejected under the candidate: %d (%s); newly rejected %d, newly allowed %d\n",
+		t.RecordedRejected, pct(t.RecordedRejected, t.Decisions), t.Rejected, pct(t.Rejected, t.Decisions), t.NewlyRejected, t.NewlyAllowed)
+	ag := o.Agreement
+	fmt.Fprintf(w, "recorded shared decisions reproduced: %d of %d agree, %d differ within %s of a bucket boundary (clock granularity), %d differ beyond\n",
+		ag.Agree, ag.Compared, ag.DifferWithinClock, time.Duration(ag.ToleranceMicros)*time.Microsecond, ag.DifferBeyondClock)
+	fmt.Fprintln(w, "  (a check of the replay only when the candidate is the policy that was in force)")
+
+	fmt.Fprintln(w, "\nper rule of the candidate:")
+	tw := tabwriter.NewWriter(w, 2, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  rule\tdecisions\trejected then\trejected now\tnewly rejected\tnewly allowed\tdry-run would reject")
+	names := make([]string, 0, len(o.Rules))
+	for n := range o.Rules {
+		names = append(names, n)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		a, b := o.Rules[names[i]], o.Rules[names[j]]
+		if a.Rejected != b.Rejected {
+			return a.Rejected > b.Rejected
+		}
+		return names[i] < names[j]
+	})
+	for _, n := range names {
+		c := o.Rules[n]
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d (%s)\t%d\t%d\t%d\n", n, c.Decisions, c.RecordedRejected, c.Rejected, pct(c.Rejected, c.Decisions), c.NewlyRejected, c.NewlyAllowed, c.DryRunWouldReject)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\ntop %d keys by rejections under the candidate:\n", len(o.TopKeys))
+	tw = tabwriter.NewWriter(w, 2, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  key\tdecisions\trejected then\trejected now\tnewly rejected\tfirst limited now\tfirst limited then")
+	for _, k := range o.TopKeys {
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%s\t%s\n", k.Key, k.Decisions, k.RecordedRejected, k.Rejected, k.NewlyRejected, when(k.FirstLimited), when(k.FirstRecordedLimited))
+	}
+	tw.Flush()
+	if o.Untracked > 0 {
+		fmt.Fprintf(w, "(%d decisions of keys beyond the tracked %d are in the totals, not in the key list)\n", o.Untracked, o.Keys)
+	}
+	if o.FirstDifference != "" {
+		fmt.Fprintln(w, "first difference beyond the tolerance: "+o.FirstDifference)
+	}
+}
+
+func pct(n, of int64) string {
+	if of == 0 {
+		return "0%"
+	}
+	return fmt.Sprintf("%.2f%%", float64(n)/float64(of)*100)
+}
+
+func when(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Format("2006-01-02T15:04:05.000Z")
+}

@@ -1,0 +1,130 @@
+// Package rawscan streams recorded decisions out of ClickHouse's
+// decisions_raw table in time order, for `limiter policy replay`. Values are
+// always bound arguments (client-side binding: 18.16 has no server-side
+// parameters); rows are read block by block as the driver receives them,
+// never gathered, and the range is read in windows so that no query asks the
+// server to sort more than one window.
+package rawscan
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// Row is one recorded decision, as replay needs it.
+type Row struct {
+	TS      int64 // ms since the epoch
+	Key     string
+	Scope   string
+	Tier    string
+	Cost    int64
+	Allowed bool
+	Source  string
+	Policy  string
+	DryRun  bool
+}
+
+// Query is one range of decisions_raw.
+type Query struct {
+	Database string    // validated identifier
+	From, To time.Time // [From, To)
+	// Sample is the fraction of keys read, in (0, 1]; 0 means 1. Sampling
+	// is by key (a hash of it), so a sampled key's decisions are all
+	// there and its buckets replay exactly; counts scale by 1/Sample.
+	Sample float64
+}
+
+// sampleBuckets is the resolution of Sample: keys are kept when
+// cityHash64(key) % sampleBuckets < Sample × sampleBuckets.
+const sampleBuckets = 1_000_000
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// toSQL is the statement and its bound arguments for [from, to).
+// ORDER BY ts, then the Kafka position: one key's events are in one
+// partition in emission order, so that is the order the limiter decided
+// them in. event_time bounds the scan to the partitions (months) of the
+// range; ts bounds it to the millisecond.
+func (q Query) toSQL(from, to time.Time) (string, []any) {
+	sql := "SELECT ts, key, scope, tier, cost, allowed, source, policy, dry_run FROM " + q.Database +
+		".decisions_raw WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?"
+	args := []any{uint32(from.Unix()), uint32(to.Unix()), uint64(from.UnixMilli()), uint64(to.UnixMilli())}
+	if s := q.Sample; s > 0 && s < 1 {
+		sql += " AND cityHash64(key) % ? < ?"
+		args = append(args, uint64(sampleBuckets), uint64(math.Ceil(s*sampleBuckets)))
+	}
+	return sql + " ORDER BY ts, kafka_partition, kafka_offset", args
+}
+
+// Validate reports every problem with q at once.
+func (q Query) Validate() error {
+	var errs []error
+	if !identifier.MatchString(q.Database) {
+		errs = append(errs, fmt.Errorf("database %q is not an identifier", q.Database))
+	}
+	if !q.From.Before(q.To) {
+		errs = append(errs, fmt.Errorf("the range is empty: from %s is not before to %s", q.From.Format(time.RFC3339), q.To.Format(time.RFC3339)))
+	}
+	if q.Sample < 0 || q.Sample > 1 || math.IsNaN(q.Sample) {
+		errs = append(errs, fmt.Errorf("sample must be in (0, 1], got %v", q.Sample))
+	}
+	return errors.Join(errs...)
+}
+
+// Scan calls fn for every row of q in time order, reading window by window
+// (each window one query, its rows streamed). Each query gets its own
+// deadline, queryTimeout. It stops at the first error, fn's included.
+func Scan(ctx context.Context, conn driver.Conn, q Query, window, queryTimeout time.Duration, fn func(*Row) error) error {
+	if err := q.Validate(); err != nil {
+		return fmt.Errorf("rawscan: %w", err)
+	}
+	if window <= 0 {
+		window = time.Hour
+	}
+	var r Row
+	for from := q.From; from.Before(q.To); from = from.Add(window) {
+		to := from.Add(window)
+		if to.After(q.To) {
+			to = q.To
+		}
+		if err := scanWindow(ctx, conn, q, from, to, queryTimeout, &r, fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func scanWindow(ctx context.Context, conn driver.Conn, q Query, from, to time.Time, timeout time.Duration, r *Row, fn func(*Row) error) error {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	sql, args := q.toSQL(from, to)
+	rows, err := conn.Query(ctx, sql, args...)
+	if err != nil {
+		return fmt.Errorf("rawscan: query decisions_raw [%s, %s): %w", from.Format(time.RFC3339), to.Format(time.RFC3339), err)
+	}
+	defer rows.Close()
+	var ts, cost uint64
+	var allowed, dryRun uint8
+	for rows.Next() {
+		if err := rows.Scan(&ts, &r.Key, &r.Scope, &r.Tier, &cost, &allowed, &r.Source, &r.Policy, &dryRun); err != nil {
+			return fmt.Errorf("rawscan: read decisions_raw: %w", err)
+		}
+		r.TS, r.Cost, r.Allowed, r.DryRun = int64(ts), int64(min(cost, math.MaxInt64)), allowed == 1, dryRun == 1
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("rawscan: read decisions_raw [%s, %s): %w", from.Format(time.RFC3339), to.Format(time.RFC3339), err)
+	}
+	return nil
+}
