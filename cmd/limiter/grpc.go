@@ -9,6 +9,8 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -58,6 +60,7 @@ type grpcMetrics struct {
 	inFlight *prometheus.GaugeVec
 	byResult *prometheus.CounterVec
 	results  []prometheus.Counter
+	methods  sync.Map // full method → *methodMetrics
 }
 
 func newGRPCMetrics(reg prometheus.Registerer) *grpcMetrics {
@@ -94,9 +97,38 @@ func (m *grpcMetrics) Descriptor(_ string, r envoyrls.Result) {
 	}
 }
 
-func (m *grpcMetrics) observe(method string, start time.Time, err error) {
-	m.requests.WithLabelValues(method, status.Code(err).String()).Inc()
-	m.latency.WithLabelValues(method).Observe(time.Since(start).Seconds())
+// methodMetrics are one method's series, looked up once: label hashing
+// on every call would cost more than the rest of the bookkeeping.
+type methodMetrics struct {
+	inFlight prometheus.Gauge
+	latency  prometheus.Observer
+	codes    [17]atomic.Pointer[prometheus.Counter] // by codes.Code; created on first use
+}
+
+func (m *grpcMetrics) method(name string) *methodMetrics {
+	if v, ok := m.methods.Load(name); ok {
+		return v.(*methodMetrics)
+	}
+	mm := &methodMetrics{inFlight: m.inFlight.WithLabelValues(name), latency: m.latency.WithLabelValues(name)}
+	v, _ := m.methods.LoadOrStore(name, mm)
+	return v.(*methodMetrics)
+}
+
+func (m *grpcMetrics) observe(method string, mm *methodMetrics, start time.Time, err error) {
+	code := status.Code(err)
+	var c prometheus.Counter
+	if int(code) < len(mm.codes) {
+		if p := mm.codes[code].Load(); p != nil {
+			c = *p
+		} else {
+			c = m.requests.WithLabelValues(method, code.String())
+			mm.codes[code].Store(&c)
+		}
+	} else {
+		c = m.requests.WithLabelValues(method, code.String())
+	}
+	c.Inc()
+	mm.latency.Observe(time.Since(start).Seconds())
 }
 
 // grpcAuth checks the bearer token (metadata "authorization: Bearer
@@ -154,28 +186,28 @@ func startGRPC(cfg config, lim *enforcement.Limiter, reg prometheus.Registerer, 
 		grpc.MaxRecvMsgSize(grpcMaxMessage),
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 			start := time.Now()
-			g := m.inFlight.WithLabelValues(info.FullMethod)
-			g.Inc()
-			defer g.Dec()
+			mm := m.method(info.FullMethod)
+			mm.inFlight.Inc()
+			defer mm.inFlight.Dec()
 			resp, err := func() (any, error) {
 				if err := auth.check(ctx, info.FullMethod); err != nil {
 					return nil, err
 				}
 				return handler(ctx, req)
 			}()
-			m.observe(info.FullMethod, start, err)
+			m.observe(info.FullMethod, mm, start, err)
 			return resp, err
 		}),
 		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 			start := time.Now()
-			g := m.inFlight.WithLabelValues(info.FullMethod)
-			g.Inc()
-			defer g.Dec()
+			mm := m.method(info.FullMethod)
+			mm.inFlight.Inc()
+			defer mm.inFlight.Dec()
 			err := auth.check(ss.Context(), info.FullMethod)
 			if err == nil {
 				err = handler(srv, ss)
 			}
-			m.observe(info.FullMethod, start, err)
+			m.observe(info.FullMethod, mm, start, err)
 			return err
 		}),
 	)

@@ -1,0 +1,49 @@
+// Command envoydata writes RateLimitRequests for ghz's --binary-file: n
+// length-delimited (count-prefixed) messages, each with one descriptor
+// [{key, <prefix><i>}] of domain bench, or n copies of one descriptor when
+// -same is set. Binary data spares ghz from rendering JSON templates on
+// every call, which costs the load tool more CPU than the server spends.
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"os"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/protodelim"
+)
+
+func main() {
+	n := flag.Int("n", 10000, "messages")
+	domain := flag.String("domain", "bench", "domain")
+	value := flag.String("value", "acct_", "the entry's value (a prefix, followed by the message number, unless -same)")
+	same := flag.Bool("same", false, "every message has the same descriptor (value as given)")
+	out := flag.String("o", "", "output file")
+	flag.Parse()
+	f, err := os.Create(*out)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	w := bufio.NewWriter(f)
+	for i := 1; i <= *n; i++ {
+		v := *value
+		if !*same {
+			v = fmt.Sprintf("%s%d", *value, i)
+		}
+		req := &rlsv3.RateLimitRequest{Domain: *domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "key", Value: v}},
+		}}}
+		if _, err := protodelim.MarshalTo(w, req); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	if err := w.Flush(); err != nil || f.Close() != nil {
+		fmt.Fprintln(os.Stderr, "write", *out, err)
+		os.Exit(1)
+	}
+}
