@@ -10,9 +10,10 @@
 // scheduler is late, not the store: the call may wait on, until it has had
 // Timeout + StarvedGrace of time in which the process ran, or MaxWait in
 // all. Scheduler lag is measured by one probe goroutine per process that
-// runs while calls are in flight (see lag.go). The breaker's half-open
-// probes are judged by Timeout alone: the store they test has just failed,
-// and recovery needs only a few of them answered in time. Only store failures count
+// runs while calls are in flight (see lag.go). Half-open probes are judged
+// alike: after a restart their first calls dial and reload the script, and
+// on a starved machine a probe held to Timeout alone keeps the breaker open
+// against a store that is back. Only store failures count
 // against the breaker and as store errors; a caller that gave up (its
 // context canceled or its own deadline passed) is nobody's failure.
 package guard
@@ -251,7 +252,7 @@ func (a *Authority) call(parent context.Context, fn func(ctx context.Context) er
 	start := time.Now()
 	a.lag.enter()
 	defer a.lag.exit()
-	w := &watch{a: a, start: start, deadline: start.Add(a.s.MaxWait), strict: a.cb.State() == gobreaker.StateHalfOpen}
+	w := &watch{a: a, start: start, deadline: start.Add(a.s.MaxWait)}
 	if d, ok := parent.Deadline(); ok && d.Before(w.deadline) {
 		w.deadline = d
 	}
@@ -305,7 +306,6 @@ type watch struct {
 	a               *Authority
 	start           time.Time
 	deadline        time.Time
-	strict          bool // a half-open probe: judged by Timeout alone
 	cancel          context.CancelFunc
 	failed          atomic.Pointer[string] // why the guard gave up on the call
 
@@ -329,10 +329,7 @@ func (w *watch) judge() {
 	elapsed := now.Sub(w.start)
 	// From Timeout before the call: a process starved just before it sent
 	// the call is still catching up.
-	var st starvation
-	if !w.strict {
-		st = w.a.lag.since(w.start.Add(-w.a.s.Timeout), now)
-	}
+	st := w.a.lag.since(w.start.Add(-w.a.s.Timeout), now)
 	why, recheck := judge(w.a.s, elapsed, st)
 	if why != "" {
 		w.failed.Store(&why)
