@@ -15,6 +15,12 @@
 # TestMain, timeout). stress-ng is always stopped: on exit, on Ctrl-C, and by
 # a watchdog if this script itself is killed.
 set -uo pipefail
+
+# The whole script is one compound command, read before any of it runs: a
+# run takes many minutes, and bash otherwise reads a script as it goes, so
+# an edit of this file during a run (a git pull, another engineer) would
+# make it execute from the wrong offset.
+{
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
 
@@ -192,3 +198,5 @@ if [ $bad -ne 0 ]; then
   exit 1
 fi
 echo "stress-test: every test passed every run (logs: $OUT)"
+exit 0
+}
