@@ -48,9 +48,10 @@ func startStack(t *testing.T) *stack {
 		"KAFKA_BROKERS="+kafka.Addr(), "POLICY_FILE="+policyFile)
 	meter := startBinary(t, bin, "meter-consumer", "METER_ADDR="+ma, "KAFKA_BROKERS="+kafka.Addr(),
 		"CLICKHOUSE_ADDR="+ch.Addr(), "CLICKHOUSE_DATABASE="+db,
+		"REDIS_ADDRS="+redis.Addr(), "POLICY_FILE="+policyFile, // the quota reconciler, as shipped
 		"WEBHOOK_URL="+hook.URL, "WEBHOOK_SECRET=whsec_ZGVwbG95dGVzdC1zZWNyZXQtMTIzNDU2Nzg5MA==")
 	usage := startBinary(t, bin, "usage-api", "USAGE_API_ADDR="+ua, "CLICKHOUSE_ADDR="+ch.Addr(),
-		"CLICKHOUSE_DATABASE="+db, "POLICY_FILE="+policyFile,
+		"CLICKHOUSE_DATABASE="+db, "POLICY_FILE="+policyFile, "REDIS_ADDRS="+redis.Addr(),
 		"USAGE_ADMIN_TOKEN="+s.admin, "USAGE_TOKEN_SECRET=token-secret-for-deploytest")
 	waitStatus(t, lim, s.limiter+"/readyz", 200, 30*time.Second)
 	waitStatus(t, meter, s.meter+"/readyz", 200, 60*time.Second)

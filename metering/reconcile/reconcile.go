@@ -173,6 +173,9 @@ func New(cfg Config) (*Reconciler, error) {
 	for _, st := range []string{"policy", "clickhouse", "redis"} {
 		r.errs.WithLabelValues(st)
 	}
+	for _, res := range []string{"ok", "failed"} {
+		r.passes.WithLabelValues(res)
+	}
 	return r, nil
 }
 
