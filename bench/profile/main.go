@@ -21,8 +21,8 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/guard"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
-	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 func main() {

@@ -19,9 +19,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 // generation returns a valid policy that differs from its neighbours in

@@ -13,9 +13,9 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/ginlimit"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
-	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 func TestGinMiddleware(t *testing.T) {

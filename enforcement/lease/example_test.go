@@ -10,9 +10,9 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/guard"
 	"github.com/ratewarden/ratewarden/enforcement/lease"
-	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/enforcement/split"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 // The order of the decorators: the limiter asks the leasing authority,
