@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -550,5 +552,47 @@ domains:
 	t.Logf("%d admitted, %d rejected of %d through two limiters", admitted.Load(), rejected.Load(), goroutines*each)
 	if admitted.Load() != 40 {
 		t.Fatalf("admitted %d, want exactly the burst, 40", admitted.Load())
+	}
+}
+
+// TestEnvoyRLSReloadAndDegraded: a domain added to the policy file is
+// served after the reload with no restart; with Redis gone, descriptors are
+// decided by the tightened local limit (degraded), as /check's are.
+func TestEnvoyRLSReloadAndDegraded(t *testing.T) {
+	r := testenv.StartRedis(t)
+	file := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(file, []byte(envoyPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, addr := startEnvoyLimiter(t, envoyPolicy, "POLICY_FILE="+file, "REDIS_ADDRS="+r.Addr(), "LIMITER_EXPECTED_INSTANCES=3")
+	c := rlsv3.NewRateLimitServiceClient(dial(t, addr))
+	if resp := rls(t, c, "partners", 0, desc("partner", "acme")); resp.Statuses[0].CurrentLimit != nil {
+		t.Fatalf("an unknown domain was limited: %v", resp)
+	}
+	added := envoyPolicy + `
+  partners:
+    descriptors:
+      - { match: [partner], key: "partner:{partner}", scope: "partners" }
+`
+	if err := os.WriteFile(file, []byte(added), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	eventually(t, "the new domain is served", func() bool {
+		return rls(t, c, "partners", 0, desc("partner", "acme")).Statuses[0].CurrentLimit != nil
+	})
+
+	r.Process().Kill()
+	// Tightened: burst 3 ÷ 3 instances = 1 per instance while Redis is gone.
+	resp := rls(t, c, "partners", 0, desc("partner", "fresh"))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].GetCurrentLimit().GetName() != "free" {
+		t.Fatalf("first degraded decision: %v", resp)
+	}
+	resp = rls(t, c, "partners", 0, desc("partner", "fresh"))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || headerMap(resp)["ratelimit-limit"] != "1" {
+		t.Fatalf("second degraded decision: %v, want OVER_LIMIT at the tightened burst 1", resp)
+	}
+	if got := p.metric(t, `limiter_decisions_total{result="rejected",source="degraded"}`); got < 1 {
+		t.Errorf("degraded rejections counted %v", got)
 	}
 }
