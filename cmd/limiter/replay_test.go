@@ -176,9 +176,17 @@ func TestReplayReproducesRecordedDecisions(t *testing.T) {
 	send("acct_1", "api:search", 6)
 	send("acct_2", "api:search", 6)
 	send("acct_pro", "api:read", 10)
-	if got := a.metric(t, `limiter_shadow_decisions_total{outcome="would_reject",shadow="search-trial"}`) +
-		b.metric(t, `limiter_shadow_decisions_total{outcome="would_reject",shadow="search-trial"}`); int(got) != shadowRejects {
+	if got := a.metric(t, `limiter_shadow_decisions_total{enforced="allowed",outcome="would_reject",shadow="search-trial"}`) +
+		b.metric(t, `limiter_shadow_decisions_total{enforced="allowed",outcome="would_reject",shadow="search-trial"}`) +
+		a.metric(t, `limiter_shadow_decisions_total{enforced="rejected",outcome="would_reject",shadow="search-trial"}`) +
+		b.metric(t, `limiter_shadow_decisions_total{enforced="rejected",outcome="would_reject",shadow="search-trial"}`); int(got) != shadowRejects {
 		t.Fatalf("shadow would_reject metric %v, want %d", got, shadowRejects)
+	}
+	// What enforcing the trial would newly reject: searches 3 and 4 of each
+	// key, allowed by the bucket of 4, refused by the bucket of 2.
+	if got := a.metric(t, `limiter_shadow_decisions_total{enforced="allowed",outcome="would_reject",shadow="search-trial"}`) +
+		b.metric(t, `limiter_shadow_decisions_total{enforced="allowed",outcome="would_reject",shadow="search-trial"}`); got != 4 {
+		t.Fatalf("shadow would_reject of allowed decisions %v, want 4", got)
 	}
 	testenv.WaitUsageTotals(t, ch.Conn(t), db, want, 60*time.Second)
 	waitRaw(t, ch, db, total)

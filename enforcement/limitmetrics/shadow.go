@@ -15,20 +15,22 @@ import (
 type Shadow struct {
 	decisions   *prometheus.CounterVec
 	unavailable *prometheus.CounterVec
-	byName      sync.Map // shadow name → *[2]prometheus.Counter {would_reject, allowed}
+	byName      sync.Map // shadow name → *[2][2]prometheus.Counter [shadow allows][enforced allowed]
 }
 
 var _ shadow.Observer = (*Shadow)(nil)
 
 // NewShadow registers the shadow metrics on reg:
-// limiter_shadow_decisions_total{shadow, outcome="allowed|would_reject"}
-// and limiter_shadow_unavailable_total{reason="store|error"}.
+// limiter_shadow_decisions_total{shadow, outcome="allowed|would_reject",
+// enforced="allowed|rejected"} (enforced: what the caller was answered, so
+// outcome="would_reject",enforced="allowed" is what enforcing the shadow
+// limit would newly reject) and limiter_shadow_unavailable_total{reason="store|error"}.
 func NewShadow(reg prometheus.Registerer) *Shadow {
 	s := &Shadow{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_shadow_decisions_total",
-			Help: "Shadow-limit verdicts per shadow rule (evaluated beside enforcement, never enforced): allowed, or would_reject.",
-		}, []string{"shadow", "outcome"}),
+			Help: "Shadow-limit verdicts per shadow rule (evaluated beside enforcement, never enforced): allowed or would_reject, by what enforcement answered the same decision (enforced=allowed|rejected).",
+		}, []string{"shadow", "outcome", "enforced"}),
 		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_shadow_unavailable_total",
 			Help: "Decisions a shadow limit applied to but could not decide (store: the shadow store failed or its breaker is open; error): they carry no shadow verdict.",
@@ -42,26 +44,31 @@ func NewShadow(reg prometheus.Registerer) *Shadow {
 }
 
 // Evaluated implements shadow.Observer.
-func (s *Shadow) Evaluated(name string, wouldAllow bool) {
+func (s *Shadow) Evaluated(name string, wouldAllow, allowed bool) {
 	c := s.counters(name)
-	if wouldAllow {
-		c[1].Inc()
-	} else {
-		c[0].Inc()
+	c[b2i(wouldAllow)][b2i(allowed)].Inc()
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
 	}
+	return 0
 }
 
 // Unavailable implements shadow.Observer.
 func (s *Shadow) Unavailable(reason string) { s.unavailable.WithLabelValues(reason).Inc() }
 
-func (s *Shadow) counters(name string) *[2]prometheus.Counter {
+func (s *Shadow) counters(name string) *[2][2]prometheus.Counter {
 	if v, ok := s.byName.Load(name); ok {
-		return v.(*[2]prometheus.Counter)
+		return v.(*[2][2]prometheus.Counter)
 	}
-	c := &[2]prometheus.Counter{
-		s.decisions.WithLabelValues(name, "would_reject"),
-		s.decisions.WithLabelValues(name, "allowed"),
+	c := &[2][2]prometheus.Counter{}
+	for i, outcome := range []string{"would_reject", "allowed"} {
+		for j, enforced := range []string{"rejected", "allowed"} {
+			c[i][j] = s.decisions.WithLabelValues(name, outcome, enforced)
+		}
 	}
 	v, _ := s.byName.LoadOrStore(name, c)
-	return v.(*[2]prometheus.Counter)
+	return v.(*[2][2]prometheus.Counter)
 }

@@ -43,8 +43,11 @@ type Resolver interface {
 // Observer counts shadow outcomes. Implementations must be safe for
 // concurrent use and cheap.
 type Observer interface {
-	// Evaluated: the shadow limit name decided; wouldAllow is its verdict.
-	Evaluated(name string, wouldAllow bool)
+	// Evaluated: the shadow limit name decided; wouldAllow is its verdict,
+	// allowed what the caller was answered (the enforced decision): a
+	// would-be rejection of an allowed decision is what enforcing the
+	// shadow limit would newly reject.
+	Evaluated(name string, wouldAllow, allowed bool)
 	// Unavailable: a shadow limit applied but could not decide (reason:
 	// "store" — the shadow store failed or its breaker is open — or
 	// "error"); the decision carries no shadow verdict.
@@ -153,7 +156,7 @@ func (e *Evaluator) Evaluate(p enforcement.Policy, req enforcement.Request, d en
 		if err != nil {
 			// The candidate cannot decide this request at all (e.g. a
 			// tier it does not define): it would refuse it.
-			e.evaluated(refusedByCandidate, false)
+			e.evaluated(refusedByCandidate, false, d.Allowed)
 			return enforcement.ShadowVerdict{Name: refusedByCandidate, WouldAllow: false}
 		}
 		res = r
@@ -174,7 +177,7 @@ func (e *Evaluator) Evaluate(p enforcement.Policy, req enforcement.Request, d en
 	}
 	if same(p, req, res) {
 		// The shadow bucket would be the enforced bucket: mirror it.
-		e.evaluated(res.Policy, d.WouldAllow)
+		e.evaluated(res.Policy, d.WouldAllow, d.Allowed)
 		return enforcement.ShadowVerdict{Name: res.Policy, WouldAllow: d.WouldAllow}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
@@ -183,7 +186,7 @@ func (e *Evaluator) Evaluate(p enforcement.Policy, req enforcement.Request, d en
 	switch {
 	case errors.Is(err, enforcement.ErrCostExceedsLimit):
 		// Under the shadow limit this request could never be allowed.
-		e.evaluated(res.Policy, false)
+		e.evaluated(res.Policy, false, d.Allowed)
 		return enforcement.ShadowVerdict{Name: res.Policy, WouldAllow: false}
 	case err != nil:
 		e.unavailable("error")
@@ -194,7 +197,7 @@ func (e *Evaluator) Evaluate(p enforcement.Policy, req enforcement.Request, d en
 		e.unavailable("store")
 		return enforcement.ShadowVerdict{}
 	}
-	e.evaluated(sd.Policy, sd.WouldAllow)
+	e.evaluated(sd.Policy, sd.WouldAllow, d.Allowed)
 	return enforcement.ShadowVerdict{Name: sd.Policy, WouldAllow: sd.WouldAllow}
 }
 
@@ -211,9 +214,9 @@ func same(p enforcement.Policy, req enforcement.Request, res limits.Resolved) bo
 // cannot resolve at all (a tier it does not define): it would answer 400.
 const refusedByCandidate = "candidate:refused"
 
-func (e *Evaluator) evaluated(name string, wouldAllow bool) {
+func (e *Evaluator) evaluated(name string, wouldAllow, allowed bool) {
 	if e.cfg.Observer != nil {
-		e.cfg.Observer.Evaluated(name, wouldAllow)
+		e.cfg.Observer.Evaluated(name, wouldAllow, allowed)
 	}
 }
 

@@ -71,7 +71,7 @@ type counts struct {
 	unavailable map[string]int
 }
 
-func (c *counts) Evaluated(name string, ok bool) {
+func (c *counts) Evaluated(name string, ok, _ bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	v := c.byName[name]
