@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -35,6 +36,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/httpapi"
 	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/policy"
 )
@@ -161,6 +163,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		bind     enforcement.Decision // the decision the headers report
 		bindSet  bool
 		rejected bool
+		warn     bool // some enforced descriptor reached its soft limit
 		now      time.Time
 	)
 	for i := range plans {
@@ -207,6 +210,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			}
 			return nil, status.Errorf(codes.Internal, "descriptors[%d]: %v", i, err)
 		}
+		warn = warn || (d.Warning && !d.DryRun)
 		st.CurrentLimit = currentLimit(mapper, p.mapped, d)
 		st.LimitRemaining = uint32(min(max(0, d.Remaining), math.MaxUint32))
 		st.DurationUntilReset = durationpb.New(ceilMS(d.ResetAt.Sub(now)))
@@ -234,6 +238,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	if bindSet {
 		resp.ResponseHeadersToAdd = headers(&bind, now)
+		if warn {
+			// As the HTTP middleware does: the caller hears about its soft
+			// limit on the request itself.
+			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: warningHeader, Value: httpapi.SoftLimitWarning})
+		}
 	}
 	return resp, nil
 }
@@ -371,6 +380,9 @@ func headers(d *enforcement.Decision, now time.Time) []*corev3.HeaderValue {
 	}
 	return out
 }
+
+// warningHeader is httpapi.WarningHeader as HTTP/2 spells header names.
+var warningHeader = strings.ToLower(httpapi.WarningHeader)
 
 func ceilMS(d time.Duration) time.Duration {
 	if d <= 0 {
