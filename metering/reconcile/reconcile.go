@@ -235,6 +235,9 @@ func (r *Reconciler) Pass(ctx context.Context) (Result, error) {
 	start := time.Now()
 	res, err := r.pass(ctx)
 	r.duration.Observe(time.Since(start).Seconds())
+	if err != nil && ctx.Err() != nil {
+		return res, err // stopped by its owner (shutdown): not a failure
+	}
 	if err != nil {
 		msg := err.Error()
 		r.lastErr.Store(&msg)
