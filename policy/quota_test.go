@@ -104,6 +104,17 @@ func (e *quotaEnv) check(t *testing.T, key, scope, tier string, cost int64) enfo
 }
 
 // used reads the quota counter of key's current window straight from Redis.
+// bucketTokens is what the bucket of (key, "s") holds in Redis now (its
+// last write, before refill): the bucket a quota refusal must not charge.
+func (e *quotaEnv) bucketTokens(t *testing.T, key string) float64 {
+	t.Helper()
+	v, err := e.rdb.HGet(context.Background(), e.store.BucketKey(key, "s"), "t").Float64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 func (e *quotaEnv) used(t *testing.T, key, tier string) int64 {
 	t.Helper()
 	res, err := e.pol.Resolve(key, "s", tier)
@@ -186,14 +197,20 @@ func TestBucketAndQuotaInOneDecision(t *testing.T) {
 	})
 
 	t.Run("the quota refuses, the bucket is not charged", func(t *testing.T) {
-		if d := e.check(t, "qc", "s", "roomy", 5); !d.Allowed || d.Remaining != 995 {
-			t.Fatalf("first request: %+v", d)
+		// The quota (5) binds long before the bucket (1000): remaining,
+		// limit and reset report it.
+		if d := e.check(t, "qc", "s", "roomy", 5); !d.Allowed || d.Remaining != 0 || d.Limit != 5 {
+			t.Fatalf("first request: %+v, want allowed with 0 of the quota's 5 left", d)
 		}
+		charged := e.bucketTokens(t, "qc")
 		before := time.Now()
 		d := e.check(t, "qc", "s", "roomy", 1)
 		after := time.Now()
-		if d.Allowed || d.Remaining < 995 {
-			t.Fatalf("%+v, want a rejection with the bucket untouched (≥ 995 left)", d)
+		if d.Allowed || d.Remaining != 0 || d.Limit != 5 {
+			t.Fatalf("%+v, want a rejection reporting the spent quota", d)
+		}
+		if got := e.bucketTokens(t, "qc"); got < charged || charged > 995 {
+			t.Fatalf("bucket %v after the refusal (%v before it): a quota refusal must not charge the bucket", got, charged)
 		}
 		untilWindowEnd(t, d, enforcement.PeriodMonth, before, after)
 		if n := e.used(t, "qc", "roomy"); n != 5 {
