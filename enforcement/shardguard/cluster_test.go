@@ -24,8 +24,14 @@ func (p fixedPolicy) Resolve(_, _, tier string) (enforcement.Resolved, error) {
 
 func clusterClient(t *testing.T, c *testenv.Cluster) *redis.ClusterClient {
 	t.Helper()
+	// Read and write timeouts a loaded machine cannot hit: the cluster
+	// client retries a command whose read timed out (MaxRedirects), and a
+	// bucket script that ran but answered late would then spend twice,
+	// which "decisions exact across slots" would report as a wrong count.
+	// (The limiter's calls carry a context deadline, which ends them for
+	// good instead.)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs: c.Addrs(), DialTimeout: 200 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
+		Addrs: c.Addrs(), DialTimeout: 200 * time.Millisecond, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
 		ContextTimeoutEnabled: true, MaxRetries: -1,
 	})
 	t.Cleanup(func() { _ = rdb.Close() })
