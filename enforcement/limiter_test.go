@@ -204,7 +204,8 @@ func TestClockJumpBackwardsNeverRemovesTokens(t *testing.T) {
 }
 
 func TestCostRules(t *testing.T) {
-	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 10), Policy: policyOf(1, 10)})
+	clk := newClock() // rate 1/s: on the real clock a slow machine refills a token between the calls
+	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 10), Policy: policyOf(1, 10), Now: clk.Now})
 	ctx := context.Background()
 	if _, err := l.Check(ctx, req("k", 11)); !errors.Is(err, enforcement.ErrCostExceedsLimit) {
 		t.Fatalf("cost above capacity: err = %v", err)
@@ -228,7 +229,8 @@ func TestCostRules(t *testing.T) {
 func TestDryRunAllowsAndReportsWouldAllow(t *testing.T) {
 	p := policyOf(1, 2)
 	p.res.DryRun = true
-	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 10), Policy: p})
+	clk := newClock() // rate 1/s: on the real clock a slow machine refills a token between the calls
+	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 10), Policy: p, Now: clk.Now})
 	ctx := context.Background()
 	var last enforcement.Decision
 	for i := 0; i < 3; i++ {
