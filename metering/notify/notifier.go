@@ -255,19 +255,31 @@ func (n *Notifier) Run(ctx context.Context) error {
 	deliverCtx, stopDeliveries := context.WithCancel(context.Background())
 	n.restoreCooldowns(ctx)
 	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:           n.cfg.Brokers,
-		GroupID:           n.cfg.GroupID,
-		Topic:             n.cfg.Topic,
-		MinBytes:          1,
-		MaxBytes:          10 << 20,
-		MaxWait:           500 * time.Millisecond,
-		CommitInterval:    time.Second,
-		StartOffset:       kafka.FirstOffset,
-		SessionTimeout:    n.cfg.SessionTimeout,
+		Brokers:          n.cfg.Brokers,
+		GroupID:          n.cfg.GroupID,
+		Topic:            n.cfg.Topic,
+		MinBytes:         1,
+		MaxBytes:         readerMaxBytes,
+		MaxWait:          readerMaxWait,
+		ReadBatchTimeout: readerBatchTimeout,
+		CommitInterval:   time.Second,
+		StartOffset:      kafka.FirstOffset,
+		SessionTimeout:   n.cfg.SessionTimeout,
+		// A member told to rejoin first stops its partition readers and
+		// commits what it decided (revokeBudget); the coordinator drops a
+		// member that has not rejoined within the rebalance timeout and
+		// hands its partitions to another, which reads the events again.
+		RebalanceTimeout:  n.cfg.SessionTimeout + revokeBudget,
 		HeartbeatInterval: n.cfg.SessionTimeout / 4,
-		RebalanceTimeout:  n.cfg.SessionTimeout,
 		JoinGroupBackoff:  time.Second,
 		ReadBackoffMax:    time.Second,
+		// The Reader tells failed fetches (and group and commit errors) only
+		// to this logger and retries them for ever: unset, a partition whose
+		// fetches keep failing stops without a trace.
+		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
+			n.m.kafkaErrors.Inc()
+			n.log.Warn("notifier: kafka reader", "err", fmt.Sprintf(msg, args...))
+		}),
 	})
 	n.running.Store(true)
 	defer n.running.Store(false)
@@ -297,9 +309,15 @@ func (n *Notifier) Run(ctx context.Context) error {
 			n.log.Warn("notifier commit", "err", err)
 		}
 	}
-	if err := r.Close(); err != nil {
-		n.log.Warn("notifier: leave group", "err", err)
-	}
+	// Closing the reader waits for its fetches in flight (up to
+	// readerMaxWait): it runs while the deliveries get their grace.
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		if err := r.Close(); err != nil {
+			n.log.Warn("notifier: leave group", "err", err)
+		}
+	}()
 	done := make(chan struct{})
 	go func() { n.wg.Wait(); close(done) }()
 	select {
@@ -309,11 +327,35 @@ func (n *Notifier) Run(ctx context.Context) error {
 		<-done
 	}
 	stopDeliveries()
+	<-closed
 	stopRec()
 	bg.Wait()
 	n.log.Info("notifier stopped")
 	return nil
 }
+
+// Reading the topic. kafka-go's Reader uses MaxWait as the socket deadline
+// of the whole fetch (segmentio/kafka-go#574): the broker is asked to wait
+// for data MaxWait less 1 s (a quarter below 1 s), and the answer must have
+// arrived by MaxWait. With the 500 ms and 10 MiB per fetch this had, a
+// catch-up fetch on a loaded machine (a large answer the broker or the
+// machine cannot deliver within 500 ms) timed out on every try, at the same
+// offset, told only to the unset ErrorLogger: the meter consumer stalled
+// exactly so (issue 11, metering/consumer/fetch.go). Here a fetch with data
+// to return has readerMaxWait to arrive, an idle one 1 s beyond the
+// broker's wait (missing that is a logged, counted retry, not a stall: the
+// next fetch finds the data), answers are at most readerMaxBytes, and every
+// error the Reader reports is logged and counted (notifier_kafka_errors_total).
+const (
+	readerMaxWait      = 5 * time.Second
+	readerMaxBytes     = 1 << 20
+	readerBatchTimeout = 10 * time.Second // reading one message of an answer (kafka-go's default)
+	// revokeBudget is the longest a member takes to let its partitions go
+	// at a rebalance: its readers end their fetch in flight (readerMaxWait,
+	// or readerBatchTimeout inside an answer) and its last offsets are
+	// committed (kafka-go: 3 tries of up to 5 s each, 0.5 s of backoff).
+	revokeBudget = readerBatchTimeout + 3*5*time.Second + time.Second
+)
 
 func (n *Notifier) reloadLoop(ctx context.Context) {
 	if n.cfg.EndpointsFile == "" {
@@ -517,6 +559,7 @@ func redact(s string) string {
 
 type metrics struct {
 	events, badEvents, recordsDropped, reloadErrors prometheus.Counter
+	kafkaErrors                                     prometheus.Counter
 	notifications, attempts                         *prometheus.CounterVec
 	inFlight                                        prometheus.Gauge
 }
@@ -527,13 +570,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		badEvents:      prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_bad_events_total", Help: "Messages that are not decodable decision events."}),
 		recordsDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_attempt_records_dropped_total", Help: "Delivery attempts that could not be recorded in ClickHouse."}),
 		reloadErrors:   prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_endpoints_reload_errors_total", Help: "Refused versions of the per-key endpoints file."}),
+		kafkaErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_kafka_errors_total",
+			Help: "Errors of the notifier's Kafka reader (failed or timed-out fetches, group and commit errors), each retried and logged at WARN; rising while notifier_events_total stays flat is a stalled notifier."}),
 		notifications: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "notifier_notifications_total",
 			Help: "Warning events by decision: sent, suppressed (cool-down), stale, no_endpoint, dropped (no delivery slot)."}, []string{"result"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "notifier_attempts_total",
 			Help: "Webhook delivery attempts by outcome: delivered, retrying, failed, abandoned."}, []string{"outcome"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "notifier_deliveries_in_flight", Help: "Deliveries being attempted or waiting for a retry."}),
 	}
-	for _, c := range []prometheus.Collector{m.events, m.badEvents, m.recordsDropped, m.reloadErrors, m.notifications, m.attempts, m.inFlight} {
+	for _, c := range []prometheus.Collector{m.events, m.badEvents, m.recordsDropped, m.reloadErrors, m.kafkaErrors, m.notifications, m.attempts, m.inFlight} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
