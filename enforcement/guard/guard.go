@@ -143,10 +143,13 @@ type Observer interface {
 // Authority is an enforcement.Authority behind a deadline and a breaker.
 type Authority struct {
 	next enforcement.Authority
-	s    Settings
-	cb   *gobreaker.CircuitBreaker[struct{}]
-	obs  Observer
-	lag  *lagMonitor
+	// nextHeeds: next.Take returns as soon as its context is done, so Take
+	// needs no goroutine of its own to stop waiting (see HeedsCancel).
+	nextHeeds bool
+	s         Settings
+	cb        *gobreaker.CircuitBreaker[struct{}]
+	obs       Observer
+	lag       *lagMonitor
 }
 
 var _ enforcement.Authority = (*Authority)(nil)
@@ -158,7 +161,8 @@ func New(next enforcement.Authority, s Settings, obs Observer, log *slog.Logger)
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &Authority{next: next, s: s, obs: obs, lag: processLag}
+	_, heeds := next.(HeedsCancel)
+	a := &Authority{next: next, nextHeeds: heeds, s: s, obs: obs, lag: processLag}
 	a.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "shared-store",
 		MaxRequests: s.Probes,
@@ -205,10 +209,20 @@ func stateOf(s gobreaker.State) State {
 // State is the breaker's current state.
 func (a *Authority) State() State { return stateOf(a.cb.State()) }
 
-// Take implements enforcement.Authority: next.Take under Do.
+// HeedsCancel is implemented by an Authority whose Take returns as soon as
+// its context is done (redisstore.Pipelined). The guard then runs its Take
+// in the caller's goroutine; any other Authority's Take runs in a goroutine
+// of its own, as Do's fn does, so that the guard can stop waiting for it.
+type HeedsCancel interface {
+	enforcement.Authority
+	HeedsCancel()
+}
+
+// Take implements enforcement.Authority: next.Take under the same deadline
+// and breaker as Do.
 func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64) (enforcement.Verdict, error) {
 	var v enforcement.Verdict
-	err := a.Do(ctx, func(ctx context.Context) error {
+	err := a.do(ctx, a.nextHeeds, func(ctx context.Context) error {
 		var err error
 		v, err = a.next.Take(ctx, key, scope, lim, cost)
 		return err
@@ -231,10 +245,16 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 // late, or the breaker is open: fn was not called), or is the caller's own
 // (ctx canceled or past its deadline; not counted against the store).
 func (a *Authority) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	return a.do(ctx, false, fn)
+}
+
+// do is Do; inline runs fn in the caller's goroutine (fn returns as soon as
+// its ctx is done).
+func (a *Authority) do(ctx context.Context, inline bool, fn func(ctx context.Context) error) error {
 	if err := ctx.Err(); err != nil {
 		return &callerError{err}
 	}
-	_, err := a.cb.Execute(func() (struct{}, error) { return struct{}{}, a.call(ctx, fn) })
+	_, err := a.cb.Execute(func() (struct{}, error) { return struct{}{}, a.call(ctx, inline, fn) })
 	switch {
 	case err == nil:
 		return nil
@@ -248,7 +268,7 @@ func (a *Authority) Do(ctx context.Context, fn func(ctx context.Context) error) 
 
 // call is one store call: fn under a watch that cancels it when the store
 // is judged late.
-func (a *Authority) call(parent context.Context, fn func(ctx context.Context) error) error {
+func (a *Authority) call(parent context.Context, inline bool, fn func(ctx context.Context) error) error {
 	start := time.Now()
 	a.lag.enter()
 	defer a.lag.exit()
@@ -260,21 +280,26 @@ func (a *Authority) call(parent context.Context, fn func(ctx context.Context) er
 	w.mu.Lock()
 	w.timer = time.AfterFunc(a.s.Timeout, w.judge)
 	w.mu.Unlock()
-	// fn runs in a goroutine of its own so that the call ends when the
-	// guard gives up on it, even if fn would not (a go-redis read heeds
-	// only its context's deadline, MaxWait, not an earlier cancellation).
-	// That goroutine ends when fn returns, by MaxWait at the latest; its
-	// result is then dropped.
-	res := make(chan error, 1)
-	go func() { res <- fn(w) }()
+	// Unless fn is known to return as soon as its ctx is done (inline), it
+	// runs in a goroutine of its own so that the call ends when the guard
+	// gives up on it even if fn would not (a go-redis read heeds only its
+	// context's deadline, MaxWait, not an earlier cancellation). That
+	// goroutine ends when fn returns, by MaxWait at the latest; its result
+	// is then dropped.
 	var err error
-	select {
-	case err = <-res:
-	case <-w.Done():
+	if inline {
+		err = fn(w)
+	} else {
+		res := make(chan error, 1)
+		go func() { res <- fn(w) }()
 		select {
-		case err = <-res: // answered as it was given up on: take the answer
-		default:
-			err = w.Err()
+		case err = <-res:
+		case <-w.Done():
+			select {
+			case err = <-res: // answered as it was given up on: take the answer
+			default:
+				err = w.Err()
+			}
 		}
 	}
 	w.mu.Lock()

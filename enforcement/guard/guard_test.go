@@ -372,3 +372,35 @@ func TestDoSharesTheDeadlineAndBreaker(t *testing.T) {
 		t.Errorf("%d store errors observed, want 3", n)
 	}
 }
+
+// TestPlainStoreBehindTheGuardFailsFast: a store whose calls heed only
+// their deadline (redisstore.Store: a go-redis read) is still given up on
+// when the guard judges it late, not when the client's read times out.
+func TestPlainStoreBehindTheGuardFailsFast(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := client(t, r.Addr())
+	store := redisstore.New(rdb, "plain")
+	ctx := context.Background()
+	if err := store.Preload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g := guard.New(store, guard.Settings{Timeout: 5 * time.Millisecond}, nil, nil)
+	if _, err := g.Take(ctx, "warm", "s", roomy, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Process().Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Process().Signal(syscall.SIGCONT)
+	start := time.Now()
+	_, err := g.Take(ctx, "paused", "s", roomy, 1)
+	took := time.Since(start)
+	if !errors.Is(err, guard.ErrStoreUnavailable) {
+		t.Fatalf("paused store: %v", err)
+	}
+	// The guard gives up after 5 ms, or 105 ms of running time on a busy
+	// machine; the client would wait for its 1 s deadline (MaxWait).
+	if took >= 900*time.Millisecond {
+		t.Fatalf("Take on a paused plain store took %v: it waited for the client's read deadline", took)
+	}
+}

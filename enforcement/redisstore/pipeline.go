@@ -106,6 +106,10 @@ func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipeli
 	return p
 }
 
+// HeedsCancel declares that Take returns as soon as its context is done
+// (guard.HeedsCancel: the guard then needs no goroutine per call).
+func (p *Pipelined) HeedsCancel() {}
+
 // Store is the plain store with the same key layout (BucketKey, Lease, Preload).
 func (p *Pipelined) Store() *Store { return p.store }
 
