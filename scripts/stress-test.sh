@@ -40,6 +40,10 @@ DEFAULT_TESTS="
 ./cmd/usage-api .
 ./enforcement/shardguard .
 ./enforcement/lease .
+./enforcement/fleet .
+./enforcement/guard .
+./enforcement/envoyrls .
+./metering/consumer .
 ./internal/testenv .
 ./metering/kafkaemit .
 ./metering/reconcile .
