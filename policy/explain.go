@@ -30,15 +30,22 @@ func Explain(p *Policy, key, scope, tier string) string {
 	if len(matched) == 0 {
 		b.WriteString("rules matched: none; the tier's own limit applies\n")
 	} else {
-		b.WriteString("rules matched (file order, * = winner):\n")
+		b.WriteString("rules matched (file order, * = winner, s = shadow: reported, never enforced):\n")
 		for _, r := range matched {
 			mark := " "
-			if r.Name == winner.Name {
+			switch {
+			case r.Shadow:
+				mark = "s"
+			case winner != nil && r.Name == winner.Name:
 				mark = "*"
 			}
 			fmt.Fprintf(&b, "  %s %-24s %-40s specificity: %s\n", mark, r.Name, describe(r), rankWords(r))
 		}
-		fmt.Fprintf(&b, "winner: %s (exact key > key_prefix > tier > none, then exact scope > glob > none; ties go to the rule listed first)\n", winner.Name)
+		if winner != nil {
+			fmt.Fprintf(&b, "winner: %s (exact key > key_prefix > tier > none, then exact scope > glob > none; ties go to the rule listed first)\n", winner.Name)
+		} else {
+			b.WriteString("winner: none enforced (only shadow rules match); the tier's own limit applies\n")
+		}
 	}
 
 	from := func(set bool) string {
@@ -108,6 +115,13 @@ func Explain(p *Policy, key, scope, tier string) string {
 	}
 	if res.Split > 1 {
 		fmt.Fprintf(&b, "  split       %d sub-buckets of rate %g/s, burst %d each\n", res.Split, res.Rate/float64(res.Split), max(1, res.Burst/int64(res.Split)))
+	}
+	if sres, ok, _ := p.ResolveShadow(key, scope, tier); ok {
+		fmt.Fprintf(&b, "shadow: %s rate=%g/s burst=%d cost=%d", sres.Policy, sres.Rate, sres.Burst, sres.Cost)
+		if sres.HasQuota() {
+			fmt.Fprintf(&b, " quota=%d/%s", sres.QuotaLimit, sres.QuotaPeriod)
+		}
+		b.WriteString(" (decided beside the result in its own bucket, reported, never enforced)\n")
 	}
 	return b.String()
 }

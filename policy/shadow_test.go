@@ -87,3 +87,23 @@ rules:
 		t.Fatalf("a file without shadow rules: HasShadow=%v err=%v", p != nil && p.HasShadow(), err)
 	}
 }
+
+// explain marks shadow rules, never names one the winner, and shows the
+// shadow limit beside the result.
+func TestExplainShowsTheShadowBesideTheResult(t *testing.T) {
+	p, err := Parse([]byte(shadowYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := Explain(p, "a", "api:search", "")
+	for _, want := range []string{"  s search-trial", "  * search ", "winner: search ", "shadow: search-trial rate=2/s burst=4"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("explain lacks %q:\n%s", want, out)
+		}
+	}
+	// Only a shadow rule matches: no enforced winner, no panic.
+	out = Explain(p, "a", "web/x", "")
+	if !strings.Contains(out, "winner: none enforced") || !strings.Contains(out, "shadow: web-trial") {
+		t.Errorf("explain with only a shadow rule matching:\n%s", out)
+	}
+}
