@@ -203,6 +203,11 @@ func TestReplayReproducesRecordedDecisions(t *testing.T) {
 	}
 
 	tight := runReplayBin(t, tighterPolicy, chEnv, from, to)
+	if table := replayTable(t, tighterPolicy, chEnv, from, to); !strings.Contains(table, "acct3") || !strings.Contains(table, "acct_3") {
+		t.Fatalf("the table names neither the rule nor the key it tightens:\n%s", table)
+	} else {
+		t.Logf("the table for people:\n%s", table)
+	}
 	t.Logf("tighter: total %+v, rules %+v", tight.Total, tight.Rules)
 	if tight.Total.Rejected <= same.Total.Rejected {
 		t.Fatalf("the tighter policy rejects %d, the one in force %d", tight.Total.Rejected, same.Total.Rejected)
@@ -285,4 +290,19 @@ func waitRaw(t *testing.T, ch *testenv.ClickHouse, db string, n int) {
 		}
 		return got == uint64(n)
 	})
+}
+
+func replayTable(t *testing.T, policyYAML string, env []string, from, to time.Time) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "candidate.yaml")
+	if err := os.WriteFile(file, []byte(policyYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(limiterBin, "policy", "replay", "--from", from.Format(time.RFC3339), "--to", to.Format(time.RFC3339), file)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("limiter policy replay: %v\n%s", err, out)
+	}
+	return string(out)
 }
