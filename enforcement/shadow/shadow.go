@@ -176,7 +176,12 @@ func (e *Evaluator) Evaluate(p enforcement.Policy, req enforcement.Request, d en
 		}
 	}
 	if same(p, req, res) {
-		// The shadow bucket would be the enforced bucket: mirror it.
+		// The shadow bucket would be the enforced bucket: mirror it — unless
+		// the enforced verdict is itself a degraded guess.
+		if d.Source == enforcement.SourceDegraded {
+			e.unavailable("store")
+			return enforcement.ShadowVerdict{}
+		}
 		e.evaluated(res.Policy, d.WouldAllow, d.Allowed)
 		return enforcement.ShadowVerdict{Name: res.Policy, WouldAllow: d.WouldAllow}
 	}
