@@ -242,9 +242,9 @@ func New(cfg Config) (*Notifier, error) {
 
 func pairKey(key, scope string) string { return key + "\x00" + scope }
 
-// Run consumes until ctx ends, then stops reading, gives in-flight
-// deliveries ShutdownGrace, flushes the attempt records (at most 2 s more)
-// and returns nil.
+// Run consumes until ctx ends, then stops reading (the reader's fetch in
+// flight ends within 5 s) while in-flight deliveries get ShutdownGrace,
+// flushes the attempt records (at most 2 s more) and returns nil.
 func (n *Notifier) Run(ctx context.Context) error {
 	recCtx, stopRec := context.WithCancel(context.Background())
 	var bg sync.WaitGroup
