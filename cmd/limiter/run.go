@@ -186,23 +186,9 @@ func (a *authority) close(ctx context.Context) error {
 func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*authority, error) {
 	if len(cfg.RedisAddrs) == 0 {
 		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")
-		mem := enforcement.NewMemoryAuthority(nil, cfg.MaxKeys)
-		stop, done := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(done)
-			t := time.NewTicker(10 * time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case now := <-t.C:
-					mem.Sweep(now)
-				}
-			}
-		}()
+		mem, stopSweep := memoryAuthority(cfg.MaxKeys)
 		a := &authority{Authority: split.New(mem, nil), info: storeInfo{kind: "memory"}}
-		a.closers = append(a.closers, func(context.Context) error { close(stop); <-done; return nil })
+		a.closers = append(a.closers, stopSweep)
 		return a, nil
 	}
 
@@ -395,6 +381,27 @@ func (g guardedStore) fleet(ctx context.Context, call func(context.Context) (int
 		return 0, err
 	}
 	return n, nil
+}
+
+// memoryAuthority is the in-process authority of single-node mode with its
+// sweeper; the returned func stops the sweeper.
+func memoryAuthority(maxKeys int) (*enforcement.MemoryAuthority, func(context.Context) error) {
+	mem := enforcement.NewMemoryAuthority(nil, maxKeys)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-t.C:
+				mem.Sweep(now)
+			}
+		}
+	}()
+	return mem, func(context.Context) error { close(stop); <-done; return nil }
 }
 
 type readyBody struct {

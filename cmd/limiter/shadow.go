@@ -64,23 +64,9 @@ func buildShadow(cfg config, a *authority, reg prometheus.Registerer, log *slog.
 	var closers []func(context.Context) error
 	if a.rdb == nil {
 		// Single-node mode: in-process buckets of their own.
-		mem := enforcement.NewMemoryAuthority(nil, cfg.MaxKeys)
-		stop, done := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(done)
-			t := time.NewTicker(10 * time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case now := <-t.C:
-					mem.Sweep(now)
-				}
-			}
-		}()
+		mem, stopSweep := memoryAuthority(cfg.MaxKeys)
 		store = mem
-		closers = append(closers, func(context.Context) error { close(stop); <-done; return nil })
+		closers = append(closers, stopSweep)
 	} else {
 		pipelined := redisstore.NewPipelined(a.rdb, shadowKeyPrefix(cfg.RedisKeyPrefix), redisstore.PipelineConfig{Timeout: cfg.Shadow.Timeout})
 		store = guard.New(pipelined, guard.Settings{
