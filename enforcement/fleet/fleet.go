@@ -53,9 +53,7 @@ type Heartbeat struct {
 	store   Store
 	cfg     Config
 	count   atomic.Int64 // last count read; 0 = none yet
-	failing atomic.Bool  // the latest beat failed
-	beats   atomic.Int64 // beats that succeeded
-	fails   atomic.Int64 // beats that failed
+	failing atomic.Bool  // the latest beat failed (each failure is counted by the store's guard)
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -91,9 +89,6 @@ func (h *Heartbeat) Count() int { return int(h.count.Load()) }
 // answering, whatever the traffic.
 func (h *Heartbeat) Failing() bool { return h.failing.Load() }
 
-// Stats returns how many beats succeeded and failed.
-func (h *Heartbeat) Stats() (ok, failed int64) { return h.beats.Load(), h.fails.Load() }
-
 func (h *Heartbeat) loop() {
 	defer close(h.done)
 	t := time.NewTicker(h.cfg.Every)
@@ -113,14 +108,12 @@ func (h *Heartbeat) beat() {
 	n, err := h.store.Beat(ctx, h.cfg.Member, h.cfg.TTL)
 	cancel()
 	if err != nil {
-		h.fails.Add(1)
 		if !h.failing.Swap(true) {
 			h.cfg.Log.Warn("fleet heartbeat failed: keeping the last instance count",
 				"instances", h.Count(), "err", err)
 		}
 		return
 	}
-	h.beats.Add(1)
 	if h.failing.Swap(false) {
 		h.cfg.Log.Info("fleet heartbeat recovered", "instances", n)
 	}
