@@ -223,7 +223,12 @@ func TestReloadUnderLoad(t *testing.T) {
 			before, inForce := h.count("refused"), lim.Policy()
 			writeAtomic(t, path, brokenPolicy)
 			h.hup <- syscall.SIGHUP
-			eventually(t, "the broken file to be refused", func() bool { return h.count("refused") > before })
+			// Counted, then marked, then logged: wait for all three rather
+			// than racing the last two.
+			eventually(t, "the broken file to be refused, marked and logged", func() bool {
+				return h.count("refused") > before && valueOf(h.r.lastOK) == 0 &&
+					strings.Contains(h.logs.String(), "tiers.free.rate (line 4)")
+			})
 			if lim.Policy() != inForce {
 				t.Fatal("a refused file replaced the policy in force")
 			}

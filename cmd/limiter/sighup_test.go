@@ -45,9 +45,14 @@ func TestSIGHUPReloadsTheProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the SIGHUP reload in /readyz", func() bool { return hashNow() == want })
-	if !strings.Contains(p.logs.String(), `"trigger":"SIGHUP"`) {
-		t.Fatalf("no reload log line naming SIGHUP:\n%s", p.logs.String())
-	}
+	// The new policy is in force a moment before the reload is counted and
+	// logged: wait for those too rather than racing them.
+	eventually(t, "the reload log line naming SIGHUP", func() bool {
+		return strings.Contains(p.logs.String(), `"trigger":"SIGHUP"`)
+	})
+	eventually(t, "the reload counted", func() bool {
+		return p.metric(t, `limiter_policy_reloads_total{result="ok"}`) >= 1
+	})
 	if n := p.metric(t, `limiter_policy_reloads_total{result="ok"}`); n != 1 {
 		t.Errorf("reloads ok = %v, want 1", n)
 	}
