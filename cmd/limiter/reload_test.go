@@ -321,6 +321,8 @@ func TestReloadOnEditorSaves(t *testing.T) {
 		want := mustLoad(t, path).Hash()
 		eventually(t, s.name, func() bool { return hashOf(lim.Policy()) == want })
 	}
+	// The last reload is counted just after it takes effect.
+	eventually(t, "every save counted", func() bool { return h.count("ok") >= len(saves) })
 	if got := h.count("ok"); got != len(saves) {
 		t.Errorf("%d reloads, want %d", got, len(saves))
 	}
@@ -381,6 +383,8 @@ func TestReloadOnConfigMapSwap(t *testing.T) {
 		swap(name)
 		want := mustLoad(t, path).Hash()
 		eventually(t, "the ConfigMap swap to "+name, func() bool { return hashOf(lim.Policy()) == want })
+		// The reload is counted just after it takes effect.
+		eventually(t, "the swap to "+name+" counted", func() bool { return h.count("ok") >= i+1 })
 		if got := h.count("ok"); got != i+1 {
 			t.Fatalf("%d reloads after %d swaps", got, i+1)
 		}
