@@ -333,7 +333,11 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 		}
 		wall := l.cfg.Now()
 		now := l.micros(wall)
-		l.lastStoreOK.Store(now)
+		if l.lastStoreFail.Load() > l.lastStoreOK.Load() {
+			// Written only after a failure: a store per decision would
+			// bounce one cache line between every core deciding.
+			l.lastStoreOK.Store(now)
+		}
 		e.mu.Lock()
 		if e.res.Limit == res.Limit { // not swapped for another limit meanwhile
 			e.learn(now, wall, res.Limit, cost, &v)
@@ -402,6 +406,16 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 	}
 	dr := e.degraded.Take(nowUS, tight.Rate, tight.Burst, spend)
 	allowed := dr.Allowed && quotaWait == 0
+	var bucketWaitUS int64 // how long the bucket alone would make cost wait
+	switch {
+	case !dr.Allowed:
+		bucketWaitUS = dr.RetryAfterUS
+	case quotaWait > 0: // refused by the quota: would the bucket alone have allowed cost?
+		probe := e.degraded
+		if r := probe.Take(nowUS, tight.Rate, tight.Burst, cost); !r.Allowed {
+			bucketWaitUS = r.RetryAfterUS
+		}
+	}
 	if q != nil {
 		if allowed {
 			q.dq.unrecorded += cost
@@ -425,17 +439,7 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 		d.Remaining, d.Limit, d.ResetAt = max(0, quotaLeft), lim.QuotaLimit, quotaEndAt
 	}
 	if !allowed {
-		wait := time.Duration(0)
-		if !dr.Allowed {
-			wait = time.Duration(ceilMS(dr.RetryAfterUS)) * time.Millisecond
-		}
-		if quotaWait > 0 {
-			probe := e.degraded // would the bucket alone have allowed cost?
-			if r := probe.Take(nowUS, tight.Rate, tight.Burst, cost); !r.Allowed {
-				wait = time.Duration(ceilMS(r.RetryAfterUS)) * time.Millisecond
-			}
-		}
-		d.RetryAfter = max(wait, quotaWait)
+		d.RetryAfter = max(time.Duration(ceilMS(bucketWaitUS))*time.Millisecond, quotaWait)
 	}
 	d.Warning = softLimitReached(Limit{Burst: tight.Burst, SoftLimitPercent: lim.SoftLimitPercent,
 		QuotaLimit: lim.QuotaLimit, QuotaPeriod: lim.QuotaPeriod}, dr.Tokens, quotaUsed)
