@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -107,4 +108,33 @@ func (r *Reader) HostPort(name, v string) {
 	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		r.Fail(name, "%q has a bad port", v)
 	}
+}
+
+// Secret is a secret's value: the variable itself, or the content of the file
+// named by name+"_FILE" (a Kubernetes secret mounted as a file), with one
+// trailing newline removed. Setting both is an error. The value is never part
+// of an error message; a caller that re-reads it on SIGHUP calls Secret again.
+func (r *Reader) Secret(name string) string {
+	v, err := ReadSecret(r.get, name)
+	if err != nil {
+		r.errs = append(r.errs, err)
+	}
+	return v
+}
+
+// ReadSecret is Secret outside a Reader: for re-reading a rotated secret.
+func ReadSecret(get func(string) string, name string) (string, error) {
+	v, file := get(name), strings.TrimSpace(get(name+"_FILE"))
+	switch {
+	case file == "":
+		return v, nil
+	case v != "":
+		return "", fmt.Errorf("%s and %s_FILE are both set: set one", name, name)
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		// The path is configuration, not the secret: naming it helps.
+		return "", fmt.Errorf("%s_FILE: %w", name, err)
+	}
+	return strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r"), nil
 }

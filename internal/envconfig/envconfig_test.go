@@ -1,6 +1,8 @@
 package envconfig
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -38,5 +40,35 @@ func TestReaderGathersEveryProblemOnOneLine(t *testing.T) {
 	}
 	if New(func(string) string { return "" }).Err() != nil {
 		t.Error("no problems must give a nil error")
+	}
+}
+
+func TestSecretFromVariableOrFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "pw")
+	if err := os.WriteFile(file, []byte("s3cr3t\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"A_PASSWORD": "direct", "B_PASSWORD_FILE": file,
+		"C_PASSWORD": "x", "C_PASSWORD_FILE": file, "D_PASSWORD_FILE": filepath.Join(dir, "missing")}
+	r := New(func(k string) string { return env[k] })
+	if got := r.Secret("A_PASSWORD"); got != "direct" {
+		t.Errorf("A_PASSWORD = %q, want direct", got)
+	}
+	if got := r.Secret("B_PASSWORD"); got != "s3cr3t" {
+		t.Errorf("B_PASSWORD from file = %q, want s3cr3t (trailing newline dropped)", got)
+	}
+	if got := r.Secret("E_PASSWORD"); got != "" {
+		t.Errorf("unset E_PASSWORD = %q, want empty", got)
+	}
+	r.Secret("C_PASSWORD")
+	r.Secret("D_PASSWORD")
+	err := r.Err()
+	if err == nil || !strings.Contains(err.Error(), "C_PASSWORD and C_PASSWORD_FILE are both set") ||
+		!strings.Contains(err.Error(), "D_PASSWORD_FILE") {
+		t.Fatalf("Err() = %v, want both-set and missing-file problems", err)
+	}
+	if strings.Contains(err.Error(), "s3cr3t") || strings.Contains(err.Error(), "direct") {
+		t.Fatalf("an error carries a secret: %v", err)
 	}
 }
