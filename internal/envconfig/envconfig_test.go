@@ -49,11 +49,11 @@ func TestSecretFromVariableOrFile(t *testing.T) {
 	if err := os.WriteFile(file, []byte("s3cr3t\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"A_PASSWORD": "direct", "B_PASSWORD_FILE": file,
-		"C_PASSWORD": "x", "C_PASSWORD_FILE": file, "D_PASSWORD_FILE": filepath.Join(dir, "missing")}
+	env := map[string]string{"A_PASSWORD": "pw-A-7f3e", "B_PASSWORD_FILE": file,
+		"C_PASSWORD": "pw-C-9a1b", "C_PASSWORD_FILE": file, "D_PASSWORD_FILE": filepath.Join(dir, "missing")}
 	r := New(func(k string) string { return env[k] })
-	if got := r.Secret("A_PASSWORD"); got != "direct" {
-		t.Errorf("A_PASSWORD = %q, want direct", got)
+	if got := r.Secret("A_PASSWORD"); got != "pw-A-7f3e" {
+		t.Errorf("A_PASSWORD = %q, want pw-A-7f3e", got)
 	}
 	if got := r.Secret("B_PASSWORD"); got != "s3cr3t" {
 		t.Errorf("B_PASSWORD from file = %q, want s3cr3t (trailing newline dropped)", got)
@@ -68,7 +68,7 @@ func TestSecretFromVariableOrFile(t *testing.T) {
 		!strings.Contains(err.Error(), "D_PASSWORD_FILE") {
 		t.Fatalf("Err() = %v, want both-set and missing-file problems", err)
 	}
-	if strings.Contains(err.Error(), "s3cr3t") || strings.Contains(err.Error(), "direct") {
+	if strings.Contains(err.Error(), "s3cr3t") || strings.Contains(err.Error(), "pw-A-7f3e") {
 		t.Fatalf("an error carries a secret: %v", err)
 	}
 }
