@@ -16,7 +16,9 @@ set -euo pipefail
 
 set_name="${1:-stack}"
 
-# command package: a missing command is installed from that Debian package.
+# command package: a missing command is installed from that Debian package
+# (a command starting with / is a file that must exist: zookeeper has no
+# command on PATH; the harness runs its server class with java).
 stack=(
   "redis-server redis-server"
   "clickhouse-server clickhouse-server"
@@ -30,6 +32,7 @@ test_extra=(
   "chromium chromium"              # the dashboard's browser test (headless)
   "promtool prometheus"            # `promtool test rules` on deploy/prometheus/rules
   "stress-ng stress-ng"            # load for the tests that prove behaviour on a busy machine, and make stress-test
+  "/usr/share/java/zookeeper.jar zookeeper"  # coordinates the replicated ClickHouse cluster of the cluster-mode tests (pulls in a Java runtime)
 )
 
 case "$set_name" in
@@ -41,7 +44,10 @@ esac
 need=()
 for pair in "${wanted[@]}"; do
   read -r cmd pkg <<<"$pair"
-  command -v "$cmd" >/dev/null 2>&1 && continue
+  case "$cmd" in
+    /*) [ -e "$cmd" ] && continue ;;
+    *) command -v "$cmd" >/dev/null 2>&1 && continue ;;
+  esac
   need+=("$pkg")
   case "$pkg" in
     curl) need+=(ca-certificates) ;;

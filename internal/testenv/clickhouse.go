@@ -21,8 +21,33 @@ import (
 type ClickHouse struct {
 	TCPPort  int
 	HTTPPort int
-	Dir      string // holds config.xml, data/, tmp/ and the logs
-	proc     *Process
+	// InterserverPort is the replication (interserver HTTP) port; 0 when
+	// the server has none (a single node: no replicated tables).
+	InterserverPort int
+	Dir             string // holds config.xml, data/, tmp/ and the logs
+	proc            *Process
+
+	cacheBytes int    // mark and uncompressed cache sizes
+	extra      string // XML inside <yandex>, after the common settings
+}
+
+// ClickHouseOption changes how NewClickHouse configures a server.
+type ClickHouseOption func(*ClickHouse)
+
+// WithCacheBytes sets mark_cache_size and uncompressed_cache_size (default
+// 256 MiB each): servers started several at a time keep them small.
+func WithCacheBytes(n int) ClickHouseOption { return func(c *ClickHouse) { c.cacheBytes = n } }
+
+// WithConfigXML adds elements to the server's config.xml (inside <yandex>).
+// The placeholders {{TCP}}, {{HTTP}}, {{INTERSERVER}} and {{DIR}} are
+// replaced by the server's own values.
+func WithConfigXML(xml string) ClickHouseOption { return func(c *ClickHouse) { c.extra += xml } }
+
+// WithPorts fixes the server's ports instead of picking free ones (a
+// cluster's configs name every member's ports before any of them starts).
+// interserver may be 0 (no replication port).
+func WithPorts(tcp, http, interserver int) ClickHouseOption {
+	return func(c *ClickHouse) { c.TCPPort, c.HTTPPort, c.InterserverPort = tcp, http, interserver }
 }
 
 // Addr is host:port of the native protocol (what clickhouse-go dials).
@@ -45,7 +70,17 @@ func StartClickHouse(tb testing.TB) *ClickHouse {
 // NewClickHouse starts a clickhouse-server with its files under dir. The
 // caller must Close it. It is for TestMain, benchmarks and tools; tests use
 // StartClickHouse.
-func NewClickHouse(dir string) (*ClickHouse, error) {
+func NewClickHouse(dir string, opts ...ClickHouseOption) (*ClickHouse, error) {
+	fixed := &ClickHouse{Dir: dir, cacheBytes: 256 << 20}
+	for _, o := range opts {
+		o(fixed)
+	}
+	if fixed.TCPPort != 0 {
+		if err := fixed.Start(); err != nil {
+			return nil, fmt.Errorf("start clickhouse-server: %w", err)
+		}
+		return fixed, nil
+	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		tcp, err := freePort()
@@ -59,12 +94,13 @@ func NewClickHouse(dir string) (*ClickHouse, error) {
 		if httpPort == tcp {
 			continue
 		}
-		c := &ClickHouse{TCPPort: tcp, HTTPPort: httpPort, Dir: dir}
+		c := *fixed
+		c.TCPPort, c.HTTPPort = tcp, httpPort
 		if err := c.Start(); err != nil {
 			lastErr = err
 			continue
 		}
-		return c, nil
+		return &c, nil
 	}
 	return nil, fmt.Errorf("start clickhouse-server: %w", lastErr)
 }
@@ -91,10 +127,10 @@ const clickhouseConfig = `<?xml version="1.0"?>
     <timezone>UTC</timezone>
     <max_connections>256</max_connections>
     <max_concurrent_queries>100</max_concurrent_queries>
-    <mark_cache_size>268435456</mark_cache_size>
-    <uncompressed_cache_size>268435456</uncompressed_cache_size>
+    <mark_cache_size>{{CACHE}}</mark_cache_size>
+    <uncompressed_cache_size>{{CACHE}}</uncompressed_cache_size>
     <builtin_dictionaries_reload_interval>3600</builtin_dictionaries_reload_interval>
-</yandex>
+{{EXTRA}}</yandex>
 `
 
 // Start starts the server (again) on its ports with its data directory and
@@ -108,7 +144,12 @@ func (c *ClickHouse) Start() error {
 			return fmt.Errorf("clickhouse dir: %w", err)
 		}
 	}
-	cfg := strings.NewReplacer("{{DIR}}", c.Dir, "{{TCP}}", fmt.Sprint(c.TCPPort), "{{HTTP}}", fmt.Sprint(c.HTTPPort)).Replace(clickhouseConfig)
+	if c.cacheBytes == 0 {
+		c.cacheBytes = 256 << 20
+	}
+	cfg := strings.Replace(clickhouseConfig, "{{EXTRA}}", c.extra, 1)
+	cfg = strings.NewReplacer("{{DIR}}", c.Dir, "{{TCP}}", fmt.Sprint(c.TCPPort), "{{HTTP}}", fmt.Sprint(c.HTTPPort),
+		"{{INTERSERVER}}", fmt.Sprint(c.InterserverPort), "{{CACHE}}", fmt.Sprint(c.cacheBytes)).Replace(cfg)
 	cfgPath := filepath.Join(c.Dir, "config.xml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return fmt.Errorf("clickhouse config: %w", err)

@@ -1,5 +1,6 @@
 // Package testenv starts the real servers that the tests talk to —
-// redis-server (alone or as a cluster), clickhouse-server and an in-process
+// redis-server (alone or as a cluster), clickhouse-server (alone or as a
+// replicated, sharded cluster with ZooKeeper) and an in-process
 // Kafka-protocol broker — on free loopback ports, and always stops them.
 //
 // A missing server binary is a test failure, never a skip: CI installs them
