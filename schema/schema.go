@@ -7,7 +7,9 @@
 // Statements in one file are separated by a line containing only ";".
 // Every statement must be idempotent (CREATE ... IF NOT EXISTS): a crash
 // between a statement and the recording of its migration, or two processes
-// applying at once, re-runs it.
+// applying at once, re-runs it. 18.16 has no ADD COLUMN IF NOT EXISTS, so
+// Apply gives "ALTER TABLE ${DB}.t ADD COLUMN c ..." that meaning itself: it
+// skips the statement when system.columns already lists t.c.
 package schema
 
 import (
@@ -35,6 +37,10 @@ type Migration struct {
 }
 
 var fileName = regexp.MustCompile(`^(\d{4})_[a-z0-9_]+\.sql$`)
+
+// addColumn matches the one ALTER form Apply makes idempotent; the groups are
+// the table and the column.
+var addColumn = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+\$\{DB\}\.([a-z0-9_]+)\s+ADD\s+COLUMN\s+([a-z0-9_]+)\s`)
 
 // ValidDatabase matches the database names Apply accepts: an identifier that
 // can be written into DDL without quoting.
@@ -132,6 +138,11 @@ func Apply(ctx context.Context, conn driver.Conn, database string) error {
 			continue
 		}
 		for i, s := range m.Statements {
+			if done, err := columnExists(ctx, conn, database, s); err != nil {
+				return fmt.Errorf("schema: %s statement %d: %w", m.Name, i+1, err)
+			} else if done {
+				continue
+			}
 			if err := conn.Exec(ctx, strings.ReplaceAll(s, "${DB}", database)); err != nil {
 				return fmt.Errorf("schema: %s statement %d: %w", m.Name, i+1, err)
 			}
@@ -151,6 +162,21 @@ func Apply(ctx context.Context, conn driver.Conn, database string) error {
 		}
 	}
 	return nil
+}
+
+// columnExists reports whether stmt is an ADD COLUMN whose column the table
+// already has (a re-run after a crash, or another process applying at once).
+func columnExists(ctx context.Context, conn driver.Conn, database, stmt string) (bool, error) {
+	m := addColumn.FindStringSubmatch(stmt)
+	if m == nil {
+		return false, nil
+	}
+	var n uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM system.columns WHERE database = ? AND table = ? AND name = ?",
+		database, m[1], m[2]).Scan(&n); err != nil {
+		return false, fmt.Errorf("read system.columns for %s.%s: %w", m[1], m[2], err)
+	}
+	return n > 0, nil
 }
 
 // Version returns the highest migration version recorded in database, 0 when

@@ -98,7 +98,7 @@ func TestApplyTwiceChangesNothing(t *testing.T) {
 		t.Fatalf("first apply: %v", err)
 	}
 	first := snapshot(t, db)
-	for _, table := range []string{"decisions_raw", "usage_minute", "usage_hour", "usage_day", "schema_migrations"} {
+	for _, table := range []string{"decisions_raw", "usage_minute", "usage_hour", "usage_day", "shadow_hour", "schema_migrations"} {
 		if !strings.Contains(first, table+" ") {
 			t.Errorf("table %s missing after Apply:\n%s", table, first)
 		}
@@ -174,5 +174,40 @@ func TestRollupMarkersSurviveMerges(t *testing.T) {
 	}
 	if dataRows != 1 {
 		t.Fatalf("data rows after OPTIMIZE FINAL: %d, want 1 (collapsed)", dataRows)
+	}
+}
+
+// A crash after one ADD COLUMN of a migration and before its recording
+// leaves the column in place: the re-run must skip it, not fail (18.16 has
+// no ADD COLUMN IF NOT EXISTS).
+func TestApplyResumesAfterAPartialAddColumnMigration(t *testing.T) {
+	db := ch.Database(t)
+	conn := ch.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	migs, err := schema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range migs[0].Statements { // 0001: decisions_raw
+		if err := conn.Exec(ctx, strings.ReplaceAll(s, "${DB}", db)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := conn.Exec(ctx, "ALTER TABLE "+db+".decisions_raw ADD COLUMN domain String DEFAULT ''"); err != nil {
+		t.Fatal(err)
+	}
+	if err := schema.Apply(ctx, conn, db); err != nil {
+		t.Fatalf("Apply after a partial migration: %v", err)
+	}
+	var n uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM system.columns WHERE database = ? AND table = 'decisions_raw' AND name IN ('domain', 'shadow', 'shadow_rejected')", db).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 {
+		t.Fatalf("decisions_raw has %d of the columns domain, shadow, shadow_rejected; want 3", n)
 	}
 }

@@ -6,17 +6,18 @@
 //
 // The consumer reads one Kafka partition in offset order and hands the sink
 // batches: the distinct events of a contiguous offset range (..., last], all
-// with event_time in one UTC month. The sink writes a batch as four INSERTs,
+// with event_time in one UTC month. The sink writes a batch as five INSERTs,
 // sent concurrently, one per table: decisions_raw (one row per event, with
 // its partition and offset), usage_minute, usage_hour and usage_day (one row
-// per key, scope, tier and bucket, plus one marker row, whose key is the
-// empty string, that records the partition and `last`). Each INSERT is one
+// per key, scope, tier and bucket) and shadow_hour (one row per shadow limit,
+// key and hour), each rollup plus one marker row, whose key is the empty
+// string, that records the partition and `last`. Each INSERT is one
 // block into one monthly partition, which ClickHouse applies atomically:
 // after a crash a table has either all of an INSERT or none of it.
 //
 // So every table knows, on its own, the highest offset it holds for each
 // partition (Progress). On (re)start the consumer resumes each partition at
-// the lowest of the four, and the sink gives each table only the events
+// the lowest of them, and the sink gives each table only the events
 // above that table's own progress. A message is therefore counted at most
 // once per table however often it is read, and at least once because the
 // resume point never passes an offset some table lacks.
@@ -44,15 +45,23 @@ const (
 	Minute
 	Hour
 	Day
+	ShadowHour
 	numTables
 )
 
-var tableNames = [numTables]string{"decisions_raw", "usage_minute", "usage_hour", "usage_day"}
+var tableNames = [numTables]string{"decisions_raw", "usage_minute", "usage_hour", "usage_day", "shadow_hour"}
+
+// addedLater marks tables created by a later migration than the others: until
+// such a table holds a marker of a partition, it does not pull that
+// partition's resume point back, so an upgraded consumer does not re-read its
+// topic from the start (the new table starts with the next batch; the shadow
+// verdicts of events consumed before the upgrade are in decisions_raw).
+var addedLater = [numTables]bool{ShadowHour: true}
 
 // String is the table's name in ClickHouse.
 func (t Table) String() string { return tableNames[t] }
 
-var bucketMillis = [numTables]int64{0, 60_000, 3_600_000, 86_400_000}
+var bucketMillis = [numTables]int64{0, 60_000, 3_600_000, 86_400_000, 3_600_000}
 
 // Progress is, per table, the highest Kafka offset of one partition that the
 // table holds; -1 when it holds none.
@@ -61,7 +70,10 @@ type Progress [numTables]int64
 // Resume is the first offset to read: one past the lowest table progress.
 func (p Progress) Resume() int64 {
 	m := p[0]
-	for _, v := range p[1:] {
+	for t, v := range p[1:] {
+		if addedLater[t+1] && v < 0 {
+			continue
+		}
 		m = min(m, v)
 	}
 	return m + 1
@@ -165,7 +177,7 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 			}
 		}
 	}
-	// The four INSERTs go out concurrently: each table's progress depends
+	// The INSERTs go out concurrently: each table's progress depends
 	// only on its own INSERTs, which stay sequential per partition.
 	var wg sync.WaitGroup
 	var errs [numTables]error
@@ -187,9 +199,12 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 			start := time.Now()
 			var rows int
 			var err error
-			if t == Raw {
+			switch t {
+			case Raw:
 				rows, err = s.writeRaw(ctx, partition, todo)
-			} else {
+			case ShadowHour:
+				rows, err = s.writeShadow(ctx, partition, todo, last)
+			default:
 				rows, err = s.writeRollup(ctx, t, partition, todo, last)
 			}
 			s.observe(t, rows, time.Since(start), err)
@@ -219,9 +234,10 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 	n := len(recs)
 	var (
 		ids, keys, scopes, tiers, sources, policies, instances = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		domains, shadows                                       = make([]string, n), make([]string, n)
 		ts, costs, offsets                                     = make([]uint64, n), make([]uint64, n), make([]uint64, n)
 		times                                                  = make([]time.Time, n)
-		allowed, dry, warn                                     = make([]uint8, n), make([]uint8, n), make([]uint8, n)
+		allowed, dry, warn, shadowRejected                     = make([]uint8, n), make([]uint8, n), make([]uint8, n), make([]uint8, n)
 		remaining, limits                                      = make([]int64, n), make([]int64, n)
 		parts                                                  = make([]uint32, n)
 	)
@@ -233,22 +249,12 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 		times[i] = time.Unix(e.TS/1000, 0).UTC()
 		allowed[i], dry[i], warn[i] = b2u(e.Allowed), b2u(e.DryRun), b2u(e.Warning)
 		remaining[i], limits[i] = e.Remaining, e.Limit
+		domains[i], shadows[i], shadowRejected[i] = e.Domain, e.Shadow, b2u(e.ShadowRejected)
 		parts[i] = uint32(partition)
 	}
-	// Explicit column list: 18.16 sees 0 columns without one.
-	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".decisions_raw (event_id, ts, event_time, key, scope, tier, cost, allowed, source, remaining, limit_value, policy, dry_run, warning, instance, kafka_partition, kafka_offset)")
-	if err != nil {
-		return 0, fmt.Errorf("chsink: prepare insert into decisions_raw: %w", err)
-	}
-	cols := []any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets}
-	for i, c := range cols {
-		if err := b.Column(i).Append(c); err != nil {
-			_ = b.Abort()
-			return 0, fmt.Errorf("chsink: decisions_raw column %d: %w", i, err)
-		}
-	}
-	if err := b.Send(); err != nil {
-		return 0, fmt.Errorf("chsink: insert %d rows into decisions_raw: %w", n, err)
+	if err := s.insert(ctx, Raw, "event_id, ts, event_time, key, scope, tier, cost, allowed, source, remaining, limit_value, policy, dry_run, warning, instance, kafka_partition, kafka_offset, domain, shadow, shadow_rejected",
+		[]any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets, domains, shadows, shadowRejected}); err != nil {
+		return 0, err
 	}
 	return n, nil
 }
@@ -303,26 +309,98 @@ func (s *Sink) writeRollup(ctx context.Context, t Table, partition int, recs []R
 	// The marker: key '' (never a rate-limit key), counters 0, batches 1,
 	// in the same monthly partition as the rows so the INSERT stays atomic.
 	m := n - 1
-	markerStart := time.Now().UTC()
-	if len(recs) > 0 {
-		markerStart = time.UnixMilli(recs[0].Event.TS).UTC()
-	}
-	starts[m] = markerStart.Truncate(24 * time.Hour)
+	starts[m] = markerStart(recs)
 	batches[m], parts[m], offsets[m] = 1, uint32(partition), uint64(last)
-
-	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+t.String()+" (key, scope, tier, start, requests, allowed, rejected, cost, warnings, batches, kafka_partition, kafka_offset)")
-	if err != nil {
-		return 0, fmt.Errorf("chsink: prepare insert into %s: %w", t, err)
+	if err := s.insert(ctx, t, "key, scope, tier, start, requests, allowed, rejected, cost, warnings, batches, kafka_partition, kafka_offset",
+		[]any{keys, scopes, tiers, starts, requests, allowed, rejected, cost, warnings, batches, parts, offsets}); err != nil {
+		return 0, err
 	}
-	cols := []any{keys, scopes, tiers, starts, requests, allowed, rejected, cost, warnings, batches, parts, offsets}
+	return n, nil
+}
+
+type shadowKey struct {
+	shadow, key string
+	start       int64 // ms
+}
+
+type shadowCounters struct {
+	decisions, wouldReject, rejected uint64
+}
+
+// writeShadow writes the shadow verdicts of recs, per shadow limit, key and
+// hour, with the batch's marker (also when no event carried a verdict).
+func (s *Sink) writeShadow(ctx context.Context, partition int, recs []Record, last int64) (int, error) {
+	width := bucketMillis[ShadowHour]
+	agg := make(map[shadowKey]*shadowCounters)
+	var order []shadowKey
+	for i := range recs {
+		e := &recs[i].Event
+		if e.Shadow == "" {
+			continue
+		}
+		k := shadowKey{e.Shadow, e.Key, e.TS - e.TS%width}
+		c := agg[k]
+		if c == nil {
+			c = &shadowCounters{}
+			agg[k] = c
+			order = append(order, k)
+		}
+		c.decisions++
+		if e.ShadowRejected {
+			c.wouldReject++
+		}
+		if !e.Allowed {
+			c.rejected++
+		}
+	}
+	n := len(order) + 1
+	var (
+		shadows, keys                             = make([]string, n), make([]string, n)
+		starts                                    = make([]time.Time, n)
+		decisions, wouldReject, rejected, batches = make([]uint64, n), make([]uint64, n), make([]uint64, n), make([]uint64, n)
+		parts                                     = make([]uint32, n)
+		offsets                                   = make([]uint64, n)
+	)
+	for i, k := range order {
+		c := agg[k]
+		shadows[i], keys[i], starts[i] = k.shadow, k.key, time.UnixMilli(k.start).UTC()
+		decisions[i], wouldReject[i], rejected[i] = c.decisions, c.wouldReject, c.rejected
+	}
+	m := n - 1
+	starts[m] = markerStart(recs)
+	batches[m], parts[m], offsets[m] = 1, uint32(partition), uint64(last)
+	if err := s.insert(ctx, ShadowHour, "shadow, key, start, decisions, would_reject, rejected, batches, kafka_partition, kafka_offset",
+		[]any{shadows, keys, starts, decisions, wouldReject, rejected, batches, parts, offsets}); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// markerStart is the start of a batch's marker row: a day start in the
+// batch's month, so that the INSERT stays in one monthly partition.
+func markerStart(recs []Record) time.Time {
+	t := time.Now().UTC()
+	if len(recs) > 0 {
+		t = time.UnixMilli(recs[0].Event.TS).UTC()
+	}
+	return t.Truncate(24 * time.Hour)
+}
+
+// insert sends one block of columns (in the order of columns) into table t.
+func (s *Sink) insert(ctx context.Context, t Table, columns string, cols []any) error {
+	// Explicit column list: 18.16 sees 0 columns without one.
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+t.String()+" ("+columns+")")
+	if err != nil {
+		return fmt.Errorf("chsink: prepare insert into %s: %w", t, err)
+	}
 	for i, c := range cols {
 		if err := b.Column(i).Append(c); err != nil {
 			_ = b.Abort()
-			return 0, fmt.Errorf("chsink: %s column %d: %w", t, i, err)
+			return fmt.Errorf("chsink: %s column %d: %w", t, i, err)
 		}
 	}
 	if err := b.Send(); err != nil {
-		return 0, fmt.Errorf("chsink: insert %d rows into %s: %w", n, t, err)
+		return fmt.Errorf("chsink: insert into %s: %w", t, err)
 	}
-	return n, nil
+	return nil
 }

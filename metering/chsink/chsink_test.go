@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
 	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/chsink"
@@ -32,6 +34,19 @@ func records(from, n int, base time.Time) []chsink.Record {
 }
 
 func setup(tb testing.TB) (*chsink.Sink, func(string) uint64) {
+	s, conn, db := setupDB(tb)
+	sum := func(table string) uint64 {
+		var n uint64
+		if err := conn.QueryRow(context.Background(), "SELECT sum(requests) FROM "+db+"."+table+" WHERE key != ''").Scan(&n); err != nil {
+			tb.Fatal(err)
+		}
+		return n
+	}
+	return s, sum
+}
+
+// setupDB returns a sink on a fresh, migrated database, its connection and name.
+func setupDB(tb testing.TB) (*chsink.Sink, driver.Conn, string) {
 	conn := ch.Conn(tb)
 	db := ch.Database(tb)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -43,14 +58,7 @@ func setup(tb testing.TB) (*chsink.Sink, func(string) uint64) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	sum := func(table string) uint64 {
-		var n uint64
-		if err := conn.QueryRow(context.Background(), "SELECT sum(requests) FROM "+db+"."+table+" WHERE key != ''").Scan(&n); err != nil {
-			tb.Fatal(err)
-		}
-		return n
-	}
-	return s, sum
+	return s, conn, db
 }
 
 // A table that is behind gets only what it lacks; tables that are ahead
@@ -139,4 +147,77 @@ func BenchmarkWrite(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N*batch)/time.Since(start).Seconds(), "events/s")
+}
+
+// Shadow verdicts and the Envoy domain reach decisions_raw, and shadow_hour
+// counts them per shadow limit and key; a replay does not count them twice.
+func TestWriteRecordsShadowVerdictsAndDomain(t *testing.T) {
+	s, conn, db := setupDB(t)
+	ctx := context.Background()
+	base := time.Date(2026, 5, 3, 10, 0, 0, 0, time.UTC)
+	recs := records(0, 10, base)
+	for i := range recs {
+		e := &recs[i].Event
+		if i < 6 {
+			e.Shadow, e.ShadowRejected = "tight", i%3 == 0 // offsets 0 and 3 would be rejected
+		}
+		if i == 9 {
+			e.Domain = "edge"
+		}
+	}
+	p, err := s.Progress(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write(ctx, 1, recs, 9, &p); err != nil {
+		t.Fatal(err)
+	}
+	// The same messages again after a restart: progress read back from
+	// ClickHouse, so nothing is written twice.
+	again, err := s.Progress(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write(ctx, 1, recs, 9, &again); err != nil {
+		t.Fatal(err)
+	}
+	var dec, would, rej uint64
+	if err := conn.QueryRow(ctx, "SELECT sum(decisions), sum(would_reject), sum(rejected) FROM "+db+".shadow_hour WHERE key != '' AND shadow = 'tight'").Scan(&dec, &would, &rej); err != nil {
+		t.Fatal(err)
+	}
+	// Offsets 0..5 carry the verdict; 0 and 3 would be rejected; the odd
+	// offsets 1, 3, 5 were rejected by the enforced limit.
+	if dec != 6 || would != 2 || rej != 3 {
+		t.Fatalf("shadow_hour decisions/would_reject/rejected = %d/%d/%d, want 6/2/3", dec, would, rej)
+	}
+	var n, nDomain uint64
+	if err := conn.QueryRow(ctx, "SELECT countIf(shadow = 'tight' AND shadow_rejected = 1), countIf(domain = 'edge') FROM "+db+".decisions_raw WHERE kafka_partition = 1 AND kafka_offset <= 9").Scan(&n, &nDomain); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 || nDomain != 1 {
+		t.Fatalf("decisions_raw: %d rows shadow-rejected by tight, %d with domain edge; want 2 and 1", n, nDomain)
+	}
+	fresh, err := s.Progress(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh[chsink.ShadowHour] != 9 {
+		t.Fatalf("shadow_hour progress = %d, want 9", fresh[chsink.ShadowHour])
+	}
+}
+
+// shadow_hour came with a later migration: on an upgraded consumer it has no
+// marker yet, and must not send the resume point back to the topic's start.
+func TestATableAddedLaterDoesNotRewindTheResumePoint(t *testing.T) {
+	p := chsink.Progress{500, 500, 500, 500, -1}
+	if got := p.Resume(); got != 501 {
+		t.Fatalf("resume with shadow_hour never written = %d, want 501", got)
+	}
+	p[chsink.ShadowHour] = 400
+	if got := p.Resume(); got != 401 {
+		t.Fatalf("resume with shadow_hour at 400 = %d, want 401", got)
+	}
+	if got := (chsink.Progress{-1, -1, -1, -1, -1}).Resume(); got != 0 {
+		t.Fatalf("resume of empty tables = %d, want 0", got)
+	}
 }
