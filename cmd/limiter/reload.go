@@ -4,9 +4,11 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -23,6 +25,7 @@ import (
 // line and a metric say so. A swap is one atomic pointer store, so no
 // decision in flight is failed or delayed.
 type policyReloader struct {
+	what    string // "policy", or "shadow policy" for the candidate file
 	path    string
 	target  interface{ SetPolicy(enforcement.Policy) }
 	log     *slog.Logger
@@ -33,19 +36,26 @@ type policyReloader struct {
 }
 
 func newPolicyReloader(path string, target interface{ SetPolicy(enforcement.Policy) }, reg prometheus.Registerer, log *slog.Logger) *policyReloader {
+	return newFileReloader("policy", "limiter_policy", path, target, reg, log)
+}
+
+// newFileReloader is a reloader of one policy file; what names it in log
+// lines and metricPrefix in metric names (the enforced file and the shadow
+// candidate each have their own).
+func newFileReloader(what, metricPrefix, path string, target interface{ SetPolicy(enforcement.Policy) }, reg prometheus.Registerer, log *slog.Logger) *policyReloader {
 	r := &policyReloader{
-		path: path, target: target, log: log,
+		what: what, path: path, target: target, log: log,
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_policy_reloads_total",
-			Help: "Policy reload attempts by result (ok, refused).",
+			Name: metricPrefix + "_reloads_total",
+			Help: "Reload attempts of the " + what + " file by result (ok, refused).",
 		}, []string{"result"}),
 		info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "limiter_policy_info",
-			Help: "The policy in force: 1 for its version and hash.",
+			Name: metricPrefix + "_info",
+			Help: "The " + what + " in force: 1 for its version and hash.",
 		}, []string{"version", "hash"}),
 		lastOK: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "limiter_policy_last_reload_successful",
-			Help: "1 when the last read of the policy file was valid, 0 while the file on disk is refused (the policy in force is then older than the file).",
+			Name: metricPrefix + "_last_reload_successful",
+			Help: "1 when the last read of the " + what + " file was valid, 0 while the file on disk is refused (the one in force is then older than the file).",
 		}),
 	}
 	r.results.WithLabelValues("ok")
@@ -71,7 +81,7 @@ func (r *policyReloader) reload(why string) {
 	if err != nil {
 		r.results.WithLabelValues("refused").Inc()
 		r.lastOK.Set(0)
-		r.log.Error("policy refused; the previous policy stays in force", "trigger", why,
+		r.log.Error(r.what+" refused; the previous "+r.what+" stays in force", "trigger", why,
 			"version", r.current().Version, "hash", r.current().Hash, "err", err)
 		return
 	}
@@ -82,7 +92,25 @@ func (r *policyReloader) reload(why string) {
 	r.target.SetPolicy(p)
 	r.set(p)
 	r.results.WithLabelValues("ok").Inc()
-	r.log.Info("policy reloaded", "trigger", why, "version", p.Version(), "hash", p.Hash())
+	r.log.Info(r.what+" reloaded", "trigger", why, "version", p.Version(), "hash", p.Hash())
+}
+
+// start runs the reloader (file watch and SIGHUP) in a goroutine it owns
+// until stop, which waits for it to end.
+func (r *policyReloader) start(ctx context.Context) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.run(ctx, hup)
+	}()
+	return func() {
+		signal.Stop(hup)
+		cancel()
+		<-done
+	}
 }
 
 // run watches until ctx ends. Events are debounced: editors and ConfigMap
@@ -90,11 +118,11 @@ func (r *policyReloader) reload(why string) {
 func (r *policyReloader) run(ctx context.Context, hup <-chan os.Signal) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
-		r.log.Error("cannot watch the policy file; reload with SIGHUP", "err", err)
+		r.log.Error("cannot watch the "+r.what+" file; reload with SIGHUP", "err", err)
 	} else {
 		defer w.Close()
 		if err := w.Add(filepath.Dir(r.path)); err != nil {
-			r.log.Error("cannot watch the policy directory; reload with SIGHUP", "dir", filepath.Dir(r.path), "err", err)
+			r.log.Error("cannot watch the "+r.what+" directory; reload with SIGHUP", "dir", filepath.Dir(r.path), "err", err)
 		}
 	}
 	// A change made between the first load and the watch would otherwise
@@ -121,7 +149,7 @@ func (r *policyReloader) run(ctx context.Context, hup <-chan os.Signal) {
 				timer.Reset(debounce)
 			}
 		case err := <-errs:
-			r.log.Warn("policy watcher error", "err", err)
+			r.log.Warn(r.what+" watcher error", "err", err)
 		case <-timer.C:
 			r.reload("file change")
 		}

@@ -9,11 +9,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,16 +81,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	reloader := newPolicyReloader(cfg.PolicyFile, lim, reg, log)
 	reloader.set(pol)
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	reloadCtx, stopReload := context.WithCancel(ctx)
+	stopReload := reloader.start(ctx)
 	defer stopReload()
-	reloadDone := make(chan struct{})
-	go func() {
-		defer close(reloadDone)
-		reloader.run(reloadCtx, hup)
-	}()
 
 	mux := http.NewServeMux()
 	mux.Handle("POST /check", httpapi.NewCheckHandler(lim, cfg.AuthToken, log))
@@ -141,7 +130,6 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	// policy watcher, the limiter, and last the event buffer, which flushes.
 	err = errors.Join(srv.Shutdown(shutCtx), stopGRPC(shutCtx))
 	stopReload()
-	<-reloadDone
 	err = errors.Join(err, lim.Close(shutCtx), closeShadow(shutCtx), closeFleet(shutCtx), auth.close(shutCtx), closeRecorder(shutCtx))
 	return err
 }

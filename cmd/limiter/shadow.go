@@ -44,6 +44,11 @@ func shadowConfigFrom(e *envconfig.Reader, storeTimeout time.Duration) shadowCon
 // hash tag, so a shadow bucket lives in its enforced twin's Cluster slot.
 func shadowKeyPrefix(prefix string) string { return prefix + ":shadow" }
 
+// candidateSetter gives the reloader of the candidate file its target.
+type candidateSetter struct{ ev *shadow.Evaluator }
+
+func (c candidateSetter) SetPolicy(p enforcement.Policy) { c.ev.SetCandidate(p) }
+
 // buildShadow assembles the shadow tier: its own store namespace, its own
 // deadline and breaker (a slow shadow never opens the enforced breaker),
 // and the candidate policy when LIMITER_SHADOW_POLICY_FILE is set. The
@@ -51,12 +56,13 @@ func shadowKeyPrefix(prefix string) string { return prefix + ":shadow" }
 func buildShadow(cfg config, a *authority, reg prometheus.Registerer, log *slog.Logger) (*shadow.Evaluator, func(context.Context) error, error) {
 	log = log.With("tier", "shadow")
 	var candidate enforcement.Policy
+	var candidateFile *policy.Policy
 	if cfg.Shadow.PolicyFile != "" {
 		p, err := policy.Load(cfg.Shadow.PolicyFile)
 		if err != nil {
 			return nil, nil, fmt.Errorf("LIMITER_SHADOW_POLICY_FILE: %w", err)
 		}
-		candidate = p
+		candidate, candidateFile = p, p
 		log.Info("shadow policy: every decision is also evaluated under the candidate file (reported, never enforced)",
 			"file", cfg.Shadow.PolicyFile, "hash", p.Hash())
 	}
@@ -89,6 +95,14 @@ func buildShadow(cfg config, a *authority, reg prometheus.Registerer, log *slog.
 		return nil, nil, err
 	}
 	closers = append([]func(context.Context) error{ev.Close}, closers...)
+	if candidateFile != nil {
+		// The candidate file reloads as the enforced one does (file watch
+		// and SIGHUP), with metrics of its own (limiter_shadow_policy_*).
+		rl := newFileReloader("shadow policy", "limiter_shadow_policy", cfg.Shadow.PolicyFile, candidateSetter{ev}, reg, log)
+		rl.set(candidateFile)
+		stop := rl.start(context.Background())
+		closers = append([]func(context.Context) error{func(context.Context) error { stop(); return nil }}, closers...)
+	}
 	return ev, func(ctx context.Context) error {
 		var first error
 		for _, c := range closers {

@@ -63,7 +63,8 @@ type Config struct {
 	// Candidate, when set, is a whole candidate policy: every decision is
 	// evaluated under it as well (its Resolve), and the enforced policy's
 	// shadow rules are not consulted. Nil = the shadow rules of the
-	// enforced policy in force (followed across reloads).
+	// enforced policy in force (followed across reloads). SetCandidate
+	// replaces it (a reload of the candidate file).
 	Candidate enforcement.Policy
 	// ExpectedInstances, LocalHeadroom and MaxKeys size the shadow's local
 	// tier as the enforced limiter's are sized (same defaults).
@@ -88,6 +89,8 @@ type Evaluator struct {
 	// from: a reload of the enforced policy (new pointer) rebuilds it, so
 	// the inner entries re-resolve as the enforced ones do.
 	last atomic.Pointer[policyRef]
+	// candidate is Config.Candidate as last set (nil: none).
+	candidate atomic.Pointer[policyRef]
 }
 
 type policyRef struct{ p enforcement.Policy }
@@ -139,7 +142,24 @@ func New(cfg Config) (*Evaluator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Evaluator{cfg: cfg, inner: inner}, nil
+	e := &Evaluator{cfg: cfg, inner: inner}
+	if cfg.Candidate != nil {
+		e.candidate.Store(&policyRef{cfg.Candidate})
+	}
+	return e, nil
+}
+
+// SetCandidate replaces the candidate policy (a reload of the candidate
+// file). Only an Evaluator made with a candidate has one to replace: the
+// shadow rules of an enforced policy follow that policy's own reloads.
+// Shadow buckets of limits the new candidate keeps are kept (same bucket
+// key, as for the enforced limiter's reloads).
+func (e *Evaluator) SetCandidate(p enforcement.Policy) {
+	if p == nil || e.candidate.Load() == nil {
+		return
+	}
+	e.inner.SetPolicy(p)
+	e.candidate.Store(&policyRef{p})
 }
 
 // SetInstances follows the fleet's live count, as the enforced limiter does.
@@ -151,8 +171,8 @@ func (e *Evaluator) Close(ctx context.Context) error { return e.inner.Close(ctx)
 // Evaluate implements enforcement.ShadowEvaluator.
 func (e *Evaluator) Evaluate(p enforcement.Policy, req enforcement.Request, d enforcement.Decision, _ time.Time) enforcement.ShadowVerdict {
 	var res limits.Resolved
-	if e.cfg.Candidate != nil {
-		r, err := e.cfg.Candidate.Resolve(req.Key, req.Scope, req.Tier)
+	if cand := e.candidate.Load(); cand != nil {
+		r, err := cand.p.Resolve(req.Key, req.Scope, req.Tier)
 		if err != nil {
 			// The candidate cannot decide this request at all (e.g. a
 			// tier it does not define): it would refuse it.
