@@ -111,6 +111,12 @@ func split(body string) []string {
 // Safe to call from several processes at once (statements are idempotent;
 // a version may then be recorded twice, which Version tolerates).
 func Apply(ctx context.Context, conn driver.Conn, database string) error {
+	return apply(ctx, conn, database, func(stmt string) ([]string, error) { return []string{stmt}, nil })
+}
+
+// apply is Apply with each statement of a migration replaced by form's
+// statements (itself in single-node mode, ClusterStatements in cluster mode).
+func apply(ctx context.Context, conn driver.Conn, database string, form func(stmt string) ([]string, error)) error {
 	if !ValidDatabase.MatchString(database) {
 		return fmt.Errorf("schema: invalid database name %q", database)
 	}
@@ -138,13 +144,19 @@ func Apply(ctx context.Context, conn driver.Conn, database string) error {
 			continue
 		}
 		for i, s := range m.Statements {
-			if done, err := columnExists(ctx, conn, database, s); err != nil {
+			stmts, err := form(s)
+			if err != nil {
 				return fmt.Errorf("schema: %s statement %d: %w", m.Name, i+1, err)
-			} else if done {
-				continue
 			}
-			if err := conn.Exec(ctx, strings.ReplaceAll(s, "${DB}", database)); err != nil {
-				return fmt.Errorf("schema: %s statement %d: %w", m.Name, i+1, err)
+			for _, st := range stmts {
+				if done, err := columnExists(ctx, conn, database, st); err != nil {
+					return fmt.Errorf("schema: %s statement %d: %w", m.Name, i+1, err)
+				} else if done {
+					continue
+				}
+				if err := conn.Exec(ctx, strings.ReplaceAll(st, "${DB}", database)); err != nil {
+					return fmt.Errorf("schema: %s statement %d: %w", m.Name, i+1, err)
+				}
 			}
 		}
 		// INSERT ... VALUES through Exec hangs on 18.16: use a batch with

@@ -12,10 +12,15 @@ import (
 	"github.com/ratewarden/ratewarden/schema"
 )
 
-var ch *testenv.ClickHouse
+var (
+	ch      *testenv.ClickHouse
+	cluster testenv.SharedClickHouseCluster
+)
 
 func TestMain(m *testing.M) {
-	os.Exit(testenv.MainWithClickHouse(m, &ch))
+	code := testenv.MainWithClickHouse(m, &ch)
+	cluster.Close()
+	os.Exit(code)
 }
 
 func TestMigrationsAreNumberedAndSplit(t *testing.T) {
@@ -45,7 +50,12 @@ func TestMigrationsAreNumberedAndSplit(t *testing.T) {
 // and engines, and the recorded migrations.
 func snapshot(t *testing.T, db string) string {
 	t.Helper()
-	conn := ch.Conn(t)
+	return snapshotOn(t, ch, db)
+}
+
+func snapshotOn(t *testing.T, server *testenv.ClickHouse, db string) string {
+	t.Helper()
+	conn := server.Conn(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var b strings.Builder

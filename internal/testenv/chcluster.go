@@ -246,3 +246,38 @@ func OpenShard(addrs []string) (driver.Conn, error) {
 	}
 	return conn, nil
 }
+
+// Conns opens one connection to every node, shard by shard (what
+// schema.ApplyCluster migrates), closed at cleanup.
+func (c *ClickHouseCluster) Conns(tb testing.TB) []driver.Conn {
+	tb.Helper()
+	var out []driver.Conn
+	for _, n := range c.Nodes() {
+		out = append(out, n.Conn(tb))
+	}
+	return out
+}
+
+// Database returns a fresh database name for one test (not created: the
+// code under test creates it on every node) and drops it on every node
+// that runs at cleanup (dropping its replicated tables' ZooKeeper nodes).
+func (c *ClickHouseCluster) Database(tb testing.TB) string {
+	tb.Helper()
+	name := fmt.Sprintf("c%d_%d", os.Getpid(), dbSeq.Add(1))
+	tb.Cleanup(func() {
+		for _, n := range c.Nodes() {
+			if n.Process() == nil || n.Process().Exited() {
+				continue
+			}
+			conn, err := n.Open()
+			if err != nil {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			_ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name)
+			cancel()
+			conn.Close()
+		}
+	})
+	return name
+}

@@ -94,8 +94,12 @@ type Observer func(t Table, rows int, d time.Duration, err error)
 type Sink struct {
 	conn    driver.Conn
 	db      string
+	suffix  string // "" or schema.LocalSuffix: which tables of db it writes
 	observe Observer
 }
+
+// table is the fully qualified name of t that this sink reads and writes.
+func (s *Sink) table(t Table) string { return s.db + "." + t.String() + s.suffix }
 
 // New returns a sink writing into database (already migrated with
 // schema.Apply). observe may be nil.
@@ -115,7 +119,7 @@ func (s *Sink) Progress(ctx context.Context, partition int) (Progress, error) {
 	for t := Table(0); t < numTables; t++ {
 		// Raw: ORDER BY (kafka_partition, kafka_offset) makes this a range
 		// read. Rollups: markers are the key '' prefix of ORDER BY.
-		q := "SELECT count(), max(kafka_offset) FROM " + s.db + "." + t.String() + " WHERE kafka_partition = ?"
+		q := "SELECT count(), max(kafka_offset) FROM " + s.table(t) + " WHERE kafka_partition = ?"
 		if t != Raw {
 			q += " AND key = ''"
 		}
@@ -135,7 +139,7 @@ func (s *Sink) Progress(ctx context.Context, partition int) (Progress, error) {
 // holds for partition at an offset above after (which may be negative): the
 // consumer's deduplication window.
 func (s *Sink) RecentIDs(ctx context.Context, partition int, after int64, fn func(id string, offset int64)) error {
-	rows, err := s.conn.Query(ctx, "SELECT event_id, kafka_offset FROM "+s.db+".decisions_raw WHERE kafka_partition = ? AND kafka_offset >= ? ORDER BY kafka_offset",
+	rows, err := s.conn.Query(ctx, "SELECT event_id, kafka_offset FROM "+s.table(Raw)+" WHERE kafka_partition = ? AND kafka_offset >= ? ORDER BY kafka_offset",
 		uint32(partition), uint64(max(after+1, 0)))
 	if err != nil {
 		return fmt.Errorf("chsink: recent ids of partition %d: %w", partition, err)
@@ -389,7 +393,7 @@ func markerStart(recs []Record) time.Time {
 // insert sends one block of columns (in the order of columns) into table t.
 func (s *Sink) insert(ctx context.Context, t Table, columns string, cols []any) error {
 	// Explicit column list: 18.16 sees 0 columns without one.
-	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+t.String()+" ("+columns+")")
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.table(t)+" ("+columns+")")
 	if err != nil {
 		return fmt.Errorf("chsink: prepare insert into %s: %w", t, err)
 	}
