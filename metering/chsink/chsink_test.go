@@ -15,10 +15,15 @@ import (
 	"github.com/ratewarden/ratewarden/schema"
 )
 
-var ch *testenv.ClickHouse
+var (
+	ch      *testenv.ClickHouse
+	cluster testenv.SharedClickHouseCluster
+)
 
 func TestMain(m *testing.M) {
-	os.Exit(testenv.MainWithClickHouse(m, &ch))
+	code := testenv.MainWithClickHouse(m, &ch)
+	cluster.Close()
+	os.Exit(code)
 }
 
 func records(from, n int, base time.Time) []chsink.Record {
