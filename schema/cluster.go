@@ -129,18 +129,34 @@ func matchParen(s string, open int) (int, error) {
 
 // ApplyCluster applies every migration, in cluster form, to every node of
 // the cluster (nodes: one connection per server, every replica of every
-// shard). Nodes are migrated one after the other: an ALTER of a replicated
-// table run on one replica reaches its other replicas through ZooKeeper,
-// and the next node then finds it done. Applying twice changes nothing;
-// safe from several processes at once, like Apply.
+// shard), in lockstep: migration N on every node before N+1 on any. A
+// replicated table's structure lives in ZooKeeper, shared by the replicas
+// of a shard: an ALTER run on one replica reaches the others (the next
+// node then finds the column and skips it), and a replica created after
+// its sibling was altered must be created with the structure of then, not
+// of now. Each node records its own versions. Applying twice changes
+// nothing; safe from several processes at once, like Apply.
 func ApplyCluster(ctx context.Context, nodes []driver.Conn, database, cluster string) error {
 	if len(nodes) == 0 {
 		return fmt.Errorf("schema: cluster %s: no node to migrate", cluster)
 	}
 	form := func(stmt string) ([]string, error) { return ClusterStatements(stmt, cluster) }
+	var migs []Migration
+	applied := make([]map[uint32]bool, len(nodes))
 	for i, conn := range nodes {
-		if err := apply(ctx, conn, database, form); err != nil {
+		var err error
+		if migs, applied[i], err = begin(ctx, conn, database); err != nil {
 			return fmt.Errorf("schema: cluster %s node %d of %d: %w", cluster, i+1, len(nodes), err)
+		}
+	}
+	for _, m := range migs {
+		for i, conn := range nodes {
+			if applied[i][m.Version] {
+				continue
+			}
+			if err := applyOne(ctx, conn, database, m, form); err != nil {
+				return fmt.Errorf("schema: cluster %s node %d of %d: %w", cluster, i+1, len(nodes), err)
+			}
 		}
 	}
 	return nil

@@ -117,25 +117,7 @@ func Apply(ctx context.Context, conn driver.Conn, database string) error {
 // apply is Apply with each statement of a migration replaced by form's
 // statements (itself in single-node mode, ClusterStatements in cluster mode).
 func apply(ctx context.Context, conn driver.Conn, database string, form func(stmt string) ([]string, error)) error {
-	if !ValidDatabase.MatchString(database) {
-		return fmt.Errorf("schema: invalid database name %q", database)
-	}
-	migs, err := Migrations()
-	if err != nil {
-		return err
-	}
-	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+database); err != nil {
-		return fmt.Errorf("schema: create database %s: %w", database, err)
-	}
-	// ORDER BY version: the table is read whole and is tiny.
-	if err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+database+`.schema_migrations (
-    version    UInt32,
-    name       String,
-    applied_at DateTime('UTC')
-) ENGINE = MergeTree() ORDER BY version`); err != nil {
-		return fmt.Errorf("schema: create schema_migrations: %w", err)
-	}
-	applied, err := appliedVersions(ctx, conn, database)
+	migs, applied, err := begin(ctx, conn, database)
 	if err != nil {
 		return err
 	}
@@ -143,35 +125,71 @@ func apply(ctx context.Context, conn driver.Conn, database string, form func(stm
 		if applied[m.Version] {
 			continue
 		}
-		for i, s := range m.Statements {
-			stmts, err := form(s)
-			if err != nil {
+		if err := applyOne(ctx, conn, database, m, form); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// begin creates the database and schema_migrations if missing and returns
+// the migrations and the versions already applied.
+func begin(ctx context.Context, conn driver.Conn, database string) ([]Migration, map[uint32]bool, error) {
+	if !ValidDatabase.MatchString(database) {
+		return nil, nil, fmt.Errorf("schema: invalid database name %q", database)
+	}
+	migs, err := Migrations()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+database); err != nil {
+		return nil, nil, fmt.Errorf("schema: create database %s: %w", database, err)
+	}
+	// ORDER BY version: the table is read whole and is tiny.
+	if err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+database+`.schema_migrations (
+    version    UInt32,
+    name       String,
+    applied_at DateTime('UTC')
+) ENGINE = MergeTree() ORDER BY version`); err != nil {
+		return nil, nil, fmt.Errorf("schema: create schema_migrations: %w", err)
+	}
+	applied, err := appliedVersions(ctx, conn, database)
+	if err != nil {
+		return nil, nil, err
+	}
+	return migs, applied, nil
+}
+
+// applyOne runs the statements of m (in form) and then records m.
+func applyOne(ctx context.Context, conn driver.Conn, database string, m Migration, form func(stmt string) ([]string, error)) error {
+	for i, s := range m.Statements {
+		stmts, err := form(s)
+		if err != nil {
+			return fmt.Errorf("schema: %s statement %d: %w", m.Name, i+1, err)
+		}
+		for _, st := range stmts {
+			if done, err := columnExists(ctx, conn, database, st); err != nil {
+				return fmt.Errorf("schema: %s statement %d: %w", m.Name, i+1, err)
+			} else if done {
+				continue
+			}
+			if err := conn.Exec(ctx, strings.ReplaceAll(st, "${DB}", database)); err != nil {
 				return fmt.Errorf("schema: %s statement %d: %w", m.Name, i+1, err)
 			}
-			for _, st := range stmts {
-				if done, err := columnExists(ctx, conn, database, st); err != nil {
-					return fmt.Errorf("schema: %s statement %d: %w", m.Name, i+1, err)
-				} else if done {
-					continue
-				}
-				if err := conn.Exec(ctx, strings.ReplaceAll(st, "${DB}", database)); err != nil {
-					return fmt.Errorf("schema: %s statement %d: %w", m.Name, i+1, err)
-				}
-			}
 		}
-		// INSERT ... VALUES through Exec hangs on 18.16: use a batch with
-		// an explicit column list.
-		b, err := conn.PrepareBatch(ctx, "INSERT INTO "+database+".schema_migrations (version, name, applied_at)")
-		if err != nil {
-			return fmt.Errorf("schema: record %s: %w", m.Name, err)
-		}
-		if err := b.Append(m.Version, m.Name, time.Now().UTC().Truncate(time.Second)); err != nil {
-			_ = b.Abort()
-			return fmt.Errorf("schema: record %s: %w", m.Name, err)
-		}
-		if err := b.Send(); err != nil {
-			return fmt.Errorf("schema: record %s: %w", m.Name, err)
-		}
+	}
+	// INSERT ... VALUES through Exec hangs on 18.16: use a batch with
+	// an explicit column list.
+	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+database+".schema_migrations (version, name, applied_at)")
+	if err != nil {
+		return fmt.Errorf("schema: record %s: %w", m.Name, err)
+	}
+	if err := b.Append(m.Version, m.Name, time.Now().UTC().Truncate(time.Second)); err != nil {
+		_ = b.Abort()
+		return fmt.Errorf("schema: record %s: %w", m.Name, err)
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("schema: record %s: %w", m.Name, err)
 	}
 	return nil
 }
