@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -184,6 +185,8 @@ func startGRPC(cfg config, lim *enforcement.Limiter, reg prometheus.Registerer, 
 	}
 	srv := grpc.NewServer(
 		grpc.MaxRecvMsgSize(grpcMaxMessage),
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+		grpc.SharedWriteBuffer(true),
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 			start := time.Now()
 			mm := m.method(info.FullMethod)
