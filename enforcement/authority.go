@@ -31,7 +31,7 @@ type Verdict struct {
 
 // softLimitReached is the soft-limit comparison of the in-process authority;
 // the Redis script makes the same one in Lua.
-func softLimitReached(lim Limit, tokensLeft float64, quotaUsed int64) bool {
+func softLimitReached(lim *Limit, tokensLeft float64, quotaUsed int64) bool {
 	if lim.SoftLimitPercent <= 0 {
 		return false
 	}
@@ -122,7 +122,7 @@ func (m *MemoryAuthority) Take(_ context.Context, key, scope string, lim Limit, 
 	if q != nil {
 		v.QuotaUsed = q.used
 	}
-	v.Warning = softLimitReached(lim, r.Tokens, v.QuotaUsed)
+	v.Warning = softLimitReached(&lim, r.Tokens, v.QuotaUsed)
 	return v, nil
 }
 

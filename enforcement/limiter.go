@@ -95,8 +95,10 @@ type Config struct {
 	// Shadow, optional, evaluates shadow limits beside every decision
 	// (Decision.Shadow); it never changes the enforced decision.
 	Shadow ShadowEvaluator
-	// Now is the clock (default time.Now). The local tier measures elapsed
-	// time on it; tests use it to step time, including backwards.
+	// Now is the clock. The local tier measures elapsed time on it; tests
+	// use it to step time, including backwards. Default (nil): the
+	// monotonic clock read alone, with wall times placed on an anchor the
+	// limiter refreshes every second (clock.go).
 	Now func() time.Time
 }
 
@@ -110,8 +112,9 @@ type Limiter struct {
 	policy     atomic.Pointer[policyBox]
 	entries    *table[entry]
 	quotas     *table[quotaEntry]
-	epoch      time.Time
-	instances  atomic.Int64 // replicas sharing the load: ExpectedInstances, then the live count
+	epoch      time.Time                  // time 0 of the limiter's clock: bucket timestamps are µs since it
+	anchor     atomic.Pointer[wallAnchor] // the default clock's wall time (clock.go)
+	instances  atomic.Int64               // replicas sharing the load: ExpectedInstances, then the live count
 	// lastStoreOK and lastStoreFail are when (µs on the limiter's clock) the
 	// store last answered and last failed: readiness reports a store whose
 	// latest call failed even before the breaker has seen enough to open.
@@ -197,17 +200,14 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.IdleAfter <= 0 {
 		cfg.IdleAfter = time.Minute
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	l := &Limiter{
 		cfg:     cfg,
 		entries: newTable[entry](cfg.MaxKeys),
 		quotas:  newTable[quotaEntry](cfg.MaxKeys),
-		epoch:   cfg.Now(),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
+	l.startClock()
 	l.policy.Store(&policyBox{cfg.Policy})
 	l.instances.Store(int64(cfg.ExpectedInstances))
 	go l.sweepLoop()
@@ -254,12 +254,11 @@ func (l *Limiter) Close(ctx context.Context) error {
 	}
 }
 
-// now returns µs on the limiter's clock, ≥ 1 so that 0 keeps meaning
-// "never seen". With the default clock this is monotonic.
-func (l *Limiter) now() int64 { return l.micros(l.cfg.Now()) }
-
-func (l *Limiter) micros(t time.Time) int64 {
-	return max(1, int64(t.Sub(l.epoch)/time.Microsecond)+1)
+// micros is µs on the limiter's clock for an offset from its epoch, ≥ 1 so
+// that 0 keeps meaning "never seen". With the default clock this is
+// monotonic.
+func micros(off time.Duration) int64 {
+	return max(1, int64(off/time.Microsecond)+1)
 }
 
 // Check decides whether req may proceed. The error is non-nil only for a
@@ -269,14 +268,17 @@ func (l *Limiter) micros(t time.Time) int64 {
 // store's failure and changes nothing of what the limiter knows); an
 // unreachable authority is handled by the failure policy and never
 // surfaces as an error.
-func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
-	start := l.cfg.Now() // one clock reading serves the whole local path
+func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error) {
+	// d is the named result, filled in place: a Decision is large, and
+	// copying a freshly written one costs store-forwarding stalls that
+	// showed in the local tier's profile.
+	start := l.read() // one clock reading serves the whole local path
 	if req.Key == "" || req.Scope == "" || (req.HasCost && req.Cost < 0) {
 		return Decision{}, fmt.Errorf("%w: key and scope are required and cost must be ≥ 0", ErrInvalidRequest)
 	}
 	box := l.policy.Load()
 	e := l.entries.get(bucketID{req.Key, req.Scope}, nil)
-	nowUS := l.micros(start)
+	nowUS := micros(start.off)
 
 	e.mu.Lock()
 	if e.pol != box || e.tier != req.Tier {
@@ -290,7 +292,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 		}
 		e.pol, e.tier, e.res = box, req.Tier, res
 	}
-	res := e.res
+	res := &e.res // read under e.mu; lim below is the copy used after unlocking
 	cost := res.Cost
 	if req.HasCost {
 		cost = req.Cost
@@ -300,51 +302,61 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w: cost %d, capacity %d", ErrCostExceedsLimit, cost, capacity)
 	}
 	e.lastUse = nowUS
-	d := Decision{Limit: res.Burst, Policy: res.Policy, Tier: res.Tier, Cost: cost, DryRun: res.DryRun}
+	d.Limit, d.Policy, d.Tier, d.Cost, d.DryRun = res.Burst, res.Policy, res.Tier, cost, res.DryRun
 	if cost > 0 {
 		if epoch := l.storeEpoch.Load(); e.epoch != epoch {
 			e.known, e.epoch = learned{}, epoch
 		}
-		if wait := e.localWait(nowUS, cost, l.localRate(res.Rate)); wait > 0 {
-			reset := ceilUS(float64(res.Burst) / res.Rate) // nothing known: at most an empty bucket's refill
+		if lw := e.localWait(nowUS, cost, l.localRate(res.Rate)); lw.wait > 0 {
+			wait := lw.wait
+			var reset int64
 			if k := &e.known; k.shadow.TS != 0 {
-				tokens := min(float64(res.Burst), k.shadow.Tokens+float64(max(0, nowUS-k.shadow.TS))*res.Rate/1e6)
-				reset = ceilUS((float64(res.Burst) - tokens) / res.Rate)
+				tokens := lw.shadowTokens
+				if lw.shadowResetUS < 0 { // the shadow was not probed: refill it to now
+					tokens = min(float64(res.Burst), k.shadow.Tokens+float64(max(0, nowUS-k.shadow.TS))*res.Rate/1e6)
+					reset = ceilUS((float64(res.Burst) - tokens) / res.Rate)
+				} else {
+					reset = lw.shadowResetUS
+				}
 				d.Remaining = wholeTokens(tokens)
-				d.Warning = softLimitReached(res.Limit, tokens, k.quotaUsed)
+				d.Warning = softLimitReached(&res.Limit, tokens, k.quotaUsed)
+			} else {
+				reset = ceilUS(float64(res.Burst) / res.Rate) // nothing known: at most an empty bucket's refill
 			}
-			quotaUsed, quotaEnd := e.known.quotaUsed, e.known.quotaEnd
+			quotaUsed, quotaEnd, quotaLimit := e.known.quotaUsed, e.known.quotaEnd, res.QuotaLimit
 			e.mu.Unlock()
 			d.Source = SourceLocal
 			d.RetryAfter = time.Duration(ceilMS(wait)) * time.Millisecond
-			d.ResetAt = start.Add(time.Duration(reset) * time.Microsecond)
+			d.ResetAt = l.wallAfter(start, time.Duration(reset)*time.Microsecond)
 			if quotaEnd > nowUS {
-				bindQuota(&d, res.Limit, quotaUsed, start.Add(time.Duration(quotaEnd-nowUS)*time.Microsecond))
+				bindQuota(&d, quotaLimit, quotaUsed, l.wallAfter(start, time.Duration(quotaEnd-nowUS)*time.Microsecond))
 			}
-			return l.finish(&req, d, start), nil
+			l.finish(&req, &d, start)
+			return d, nil
 		}
 	}
+	lim := res.Limit
 	e.mu.Unlock()
 
-	v, err := l.cfg.Authority.Take(ctx, req.Key, req.Scope, res.Limit, cost)
+	v, err := l.cfg.Authority.Take(ctx, req.Key, req.Scope, lim, cost)
 	if err == nil {
 		if v.ClockBack && l.cfg.Observer != nil {
 			l.cfg.Observer.ClockBack()
 		}
-		wall := l.cfg.Now()
-		now := l.micros(wall)
+		r := l.read()
+		wall, now := l.wall(r), micros(r.off)
 		if l.lastStoreFail.Load() > l.lastStoreOK.Load() {
 			// Written only after a failure: a store per decision would
 			// bounce one cache line between every core deciding.
 			l.lastStoreOK.Store(now)
 		}
 		e.mu.Lock()
-		if e.res.Limit == res.Limit { // not swapped for another limit meanwhile
-			e.learn(now, wall, res.Limit, cost, &v)
+		if e.res.Limit == lim { // not swapped for another limit meanwhile
+			e.learn(now, wall, lim, cost, &v)
 		}
 		e.mu.Unlock()
-		if res.HasQuota() && res.Split <= 1 {
-			l.learnQuota(req.Key, res.Limit, &v)
+		if lim.HasQuota() && lim.Split <= 1 {
+			l.learnQuota(req.Key, lim, &v)
 		}
 		d.Source = SourceShared
 		if v.InProcess {
@@ -355,11 +367,12 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 		d.RetryAfter = v.RetryAfter
 		d.ResetAt = v.Now.Add(v.ResetAfter)
 		d.Warning = v.Warning
-		if res.HasQuota() {
-			_, end := res.QuotaPeriod.Window(v.Now)
-			bindQuota(&d, res.Limit, v.QuotaUsed, end)
+		if lim.HasQuota() {
+			_, end := lim.QuotaPeriod.Window(v.Now)
+			bindQuota(&d, lim.QuotaLimit, v.QuotaUsed, end)
 		}
-		return l.finish(&req, d, start), nil
+		l.finish(&req, &d, start)
+		return d, nil
 	}
 	if ctx.Err() != nil {
 		// The caller went away (or its own deadline passed): nobody is
@@ -374,12 +387,13 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
 	if l.cfg.Observer != nil {
 		l.cfg.Observer.AuthorityFailed(err)
 	}
-	return l.degradedDecision(&req, d, res.Limit, cost, e, start, nowUS), nil
+	return l.degradedDecision(&req, d, lim, cost, e, start, nowUS), nil
 }
 
 // degradedDecision decides with the tightened limit and the quota share
 // while the authority cannot be asked.
-func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int64, e *entry, start time.Time, nowUS int64) Decision {
+func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int64, e *entry, start reading, nowUS int64) Decision {
+	wall := l.wall(start)
 	inst := l.instN()
 	tight := l.tightened(lim, inst)
 	d.Source = SourceDegraded
@@ -393,11 +407,11 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 	if lim.HasQuota() {
 		q = l.quotas.get(bucketID{req.Key, lim.QuotaID}, nil)
 		q.mu.Lock()
-		_, end := lim.QuotaPeriod.Window(start)
+		_, end := lim.QuotaPeriod.Window(wall)
 		quotaEndAt = end
 		quotaLeft = q.degradedLeft(lim, inst, end.Unix())
 		if cost > quotaLeft {
-			quotaWait = ceilDurationMS(end.Sub(start))
+			quotaWait = ceilDurationMS(end.Sub(wall))
 		}
 	}
 	spend := cost
@@ -433,7 +447,7 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 	}
 	d.WouldAllow = allowed
 	d.Remaining = wholeTokens(dr.Tokens)
-	d.ResetAt = start.Add(time.Duration(dr.ResetAfterUS) * time.Microsecond)
+	d.ResetAt = wall.Add(time.Duration(dr.ResetAfterUS) * time.Microsecond)
 	if q != nil && quotaLeft < d.Remaining {
 		// This instance's share of the quota binds: report it.
 		d.Remaining, d.Limit, d.ResetAt = max(0, quotaLeft), lim.QuotaLimit, quotaEndAt
@@ -441,9 +455,10 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 	if !allowed {
 		d.RetryAfter = max(time.Duration(ceilMS(bucketWaitUS))*time.Millisecond, quotaWait)
 	}
-	d.Warning = softLimitReached(Limit{Burst: tight.Burst, SoftLimitPercent: lim.SoftLimitPercent,
+	d.Warning = softLimitReached(&Limit{Burst: tight.Burst, SoftLimitPercent: lim.SoftLimitPercent,
 		QuotaLimit: lim.QuotaLimit, QuotaPeriod: lim.QuotaPeriod}, dr.Tokens, quotaUsed)
-	return l.finish(req, d, start)
+	l.finish(req, &d, start)
+	return d
 }
 
 // learnQuota keeps the store's count of the key's quota window for the
@@ -499,39 +514,53 @@ func (q *quotaEntry) degradedLeft(lim Limit, inst float64, end int64) int64 {
 // the RateLimit-* headers built from them) sees the constraint that will
 // reject it. used is the window's spend after this decision; end is when
 // the window resets.
-func bindQuota(d *Decision, lim Limit, used int64, end time.Time) {
-	if left := max(0, lim.QuotaLimit-used); left < d.Remaining {
-		d.Remaining, d.Limit, d.ResetAt = left, lim.QuotaLimit, end
+func bindQuota(d *Decision, quotaLimit, used int64, end time.Time) {
+	if left := max(0, quotaLimit-used); left < d.Remaining {
+		d.Remaining, d.Limit, d.ResetAt = left, quotaLimit, end
 	}
 }
 
-// localWait is the local tier: it returns 0 when the request should go to
-// the shared store, else the µs until it could pass. Called under e.mu.
-func (e *entry) localWait(now, cost int64, localRate float64) int64 {
+// localVerdict is the local tier's answer: wait is 0 when the request
+// should go to the shared store, else the µs until it could pass. When the
+// shadow was probed and refused cost, shadowTokens and shadowResetUS are the
+// shadow refilled to now (what the rejection reports); shadowResetUS is -1
+// when it was not.
+type localVerdict struct {
+	wait          int64
+	shadowTokens  float64
+	shadowResetUS int64
+}
+
+// localWait is the local tier. Called under e.mu.
+func (e *entry) localWait(now, cost int64, localRate float64) localVerdict {
 	k := &e.known
-	var wait int64
+	v := localVerdict{shadowResetUS: -1}
 	if now < k.notBefore && cost >= k.blockedCost {
-		wait = k.notBefore - now
+		v.wait = k.notBefore - now
 	}
 	if now < k.quotaEnd && k.quotaUsed+cost > e.res.QuotaLimit {
-		wait = max(wait, k.quotaEnd-now)
+		v.wait = max(v.wait, k.quotaEnd-now)
 	}
 	// The store's own retry time for this very cost needs no second opinion.
-	if k.shadow.TS != 0 && !(wait > 0 && cost == k.blockedCost) {
+	if k.shadow.TS != 0 && !(v.wait > 0 && cost == k.blockedCost) {
 		probe := k.shadow
 		// The shadow is rounded to the store's millisecond; within that
 		// rounding, let the store decide.
-		if r := probe.Take(now, e.res.Rate, e.res.Burst, cost); !r.Allowed && r.RetryAfterUS > 1000 {
-			wait = max(wait, r.RetryAfterUS)
+		if r := probe.Take(now, e.res.Rate, e.res.Burst, cost); !r.Allowed {
+			// Refused: nothing was spent, so r is the shadow refilled to now.
+			v.shadowTokens, v.shadowResetUS = r.Tokens, r.ResetAfterUS
+			if r.RetryAfterUS > 1000 {
+				v.wait = max(v.wait, r.RetryAfterUS)
+			}
 		}
 	}
-	if wait > 0 {
-		return wait
+	if v.wait > 0 {
+		return v
 	}
 	if r := e.local.Take(now, localRate, e.res.Burst, cost); !r.Allowed {
-		return r.RetryAfterUS
+		v.wait = r.RetryAfterUS
 	}
-	return 0
+	return v
 }
 
 // learn updates what the entry knows from a shared verdict. The store
@@ -560,21 +589,24 @@ func (e *entry) learn(now int64, wall time.Time, lim Limit, cost int64, v *Verdi
 
 // finish applies dry run, evaluates the shadow limit, reports and records
 // the decision.
-func (l *Limiter) finish(req *Request, d Decision, start time.Time) Decision {
+func (l *Limiter) finish(req *Request, d *Decision, start reading) {
 	d.Allowed = d.WouldAllow || d.DryRun
 	if d.Allowed {
 		d.RetryAfter = 0
 	}
+	if l.cfg.Shadow == nil && l.cfg.Observer == nil && l.cfg.Recorder == nil {
+		return
+	}
+	wall := l.wall(start)
 	if l.cfg.Shadow != nil {
-		d.Shadow = l.cfg.Shadow.Evaluate(l.Policy(), *req, d, start)
+		d.Shadow = l.cfg.Shadow.Evaluate(l.Policy(), *req, *d, wall)
 	}
 	if l.cfg.Observer != nil {
-		l.cfg.Observer.Decided(*req, d, max(0, time.Since(start)))
+		l.cfg.Observer.Decided(*req, *d, l.elapsed(start))
 	}
 	if l.cfg.Recorder != nil {
-		l.cfg.Recorder.Record(*req, d, start)
+		l.cfg.Recorder.Record(*req, *d, wall)
 	}
-	return d
 }
 
 func (l *Limiter) localRate(rate float64) float64 {
@@ -607,12 +639,17 @@ func (l *Limiter) sweepLoop() {
 	defer close(l.done)
 	t := time.NewTicker(10 * time.Second)
 	defer t.Stop()
+	// The default clock's wall anchor is re-read every second (clock.go).
+	a := time.NewTicker(anchorEvery)
+	defer a.Stop()
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-t.C:
 			l.Sweep()
+		case <-a.C:
+			l.reanchor()
 		}
 	}
 }
@@ -620,8 +657,8 @@ func (l *Limiter) sweepLoop() {
 // Sweep forgets entries unused for IdleAfter whose buckets are full: they
 // would restart exactly as they are.
 func (l *Limiter) Sweep() int {
-	wall := l.cfg.Now()
-	now := l.micros(wall)
+	r := l.read()
+	wall, now := l.wall(r), micros(r.off)
 	idle := l.cfg.IdleAfter.Microseconds()
 	// A quota window that has ended holds nothing the next one needs.
 	l.quotas.sweep(func(q *quotaEntry) bool {
