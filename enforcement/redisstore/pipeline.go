@@ -6,14 +6,27 @@ package redisstore
 // as one pipeline of EVALSHA calls, then hand each caller its verdict. While
 // one pipeline is on the wire the queue fills, so under load batches grow by
 // themselves and Redis sees few, large writes; a lone decision goes out at
-// once (MaxDelay 0 by default). The scripts are the same as Store's, so
-// decisions are identical; only the transport differs. The workers are
-// owned by the Pipelined store: Close stops them.
+// once (MaxDelay 0 by default). The decision is the same Lua function as
+// Store's (decide.lua), so decisions are identical; only the transport
+// differs. The workers are owned by the Pipelined store: Close stops them.
+//
+// Over one Redis server (a *redis.Client: standalone or Sentinel) a whole
+// batch is one EVALSHA of batch.lua: Redis parses one command, enters Lua
+// once and reads TIME once for all of its decisions, and the numbers go
+// both ways as packed doubles instead of text that go-redis boxes one value
+// at a time (issue 15: Redis's CPU per decision was the largest cost of the
+// allowed path on a shared machine, and go-redis allocated 19 times per
+// EVALSHA). Over a Cluster, where one script may only touch one slot, each
+// decision is its own EVALSHA of batch.lua in a pipeline that go-redis
+// splits by node. Callers' call records and their wake-up channels are
+// reused (sync.Pool): a decision allocates nothing of its own here.
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -33,7 +46,10 @@ type PipelineClient interface {
 // PipelineConfig tunes auto-pipelining. The zero value of each field is its
 // documented default.
 type PipelineConfig struct {
-	// Workers is how many pipelines may be on the wire at once (default 4).
+	// Workers is how many pipelines may be on the wire at once (default 2
+	// over one server, where a whole batch is one script call and fewer,
+	// larger batches cost Redis less; 4 over a Cluster, so that a batch
+	// waiting on a dead master holds up fewer decisions of live ones).
 	Workers int
 	// MaxBatch is the most decisions in one pipeline (default 256).
 	MaxBatch int
@@ -57,6 +73,8 @@ type PipelineConfig struct {
 type Pipelined struct {
 	store *Store
 	rdb   PipelineClient
+	// whole: a batch may be one script call whatever its keys (one server).
+	whole bool
 	cfg   PipelineConfig
 	queue chan *call
 
@@ -76,7 +94,22 @@ type call struct {
 	cost       int64
 	v          enforcement.Verdict
 	err        error
-	done       chan struct{}
+	// done receives one value when v and err are set (buffered: the
+	// worker never waits for the caller).
+	done chan struct{}
+	// for the worker, while the call is in its batch
+	bucketKey, quotaKey string
+	quotaEnd            int64
+}
+
+// calls recycles call records: a caller that received its answer is the
+// last user of its call. One its caller gave up on is left to the GC (the
+// worker may still write it).
+var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+func (c *call) answer(v enforcement.Verdict, err error) {
+	c.v, c.err = v, err
+	c.done <- struct{}{}
 }
 
 // ErrClosed is returned for decisions asked of a closed Pipelined store.
@@ -85,8 +118,12 @@ var ErrClosed = errors.New("redisstore: pipelined store closed")
 // NewPipelined returns an auto-pipelining authority over rdb with the key
 // layout of New(rdb, prefix), and starts its workers.
 func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipelined {
+	_, whole := rdb.(*redis.Client)
 	if cfg.Workers <= 0 {
 		cfg.Workers = 4
+		if whole {
+			cfg.Workers = 2
+		}
 	}
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 256
@@ -97,7 +134,7 @@ func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipeli
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Second
 	}
-	p := &Pipelined{store: New(rdb, prefix), rdb: rdb, cfg: cfg,
+	p := &Pipelined{store: New(rdb, prefix), rdb: rdb, whole: whole, cfg: cfg,
 		queue: make(chan *call, cfg.Queue), stop: make(chan struct{}), drained: make(chan struct{})}
 	p.wg.Add(cfg.Workers)
 	for range cfg.Workers {
@@ -120,23 +157,35 @@ func (p *Pipelined) Take(ctx context.Context, key, scope string, lim enforcement
 		return enforcement.Verdict{}, ErrClosed
 	default:
 	}
-	c := &call{ctx: ctx, key: key, scope: scope, lim: lim, cost: cost, done: make(chan struct{})}
+	c := calls.Get().(*call)
+	c.ctx, c.key, c.scope, c.lim, c.cost = ctx, key, scope, lim, cost
 	select {
 	case p.queue <- c:
 	case <-p.stop:
+		c.recycle()
 		return enforcement.Verdict{}, ErrClosed
 	case <-ctx.Done():
+		c.recycle()
 		return enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q: queued: %w", p.store.BucketKey(key, scope), ctx.Err())
 	}
 	select {
 	case <-c.done:
-		return c.v, c.err
+		v, err := c.v, c.err
+		c.recycle()
+		return v, err
 	case <-p.drained: // enqueued as Close drained the queue
 		return enforcement.Verdict{}, ErrClosed
 	case <-ctx.Done():
 		// The worker still completes the call; its verdict is dropped.
 		return enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q: %w", p.store.BucketKey(key, scope), ctx.Err())
 	}
+}
+
+// recycle returns a call its caller is done with to the pool.
+func (c *call) recycle() {
+	done := c.done
+	*c = call{done: done}
+	calls.Put(c)
 }
 
 // Close stops the workers after the pipelines on the wire complete; queued
@@ -153,8 +202,7 @@ func (p *Pipelined) Close(ctx context.Context) error {
 	for {
 		select {
 		case c := <-p.queue:
-			c.err = ErrClosed
-			close(c.done)
+			c.answer(enforcement.Verdict{}, ErrClosed)
 		default:
 			p.drainOnce.Do(func() { close(p.drained) })
 			return nil
@@ -165,7 +213,7 @@ func (p *Pipelined) Close(ctx context.Context) error {
 func (p *Pipelined) work() {
 	defer p.wg.Done()
 	batch := make([]*call, 0, p.cfg.MaxBatch)
-	cmds := make([]*redis.Cmd, 0, p.cfg.MaxBatch)
+	var b batchBuf
 	for {
 		batch = batch[:0]
 		select {
@@ -177,7 +225,7 @@ func (p *Pipelined) work() {
 		batch = p.fill(batch)
 		batch = p.dropAbandoned(batch)
 		if len(batch) > 0 {
-			cmds = p.run(batch, cmds[:0])
+			p.run(batch, &b)
 		}
 	}
 }
@@ -217,8 +265,7 @@ func (p *Pipelined) dropAbandoned(batch []*call) []*call {
 	kept := batch[:0]
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
-			c.err = err
-			close(c.done)
+			c.answer(enforcement.Verdict{}, err)
 			continue
 		}
 		kept = append(kept, c)
@@ -226,7 +273,15 @@ func (p *Pipelined) dropAbandoned(batch []*call) []*call {
 	return kept
 }
 
-func (p *Pipelined) run(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
+// batchBuf is one worker's reusable memory for the script calls of a batch.
+type batchBuf struct {
+	keys  []string
+	args  []byte
+	cmds  []*redis.Cmd
+	spans [][2]int // the calls of each script call: batch[from:to]
+}
+
+func (p *Pipelined) run(batch []*call, b *batchBuf) {
 	deadline := time.Now().Add(p.cfg.Timeout)
 	for _, c := range batch {
 		if d, ok := c.ctx.Deadline(); ok && d.After(deadline) {
@@ -235,49 +290,130 @@ func (p *Pipelined) run(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	cmds = p.exec(ctx, batch, cmds)
+	b.pack(p.store, batch)
+	b.spans = b.spans[:0]
+	if p.whole {
+		b.spans = append(b.spans, [2]int{0, len(batch)})
+	} else { // one slot per script: one call each
+		for i := range batch {
+			b.spans = append(b.spans, [2]int{i, i + 1})
+		}
+	}
+	b.cmds = b.cmds[:0]
+	p.exec(ctx, b, false)
 	// NOSCRIPT (a restarted or failed-over server): load the script and
 	// redo the calls it refused, once.
-	var retry []*call
-	for i, c := range batch {
-		if err := cmds[i].Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			retry = append(retry, c)
+	noscript := false
+	for _, cmd := range b.cmds {
+		if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			noscript = true
 		}
 	}
-	if len(retry) > 0 {
-		if err := bucketScript.Load(ctx, p.rdb).Err(); err == nil {
-			rcmds := p.exec(ctx, retry, nil)
-			j := 0
-			for i, c := range batch {
-				if j < len(retry) && retry[j] == c {
-					cmds[i] = rcmds[j]
-					j++
-				}
-			}
+	if noscript {
+		if err := batchScript.Load(ctx, p.rdb).Err(); err == nil {
+			p.exec(ctx, b, true)
 		}
 	}
-	for i, c := range batch {
-		c.v, c.err = p.verdict(c, cmds[i])
-		close(c.done)
+	for i, sp := range b.spans {
+		answer(batch[sp[0]:sp[1]], b.cmds[i])
 	}
-	return cmds
 }
 
-func (p *Pipelined) exec(ctx context.Context, batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
-	pipe := p.rdb.Pipeline()
+// pack lays out the keys and the packed numbers of every call in the batch.
+func (b *batchBuf) pack(s *Store, batch []*call) {
+	b.keys, b.args = b.keys[:0], b.args[:0]
 	for _, c := range batch {
-		keys, args := p.store.bucketCall(c.key, c.scope, c.lim, c.cost)
-		cmds = append(cmds, bucketScript.EvalSha(ctx, pipe, keys, args...))
+		c.bucketKey, c.quotaKey, c.quotaEnd = s.callKeys(c.key, c.scope, c.lim)
+		b.keys = append(b.keys, c.bucketKey, c.quotaKey)
+		for _, f := range [6]float64{c.lim.Rate, float64(c.lim.Burst), float64(c.cost), float64(c.lim.QuotaLimit), float64(c.quotaEnd), c.lim.SoftLimitPercent} {
+			b.args = binary.LittleEndian.AppendUint64(b.args, math.Float64bits(f))
+		}
+	}
+}
+
+// exec sends the script calls of b.spans (retry: only those refused with
+// NOSCRIPT, after a reload; the others' decisions are made): one EVALSHA
+// straight on the client when there is one call, else a pipeline.
+func (p *Pipelined) exec(ctx context.Context, b *batchBuf, retry bool) {
+	first := !retry
+	cmdOf := func(s redis.Scripter, sp [2]int) *redis.Cmd {
+		return batchScript.EvalSha(ctx, s, b.keys[2*sp[0]:2*sp[1]], b.args[48*sp[0]:48*sp[1]])
+	}
+	if len(b.spans) == 1 {
+		if first {
+			b.cmds = append(b.cmds, cmdOf(p.rdb, b.spans[0]))
+		} else if isNoScript(b.cmds[0]) {
+			b.cmds[0] = cmdOf(p.rdb, b.spans[0])
+		}
+		return
+	}
+	pipe := p.rdb.Pipeline()
+	for i, sp := range b.spans {
+		switch {
+		case first:
+			b.cmds = append(b.cmds, cmdOf(pipe, sp))
+		case isNoScript(b.cmds[i]):
+			b.cmds[i] = cmdOf(pipe, sp)
+		}
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
-	return cmds
 }
 
-func (p *Pipelined) verdict(c *call, cmd *redis.Cmd) (enforcement.Verdict, error) {
-	res, err := cmd.Int64Slice()
-	return verdictOf(p.store.BucketKey(c.key, c.scope), res, err)
+func isNoScript(cmd *redis.Cmd) bool {
+	err := cmd.Err()
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// answer reads one batch.lua reply and answers its calls.
+func answer(calls []*call, cmd *redis.Cmd) {
+	fail := func(err error) {
+		for _, c := range calls {
+			c.answer(enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q: %w", c.bucketKey, err))
+		}
+	}
+	reply, err := cmd.Slice()
+	if err != nil {
+		fail(err)
+		return
+	}
+	packed, ok := "", len(reply)%2 == 1
+	if ok {
+		packed, ok = reply[0].(string)
+	}
+	if !ok || len(packed) != 64*len(calls) {
+		fail(fmt.Errorf("%w: %d values", errBadReply, len(reply)))
+		return
+	}
+	// Decisions whose Redis call failed, listed after the packed results.
+	var failed map[int64]string
+	for i := 1; i+1 < len(reply); i += 2 {
+		n, _ := reply[i].(int64)
+		msg, _ := reply[i+1].(string)
+		if failed == nil {
+			failed = make(map[int64]string)
+		}
+		failed[n] = msg
+	}
+	for i, c := range calls {
+		if msg, bad := failed[int64(i+1)]; bad {
+			c.answer(enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q: %s", c.bucketKey, msg))
+			continue
+		}
+		var res [8]int64
+		for j := range res {
+			res[j] = int64(math.Float64frombits(le64(packed[64*i+8*j:])))
+		}
+		c.answer(verdictOf(c.bucketKey, res[:], nil))
+	}
+}
+
+// le64 is the little-endian uint64 at the start of s.
+func le64(s string) uint64 {
+	_ = s[7]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
 }
 
 // BucketScriptSource is the Lua source of the bucket script, for tools that
 // load it themselves (redis-benchmark comparisons).
-func BucketScriptSource() string { return bucketLua }
+func BucketScriptSource() string { return decideLua + bucketLua }

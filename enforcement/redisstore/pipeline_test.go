@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -134,6 +135,7 @@ func benchTake(b *testing.B, a enforcement.Authority, par int) {
 	}
 	var n atomic.Int64
 	b.SetParallelism(par)
+	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
@@ -201,4 +203,113 @@ func RedisBenchmarkScript(tb testing.TB, port, n, p int) float64 {
 	}
 	tb.Fatalf("redis-benchmark: no result in %s", out)
 	return 0
+}
+
+// batchOf makes a Pipelined store whose one worker waits (up to a minute,
+// never reached: the test sends that many at once) until n decisions are
+// queued, so that they go out as one batch: one EVALSHA of batch.lua.
+func batchOf(t *testing.T, c *redis.Client, prefix string, n int) *redisstore.Pipelined {
+	t.Helper()
+	p := redisstore.NewPipelined(c, prefix, redisstore.PipelineConfig{Workers: 1, MinBatch: n, MaxDelay: time.Minute})
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	return p
+}
+
+func evalshaCalls(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls="); ok {
+			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// TestPipelinedBatchIsOneCallInOrder: decisions batched into one script
+// call are each atomic and run in queue order, as separate calls would: ten
+// decisions on one key with burst 6 admit exactly 6, and the remaining
+// counts of the admitted ones are 5, 4, …, 0 — while Redis saw one EVALSHA.
+func TestPipelinedBatchIsOneCallInOrder(t *testing.T) {
+	r := testenv.StartRedis(t)
+	c := newClient(t, r.Addr())
+	if err := redisstore.New(c, "pbatch").Preload(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	p := batchOf(t, c, "pbatch", n)
+	lim := enforcement.Limit{Rate: 1.0 / 86400, Burst: 6} // one token a day: nothing refills meanwhile
+	before := evalshaCalls(t, c)
+	var mu sync.Mutex
+	var remaining []int64
+	var rejected int
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := p.Take(context.Background(), "one", "s", lim, 1)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if v.Allowed {
+				remaining = append(remaining, v.Remaining)
+			} else {
+				rejected++
+				if v.RetryAfter <= 0 {
+					t.Errorf("rejected with retry after %v", v.RetryAfter)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	slices.Sort(remaining)
+	if !slices.Equal(remaining, []int64{0, 1, 2, 3, 4, 5}) || rejected != 4 {
+		t.Fatalf("admitted with remaining %v, rejected %d; want 0…5 and 4", remaining, rejected)
+	}
+	if got := evalshaCalls(t, c) - before; got != 1 {
+		t.Fatalf("%d EVALSHA calls for one batch of %d", got, n)
+	}
+}
+
+// TestPipelinedBatchIsolatesAFailedDecision: a key of the wrong type makes
+// its own decision fail (the store's error, named), and the other decisions
+// of the same script call stand.
+func TestPipelinedBatchIsolatesAFailedDecision(t *testing.T) {
+	r := testenv.StartRedis(t)
+	c := newClient(t, r.Addr())
+	ctx := context.Background()
+	store := redisstore.New(c, "pbad")
+	if err := c.Set(ctx, store.BucketKey("bad", "s"), "not a hash", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := batchOf(t, c, "pbad", 3)
+	lim := enforcement.Limit{Rate: 1.0 / 86400, Burst: 5}
+	keys := []string{"good1", "bad", "good2"}
+	verdicts := make([]enforcement.Verdict, len(keys))
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			verdicts[i], errs[i] = p.Take(ctx, k, "s", lim, 1)
+		}()
+	}
+	wg.Wait()
+	for _, i := range []int{0, 2} {
+		if errs[i] != nil || !verdicts[i].Allowed || verdicts[i].Remaining != 4 {
+			t.Errorf("%s: %+v %v, want allowed with 4 left", keys[i], verdicts[i], errs[i])
+		}
+	}
+	if errs[1] == nil || !strings.Contains(errs[1].Error(), "WRONGTYPE") || !strings.Contains(errs[1].Error(), store.BucketKey("bad", "s")) {
+		t.Fatalf("bad key: %v, want the WRONGTYPE error naming its bucket", errs[1])
+	}
 }

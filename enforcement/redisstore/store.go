@@ -16,10 +16,19 @@ import (
 	"github.com/ratewarden/ratewarden/limits"
 )
 
-//go:embed bucket.lua
-var bucketLua string
+// The decision itself is decide.lua, one Lua function; bucket.lua runs it
+// once per call (Store), batch.lua many times (Pipelined).
+var (
+	//go:embed decide.lua
+	decideLua string
+	//go:embed bucket.lua
+	bucketLua string
+	//go:embed batch.lua
+	batchLua string
 
-var bucketScript = redis.NewScript(bucketLua)
+	bucketScript = redis.NewScript(decideLua + bucketLua)
+	batchScript  = redis.NewScript(decideLua + batchLua)
+)
 
 // Store is an enforcement.Authority backed by Redis. It is safe for
 // concurrent use.
@@ -65,9 +74,15 @@ func (s *Store) Take(ctx context.Context, key, scope string, lim enforcement.Lim
 
 // bucketCall is the KEYS and ARGV of one bucket decision.
 func (s *Store) bucketCall(key, scope string, lim enforcement.Limit, cost int64) (keys []string, args []any) {
-	bucketKey := s.BucketKey(key, scope)
-	quotaKey := bucketKey // unused by the script without a quota; same slot either way
-	var quotaEnd int64
+	bucketKey, quotaKey, quotaEnd := s.callKeys(key, scope, lim)
+	return []string{bucketKey, quotaKey}, []any{lim.Rate, lim.Burst, cost, lim.QuotaLimit, quotaEnd, lim.SoftLimitPercent}
+}
+
+// callKeys is the bucket key, the quota key and the quota window's end (ms)
+// of one decision.
+func (s *Store) callKeys(key, scope string, lim enforcement.Limit) (bucketKey, quotaKey string, quotaEnd int64) {
+	bucketKey = s.BucketKey(key, scope)
+	quotaKey = bucketKey // unused by the script without a quota; same slot either way
 	if lim.HasQuota() {
 		// The quota window is chosen on the caller's clock: a few ms of skew
 		// between replicas only moves which side of midnight a request near
@@ -76,7 +91,7 @@ func (s *Store) bucketCall(key, scope string, lim enforcement.Limit, cost int64)
 		quotaKey = s.QuotaKey(key, lim.QuotaID, start)
 		quotaEnd = end.UnixMilli()
 	}
-	return []string{bucketKey, quotaKey}, []any{lim.Rate, lim.Burst, cost, lim.QuotaLimit, quotaEnd, lim.SoftLimitPercent}
+	return bucketKey, quotaKey, quotaEnd
 }
 
 // verdictOf reads the script's reply, checking its shape.
@@ -101,11 +116,14 @@ func verdictOf(bucketKey string, res []int64, err error) (enforcement.Verdict, e
 
 var errBadReply = errors.New("unexpected reply shape")
 
-// Preload loads the script into every reachable server so that the first
+// Preload loads the scripts into every reachable server so that the first
 // decisions do not pay for a NOSCRIPT round trip.
 func (s *Store) Preload(ctx context.Context) error {
 	if err := bucketScript.Load(ctx, s.rdb).Err(); err != nil {
 		return fmt.Errorf("load bucket script: %w", err)
+	}
+	if err := batchScript.Load(ctx, s.rdb).Err(); err != nil {
+		return fmt.Errorf("load batch bucket script: %w", err)
 	}
 	return nil
 }
