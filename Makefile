@@ -56,9 +56,16 @@ down:
 up-test:
 	$(GO) test -count=1 -v -run 'TestUpDown' ./deploy/deploytest/
 
-# Hot keys and scale-out benchmarks (issue 5): starts its own redis-server and
-# limiter processes on free loopback ports, drives them with wrk and
-# cmd/loadgen, and writes the section "## Hot keys and scale-out" of
-# BENCHMARKS.md. WRK_SECONDS / LG_SECONDS shorten it for a smoke run.
-bench:
+# The benchmarks. First /check against the HTTP floor (issue 15,
+# bench/floor.sh: throughput and fixed-rate latency interleaved with the
+# floor, the local tier's rejection; prints the ratios in one table and
+# writes "## /check against the HTTP floor" of BENCHMARKS.md), then hot keys
+# and scale-out (issue 5, bench/run.sh: "## Hot keys and scale-out"). Each
+# starts its own redis-server, limiter and floor processes on free loopback
+# ports. WRK_SECONDS / LAT_SECONDS / LG_SECONDS shorten them for a smoke run.
+.PHONY: bench-floor
+bench: bench-floor
 	@bench/run.sh
+
+bench-floor:
+	@bench/floor.sh

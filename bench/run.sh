@@ -143,7 +143,7 @@ echo "bench: lease and split measurements (go test -v)" >&2
 # ---- 2. HTTP: bare handler, allowed path, flood ----
 echo "bench: wrk runs (${WRK_SECONDS}s each)" >&2
 BPORT=$(free_port)
-"$OUT/bin/barejson" -addr "127.0.0.1:$BPORT" 2>>"$OUT/barejson.log" &
+"$OUT/bin/barejson" -fixed -addr "127.0.0.1:$BPORT" 2>>"$OUT/barejson.log" &
 PIDS+=($!)
 BARE_PID=$!
 wait_port "$BPORT"
@@ -297,14 +297,14 @@ wait "$PROF2_PID" 2>/dev/null || true
   echo
   echo "| stack | req/s | p50 | p99 | Redis scripts during the run |"
   echo "|---|---:|---:|---:|---:|"
-  echo "| /check, redisstore.Store (as cmd/limiter today; profiled, below) | $prof_rps | – | – | – |"
-  echo "| /check, redisstore.Pipelined | $pipe_rps | $pipe_p50 | $pipe_p99 | $((p1 - p0)) |"
+  echo "| /check, redisstore.Store (the plain store: one EVALSHA round trip per decision; profiled, below) | $prof_rps | – | – | – |"
+  echo "| /check, redisstore.Pipelined (what cmd/limiter runs) | $pipe_rps | $pipe_p50 | $pipe_p99 | $((p1 - p0)) |"
   echo
 } >>"$S"
 {
   echo "### What limits throughput: CPU profile of the /check stack (allowed path, wrk uniform, $prof_rps req/s while profiled)"
   echo
-  echo "bench/profile serves POST /check with cmd/limiter's stack (policy, guard, redisstore, Limiter, httpapi) and writes a CPU profile."
+  echo "bench/profile serves POST /check with the plain store behind the guard (policy, guard, redisstore.Store, Limiter, httpapi; cmd/limiter runs redisstore.Pipelined, see bench/floor.sh's section for its figures) and writes a CPU profile."
   echo
   echo '```'
   echo "\$ go tool pprof -top -nodecount=25 $OUT/bin/profile $OUT/cpu.pprof"

@@ -37,6 +37,10 @@ type options struct {
 	leaseHot     float64
 	leaseTimeout time.Duration
 	pipeline     bool
+	// fromSchedule: at a fixed rate, latency counts from when the request
+	// was due (open model: a request held up by the load tool or a busy
+	// machine counts as late), not from when it was sent.
+	fromSchedule bool
 
 	duration time.Duration
 	rate     float64 // decisions per second in total; 0 = flat out
@@ -83,6 +87,7 @@ func main() {
 	flag.Int64Var(&o.limitBurst, "limit-burst", 0, "the keys' burst (in-process: required; HTTP: taken from responses when 0)")
 	flag.StringVar(&o.jsonOut, "json", "", "also write the result as JSON to this file")
 	flag.StringVar(&o.label, "label", "", "a label for the result")
+	flag.BoolVar(&o.fromSchedule, "from-schedule", false, "with -rate: measure latency from when each request was due (open model), not from its send")
 	flag.Parse()
 	for _, u := range strings.Split(urls, ",") {
 		if u = strings.TrimSpace(u); u != "" {

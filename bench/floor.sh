@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# The limiter against the HTTP floor (issue 15), in one run on this machine:
+# throughput of POST /check (the allowed path over 10,000 keys, a flood on
+# one key) next to the floor — net/http decoding and encoding the /check
+# JSON and doing no other work (bench/barejson) — under the same wrk load,
+# interleaved (floor, allowed, flood, floor, allowed, flood) so the
+# machine's noise shows; the local tier's rejection (go test -bench); and
+# latency at a fixed rate (open model), interleaved floor, limiter, floor,
+# limiter: client-side p50/p99/p99.9 for both and the limiter's own decision
+# latency from its histogram. Prints one table of ratios and writes the
+# section "## /check against the HTTP floor" of BENCHMARKS.md (replacing the
+# previous one; other sections are left alone). Starts its own redis-server,
+# limiter and floor processes on free loopback ports.
+#
+#   WRK_SECONDS (default 20)   each wrk run
+#   LAT_SECONDS (default 20)   each fixed-rate run
+#   LAT_RATE    (default 5000) requests per second of the fixed-rate runs
+#   BENCH_OUT   (default: a temporary directory) raw outputs
+#   BENCHMARKS_FILE (default: BENCHMARKS.md of this tree)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+GO=${GO:-go}
+WRK_SECONDS=${WRK_SECONDS:-20}
+LAT_SECONDS=${LAT_SECONDS:-20}
+LAT_RATE=${LAT_RATE:-5000}
+OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-floor.XXXXXX)}
+MD=${BENCHMARKS_FILE:-$ROOT/BENCHMARKS.md}
+mkdir -p "$OUT/bin"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]:-}"; do
+    [ -n "$p" ] && kill "$p" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+for tool in redis-server redis-cli wrk curl; do
+  command -v "$tool" >/dev/null || { echo "bench: $tool is not installed" >&2; exit 1; }
+done
+echo "bench: building into $OUT/bin" >&2
+$GO build -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/barejson
+
+free_port() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 30000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+  done
+}
+wait_port() {
+  for _ in $(seq 1 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "bench: nothing listens on $1" >&2
+  exit 1
+}
+load() { cut -d' ' -f1 /proc/loadavg; }
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+us_per() { # ticks-before ticks-after requests -> µs of CPU per request
+  awk -v a="$1" -v b="$2" -v n="$3" -v hz="$(getconf CLK_TCK)" 'BEGIN {if (n > 0) printf "%.0f", (b - a) * 1e6 / hz / n; else print "–"}'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "–"}'; }
+
+RPORT=$(free_port)
+redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$OUT" --loglevel warning >"$OUT/redis.log" 2>&1 &
+RPID=$!
+PIDS+=($RPID)
+wait_port "$RPORT"
+FPORT=$(free_port)
+"$OUT/bin/barejson" -addr "127.0.0.1:$FPORT" 2>>"$OUT/floor.log" &
+FPID=$!
+PIDS+=($FPID)
+wait_port "$FPORT"
+LPORT=$(free_port)
+# LIMITER_STORE_TIMEOUT as in bench/run.sh: on two cores shared with the
+# load tool the default 5 ms deadline would measure degraded decisions.
+env LIMITER_ADDR="127.0.0.1:$LPORT" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
+  LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" KAFKA_BROKERS= "$OUT/bin/limiter" 2>>"$OUT/limiter.log" &
+LPID=$!
+PIDS+=($LPID)
+wait_port "$LPORT"
+
+START_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
+START_TIME=$(date -u +%Y-%m-%dT%H:%MZ)
+
+# ---- throughput: floor, allowed, flood; twice ----
+wrk_run() { # name port script pid -> "rps p50 p99 load server-µs redis-µs"
+  local name=$1 port=$2 script=$3 pid=$4 l t0 t1 r0 r1 rps
+  l=$(load)
+  t0=$(ticks "$pid")
+  r0=$(ticks "$RPID")
+  wrk -t2 -c32 -d"${WRK_SECONDS}s" --latency -s "bench/wrk/$script.lua" "http://127.0.0.1:$port/check" >"$OUT/$name.wrk" 2>&1
+  t1=$(ticks "$pid")
+  r1=$(ticks "$RPID")
+  rps=$(awk '/^Requests\/sec/ {print $2}' "$OUT/$name.wrk")
+  local n
+  n=$(awk -v r="$rps" -v s="$WRK_SECONDS" 'BEGIN {printf "%.0f", r * s}')
+  echo "$rps $(awk '$1 == "50%" {print $2}' "$OUT/$name.wrk") $(awk '$1 == "99%" {print $2}' "$OUT/$name.wrk") $l $(us_per "$t0" "$t1" "$n") $(us_per "$r0" "$r1" "$n")"
+}
+declare -A T
+for pass in 1 2; do
+  echo "bench: pass $pass: floor, allowed, flood (wrk ${WRK_SECONDS}s each)" >&2
+  T[floor$pass]=$(wrk_run "floor$pass" "$FPORT" uniform "$FPID")
+  T[allowed$pass]=$(wrk_run "allowed$pass" "$LPORT" uniform "$LPID")
+  T[flood$pass]=$(wrk_run "flood$pass" "$LPORT" flood "$LPID")
+done
+field() { echo "${T[$1]}" | awk -v i="$2" '{print $i}'; }
+decisions=$(curl -s "http://127.0.0.1:$LPORT/metrics" | awk '/^limiter_decisions_total/ {printf "%s %s; ", $1, $2}')
+
+# ---- latency at a fixed rate: floor, limiter; twice ----
+hist() { # the limiter's decision-latency histogram: "le count" lines
+  curl -s "http://127.0.0.1:$LPORT/metrics" | awk -F'[{}" ]+' '/^limiter_decision_duration_seconds_bucket/ {print $3, $NF}'
+}
+quantiles() { # before after -> "p50 p99 p99.9" in µs, linear within buckets (as histogram_quantile)
+  paste "$1" "$2" | awk '
+    {le[NR] = $1; n[NR] = $4 - $2}
+    END {
+      total = n[NR]
+      split("0.5 0.99 0.999", q, " ")
+      for (j = 1; j <= 3; j++) {
+        want = q[j] * total; prev = 0; lo = 0; out = "–"
+        for (i = 1; i <= NR; i++) {
+          if (n[i] >= want) {
+            if (le[i] == "+Inf") { out = ">" lo * 1e6; break }
+            out = sprintf("%.0f", (lo + (le[i] - lo) * (want - prev) / (n[i] - prev > 0 ? n[i] - prev : 1)) * 1e6)
+            break
+          }
+          prev = n[i]; lo = le[i]
+        }
+        printf "%s%s", out, (j < 3 ? " " : "\n")
+      }
+    }'
+}
+lat_run() { # name url -> "p50 p99 p999 dropped errors load"
+  local l
+  l=$(load)
+  "$OUT/bin/loadgen" -url "$2" -rate "$LAT_RATE" -from-schedule -duration "${LAT_SECONDS}s" -conns 32 -keys 10000 \
+    -dist uniform -label "$1" -json "$OUT/$1.json" >"$OUT/$1.txt"
+  awk -v l="$l" '/^  summary / {
+    for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+    print v["p50"], v["p99"], v["p999"], v["dropped"], v["errors"], l }' "$OUT/$1.txt"
+}
+declare -A L
+for pass in 1 2; do
+  echo "bench: pass $pass: latency at $LAT_RATE req/s (${LAT_SECONDS}s each), floor then limiter" >&2
+  L[floor$pass]=$(lat_run "lat-floor$pass" "http://127.0.0.1:$FPORT/check")
+  hist >"$OUT/hist-before$pass"
+  L[limiter$pass]=$(lat_run "lat-limiter$pass" "http://127.0.0.1:$LPORT/check")
+  hist >"$OUT/hist-after$pass"
+  L[own$pass]=$(quantiles "$OUT/hist-before$pass" "$OUT/hist-after$pass")
+done
+lfield() { echo "${L[$1]}" | awk -v i="$2" '{print $i}'; }
+
+# ---- the local tier's rejection ----
+echo "bench: go test -bench LocalReject" >&2
+rej_load=$(load)
+$GO test -run '^$' -bench 'LocalReject$' -benchmem -benchtime 1s -count 5 ./enforcement/ 2>&1 | grep -E '^BenchmarkLocalReject' >"$OUT/reject.txt" || true
+rej_min=$(awk '{print $3}' "$OUT/reject.txt" | sort -n | head -1)
+rej_med=$(awk '{print $3}' "$OUT/reject.txt" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
+rej_allocs=$(awk '{print $(NF-1)}' "$OUT/reject.txt" | sort -n | tail -1)
+END_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---- the section ----
+ra1=$(ratio "$(field allowed1 1)" "$(field floor1 1)")
+ra2=$(ratio "$(field allowed2 1)" "$(field floor2 1)")
+rf1=$(ratio "$(field flood1 1)" "$(field floor1 1)")
+rf2=$(ratio "$(field flood2 1)" "$(field floor2 1)")
+S="$OUT/section.md"
+{
+  echo "## /check against the HTTP floor"
+  echo
+  echo "Written by \`bench/floor.sh\` (\`make bench\`, or \`make bench-floor\` alone) on $START_TIME, $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),"
+  echo "$(redis-server --version | awk '{print $1, $2, $3}'), Go $($GO env GOVERSION). One redis-server, the limiter (LIMITER_STORE_TIMEOUT=${BENCH_STORE_TIMEOUT:-100ms}),"
+  echo "the floor and the load tool share the cores. **The floor** is \`bench/barejson\`: net/http decoding the /check request and"
+  echo "encoding a /check response with encoding/json, no other work. Load average (1 min) at the start $START_LOAD, at the end $END_LOAD;"
+  echo "each row has the 1-minute load average when it started (other sessions' work competes for the same two cores:"
+  echo "compare rows of one pass, not passes). Raw outputs: \`$OUT\`."
+  echo
+  echo "| comparison (issue 15) | pass 1 | pass 2 | target |"
+  echo "|---|---:|---:|---|"
+  echo "| allowed path ÷ floor, req/s (wrk -t2 -c32, 10,000 keys) | $ra1 | $ra2 | ≥ 0.55 |"
+  echo "| flood on one key ÷ floor, req/s | $rf1 | $rf2 | ≥ 0.95 |"
+  echo "| client p99 at $LAT_RATE req/s: limiter − floor | $(awk -v a="$(lfield limiter1 2)" -v b="$(lfield floor1 2)" 'BEGIN {printf "%+d µs", a - b}') | $(awk -v a="$(lfield limiter2 2)" -v b="$(lfield floor2 2)" 'BEGIN {printf "%+d µs", a - b}') | ≤ 1 ms |"
+  echo "| limiter's own decision p99 at $LAT_RATE req/s (its histogram) | $(echo "${L[own1]}" | awk '{print $2}') µs | $(echo "${L[own2]}" | awk '{print $2}') µs | ≤ 1 ms |"
+  echo "| local-tier rejection (\`BenchmarkLocalReject\`, 5 × 1 s): min / median ns, allocs | $rej_min / $rej_med ns, $rej_allocs allocs (load $rej_load) | | ≤ 100 ns, 0 allocs |"
+  echo
+  echo "### Throughput (\`wrk -t2 -c32 -d${WRK_SECONDS}s --latency\`), floor, allowed, flood; twice"
+  echo
+  echo "CPU per request is the server process's user + system time over the run (/proc/PID/stat) ÷ requests answered;"
+  echo "Redis's is redis-server's over the same run."
+  echo
+  echo "| pass | run | req/s | ÷ floor | p50 | p99 | server CPU µs/req | Redis CPU µs/req | load |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  for pass in 1 2; do
+    for run in floor allowed flood; do
+      f="${T[$run$pass]}"
+      desc=$run
+      case $run in
+        floor) desc="floor (bench/barejson), bench/wrk/uniform.lua" ;;
+        allowed) desc="/check allowed path, bench/wrk/uniform.lua" ;;
+        flood) desc="/check flood on flood_key (10/s), bench/wrk/flood.lua" ;;
+      esac
+      echo "| $pass | $desc | $(echo "$f" | awk '{print $1}') | $(ratio "$(echo "$f" | awk '{print $1}')" "$(field floor$pass 1)") | $(echo "$f" | awk '{print $2}') | $(echo "$f" | awk '{print $3}') | $(echo "$f" | awk '{print $5}') | $([ "$run" = floor ] && echo – || echo "$f" | awk '{print $6}') | $(echo "$f" | awk '{print $4}') |"
+    done
+  done
+  echo
+  echo "Decision counters after the throughput runs: \`$decisions\`"
+  echo
+  echo "### Latency at a fixed $LAT_RATE req/s (open model), floor, limiter, floor, limiter"
+  echo
+  echo "\`loadgen -url <server>/check -rate $LAT_RATE -from-schedule -duration ${LAT_SECONDS}s -conns 32 -keys 10000 -dist uniform\`: client-side"
+  echo "latency from when each request was due (so a request the load tool or the machine held up counts as late), HDR"
+  echo "histogram. The limiter's own latency is its \`limiter_decision_duration_seconds\` histogram over the same run (decision"
+  echo "start to verdict, excluding HTTP and the client's scheduling), quantiles interpolated within its buckets (25, 50, 100,"
+  echo "250, 500 µs, 1, 2.5, 5 ms …) as \`histogram_quantile\` does."
+  echo
+  echo "| pass | server | client p50 µs | client p99 µs | client p99.9 µs | own p50 µs | own p99 µs | own p99.9 µs | dropped / errors | load |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  for pass in 1 2; do
+    f="${L[floor$pass]}"
+    echo "| $pass | floor | $(echo "$f" | awk '{print $1 " | " $2 " | " $3}') | – | – | – | $(echo "$f" | awk '{print $4 " / " $5 " | " $6}') |"
+    f="${L[limiter$pass]}"
+    echo "| $pass | limiter | $(echo "$f" | awk '{print $1 " | " $2 " | " $3}') | $(echo "${L[own$pass]}" | awk '{print $1 " | " $2 " | " $3}') | $(echo "$f" | awk '{print $4 " / " $5 " | " $6}') |"
+  done
+  echo
+  echo "### Local tier (\`go test -run '^\$' -bench 'LocalReject\$' -benchmem -benchtime 1s -count 5 ./enforcement/\`)"
+  echo
+  echo '```'
+  cat "$OUT/reject.txt"
+  echo '```'
+  echo
+} >"$S"
+cat "$S"
+
+touch "$MD"
+awk '
+  /^## \/check against the HTTP floor/ {skip=1; next}
+  skip && /^## / {skip=0}
+  !skip {print}' "$MD" >"$OUT/BENCHMARKS.rest"
+# The section goes first, after the file's title block (the lines before
+# the first "## ").
+awk -v sec="$S" '
+  !done && /^## / { while ((getline line < sec) > 0) print line; print ""; done=1 }
+  {print}
+  END { if (!done) while ((getline line < sec) > 0) print line }' "$OUT/BENCHMARKS.rest" | cat -s >"$OUT/BENCHMARKS.new"
+cp "$OUT/BENCHMARKS.new" "$MD"
+echo "bench: wrote the section to $MD (raw outputs in $OUT)" >&2
