@@ -1,0 +1,41 @@
+package guard_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratewarden/ratewarden/enforcement/guard"
+	"github.com/ratewarden/ratewarden/internal/testenv"
+)
+
+// BenchmarkGuardedPipelined: shared-tier decisions as cmd/limiter makes
+// them over one server (the guard's deadline and breaker around the
+// auto-pipelined store), 10,000 keys, 16 goroutines per core, with the
+// allocations per decision: what the guard adds to the store's own.
+func BenchmarkGuardedPipelined(b *testing.B) {
+	r := testenv.StartRedis(b)
+	p := pipelined(b, client(b, r.Addr()), "gbench", 100*time.Millisecond)
+	g := guard.New(p, guard.Settings{Timeout: 100 * time.Millisecond}, nil, nil)
+	keys := make([]string, 10000)
+	for i := range keys {
+		keys[i] = "acct_" + strconv.Itoa(i)
+	}
+	var n atomic.Int64
+	b.SetParallelism(16)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx, cancel := context.WithCancel(context.Background()) // as net/http's request context
+		defer cancel()
+		for pb.Next() {
+			if _, err := g.Take(ctx, keys[n.Add(1)%int64(len(keys))], "api", roomy, 1); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+}
