@@ -10,7 +10,7 @@ import (
 const DefaultKeyPrefix = "rl"
 
 // QuotaKeyGrace is how long a quota counter outlives its window: the bucket
-// script (enforcement/redisstore/bucket.lua) sets PEXPIREAT window end + 60 s
+// script (enforcement/redisstore/decide.lua) sets PEXPIREAT window end + 60 s
 // on every spend, and the reconciler sets the same, so that a counter read
 // at the very end of a window by a replica whose clock is a little behind is
 // still there.
