@@ -231,6 +231,7 @@ S="$OUT/section.md"
   cat "$OUT/reject.txt"
   echo '```'
   echo
+  cat bench/floor-notes.md
 } >"$S"
 cat "$S"
 
