@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 )
 
 // config is everything the limiter reads from its environment.
@@ -17,6 +18,8 @@ type config struct {
 	PolicyFile        string
 	KafkaBrokers      []string
 	KafkaTopic        string
+	Kafka             *kafkaconn.Security // KAFKA_SASL_*, KAFKA_TLS*: how to reach the brokers
+	KafkaCheckEvery   time.Duration       // LIMITER_KAFKA_CHECK_EVERY: between connection checks
 	ExpectedInstances int
 	AuthToken         string
 	InstanceID        string
@@ -54,6 +57,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 		PolicyFile:        e.String("POLICY_FILE", "deploy/policy.yaml"),
 		KafkaBrokers:      e.List("KAFKA_BROKERS"),
 		KafkaTopic:        e.String("KAFKA_TOPIC", "ratelimit.decisions"),
+		Kafka:             kafkaconn.FromEnv(e, getenv),
+		KafkaCheckEvery:   e.Duration("LIMITER_KAFKA_CHECK_EVERY", 10*s, 100*ms, time.Hour),
 		ExpectedInstances: int(e.Int("LIMITER_EXPECTED_INSTANCES", 1, 1, 100000)),
 		AuthToken:         e.String("LIMITER_AUTH_TOKEN", ""),
 		InstanceID:        e.String("LIMITER_INSTANCE_ID", fmt.Sprintf("%s-%d", host, os.Getpid())),

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/metering/kafkaemit"
 )
 
@@ -21,7 +22,20 @@ func newEmitter(cfg config, reg prometheus.Registerer, log *slog.Logger) (closab
 		Brokers:  cfg.KafkaBrokers,
 		Topic:    cfg.KafkaTopic,
 		Buffer:   cfg.EmitBuffer,
+		TLS:      cfg.Kafka.TLS,
+		SASL:     cfg.Kafka.SASL,
 		Logger:   log,
 		Registry: reg,
+	})
+}
+
+// newKafkaChecker checks the emitter's connection settings (TLS, SASL) at
+// start and every LIMITER_KAFKA_CHECK_EVERY: a refused credential is an
+// error line at start, a reason in /readyz and a counted metric, instead
+// of every event dropped in silence.
+func newKafkaChecker(cfg config, reg prometheus.Registerer, log *slog.Logger) (*kafkaconn.Checker, error) {
+	return kafkaconn.NewChecker(kafkaconn.CheckerConfig{
+		Brokers: cfg.KafkaBrokers, Security: cfg.Kafka, ClientID: "limiter",
+		Every: cfg.KafkaCheckEvery, Logger: log, Registry: reg,
 	})
 }

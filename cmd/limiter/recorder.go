@@ -48,15 +48,46 @@ func (m *meteringRecorder) Record(req enforcement.Request, d enforcement.Decisio
 	})
 }
 
-// buildRecorder starts the Kafka emitter when KAFKA_BROKERS is set.
-func buildRecorder(cfg config, reg prometheus.Registerer, log *slog.Logger) (enforcement.Recorder, func(context.Context) error, error) {
+// meteringParts is the Kafka side of the limiter: the recorder that turns
+// decisions into events, and what run needs to report and stop it.
+type meteringParts struct {
+	rec   enforcement.Recorder            // nil when metering is off
+	close func(ctx context.Context) error // stops the checker, flushes the emitter
+	ready func() (bool, string)           // nil when metering is off
+	onHUP func()                          // re-reads the Kafka password
+}
+
+// buildRecorder starts the Kafka emitter and its connection checker when
+// KAFKA_BROKERS is set.
+func buildRecorder(cfg config, reg prometheus.Registerer, log *slog.Logger) (meteringParts, error) {
 	if len(cfg.KafkaBrokers) == 0 {
 		log.Warn("KAFKA_BROKERS is empty: metering is off, decisions are not recorded")
-		return nil, func(context.Context) error { return nil }, nil
+		return meteringParts{close: func(context.Context) error { return nil }, onHUP: func() {}}, nil
+	}
+	for _, w := range cfg.Kafka.Warnings() {
+		log.Warn(w)
 	}
 	em, err := newEmitter(cfg, reg, log)
 	if err != nil {
-		return nil, nil, err
+		return meteringParts{}, err
 	}
-	return &meteringRecorder{sink: em, ids: metering.NewIDs(), instance: cfg.InstanceID}, em.Close, nil
+	checker, err := newKafkaChecker(cfg, reg, log)
+	if err != nil {
+		_ = em.Close(context.Background())
+		return meteringParts{}, err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); checker.Run(ctx) }()
+	return meteringParts{
+		rec: &meteringRecorder{sink: em, ids: metering.NewIDs(), instance: cfg.InstanceID},
+		close: func(ctx context.Context) error {
+			stop()
+			<-done
+			return em.Close(ctx)
+		},
+		ready: checker.Ready,
+		// The check re-reads the password first, and logs a change.
+		onHUP: checker.Recheck,
+	}, nil
 }

@@ -33,6 +33,9 @@ type policyReloader struct {
 	results *prometheus.CounterVec
 	info    *prometheus.GaugeVec
 	lastOK  prometheus.Gauge
+	// alsoOnHUP run on SIGHUP after the policy is re-read (the one SIGHUP
+	// handler of the binary): re-reading rotated connection secrets.
+	alsoOnHUP []func()
 }
 
 func newPolicyReloader(path string, target interface{ SetPolicy(enforcement.Policy) }, reg prometheus.Registerer, log *slog.Logger) *policyReloader {
@@ -143,6 +146,9 @@ func (r *policyReloader) run(ctx context.Context, hup <-chan os.Signal) {
 			return
 		case <-hup:
 			r.reload("SIGHUP")
+			for _, f := range r.alsoOnHUP {
+				f()
+			}
 		case ev := <-events:
 			name := filepath.Base(ev.Name)
 			if name == filepath.Base(r.path) || name == "..data" {

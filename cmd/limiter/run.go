@@ -51,7 +51,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	hot := hotkeys.New(hotkeys.Config{Owner: auth.info.owner})
 	reg.MustRegister(hotkeys.NewCollector(hot))
 
-	rec, closeRecorder, err := buildRecorder(cfg, reg, log)
+	meter, err := buildRecorder(cfg, reg, log)
 	if err != nil {
 		return err
 	}
@@ -68,7 +68,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		DegradedCeiling:   enforcement.Limit{Rate: cfg.DegradedRate, Burst: cfg.DegradedBurst},
 		MaxKeys:           cfg.MaxKeys,
 		Observer:          hotkeys.Observer{Tracker: hot, Next: metrics},
-		Recorder:          rec,
+		Recorder:          meter.rec,
 		Shadow:            sh,
 	})
 	if err != nil {
@@ -81,6 +81,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	reloader := newPolicyReloader(cfg.PolicyFile, lim, reg, log)
 	reloader.set(pol)
+	// SIGHUP also re-reads the secrets of the connections that can rotate
+	// them without a restart.
+	reloader.alsoOnHUP = append(reloader.alsoOnHUP, meter.onHUP)
 	stopReload := reloader.start(ctx)
 	defer stopReload()
 
@@ -91,7 +94,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, readiness(auth.info, lim.StoreFailing(), reloader.current()))
+		writeJSON(w, http.StatusOK, readiness(auth.info, lim.StoreFailing(), reloader.current(), meter.ready))
 	})
 	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot)))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -130,7 +133,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	// policy watcher, the limiter, and last the event buffer, which flushes.
 	err = errors.Join(srv.Shutdown(shutCtx), stopGRPC(shutCtx))
 	stopReload()
-	err = errors.Join(err, lim.Close(shutCtx), closeShadow(shutCtx), closeFleet(shutCtx), auth.close(shutCtx), closeRecorder(shutCtx))
+	err = errors.Join(err, lim.Close(shutCtx), closeShadow(shutCtx), closeFleet(shutCtx), auth.close(shutCtx), meter.close(shutCtx))
 	return err
 }
 
@@ -398,6 +401,17 @@ type readyBody struct {
 	Breaker string     `json:"breaker,omitempty"`
 	Reason  string     `json:"reason,omitempty"`
 	Policy  policyInfo `json:"policy"`
+	// Metering is the Kafka connection of the decision events; absent
+	// when metering is off.
+	Metering *meteringStatus `json:"metering,omitempty"`
+}
+
+// meteringStatus is "ok", or "failing" with the reason (a refused
+// credential, an untrusted certificate, no broker): events are being
+// dropped and counted meanwhile.
+type meteringStatus struct {
+	Status string `json:"status"`
+	Reason string `json:"reason,omitempty"`
 }
 
 type policyInfo struct {
@@ -408,9 +422,17 @@ type policyInfo struct {
 
 // readiness is always 200: a limiter whose shared store is down still
 // serves (degraded), and taking it out of rotation would turn a store
-// outage into a platform outage. The body says which.
-func readiness(s storeInfo, storeFailing bool, p policyInfo) readyBody {
+// outage into a platform outage; the same holds, more so, for a Kafka that
+// refuses the metering credential (enforcement never waits on accounting).
+// The body says which.
+func readiness(s storeInfo, storeFailing bool, p policyInfo, metering func() (bool, string)) readyBody {
 	b := readyBody{Status: "ok", Store: s.kind, Policy: p}
+	if metering != nil {
+		b.Metering = &meteringStatus{Status: "ok"}
+		if ok, why := metering(); !ok {
+			b.Metering = &meteringStatus{Status: "failing", Reason: why}
+		}
+	}
 	if s.states == nil {
 		return b
 	}

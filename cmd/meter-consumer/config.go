@@ -7,19 +7,22 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/schema"
 )
 
 // config is everything the binary reads from the environment (CONTRACT.md,
 // "meter-consumer"), plus tuning knobs prefixed METER_.
 type config struct {
-	KafkaBrokers   []string // KAFKA_BROKERS, required
-	KafkaTopic     string   // KAFKA_TOPIC
-	ClickHouseAddr string   // CLICKHOUSE_ADDR (native protocol)
-	Database       string   // CLICKHOUSE_DATABASE
-	MeterAddr      string   // METER_ADDR: /healthz, /readyz, /metrics
-	WebhookURL     string   // WEBHOOK_URL: empty = notifier off
-	WebhookSecret  string   // WEBHOOK_SECRET: whsec_<base64>, required with WEBHOOK_URL
+	KafkaBrokers    []string            // KAFKA_BROKERS, required
+	KafkaTopic      string              // KAFKA_TOPIC
+	Kafka           *kafkaconn.Security // KAFKA_SASL_*, KAFKA_TLS*: how to reach the brokers
+	KafkaCheckEvery time.Duration       // METER_KAFKA_CHECK_EVERY: between connection checks
+	ClickHouseAddr  string              // CLICKHOUSE_ADDR (native protocol)
+	Database        string              // CLICKHOUSE_DATABASE
+	MeterAddr       string              // METER_ADDR: /healthz, /readyz, /metrics
+	WebhookURL      string              // WEBHOOK_URL: empty = notifier off
+	WebhookSecret   string              // WEBHOOK_SECRET: whsec_<base64>, required with WEBHOOK_URL
 
 	BatchSize      int           // METER_BATCH_SIZE, messages per ClickHouse batch
 	BatchWait      time.Duration // METER_BATCH_WAIT, longest a message waits in a batch
@@ -40,23 +43,25 @@ type config struct {
 func loadConfig(getenv func(string) string) (config, error) {
 	e := envconfig.New(getenv)
 	c := config{
-		KafkaBrokers:   e.List("KAFKA_BROKERS"),
-		KafkaTopic:     e.String("KAFKA_TOPIC", "ratelimit.decisions"),
-		ClickHouseAddr: e.String("CLICKHOUSE_ADDR", "127.0.0.1:9000"),
-		Database:       e.String("CLICKHOUSE_DATABASE", "ratelimit"),
-		MeterAddr:      e.String("METER_ADDR", "127.0.0.1:8082"),
-		WebhookURL:     e.String("WEBHOOK_URL", ""),
-		WebhookSecret:  e.String("WEBHOOK_SECRET", ""),
-		BatchSize:      int(e.Int("METER_BATCH_SIZE", 50_000, 1, 1_000_000)),
-		BatchWait:      e.Duration("METER_BATCH_WAIT", 500*time.Millisecond, time.Millisecond, time.Minute),
-		DedupWindow:    e.Int("METER_DEDUP_WINDOW", 250_000, 1, 100_000_000),
-		SessionTimeout: e.Duration("METER_SESSION_TIMEOUT", 10*time.Second, time.Second, 5*time.Minute),
-		StallAfter:     e.Duration("METER_STALL_AFTER", 2*time.Minute, time.Second, 24*time.Hour),
-		RedisAddrs:     e.List("REDIS_ADDRS"),
-		RedisPassword:  e.Raw("REDIS_PASSWORD"),
-		RedisKeyPrefix: e.String("REDIS_KEY_PREFIX", "rl"),
-		PolicyFile:     e.String("POLICY_FILE", "deploy/policy.yaml"),
-		ReconcileEvery: e.Duration("METER_RECONCILE_EVERY", 30*time.Second, 100*time.Millisecond, time.Hour),
+		KafkaBrokers:    e.List("KAFKA_BROKERS"),
+		KafkaTopic:      e.String("KAFKA_TOPIC", "ratelimit.decisions"),
+		Kafka:           kafkaconn.FromEnv(e, getenv),
+		KafkaCheckEvery: e.Duration("METER_KAFKA_CHECK_EVERY", 10*time.Second, 100*time.Millisecond, time.Hour),
+		ClickHouseAddr:  e.String("CLICKHOUSE_ADDR", "127.0.0.1:9000"),
+		Database:        e.String("CLICKHOUSE_DATABASE", "ratelimit"),
+		MeterAddr:       e.String("METER_ADDR", "127.0.0.1:8082"),
+		WebhookURL:      e.String("WEBHOOK_URL", ""),
+		WebhookSecret:   e.String("WEBHOOK_SECRET", ""),
+		BatchSize:       int(e.Int("METER_BATCH_SIZE", 50_000, 1, 1_000_000)),
+		BatchWait:       e.Duration("METER_BATCH_WAIT", 500*time.Millisecond, time.Millisecond, time.Minute),
+		DedupWindow:     e.Int("METER_DEDUP_WINDOW", 250_000, 1, 100_000_000),
+		SessionTimeout:  e.Duration("METER_SESSION_TIMEOUT", 10*time.Second, time.Second, 5*time.Minute),
+		StallAfter:      e.Duration("METER_STALL_AFTER", 2*time.Minute, time.Second, 24*time.Hour),
+		RedisAddrs:      e.List("REDIS_ADDRS"),
+		RedisPassword:   e.Raw("REDIS_PASSWORD"),
+		RedisKeyPrefix:  e.String("REDIS_KEY_PREFIX", "rl"),
+		PolicyFile:      e.String("POLICY_FILE", "deploy/policy.yaml"),
+		ReconcileEvery:  e.Duration("METER_RECONCILE_EVERY", 30*time.Second, 100*time.Millisecond, time.Hour),
 	}
 	for _, a := range c.RedisAddrs {
 		e.HostPort("REDIS_ADDRS", a)

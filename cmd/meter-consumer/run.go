@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/metering/chsink"
 	"github.com/ratewarden/ratewarden/metering/consumer"
@@ -93,6 +94,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		DedupWindow:    cfg.DedupWindow,
 		SessionTimeout: cfg.SessionTimeout,
 		StallAfter:     cfg.StallAfter,
+		TLS:            cfg.Kafka.TLS,
+		SASL:           cfg.Kafka.SASL,
 		Logger:         log.With("component", "meter"),
 		Registry:       reg,
 	})
@@ -115,7 +118,26 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		ready: meter.Ready,
 	}
 
-	components := []component{schemaComp, meterComp}
+	// The connection check: a broker that refuses the credential or the
+	// certificate is named in /readyz and counted, not left to the
+	// consumer group's silent retries (internal/kafkaconn).
+	for _, w := range cfg.Kafka.Warnings() {
+		log.Warn(w)
+	}
+	checker, err := kafkaconn.NewChecker(kafkaconn.CheckerConfig{
+		Brokers: cfg.KafkaBrokers, Security: cfg.Kafka, ClientID: "meter-consumer",
+		Every: cfg.KafkaCheckEvery, Logger: log.With("component", "kafka"), Registry: reg,
+	})
+	if err != nil {
+		return err
+	}
+	kafkaComp := component{
+		name:  "kafka",
+		run:   func(ctx context.Context) error { checker.Run(ctx); return nil },
+		ready: checker.Ready,
+	}
+
+	components := []component{schemaComp, kafkaComp, meterComp}
 	// The soft-limit notifier: its own consumer group ("notifier"), so a slow
 	// webhook receiver never delays metering (metering/notify).
 	if cfg.WebhookURL != "" {
@@ -124,6 +146,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			return err
 		}
 		ncfg.Brokers, ncfg.Topic, ncfg.GroupID = cfg.KafkaBrokers, cfg.KafkaTopic, "notifier"
+		ncfg.TLS, ncfg.SASL = cfg.Kafka.TLS, cfg.Kafka.SASL
 		ncfg.URL, ncfg.Secret, ncfg.SessionTimeout = cfg.WebhookURL, cfg.WebhookSecret, cfg.SessionTimeout
 		ncfg.Conn, ncfg.Database = conn, cfg.Database
 		ncfg.Logger, ncfg.Registry = log.With("component", "notifier"), reg
@@ -165,7 +188,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			log.Error("health server", "err", err)
 		}
 	}()
-	log.Info("meter-consumer started", "addr", ln.Addr().String(), "kafka", cfg.KafkaBrokers, "topic", cfg.KafkaTopic,
+	log.Info("meter-consumer started", "addr", ln.Addr().String(), "kafka", cfg.KafkaBrokers, "kafka_security", cfg.Kafka.Describe(), "topic", cfg.KafkaTopic,
 		"clickhouse", cfg.ClickHouseAddr, "database", cfg.Database)
 
 	var wg sync.WaitGroup

@@ -6,10 +6,12 @@
 package kafkadev
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,7 +34,25 @@ type Config struct {
 	// memory): older batches are dropped every 5 s. Default 256 MiB;
 	// negative = unbounded.
 	RetentionBytes int64
+	// Users switches SASL on (kfake's EnableSASL): every connection must
+	// authenticate as one of them before anything else. Each is a kfake
+	// superuser (no ACLs apply). Empty = no authentication.
+	Users []User
+	// TLS, when set, makes the listener TLS-only with this server
+	// configuration (kfake's TLS option).
+	TLS *tls.Config
 }
+
+// User is a SASL user of the broker. Mechanism is PLAIN, SCRAM-SHA-256 or
+// SCRAM-SHA-512 (Kafka's spelling; lower case is accepted).
+type User struct {
+	Mechanism string
+	Name      string
+	Password  string
+}
+
+// String leaves the password out.
+func (u User) String() string { return u.Mechanism + ":" + u.Name }
 
 // Broker is a running kfake cluster of one broker.
 type Broker struct {
@@ -68,6 +88,22 @@ func Start(cfg Config) (*Broker, error) {
 	}
 	if cfg.Port != 0 {
 		opts = append(opts, kfake.Ports(cfg.Port))
+	}
+	if len(cfg.Users) > 0 {
+		opts = append(opts, kfake.EnableSASL())
+		for _, u := range cfg.Users {
+			m := strings.ToUpper(u.Mechanism)
+			if m != "PLAIN" && m != "SCRAM-SHA-256" && m != "SCRAM-SHA-512" {
+				return nil, fmt.Errorf("kafkadev: user %s: mechanism %q is not PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", u.Name, u.Mechanism)
+			}
+			if u.Name == "" || u.Password == "" {
+				return nil, fmt.Errorf("kafkadev: a %s user needs a name and a password", m)
+			}
+			opts = append(opts, kfake.Superuser(m, u.Name, u.Password))
+		}
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, kfake.TLS(cfg.TLS))
 	}
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {

@@ -36,6 +36,7 @@ package consumer
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -48,6 +49,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/chsink"
@@ -95,6 +97,11 @@ type Config struct {
 	// for the round trip, default 30 s (Kafka's request.timeout.ms).
 	FetchMaxWait time.Duration
 	FetchTimeout time.Duration
+
+	// TLS and SASL say how to reach the brokers (internal/kafkaconn builds
+	// them from the environment); nil = plaintext, no authentication.
+	TLS  *tls.Config
+	SASL sasl.Mechanism
 
 	Logger   *slog.Logger          // required
 	Registry prometheus.Registerer // required; metrics are registered here
@@ -211,6 +218,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                c.cfg.GroupID,
 		Brokers:           c.cfg.Brokers,
+		Dialer:            &kafka.Dialer{ClientID: "meter-consumer", Timeout: 10 * time.Second, DualStack: true, TLS: c.cfg.TLS, SASLMechanism: c.cfg.SASL},
 		Topics:            []string{c.cfg.Topic},
 		SessionTimeout:    c.cfg.SessionTimeout,
 		HeartbeatInterval: c.cfg.SessionTimeout / 4,

@@ -67,6 +67,8 @@ func startFetcher(ctx context.Context, c *Consumer, p int, offset int64) *fetche
 		DialTimeout:    5 * time.Second,
 		MetadataTopics: []string{c.cfg.Topic},
 		ClientID:       "meter-consumer",
+		TLS:            c.cfg.TLS,
+		SASL:           c.cfg.SASL,
 	}
 	fctx, cancel := context.WithCancel(ctx)
 	f := &fetcher{

@@ -20,6 +20,7 @@ package kafkaemit
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/ratewarden/ratewarden/metering"
 )
@@ -41,6 +43,11 @@ type Config struct {
 	BatchSize    int           // messages per write, default 5,000
 	BatchWait    time.Duration // longest an event waits for its batch to fill, default 20 ms
 	WriteTimeout time.Duration // one batch write including retries, default 5 s
+
+	// TLS and SASL say how to reach the brokers (internal/kafkaconn builds
+	// them from the environment); nil = plaintext, no authentication.
+	TLS  *tls.Config
+	SASL sasl.Mechanism
 
 	Logger   *slog.Logger          // required
 	Registry prometheus.Registerer // required; metrics are registered here
@@ -118,6 +125,12 @@ func New(cfg Config) (*Emitter, error) {
 			Addr:     kafka.TCP(cfg.Brokers...),
 			Topic:    cfg.Topic,
 			Balancer: &kafka.Hash{}, // same key → same partition, deterministically
+			Transport: &kafka.Transport{
+				DialTimeout: 5 * time.Second,
+				ClientID:    "limiter",
+				TLS:         cfg.TLS,
+				SASL:        cfg.SASL,
+			},
 			// The loop hands over whole batches; the writer must not wait
 			// for more.
 			BatchSize:       cfg.BatchSize,
@@ -342,6 +355,9 @@ func (e *Emitter) Close(ctx context.Context) error {
 	}
 	if cerr := e.w.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("kafkaemit: close writer: %w", cerr)
+	}
+	if tr, ok := e.w.Transport.(*kafka.Transport); ok {
+		tr.CloseIdleConnections()
 	}
 	// An Emit that raced with Close may have slipped in after the drain.
 	n := len(e.ch)

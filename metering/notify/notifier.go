@@ -28,6 +28,7 @@ package notify
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,6 +45,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/ratewarden/ratewarden/metering"
 )
@@ -56,6 +58,10 @@ type Config struct {
 	Brokers []string // required
 	Topic   string   // default ratelimit.decisions
 	GroupID string   // default "notifier"
+	// TLS and SASL say how to reach the brokers (internal/kafkaconn builds
+	// them from the environment); nil = plaintext, no authentication.
+	TLS  *tls.Config
+	SASL sasl.Mechanism
 
 	// URL is the default endpoint (WEBHOOK_URL); "" = only keys listed in
 	// EndpointsFile are notified. Secret ("whsec_<base64>", WEBHOOK_SECRET)
@@ -256,6 +262,7 @@ func (n *Notifier) Run(ctx context.Context) error {
 	n.restoreCooldowns(ctx)
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:          n.cfg.Brokers,
+		Dialer:           &kafka.Dialer{ClientID: "notifier", Timeout: 10 * time.Second, DualStack: true, TLS: n.cfg.TLS, SASLMechanism: n.cfg.SASL},
 		GroupID:          n.cfg.GroupID,
 		Topic:            n.cfg.Topic,
 		MinBytes:         1,

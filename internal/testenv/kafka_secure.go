@@ -1,0 +1,66 @@
+package testenv
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/ratewarden/ratewarden/internal/kafkadev"
+	"github.com/ratewarden/ratewarden/internal/testcerts"
+)
+
+// SecureKafka is a kfake broker configured the way a managed Kafka is
+// (SASL_SSL): a TLS-only listener with a certificate from a CA the test
+// made, which also requires a client certificate, and one SASL user
+// under PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 with a random password.
+type SecureKafka struct {
+	*Kafka
+	Certs    *testcerts.Set
+	Username string
+	Password string
+	// PasswordFile holds Password (as a Kubernetes secret would).
+	PasswordFile string
+}
+
+// StartSecureKafka starts a SecureKafka for the test and stops it at cleanup.
+func StartSecureKafka(tb testing.TB, topic string, partitions int) *SecureKafka {
+	tb.Helper()
+	dir := tb.TempDir()
+	certs, err := testcerts.New(filepath.Join(dir, "certs"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pw := make([]byte, 12)
+	_, _ = rand.Read(pw)
+	k := &SecureKafka{Certs: certs, Username: "ratewarden-svc", Password: "kafka-pw-" + hex.EncodeToString(pw),
+		PasswordFile: filepath.Join(dir, "kafka-password")}
+	if err := os.WriteFile(k.PasswordFile, []byte(k.Password+"\n"), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	var users []kafkadev.User
+	for _, m := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {
+		users = append(users, kafkadev.User{Mechanism: m, Name: k.Username, Password: k.Password})
+	}
+	k.Kafka, err = kafkadev.Start(kafkadev.Config{Topic: topic, Partitions: partitions, Users: users, TLS: certs.ServerTLS(true)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(k.Close)
+	return k
+}
+
+// Env is a service's environment for this broker with SASL mechanism
+// (plain, scram-sha-256 or scram-sha-512), the password read from
+// passwordFile (k.PasswordFile, or a file of the test's with another
+// password), TLS with the CA and the client certificate.
+func (k *SecureKafka) Env(mechanism, passwordFile string) []string {
+	return []string{
+		"KAFKA_BROKERS=" + k.Addr(), "KAFKA_TOPIC=" + k.Topic(),
+		"KAFKA_SASL_MECHANISM=" + mechanism, "KAFKA_SASL_USERNAME=" + k.Username,
+		"KAFKA_SASL_PASSWORD_FILE=" + passwordFile,
+		"KAFKA_TLS=true", "KAFKA_TLS_CA_FILE=" + k.Certs.CAFile,
+		"KAFKA_TLS_CERT_FILE=" + k.Certs.ClientCertFile, "KAFKA_TLS_KEY_FILE=" + k.Certs.ClientKeyFile,
+	}
+}
