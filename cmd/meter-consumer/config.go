@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratewarden/ratewarden/internal/chcluster"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/schema"
@@ -18,7 +19,8 @@ type config struct {
 	KafkaTopic      string              // KAFKA_TOPIC
 	Kafka           *kafkaconn.Security // KAFKA_SASL_*, KAFKA_TLS*: how to reach the brokers
 	KafkaCheckEvery time.Duration       // METER_KAFKA_CHECK_EVERY: between connection checks
-	ClickHouseAddr  string              // CLICKHOUSE_ADDR (native protocol)
+	ClickHouseAddr  string              // CLICKHOUSE_ADDR (native protocol); in cluster mode a node whose Distributed tables serve the reconciler and notifier
+	Cluster         chcluster.Config    // CLICKHOUSE_CLUSTER, CLICKHOUSE_SHARDS: cluster mode when set
 	Database        string              // CLICKHOUSE_DATABASE
 	MeterAddr       string              // METER_ADDR: /healthz, /readyz, /metrics
 	WebhookURL      string              // WEBHOOK_URL: empty = notifier off
@@ -62,6 +64,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		RedisKeyPrefix:  e.String("REDIS_KEY_PREFIX", "rl"),
 		PolicyFile:      e.String("POLICY_FILE", "deploy/policy.yaml"),
 		ReconcileEvery:  e.Duration("METER_RECONCILE_EVERY", 30*time.Second, 100*time.Millisecond, time.Hour),
+		Cluster:         chcluster.FromEnv(e),
 	}
 	for _, a := range c.RedisAddrs {
 		e.HostPort("REDIS_ADDRS", a)

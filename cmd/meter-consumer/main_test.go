@@ -41,6 +41,8 @@ func TestInvalidConfigExitsWithOneLineNamingTheVariable(t *testing.T) {
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_STALL_AFTER=soon"}, "METER_STALL_AFTER"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "REDIS_ADDRS=nohost"}, "REDIS_ADDRS"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_RECONCILE_EVERY=0s"}, "METER_RECONCILE_EVERY"},
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "CLICKHOUSE_CLUSTER=ratewarden"}, "CLICKHOUSE_SHARDS"},
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "CLICKHOUSE_CLUSTER=ratewarden", "CLICKHOUSE_SHARDS=a:1;;b:2"}, "CLICKHOUSE_SHARDS"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -21,13 +20,11 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
-	"github.com/ratewarden/ratewarden/metering/chsink"
 	"github.com/ratewarden/ratewarden/metering/consumer"
 	"github.com/ratewarden/ratewarden/metering/notify"
 	"github.com/ratewarden/ratewarden/metering/quotause"
 	"github.com/ratewarden/ratewarden/metering/reconcile"
 	"github.com/ratewarden/ratewarden/policy"
-	"github.com/ratewarden/ratewarden/schema"
 )
 
 // component is one long-running part of the binary: Run blocks until ctx
@@ -47,23 +44,22 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:         []string{cfg.ClickHouseAddr},
-		Auth:         clickhouse.Auth{Database: "default", Username: "default"},
-		DialTimeout:  3 * time.Second,
-		ReadTimeout:  30 * time.Second,
-		MaxOpenConns: 16,
-	})
+	conn, err := openClickHouse(cfg.ClickHouseAddr)
 	if err != nil {
-		return fmt.Errorf("clickhouse %s: %w", cfg.ClickHouseAddr, err)
+		return err
 	}
 	defer conn.Close()
+	store, err := buildStore(cfg, conn, log)
+	if err != nil {
+		return err
+	}
+	defer store.close()
 
 	var schemaReady atomic.Bool
 	schemaComp := component{
 		name: "schema",
 		run: func(ctx context.Context) error {
-			schemaReady.Store(schema.ApplyUntilDone(ctx, conn, cfg.Database, log))
+			schemaReady.Store(store.applySchema(ctx))
 			<-ctx.Done()
 			return nil
 		},
@@ -79,7 +75,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	sink, err := chsink.New(conn, cfg.Database, obs)
+	sink, err := store.sink(obs)
 	if err != nil {
 		return err
 	}
@@ -88,7 +84,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		Topic:          cfg.KafkaTopic,
 		GroupID:        "meter",
 		Sink:           sink,
-		Ping:           conn.Ping,
+		Ping:           store.ping,
 		BatchSize:      cfg.BatchSize,
 		BatchWait:      cfg.BatchWait,
 		DedupWindow:    cfg.DedupWindow,
@@ -189,7 +185,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 	}()
 	log.Info("meter-consumer started", "addr", ln.Addr().String(), "kafka", cfg.KafkaBrokers, "kafka_security", cfg.Kafka.Describe(), "topic", cfg.KafkaTopic,
-		"clickhouse", cfg.ClickHouseAddr, "database", cfg.Database)
+		"clickhouse", cfg.ClickHouseAddr, "database", cfg.Database, "cluster", cfg.Cluster.Name, "shards", len(cfg.Cluster.Shards))
 
 	var wg sync.WaitGroup
 	errs := make(chan error, len(components))

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratewarden/ratewarden/internal/chcluster"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/metering/usage"
 	"github.com/ratewarden/ratewarden/schema"
@@ -11,13 +12,14 @@ import (
 
 // config is everything the binary reads from the environment.
 type config struct {
-	Addr           string        // USAGE_API_ADDR
-	ClickHouseAddr string        // CLICKHOUSE_ADDR (native protocol)
-	Database       string        // CLICKHOUSE_DATABASE
-	AdminToken     string        // USAGE_ADMIN_TOKEN, required
-	TokenSecret    string        // USAGE_TOKEN_SECRET, required
-	PolicyFile     string        // POLICY_FILE: quotas and soft limits
-	QueryTimeout   time.Duration // USAGE_QUERY_TIMEOUT
+	Addr           string           // USAGE_API_ADDR
+	ClickHouseAddr string           // CLICKHOUSE_ADDR (native protocol); in cluster mode a node whose Distributed tables serve the reads
+	Cluster        chcluster.Config // CLICKHOUSE_CLUSTER, CLICKHOUSE_SHARDS: cluster mode when set
+	Database       string           // CLICKHOUSE_DATABASE
+	AdminToken     string           // USAGE_ADMIN_TOKEN, required
+	TokenSecret    string           // USAGE_TOKEN_SECRET, required
+	PolicyFile     string           // POLICY_FILE: quotas and soft limits
+	QueryTimeout   time.Duration    // USAGE_QUERY_TIMEOUT
 
 	// Optional: the limiters' Redis, read by the quota view for what the
 	// enforced counters say is left.
@@ -44,6 +46,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		RedisAddrs:     e.List("REDIS_ADDRS"),
 		RedisPassword:  e.Raw("REDIS_PASSWORD"),
 		RedisKeyPrefix: e.String("REDIS_KEY_PREFIX", "rl"),
+		Cluster:        chcluster.FromEnv(e),
 	}
 	for _, a := range c.RedisAddrs {
 		e.HostPort("REDIS_ADDRS", a)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
@@ -22,15 +23,9 @@ import (
 
 // run serves until ctx ends, then drains in-flight requests (at most 10 s).
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
-	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:         []string{cfg.ClickHouseAddr},
-		Auth:         clickhouse.Auth{Database: "default", Username: "default"},
-		DialTimeout:  3 * time.Second,
-		ReadTimeout:  cfg.QueryTimeout + 5*time.Second,
-		MaxOpenConns: 16,
-	})
+	conn, err := openClickHouse(cfg, cfg.ClickHouseAddr)
 	if err != nil {
-		return fmt.Errorf("clickhouse %s: %w", cfg.ClickHouseAddr, err)
+		return err
 	}
 	defer conn.Close()
 
@@ -63,7 +58,25 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	// still down.
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); schema.ApplyUntilDone(ctx, conn, cfg.Database, log) }()
+	if cfg.Cluster.Enabled() {
+		// Cluster mode: the migrations in cluster form on every node; the
+		// reads go through the Distributed tables of CLICKHOUSE_ADDR.
+		var nodes []driver.Conn
+		for _, addr := range cfg.Cluster.Nodes() {
+			c, err := openClickHouse(cfg, addr)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			nodes = append(nodes, c)
+		}
+		go func() {
+			defer wg.Done()
+			schema.ApplyClusterUntilDone(ctx, nodes, cfg.Database, cfg.Cluster.Name, log)
+		}()
+	} else {
+		go func() { defer wg.Done(); schema.ApplyUntilDone(ctx, conn, cfg.Database, log) }()
+	}
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -80,7 +93,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
-	log.Info("usage-api listening", "addr", ln.Addr().String(), "clickhouse", cfg.ClickHouseAddr, "database", cfg.Database, "policy_file", cfg.PolicyFile)
+	log.Info("usage-api listening", "addr", ln.Addr().String(), "clickhouse", cfg.ClickHouseAddr, "database", cfg.Database, "policy_file", cfg.PolicyFile,
+		"cluster", cfg.Cluster.Name)
 
 	select {
 	case err := <-serveErr:
@@ -98,4 +112,20 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// openClickHouse opens a native-protocol connection to addr: the one place
+// the binary's ClickHouse options are built.
+func openClickHouse(cfg config, addr string) (driver.Conn, error) {
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:         []string{addr},
+		Auth:         clickhouse.Auth{Database: "default", Username: "default"},
+		DialTimeout:  3 * time.Second,
+		ReadTimeout:  cfg.QueryTimeout + 5*time.Second,
+		MaxOpenConns: 16,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse %s: %w", addr, err)
+	}
+	return conn, nil
 }

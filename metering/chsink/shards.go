@@ -38,30 +38,10 @@ import (
 
 // ShardOf is the shard that owns Kafka partition p among shards shards:
 // p mod shards (shards are numbered from 0 in the order CLICKHOUSE_SHARDS
-// lists them). Stable as long as the number of shards and their order do
+// lists them, internal/chcluster). Stable as long as the number of shards and their order do
 // not change; adding a shard moves partitions and needs their rows moved
 // with them (docs/operations.md).
 func ShardOf(partition, shards int) int { return partition % shards }
-
-// ParseShards reads the CLICKHOUSE_SHARDS form: shards separated by ";",
-// the native addresses of a shard's replicas separated by ",", e.g.
-// "ch1:9000,ch2:9000;ch3:9000,ch4:9000".
-func ParseShards(s string) ([][]string, error) {
-	var out [][]string
-	for i, shard := range strings.Split(s, ";") {
-		var replicas []string
-		for _, a := range strings.Split(shard, ",") {
-			if a = strings.TrimSpace(a); a != "" {
-				replicas = append(replicas, a)
-			}
-		}
-		if len(replicas) == 0 {
-			return nil, fmt.Errorf("shard %d has no replica address", i+1)
-		}
-		out = append(out, replicas)
-	}
-	return out, nil
-}
 
 // Sharded is the consumer's Sink in cluster mode: it routes each partition
 // to its shard and, within the shard, to a caught-up replica.

@@ -15,18 +15,11 @@ import (
 	"github.com/ratewarden/ratewarden/schema"
 )
 
-func TestShardOfAndParseShards(t *testing.T) {
+func TestShardOf(t *testing.T) {
 	for p, want := range []int{0, 1, 0, 1, 0} {
 		if got := chsink.ShardOf(p, 2); got != want {
 			t.Errorf("ShardOf(%d, 2) = %d, want %d", p, got, want)
 		}
-	}
-	got, err := chsink.ParseShards("a:1, b:2; c:3,d:4")
-	if err != nil || fmt.Sprint(got) != "[[a:1 b:2] [c:3 d:4]]" {
-		t.Fatalf("ParseShards = %v, %v", got, err)
-	}
-	if _, err := chsink.ParseShards("a:1;;c:3"); err == nil {
-		t.Fatal("an empty shard was accepted")
 	}
 }
 

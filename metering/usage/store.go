@@ -187,6 +187,11 @@ func (s *Store) deliveries(ctx context.Context, q deliveriesQuery) ([]Delivery, 
 }
 
 func (s *Store) insertTokenEvent(ctx context.Context, id, key, event string, at, expires time.Time) error {
+	// In cluster mode portal_token_events is a Distributed table, whose
+	// inserts are queued on this node and sent to the shard later by
+	// default: a revocation must be on its shard (and so visible to every
+	// usage API) before it is acknowledged. Without effect on a MergeTree.
+	ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
 	b, err := s.conn.PrepareBatch(ctx, fmt.Sprintf("INSERT INTO %s.portal_token_events (id, key, event, at, expires_at)", s.db))
 	if err != nil {
 		return wrap("prepare token event", err)

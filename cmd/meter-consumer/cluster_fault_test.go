@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/metering/chsink"
+)
+
+// localQuery runs a one-column UInt64 query on one server and returns the
+// values joined by ",".
+func localQuery(t *testing.T, n *testenv.ClickHouse, q string) (string, error) {
+	conn, err := n.Open()
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rows, err := conn.Query(ctx, q)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v uint64
+		if err := rows.Scan(&v); err != nil {
+			return "", err
+		}
+		out = append(out, fmt.Sprint(v))
+	}
+	return strings.Join(out, ","), rows.Err()
+}
+
+// TestExactTotalsOnTheClusterUnderFaults is TestExactTotalsUnderFaults on
+// a 2 shards × 2 replicas ClickHouse (cluster mode): while a known set of
+// events is produced (with producer retries and a replayed range), the two
+// consumer processes are SIGKILLed and restarted, one replica of shard 1
+// is stopped mid-stream (the shard's inserts go on to the other replica,
+// and a consumer is killed while it is down, so progress is read from the
+// survivor), and one replica of shard 2 is SIGKILLed. Then every rollup,
+// read through the Distributed tables, holds exactly one count per
+// distinct event; every replica holds the same rows as its sibling; and
+// each shard holds only the Kafka partitions that chsink.ShardOf gives it.
+func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, seed>>1))
+
+	c := testenv.StartClickHouseCluster(t, 2, 2)
+	k := testenv.StartKafka(t, "ratelimit.decisions", 4)
+	db := c.Database(t)
+	reader := c.Shards[1][0] // CLICKHOUSE_ADDR: a node whose Distributed tables the checks read
+	env := []string{
+		"KAFKA_BROKERS=" + k.Addr(), "KAFKA_TOPIC=" + k.Topic(),
+		"CLICKHOUSE_ADDR=" + reader.Addr(), "CLICKHOUSE_DATABASE=" + db,
+		"CLICKHOUSE_CLUSTER=" + c.Name, "CLICKHOUSE_SHARDS=" + c.ShardsEnv(),
+		"METER_BATCH_SIZE=1500", "METER_BATCH_WAIT=100ms",
+		"METER_SESSION_TIMEOUT=6s", // as in TestExactTotalsUnderFaults
+		"METER_STALL_AFTER=" + stallAfter.String(),
+	}
+	evs := faultEvents(60_000)
+
+	var produced sync.WaitGroup
+	produced.Add(1)
+	var dups int
+	var sent atomic.Int64
+	go func() {
+		defer produced.Done()
+		w := &kafka.Writer{Addr: kafka.TCP(k.Addr()), Topic: k.Topic(), Balancer: &kafka.Hash{},
+			BatchSize: 1000, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
+		defer w.Close()
+		send := func(batch []metering.Event) {
+			msgs := make([]kafka.Message, len(batch))
+			for i := range batch {
+				msgs[i] = kafka.Message{Key: []byte(batch[i].Key), Value: batch[i].AppendEncode(nil)}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := w.WriteMessages(ctx, msgs...); err != nil {
+				t.Errorf("produce: %v", err)
+			}
+		}
+		rr := rand.New(rand.NewPCG(seed+1, seed))
+		// Chunks of 300 every 120 ms: the stream outlasts the faults.
+		for i := 0; i < len(evs); i += 300 {
+			send(evs[i:min(i+300, len(evs))])
+			if i > 0 && rr.IntN(3) == 0 { // a producer retry
+				from := max(0, i-600) + rr.IntN(300)
+				send(evs[from : from+100])
+				dups += 100
+			}
+			if i == 30_000 { // a replayed range
+				send(evs[5_000:8_000])
+				dups += 3_000
+			}
+			sent.Store(int64(i + 300))
+			time.Sleep(120 * time.Millisecond)
+		}
+	}()
+
+	procs := []*meterProc{startMeter(t, env), startMeter(t, env)}
+	for _, p := range procs {
+		waitStatus(t, p, http.StatusOK, 60*time.Second)
+	}
+	pause := func() { time.Sleep(time.Duration(300+rng.IntN(1500)) * time.Millisecond) }
+	kills := 0
+	kill := func(j int) {
+		t.Logf("SIGKILL consumer %d after %d of %d events produced", j, sent.Load(), len(evs))
+		procs[j].kill()
+		kills++
+		procs[j] = startMeter(t, env)
+	}
+	allReady := func() {
+		for _, p := range procs {
+			waitStatus(t, p, http.StatusOK, 120*time.Second)
+		}
+	}
+
+	pause()
+	kill(rng.IntN(2))
+	allReady()
+
+	// One replica of shard 1 stops mid-stream; its sibling takes the inserts.
+	pause()
+	down := c.Shards[0][0]
+	survivor := c.Shards[0][1]
+	before, _ := localQuery(t, survivor, "SELECT count() FROM "+db+".decisions_raw_local")
+	t.Logf("stopping replica 1 of shard 1 after %d of %d events produced (survivor holds %s rows)", sent.Load(), len(evs), before)
+	down.Stop()
+	pause()
+	kill(rng.IntN(2)) // its partitions' progress is read from the survivor
+	waitUntil(t, 90*time.Second, "shard 1's surviving replica to take new rows while its sibling is down", func() bool {
+		now, err := localQuery(t, survivor, "SELECT count() FROM "+db+".decisions_raw_local")
+		var a, b uint64
+		fmt.Sscan(before, &a)
+		fmt.Sscan(now, &b)
+		return err == nil && b > a
+	})
+	// Shard 2 loses a replica the hard way, while shard 1's is still down.
+	t.Logf("SIGKILL replica 2 of shard 2 after %d of %d events produced", sent.Load(), len(evs))
+	c.Shards[1][1].Process().Kill()
+	pause()
+	if err := down.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pause()
+	if err := c.Shards[1][1].Start(); err != nil {
+		t.Fatal(err)
+	}
+	allReady()
+	pause()
+	kill(rng.IntN(2))
+	allReady()
+
+	produced.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	conn := reader.Conn(t)
+	want := testenv.TotalsOf(evs)
+	testenv.WaitUsageTotals(t, conn, db, want, 180*time.Second)
+	waitRaw(t, conn, db, len(evs), 60*time.Second)
+
+	// Every replica holds its shard's rows, the same as its sibling; every
+	// shard holds only its own partitions.
+	for i, shard := range c.Shards {
+		var own []string
+		for p := 0; p < 4; p++ {
+			if chsink.ShardOf(p, len(c.Shards)) == i {
+				own = append(own, fmt.Sprint(p))
+			}
+		}
+		for j, n := range shard {
+			for _, table := range []string{"decisions_raw_local", "usage_minute_local", "usage_hour_local", "usage_day_local"} {
+				q := "SELECT DISTINCT toUInt64(kafka_partition) AS p FROM " + db + "." + table + " WHERE key = '' ORDER BY p"
+				if table == "decisions_raw_local" {
+					q = "SELECT DISTINCT toUInt64(kafka_partition) AS p FROM " + db + "." + table + " ORDER BY p"
+				}
+				got, err := localQuery(t, n, q)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range strings.Split(got, ",") {
+					if p != "" && !contains(own, p) {
+						t.Fatalf("shard %d replica %d: %s holds partition %s; the shard owns %v", i+1, j+1, table, p, own)
+					}
+				}
+			}
+		}
+		waitUntil(t, 120*time.Second, fmt.Sprintf("both replicas of shard %d to hold the same rows", i+1), func() bool {
+			var got []string
+			for _, n := range shard {
+				s, err := localQuery(t, n, "SELECT count() FROM "+db+".decisions_raw_local")
+				if err != nil {
+					return false
+				}
+				for _, table := range testenv.RollupTables {
+					r, err := localQuery(t, n, "SELECT sum(requests) FROM "+db+"."+table+"_local WHERE key != ''")
+					if err != nil {
+						return false
+					}
+					s += "/" + r
+				}
+				got = append(got, s)
+			}
+			sort.Strings(got)
+			return got[0] == got[len(got)-1]
+		})
+	}
+	t.Logf("%d distinct events, %d duplicates produced, %d consumer SIGKILLs, a replica of each shard lost mid-stream: totals exact through the Distributed tables", len(evs), dups, kills)
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

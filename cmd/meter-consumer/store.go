@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/ratewarden/ratewarden/metering/chsink"
+	"github.com/ratewarden/ratewarden/metering/consumer"
+	"github.com/ratewarden/ratewarden/schema"
+)
+
+// openClickHouse opens a native-protocol connection to addr: the one
+// place the binary's ClickHouse options are built.
+func openClickHouse(addr string) (driver.Conn, error) {
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:         []string{addr},
+		Auth:         clickhouse.Auth{Database: "default", Username: "default"},
+		DialTimeout:  3 * time.Second,
+		ReadTimeout:  30 * time.Second,
+		MaxOpenConns: 16,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse %s: %w", addr, err)
+	}
+	return conn, nil
+}
+
+// store is where metering writes: the one server of CLICKHOUSE_ADDR
+// (single-node mode), or every replica of every shard of
+// CLICKHOUSE_SHARDS (cluster mode, one connection per server).
+type store struct {
+	cfg    config
+	log    *slog.Logger
+	conn   driver.Conn     // CLICKHOUSE_ADDR
+	shards [][]driver.Conn // cluster mode: [shard][replica]
+}
+
+func buildStore(cfg config, conn driver.Conn, log *slog.Logger) (*store, error) {
+	s := &store{cfg: cfg, log: log, conn: conn}
+	for _, shard := range cfg.Cluster.Shards {
+		var replicas []driver.Conn
+		for _, addr := range shard {
+			c, err := openClickHouse(addr)
+			if err != nil {
+				s.close()
+				return nil, err
+			}
+			replicas = append(replicas, c)
+		}
+		s.shards = append(s.shards, replicas)
+	}
+	return s, nil
+}
+
+func (s *store) nodes() []driver.Conn {
+	var out []driver.Conn
+	for _, shard := range s.shards {
+		out = append(out, shard...)
+	}
+	return out
+}
+
+func (s *store) close() {
+	for _, c := range s.nodes() {
+		c.Close()
+	}
+}
+
+// applySchema applies the migrations until done: to CLICKHOUSE_ADDR, or in
+// cluster form to every node.
+func (s *store) applySchema(ctx context.Context) bool {
+	if s.cfg.Cluster.Enabled() {
+		return schema.ApplyClusterUntilDone(ctx, s.nodes(), s.cfg.Database, s.cfg.Cluster.Name, s.log)
+	}
+	return schema.ApplyUntilDone(ctx, s.conn, s.cfg.Database, s.log)
+}
+
+// sink is the consumer's sink: one server, or each partition to its shard.
+func (s *store) sink(obs chsink.Observer) (consumer.Sink, error) {
+	if s.cfg.Cluster.Enabled() {
+		return chsink.NewSharded(s.shards, s.cfg.Database, obs)
+	}
+	return chsink.New(s.conn, s.cfg.Database, obs)
+}
+
+// ping is the consumer's readiness check of ClickHouse: the server, or in
+// cluster mode a replica of every shard (one replica down is not an
+// outage).
+func (s *store) ping(ctx context.Context) error {
+	if !s.cfg.Cluster.Enabled() {
+		return s.conn.Ping(ctx)
+	}
+	var errs []error
+	for i, shard := range s.shards {
+		var shardErrs []error
+		for j, c := range shard {
+			err := c.Ping(ctx)
+			if err == nil {
+				shardErrs = nil
+				break
+			}
+			shardErrs = append(shardErrs, fmt.Errorf("replica %d: %w", j+1, err))
+		}
+		if len(shardErrs) > 0 {
+			errs = append(errs, fmt.Errorf("shard %d: %w", i+1, errors.Join(shardErrs...)))
+		}
+	}
+	return errors.Join(errs...)
+}
