@@ -25,7 +25,9 @@ import (
 var ch *testenv.ClickHouse
 
 func TestMain(m *testing.M) {
-	os.Exit(testenv.MainWithClickHouse(m, &ch))
+	code := testenv.MainWithClickHouse(m, &ch)
+	chCluster.Close() // started only by BenchmarkEndToEnd -meter.cluster
+	os.Exit(code)
 }
 
 // events makes n distinct events over 20 keys and 2 scopes whose

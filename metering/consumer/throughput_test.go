@@ -8,9 +8,14 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratewarden/ratewarden/internal/kafkadev"
@@ -19,16 +24,24 @@ import (
 	"github.com/ratewarden/ratewarden/metering/chsink"
 	"github.com/ratewarden/ratewarden/metering/consumer"
 	"github.com/ratewarden/ratewarden/metering/kafkaemit"
+	"github.com/ratewarden/ratewarden/schema"
 )
 
 var e2eRate = flag.Int("meter.rate", 100_000, "BenchmarkEndToEnd: events per second the emitter is fed (0 = as fast as possible)")
 var e2eWait = flag.Duration("meter.wait", 500*time.Millisecond, "BenchmarkEndToEnd: the consumer's BatchWait")
 var e2eLog = flag.String("meter.log", "", "BenchmarkEndToEnd: write the debug logs of the emitter and the consumer to this file")
 var e2eBuffer = flag.Int("meter.buffer", 0, "BenchmarkEndToEnd: the emitter's buffer in events (0 = its default, 65,536)")
+var e2eConsumers = flag.Int("meter.consumers", 1, "BenchmarkEndToEnd: consumers in the group (each its own consumer.Consumer and ClickHouse connections)")
+var e2eCluster = flag.Bool("meter.cluster", false, "BenchmarkEndToEnd: write into a 2 shards × 2 replicas ClickHouse with ZooKeeper (cluster mode) instead of one server")
+var e2ePartitions = flag.Int("meter.partitions", 4, "BenchmarkEndToEnd: partitions of the topic")
+
+// chCluster is BenchmarkEndToEnd's cluster (-meter.cluster).
+var chCluster testenv.SharedClickHouseCluster
 
 // BenchmarkEndToEnd feeds b.N decision events through the whole pipeline —
 // kafkaemit.Emitter → kfake (4 partitions) → consumer → ClickHouse rollups —
-// at -meter.rate events/s, and reports the end-to-end rate (events/s, from
+// at -meter.rate events/s (-meter.consumers consumers in one group, into
+// one ClickHouse or, with -meter.cluster, a 2 × 2 cluster), and reports the end-to-end rate (events/s, from
 // the first Emit until the last event is in every table, so it includes
 // the final batch's wait), the rate at which events reached ClickHouse
 // while the emitter was running (written-while-emitting/s), the consumer lag
@@ -40,17 +53,41 @@ func BenchmarkEndToEnd(b *testing.B) {
 	if b.N < 10_000 {
 		return // the framework's probe run
 	}
-	conn := ch.Conn(b)
-	db := ch.Database(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := applySchema(ctx, conn, db); err != nil {
-		b.Fatal(err)
+	var conn driver.Conn // reads the totals (through the Distributed tables in cluster mode)
+	var db string
+	var newSink func(obs chsink.Observer) (consumer.Sink, error)
+	if *e2eCluster {
+		c := chCluster.Get(b)
+		db = c.Database(b)
+		conn = c.Shards[0][0].Conn(b)
+		if err := schema.ApplyCluster(ctx, c.Conns(b), db, c.Name); err != nil {
+			b.Fatal(err)
+		}
+		newSink = func(obs chsink.Observer) (consumer.Sink, error) {
+			var shards [][]driver.Conn
+			for _, s := range c.Shards {
+				var rs []driver.Conn
+				for _, n := range s {
+					rs = append(rs, n.Conn(b))
+				}
+				shards = append(shards, rs)
+			}
+			return chsink.NewSharded(shards, db, obs)
+		}
+	} else {
+		conn = ch.Conn(b)
+		db = ch.Database(b)
+		if err := applySchema(ctx, conn, db); err != nil {
+			b.Fatal(err)
+		}
+		newSink = func(obs chsink.Observer) (consumer.Sink, error) { return chsink.New(ch.Conn(b), db, obs) }
 	}
 	// A bounded log (64 MiB per partition, ~25 s at 100,000 events/s)
 	// keeps kfake's memory, which lives in this process, from growing
 	// with the run.
-	k, err := testenv.NewKafkaWith(kafkadev.Config{Topic: "decisions", Partitions: 4, RetentionBytes: 64 << 20})
+	k, err := testenv.NewKafkaWith(kafkadev.Config{Topic: "decisions", Partitions: *e2ePartitions, RetentionBytes: 64 << 20})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -66,24 +103,29 @@ func BenchmarkEndToEnd(b *testing.B) {
 	}
 	log := slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
-	reg := prometheus.NewRegistry()
-	obs, err := consumer.InsertMetrics(reg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	sink, err := chsink.New(conn, db, obs)
-	if err != nil {
-		b.Fatal(err)
-	}
-	c, err := consumer.New(consumer.Config{Brokers: []string{k.Addr()}, Topic: k.Topic(), Sink: sink, Ping: conn.Ping,
-		BatchWait: *e2eWait, Logger: log, Registry: reg})
-	if err != nil {
-		b.Fatal(err)
-	}
+	var regs []*prometheus.Registry
 	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = c.Run(runCtx); close(done) }()
-	defer func() { stop(); <-done }()
+	var running sync.WaitGroup
+	defer func() { stop(); running.Wait() }()
+	for i := 0; i < *e2eConsumers; i++ {
+		reg := prometheus.NewRegistry()
+		regs = append(regs, reg)
+		obs, err := consumer.InsertMetrics(reg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sink, err := newSink(obs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := consumer.New(consumer.Config{Brokers: []string{k.Addr()}, Topic: k.Topic(), Sink: sink, Ping: conn.Ping,
+			BatchWait: *e2eWait, Logger: log.With("consumer", i), Registry: reg})
+		if err != nil {
+			b.Fatal(err)
+		}
+		running.Add(1)
+		go func() { defer running.Done(); _ = c.Run(runCtx) }()
+	}
 
 	em, err := kafkaemit.New(kafkaemit.Config{Brokers: []string{k.Addr()}, Topic: k.Topic(), Buffer: *e2eBuffer,
 		Logger: log, Registry: prometheus.NewRegistry()})
@@ -101,7 +143,13 @@ func BenchmarkEndToEnd(b *testing.B) {
 	const stamp = 1024
 	emitAt := make([]time.Time, b.N/stamp+1) // when event i*stamp was emitted
 
-	written := func() float64 { return gatherCounter(reg, "meter_events_written_total") }
+	written := func() float64 {
+		var w float64
+		for _, reg := range regs {
+			w += gatherCounter(reg, "meter_events_written_total")
+		}
+		return w
+	}
 	var lags []float64
 	sample := func(emitted int) {
 		w := int(written())
@@ -111,6 +159,26 @@ func BenchmarkEndToEnd(b *testing.B) {
 		}
 		lags = append(lags, time.Since(emitAt[w/stamp]).Seconds())
 	}
+
+	// CPU seconds of this process (emitter, kfake, consumers) and of the
+	// clickhouse-server processes, per million events: with everything on
+	// the same cores, the ceiling is where their sum fills the machine.
+	var chPids []int
+	if *e2eCluster {
+		for _, n := range chCluster.Get(b).Nodes() {
+			chPids = append(chPids, n.Process().Pid())
+		}
+	} else {
+		chPids = append(chPids, ch.Process().Pid())
+	}
+	chCPU := func() float64 {
+		var s float64
+		for _, pid := range chPids {
+			s += procCPU(pid)
+		}
+		return s
+	}
+	goCPU0, chCPU0 := selfCPU(), chCPU()
 
 	b.ResetTimer()
 	start := time.Now()
@@ -157,6 +225,8 @@ func BenchmarkEndToEnd(b *testing.B) {
 	b.ReportMetric(q(0.99), "lag-p99-s")
 	b.ReportMetric(lags[len(lags)-1], "lag-max-s")
 	b.ReportMetric(float64(em.Dropped()), "dropped")
+	b.ReportMetric((selfCPU()-goCPU0)/float64(b.N)*1e6, "go-cpu-s/Mevent")
+	b.ReportMetric((chCPU()-chCPU0)/float64(b.N)*1e6, "ch-cpu-s/Mevent")
 
 	// The rollups hold every event exactly once.
 	var total uint64
@@ -166,6 +236,35 @@ func BenchmarkEndToEnd(b *testing.B) {
 	if total != uint64(b.N)-em.Dropped() {
 		b.Fatalf("usage_day holds %d requests, want %d", total, uint64(b.N)-em.Dropped())
 	}
+}
+
+// selfCPU is this process's user + system CPU time in seconds.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// procCPU is process pid's user + system CPU time in seconds (0 when it
+// cannot be read), from /proc/pid/stat (fields 14 and 15, in clock ticks
+// of 1/100 s on Linux).
+func procCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')') // the command name may hold spaces
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (u + st) / 100
 }
 
 func gatherCounter(reg *prometheus.Registry, name string) float64 {
