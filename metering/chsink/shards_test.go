@@ -3,6 +3,7 @@ package chsink_test
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering/chsink"
+	"github.com/ratewarden/ratewarden/metering/quotause"
+	"github.com/ratewarden/ratewarden/metering/rawscan"
 	"github.com/ratewarden/ratewarden/schema"
 )
 
@@ -223,5 +226,80 @@ func TestShardedProgressWaitsForAPartOnlyADeadReplicaHas(t *testing.T) {
 		for _, table := range []string{"usage_minute_local", "usage_hour_local", "usage_day_local"} {
 			waitQuery(t, n, "SELECT sum(requests) FROM "+db+"."+table+" WHERE key != ''", "250", "every event counted once in "+table)
 		}
+	}
+}
+
+// The readers that keep their table names in cluster mode — the quota
+// reconciler's quotause.Reader and rawscan (limiter policy replay) — read
+// the same from the Distributed tables of a cluster as from one server
+// holding the same batches.
+func TestReadersSeeTheSameThroughTheDistributedTables(t *testing.T) {
+	c, clusterDB, sharded := clusterSink(t)
+	single, oneConn, oneDB := setupDB(t)
+	ctx := context.Background()
+	base := time.Date(2026, 5, 3, 10, 0, 0, 0, time.UTC)
+	for part := 0; part < 4; part++ {
+		recs := records(part*10_000, 3000, base)
+		last := recs[len(recs)-1].Offset
+		for _, s := range []interface {
+			Progress(context.Context, int) (chsink.Progress, error)
+			Write(context.Context, int, []chsink.Record, int64, *chsink.Progress) error
+		}{single, sharded} {
+			p, err := s.Progress(ctx, part)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Write(ctx, part, recs, last, &p); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	clusterConn := c.Shards[1][1].Conn(t) // any node: a replica that must copy, too
+	quota := func(conn driver.Conn, db string) string {
+		r, err := quotause.NewReader(conn, db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := r.Rows(ctx, base.Add(30*time.Minute), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, x := range rows {
+			out = append(out, fmt.Sprintf("%+v", x))
+		}
+		sort.Strings(out)
+		return strings.Join(out, "\n")
+	}
+	scan := func(conn driver.Conn, db string) string {
+		var b strings.Builder
+		err := rawscan.Scan(ctx, conn, rawscan.Query{Database: db, From: base.Add(-time.Hour), To: base.Add(time.Hour)}, 10*time.Minute, 30*time.Second,
+			func(r *rawscan.Row) error { fmt.Fprintf(&b, "%+v\n", *r); return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	want := quota(oneConn, oneDB)
+	if want == "" {
+		t.Fatal("quotause read nothing from the single server")
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for got := quota(clusterConn, clusterDB); got != want; got = quota(clusterConn, clusterDB) {
+		if time.Now().After(deadline) {
+			t.Fatalf("quotause through the Distributed tables:\n%.2000s\nwant (one server):\n%.2000s", got, want)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	wantScan := scan(oneConn, oneDB)
+	if strings.Count(wantScan, "\n") != 12_000 {
+		t.Fatalf("rawscan read %d rows from the single server, want 12000", strings.Count(wantScan, "\n"))
+	}
+	deadline = time.Now().Add(60 * time.Second)
+	for got := scan(clusterConn, clusterDB); got != wantScan; got = scan(clusterConn, clusterDB) {
+		if time.Now().After(deadline) {
+			t.Fatalf("rawscan through the Distributed decisions_raw differs from one server (%d vs %d rows)", strings.Count(got, "\n"), strings.Count(wantScan, "\n"))
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
