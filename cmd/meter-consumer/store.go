@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -91,25 +92,33 @@ func (s *store) sink(obs chsink.Observer) (consumer.Sink, error) {
 
 // ping is the consumer's readiness check of ClickHouse: the server, or in
 // cluster mode a replica of every shard (one replica down is not an
-// outage).
+// outage). The replicas are asked at once, so that one that does not answer
+// (a dial that hangs until ctx ends) cannot hide a sibling that does.
 func (s *store) ping(ctx context.Context) error {
 	if !s.cfg.Cluster.Enabled() {
 		return s.conn.Ping(ctx)
 	}
-	var errs []error
+	errs := make([][]error, len(s.shards))
+	var wg sync.WaitGroup
 	for i, shard := range s.shards {
-		var shardErrs []error
+		errs[i] = make([]error, len(shard))
 		for j, c := range shard {
-			err := c.Ping(ctx)
-			if err == nil {
-				shardErrs = nil
-				break
-			}
-			shardErrs = append(shardErrs, fmt.Errorf("replica %d: %w", j+1, err))
-		}
-		if len(shardErrs) > 0 {
-			errs = append(errs, fmt.Errorf("shard %d: %w", i+1, errors.Join(shardErrs...)))
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[i][j] = c.Ping(ctx) }()
 		}
 	}
-	return errors.Join(errs...)
+	wg.Wait()
+	var down []error
+	for i, shardErrs := range errs {
+		var failed []error
+		for j, err := range shardErrs {
+			if err != nil {
+				failed = append(failed, fmt.Errorf("replica %d: %w", j+1, err))
+			}
+		}
+		if len(failed) == len(shardErrs) {
+			down = append(down, fmt.Errorf("shard %d: %w", i+1, errors.Join(failed...)))
+		}
+	}
+	return errors.Join(down...)
 }
