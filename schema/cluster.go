@@ -127,37 +127,75 @@ func matchParen(s string, open int) (int, error) {
 	return 0, fmt.Errorf("unbalanced parentheses in engine arguments")
 }
 
+// Incomplete is ApplyCluster's error when some nodes did not answer but
+// every shard had one that did: the schema is usable (every shard's tables
+// are there, on the replicas that answered), and the skipped nodes still
+// need the migrations (apply again when they are back).
+type Incomplete struct {
+	Skipped []string // "shard i replica j: error"
+}
+
+func (e *Incomplete) Error() string {
+	return "schema: nodes not migrated (unreachable): " + strings.Join(e.Skipped, "; ")
+}
+
 // ApplyCluster applies every migration, in cluster form, to every node of
-// the cluster (nodes: one connection per server, every replica of every
-// shard), in lockstep: migration N on every node before N+1 on any. A
-// replicated table's structure lives in ZooKeeper, shared by the replicas
-// of a shard: an ALTER run on one replica reaches the others (the next
-// node then finds the column and skips it), and a replica created after
-// its sibling was altered must be created with the structure of then, not
-// of now. Each node records its own versions. Applying twice changes
-// nothing; safe from several processes at once, like Apply.
-func ApplyCluster(ctx context.Context, nodes []driver.Conn, database, cluster string) error {
-	if len(nodes) == 0 {
+// the cluster (shards[i][j]: a connection to replica j of shard i), in
+// lockstep: migration N on every node before N+1 on any. A replicated
+// table's structure lives in ZooKeeper, shared by the replicas of a shard:
+// an ALTER run on one replica reaches the others (the next node then finds
+// the column and skips it), and a replica created after its sibling was
+// altered must be created with the structure of then, not of now. Each
+// node records its own versions. Applying twice changes nothing; safe from
+// several processes at once, like Apply.
+//
+// A node that does not answer at the start is skipped as long as another
+// replica of its shard answers (a replica down must not keep a consumer
+// from starting): the others are migrated and the error is *Incomplete.
+func ApplyCluster(ctx context.Context, shards [][]driver.Conn, database, cluster string) error {
+	if len(shards) == 0 {
 		return fmt.Errorf("schema: cluster %s: no node to migrate", cluster)
 	}
 	form := func(stmt string) ([]string, error) { return ClusterStatements(stmt, cluster) }
-	var migs []Migration
-	applied := make([]map[uint32]bool, len(nodes))
-	for i, conn := range nodes {
-		var err error
-		if migs, applied[i], err = begin(ctx, conn, database); err != nil {
-			return fmt.Errorf("schema: cluster %s node %d of %d: %w", cluster, i+1, len(nodes), err)
-		}
+	type node struct {
+		conn    driver.Conn
+		name    string
+		applied map[uint32]bool
 	}
-	for _, m := range migs {
-		for i, conn := range nodes {
-			if applied[i][m.Version] {
+	var nodes []node
+	var migs []Migration
+	skipped := &Incomplete{}
+	for i, shard := range shards {
+		up := 0
+		var errs []string
+		for j, conn := range shard {
+			name := fmt.Sprintf("shard %d replica %d", i+1, j+1)
+			m, applied, err := begin(ctx, conn, database)
+			if err != nil {
+				errs = append(errs, fmt.Sprintf("%s: %v", name, err))
 				continue
 			}
-			if err := applyOne(ctx, conn, database, m, form); err != nil {
-				return fmt.Errorf("schema: cluster %s node %d of %d: %w", cluster, i+1, len(nodes), err)
+			migs = m
+			nodes = append(nodes, node{conn, name, applied})
+			up++
+		}
+		if up == 0 {
+			return fmt.Errorf("schema: cluster %s: no replica of shard %d answers: %s", cluster, i+1, strings.Join(errs, "; "))
+		}
+		skipped.Skipped = append(skipped.Skipped, errs...)
+	}
+	for _, m := range migs {
+		for _, n := range nodes {
+			if n.applied[m.Version] {
+				continue
+			}
+			if err := applyOne(ctx, n.conn, database, m, form); err != nil {
+				return fmt.Errorf("schema: cluster %s %s: %w", cluster, n.name, err)
 			}
 		}
+	}
+	if len(skipped.Skipped) > 0 {
+		return skipped
 	}
 	return nil
 }

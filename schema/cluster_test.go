@@ -2,6 +2,7 @@ package schema_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -50,7 +51,7 @@ func TestApplyClusterOnEveryNode(t *testing.T) {
 	db := c.Database(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := schema.ApplyCluster(ctx, c.Conns(t), db, c.Name); err != nil {
+	if err := schema.ApplyCluster(ctx, c.ShardConns(t), db, c.Name); err != nil {
 		t.Fatalf("first apply: %v", err)
 	}
 	first := map[string]string{}
@@ -74,7 +75,7 @@ func TestApplyClusterOnEveryNode(t *testing.T) {
 	errs := make([]error, 2)
 	for i := range errs {
 		wg.Add(1)
-		go func() { defer wg.Done(); errs[i] = schema.ApplyCluster(ctx, c.Conns(t), db, c.Name) }()
+		go func() { defer wg.Done(); errs[i] = schema.ApplyCluster(ctx, c.ShardConns(t), db, c.Name) }()
 	}
 	wg.Wait()
 	for _, err := range errs {
@@ -127,5 +128,61 @@ func TestApplyClusterOnEveryNode(t *testing.T) {
 			t.Fatalf("replica 2 of shard 1 holds %d rows (err %v) after 60 s, want the 1 written to replica 1", copies, err)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// A replica that is down does not keep a binary from starting (a consumer
+// must start while a replica is lost): ApplyCluster checks the rest and
+// says which node it skipped; once the replica is back, applying again
+// succeeds.
+func TestApplyClusterSkipsAReplicaThatIsDown(t *testing.T) {
+	c := cluster.Get(t)
+	db := c.Database(t)
+	down := c.Shards[1][1]
+	conns := c.ShardConns(t) // opened while it is up: the harness pings at open
+	ctx0, cancel0 := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel0()
+	if err := schema.ApplyCluster(ctx0, conns, db, c.Name); err != nil {
+		t.Fatal(err)
+	}
+	down.Stop()
+	t.Cleanup(func() {
+		if down.Process() == nil || down.Process().Exited() {
+			if err := down.Start(); err != nil {
+				t.Errorf("restart replica 2 of shard 2: %v", err)
+			}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := schema.ApplyCluster(ctx, conns, db, c.Name)
+	var inc *schema.Incomplete
+	if !errors.As(err, &inc) || len(inc.Skipped) != 1 || !strings.Contains(inc.Skipped[0], "shard 2 replica 2") {
+		t.Fatalf("ApplyCluster with a replica down: %v, want Incomplete naming shard 2 replica 2", err)
+	}
+	for _, n := range []*testenv.ClickHouse{c.Shards[0][0], c.Shards[0][1], c.Shards[1][0]} {
+		if v, err := schema.Version(ctx, n.Conn(t), db); err != nil || v != schema.Latest() {
+			t.Fatalf("%s: version %d (%v), want %d", n.Addr(), v, err, schema.Latest())
+		}
+	}
+	if err := down.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := schema.ApplyCluster(ctx, c.ShardConns(t), db, c.Name)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ApplyCluster after the replica came back: %v", err)
+		}
+		time.Sleep(time.Second)
+	}
+	if v, err := schema.Version(ctx, down.Conn(t), db); err != nil || v != schema.Latest() {
+		t.Fatalf("the replica that was down: version %d (%v), want %d", v, err, schema.Latest())
+	}
+	if s := nodeSnapshot(t, down, db); !strings.Contains(s, "decisions_raw Distributed ") || !strings.Contains(s, "shadow_rejected") {
+		t.Fatalf("the replica that was down lacks tables or columns:\n%s", s)
 	}
 }

@@ -2,6 +2,7 @@ package schema
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -16,17 +17,39 @@ func ApplyUntilDone(ctx context.Context, conn driver.Conn, database string, log 
 	return untilDone(ctx, conn, database, log, 30*time.Second, func(ctx context.Context) error { return Apply(ctx, conn, database) })
 }
 
-// ApplyClusterUntilDone is ApplyUntilDone for cluster mode: ApplyCluster on
-// every node (nodes), retried until it succeeds on all of them.
-func ApplyClusterUntilDone(ctx context.Context, nodes []driver.Conn, database, cluster string, log *slog.Logger) bool {
-	if len(nodes) == 0 {
+// ApplyClusterUntilDone is ApplyUntilDone for cluster mode: ApplyCluster,
+// retried until every node is migrated. usable (may be nil) is called once,
+// as soon as every shard has a migrated replica — possibly before the
+// return, while a replica that is down waits for its turn.
+func ApplyClusterUntilDone(ctx context.Context, shards [][]driver.Conn, database, cluster string, log *slog.Logger, usable func()) bool {
+	if len(shards) == 0 || len(shards[0]) == 0 {
 		log.Error("schema: cluster mode without nodes", "cluster", cluster)
 		return false
 	}
+	nodes := 0
+	for _, s := range shards {
+		nodes += len(s)
+	}
+	told := false
+	tell := func() {
+		if !told && usable != nil {
+			told = true
+			usable()
+		}
+	}
 	// 30 s per node: a replicated CREATE waits for ZooKeeper.
-	return untilDone(ctx, nodes[0], database, log.With("cluster", cluster, "nodes", len(nodes)), time.Duration(len(nodes))*30*time.Second, func(ctx context.Context) error {
-		return ApplyCluster(ctx, nodes, database, cluster)
+	done := untilDone(ctx, shards[0][0], database, log.With("cluster", cluster, "nodes", nodes), time.Duration(nodes)*30*time.Second, func(ctx context.Context) error {
+		err := ApplyCluster(ctx, shards, database, cluster)
+		var inc *Incomplete
+		if errors.As(err, &inc) {
+			tell()
+		}
+		return err
 	})
+	if done {
+		tell()
+	}
+	return done
 }
 
 func untilDone(ctx context.Context, conn driver.Conn, database string, log *slog.Logger, timeout time.Duration, apply func(context.Context) error) bool {
@@ -49,6 +72,13 @@ func untilDone(ctx context.Context, conn driver.Conn, database string, log *slog
 			return false
 		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 2*time.Second)
+		// A replica that is down (Incomplete: the schema is usable) is
+		// retried less often than a ClickHouse that is not there at all.
+		limit := 2 * time.Second
+		var inc *Incomplete
+		if errors.As(err, &inc) {
+			limit = 30 * time.Second
+		}
+		backoff = min(backoff*2, limit)
 	}
 }

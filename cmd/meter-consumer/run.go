@@ -59,7 +59,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	schemaComp := component{
 		name: "schema",
 		run: func(ctx context.Context) error {
-			schemaReady.Store(store.applySchema(ctx))
+			store.applySchema(ctx, func() { schemaReady.Store(true) })
 			<-ctx.Done()
 			return nil
 		},

@@ -74,12 +74,17 @@ func (s *store) close() {
 }
 
 // applySchema applies the migrations until done: to CLICKHOUSE_ADDR, or in
-// cluster form to every node.
-func (s *store) applySchema(ctx context.Context) bool {
+// cluster form to every node. ready is called once the tables can be used:
+// in cluster mode as soon as every shard has a migrated replica, while a
+// replica that is down is migrated when it is back.
+func (s *store) applySchema(ctx context.Context, ready func()) {
 	if s.cfg.Cluster.Enabled() {
-		return schema.ApplyClusterUntilDone(ctx, s.nodes(), s.cfg.Database, s.cfg.Cluster.Name, s.log)
+		schema.ApplyClusterUntilDone(ctx, s.shards, s.cfg.Database, s.cfg.Cluster.Name, s.log, ready)
+		return
 	}
-	return schema.ApplyUntilDone(ctx, s.conn, s.cfg.Database, s.log)
+	if schema.ApplyUntilDone(ctx, s.conn, s.cfg.Database, s.log) {
+		ready()
+	}
 }
 
 // sink is the consumer's sink: one server, or each partition to its shard.

@@ -61,18 +61,20 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if cfg.Cluster.Enabled() {
 		// Cluster mode: the migrations in cluster form on every node; the
 		// reads go through the Distributed tables of CLICKHOUSE_ADDR.
-		var nodes []driver.Conn
-		for _, addr := range cfg.Cluster.Nodes() {
-			c, err := openClickHouse(cfg, addr)
-			if err != nil {
-				return err
+		shards := make([][]driver.Conn, len(cfg.Cluster.Shards))
+		for i, shard := range cfg.Cluster.Shards {
+			for _, addr := range shard {
+				c, err := openClickHouse(cfg, addr)
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				shards[i] = append(shards[i], c)
 			}
-			defer c.Close()
-			nodes = append(nodes, c)
 		}
 		go func() {
 			defer wg.Done()
-			schema.ApplyClusterUntilDone(ctx, nodes, cfg.Database, cfg.Cluster.Name, log)
+			schema.ApplyClusterUntilDone(ctx, shards, cfg.Database, cfg.Cluster.Name, log, nil)
 		}()
 	} else {
 		go func() { defer wg.Done(); schema.ApplyUntilDone(ctx, conn, cfg.Database, log) }()

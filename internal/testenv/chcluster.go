@@ -247,8 +247,21 @@ func OpenShard(addrs []string) (driver.Conn, error) {
 	return conn, nil
 }
 
-// Conns opens one connection to every node, shard by shard (what
+// ShardConns opens one connection to every node, [shard][replica] (what
 // schema.ApplyCluster migrates), closed at cleanup.
+func (c *ClickHouseCluster) ShardConns(tb testing.TB) [][]driver.Conn {
+	tb.Helper()
+	out := make([][]driver.Conn, len(c.Shards))
+	for i, s := range c.Shards {
+		for _, n := range s {
+			out[i] = append(out[i], n.Conn(tb))
+		}
+	}
+	return out
+}
+
+// Conns opens one connection to every node, shard by shard, closed at
+// cleanup.
 func (c *ClickHouseCluster) Conns(tb testing.TB) []driver.Conn {
 	tb.Helper()
 	var out []driver.Conn

@@ -34,7 +34,7 @@ func clusterSink(t *testing.T) (*testenv.ClickHouseCluster, string, *chsink.Shar
 	db := c.Database(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := schema.ApplyCluster(ctx, c.Conns(t), db, c.Name); err != nil {
+	if err := schema.ApplyCluster(ctx, c.ShardConns(t), db, c.Name); err != nil {
 		t.Fatal(err)
 	}
 	var conns [][]driver.Conn

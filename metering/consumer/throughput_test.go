@@ -62,7 +62,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 		c := chCluster.Get(b)
 		db = c.Database(b)
 		conn = c.Shards[0][0].Conn(b)
-		if err := schema.ApplyCluster(ctx, c.Conns(b), db, c.Name); err != nil {
+		if err := schema.ApplyCluster(ctx, c.ShardConns(b), db, c.Name); err != nil {
 			b.Fatal(err)
 		}
 		newSink = func(obs chsink.Observer) (consumer.Sink, error) {
