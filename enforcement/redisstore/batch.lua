@@ -21,15 +21,15 @@ local pos = 1
 for i = 1, #KEYS / 2 do
   local rate, burst, cost, qlimit, qend, soft
   rate, burst, cost, qlimit, qend, soft, pos = struct.unpack('<dddddd', args, pos)
-  local r = { pcall(decide, KEYS[2 * i - 1], KEYS[2 * i], rate, burst, cost, qlimit, qend, soft, now) }
-  if r[1] then
-    out[i] = struct.pack('<dddddddd', r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9])
+  local ok, a, b, c, d, e, f, g, h = pcall(decide, KEYS[2 * i - 1], KEYS[2 * i], rate, burst, cost, qlimit, qend, soft, now)
+  if ok then
+    out[i] = struct.pack('<dddddddd', a, b, c, d, e, f, g, h)
   else
     out[i] = string.rep('\0', 64)
-    local e = r[2]
-    if type(e) == 'table' then e = e.err end
+    local err = a -- a string, or a table { err = ... } from redis.call
+    if type(err) == 'table' then err = err.err end
     failed[#failed + 1] = i
-    failed[#failed + 1] = tostring(e)
+    failed[#failed + 1] = tostring(err)
   end
 end
 failed[1] = table.concat(out)

@@ -19,7 +19,8 @@ package redisstore
 // EVALSHA). Over a Cluster, where one script may only touch one slot, each
 // decision is its own EVALSHA of batch.lua in a pipeline that go-redis
 // splits by node. Callers' call records and their wake-up channels are
-// reused (sync.Pool): a decision allocates nothing of its own here.
+// reused (sync.Pool); what a decision still allocates here is its bucket
+// key and go-redis's boxing of its two keys.
 
 import (
 	"context"
