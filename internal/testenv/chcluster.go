@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
@@ -221,30 +220,6 @@ func (s *SharedClickHouseCluster) Close() {
 	if s.dir != "" {
 		os.RemoveAll(s.dir)
 	}
-}
-
-// OpenShard opens a connection to the replicas of one shard, in order (the
-// first that answers serves; the next when it is down), as the consumer
-// does. The caller closes it.
-func OpenShard(addrs []string) (driver.Conn, error) {
-	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:             addrs,
-		Auth:             clickhouse.Auth{Database: "default", Username: "default"},
-		DialTimeout:      5 * time.Second,
-		ReadTimeout:      30 * time.Second,
-		MaxOpenConns:     8,
-		ConnOpenStrategy: clickhouse.ConnOpenInOrder,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("clickhouse open %v: %w", addrs, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := conn.Ping(ctx); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("clickhouse ping %v: %w", addrs, err)
-	}
-	return conn, nil
 }
 
 // ShardConns opens one connection to every node, [shard][replica] (what
