@@ -7,14 +7,13 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
+	"github.com/ratewarden/ratewarden/internal/redisclient"
 )
 
 // config is everything the limiter reads from its environment.
 type config struct {
 	Addr              string
-	RedisAddrs        []string
-	RedisPassword     string
-	RedisKeyPrefix    string
+	Redis             redisclient.Config // every REDIS_* variable (internal/redisclient)
 	PolicyFile        string
 	KafkaBrokers      []string
 	KafkaTopic        string
@@ -51,9 +50,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	ms, s := time.Millisecond, time.Second
 	c := config{
 		Addr:              e.String("LIMITER_ADDR", "127.0.0.1:8080"),
-		RedisAddrs:        e.List("REDIS_ADDRS"),
-		RedisPassword:     e.String("REDIS_PASSWORD", ""),
-		RedisKeyPrefix:    e.String("REDIS_KEY_PREFIX", "rl"),
+		Redis:             redisclient.FromEnv(e),
 		PolicyFile:        e.String("POLICY_FILE", "deploy/policy.yaml"),
 		KafkaBrokers:      e.List("KAFKA_BROKERS"),
 		KafkaTopic:        e.String("KAFKA_TOPIC", "ratelimit.decisions"),
@@ -78,9 +75,6 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	c.Shadow = shadowConfigFrom(e, c.StoreTimeout)
 	e.HostPort("LIMITER_ADDR", c.Addr)
-	for _, a := range c.RedisAddrs {
-		e.HostPort("REDIS_ADDRS", a)
-	}
 	for _, a := range c.KafkaBrokers {
 		e.HostPort("KAFKA_BROKERS", a)
 	}

@@ -13,7 +13,7 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Addr != "127.0.0.1:8080" || c.PolicyFile != "deploy/policy.yaml" || c.KafkaTopic != "ratelimit.decisions" ||
-		c.ExpectedInstances != 1 || len(c.RedisAddrs) != 0 || len(c.KafkaBrokers) != 0 {
+		c.ExpectedInstances != 1 || len(c.Redis.Addrs) != 0 || len(c.KafkaBrokers) != 0 {
 		t.Fatalf("defaults: %+v", c)
 	}
 }
@@ -34,8 +34,8 @@ func TestConfigReportsEveryBadVariable(t *testing.T) {
 			t.Errorf("error does not name %s: %v", name, err)
 		}
 	}
-	if len(c.RedisAddrs) != 2 || c.RedisAddrs[1] != "10.0.0.2:6379" {
-		t.Errorf("REDIS_ADDRS parsed as %q", c.RedisAddrs)
+	if len(c.Redis.Addrs) != 2 || c.Redis.Addrs[1] != "10.0.0.2:6379" {
+		t.Errorf("REDIS_ADDRS parsed as %q", c.Redis.Addrs)
 	}
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/enforcement/shardguard"
 	"github.com/ratewarden/ratewarden/enforcement/split"
+	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/policy"
 )
 
@@ -84,6 +85,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	// SIGHUP also re-reads the secrets of the connections that can rotate
 	// them without a restart.
 	reloader.alsoOnHUP = append(reloader.alsoOnHUP, meter.onHUP)
+	if auth.conn != nil {
+		reloader.alsoOnHUP = append(reloader.alsoOnHUP, secretReloader("redis", auth.conn.Reload, reg, log))
+	}
 	stopReload := reloader.start(ctx)
 	defer stopReload()
 
@@ -93,8 +97,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, readiness(auth.info, lim.StoreFailing(), reloader.current(), meter.ready))
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, readiness(r.Context(), auth.info, lim.StoreFailing(), reloader.current(), meter.ready))
 	})
 	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot)))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -137,14 +141,41 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	return err
 }
 
+// secretReloader is a SIGHUP action that re-reads what rotates (a
+// password file, certificates): counted by result in
+// limiter_secret_reloads_total{what}, logged (the error names the variable
+// or file, never a secret). A failed re-read keeps what was in force.
+func secretReloader(what string, reload func() error, reg prometheus.Registerer, log *slog.Logger) func() {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name:        "limiter_secret_reloads_total",
+		Help:        "Re-reads on SIGHUP of rotating credentials and certificates, by result (ok, failed).",
+		ConstLabels: prometheus.Labels{"what": what},
+	}, []string{"result"})
+	ok, failed := c.WithLabelValues("ok"), c.WithLabelValues("failed")
+	reg.MustRegister(c)
+	return func() {
+		if err := reload(); err != nil {
+			failed.Inc()
+			log.Error("re-reading on SIGHUP failed; the previous ones stay in force", "what", what, "err", err)
+			return
+		}
+		ok.Inc()
+		log.Info("re-read on SIGHUP", "what", what)
+	}
+}
+
 // storeInfo describes the authority for /readyz.
 type storeInfo struct {
-	kind   string                        // memory | redis | redis-cluster
+	kind   string                        // memory | redis | redis-cluster | redis-sentinel
 	states func() map[string]guard.State // breaker state per shard; nil in memory mode
 	owner  func(slot uint16) string      // the shard of a hash slot (hot-key visibility); nil = one server
 	// failing reports store trouble the breakers have not (yet) seen: the
 	// fleet heartbeat failing while traffic is too light to trip them. nil = none.
 	failing func() bool
+	// diagnose says why Redis does not answer (refused credentials, a
+	// failed TLS handshake, ...), "" when it does; asked only while
+	// degraded. nil in memory mode.
+	diagnose func(ctx context.Context) string
 }
 
 // authority is the shared tier as built from the configuration, with what
@@ -160,6 +191,9 @@ type authority struct {
 	// rdb is the Redis client (nil in single-node mode): the shadow tier
 	// builds its own store, in its own key namespace, on it.
 	rdb redis.UniversalClient
+	// conn is the same client with what SIGHUP re-reads (the password, the
+	// TLS files); nil in single-node mode.
+	conn *redisclient.Client
 }
 
 func (a *authority) close(ctx context.Context) error {
@@ -175,7 +209,7 @@ func (a *authority) close(ctx context.Context) error {
 // split (split keys spread over sub-buckets) → a deadline and circuit
 // breaker per shard → auto-pipelined EVALSHA of the bucket script.
 func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*authority, error) {
-	if len(cfg.RedisAddrs) == 0 {
+	if !cfg.Redis.Enabled() {
 		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")
 		mem, stopSweep := memoryAuthority(cfg.MaxKeys)
 		a := &authority{Authority: split.New(mem, nil), info: storeInfo{kind: "memory"}}
@@ -183,28 +217,20 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 		return a, nil
 	}
 
-	a := &authority{info: storeInfo{kind: "redis"}}
-	var rdb redis.UniversalClient
-	if len(cfg.RedisAddrs) == 1 {
-		rdb = redis.NewClient(&redis.Options{
-			Addr: cfg.RedisAddrs[0], Password: cfg.RedisPassword,
-			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
-			ContextTimeoutEnabled: true, MaxRetries: -1,
-			PoolSize: 64, MinIdleConns: 8,
-		})
-	} else {
-		a.info.kind = "redis-cluster"
-		rdb = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: cfg.RedisAddrs, Password: cfg.RedisPassword,
-			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
-			ContextTimeoutEnabled: true, MaxRetries: -1,
-			PoolSize: 64, MinIdleConns: 8,
-		})
+	// Standalone, Cluster or Sentinel, with TLS and an ACL user as
+	// configured (internal/redisclient, the one place that reads REDIS_*).
+	conn, err := cfg.Redis.Open(redisclient.Options{
+		Timeout: time.Second, MaxRetries: -1, PoolSize: 64, MinIdleConns: 8,
+	})
+	if err != nil {
+		return nil, err
 	}
+	a := &authority{info: storeInfo{kind: conn.Kind(), diagnose: conn.Diagnose}, conn: conn}
+	rdb := conn.UniversalClient // the go-redis client itself: nothing between it and the hot path
 	a.rdb = rdb
 	// A pipeline never outlives a decision's deadline: a worker stuck on a
 	// dead Cluster master must not hold up the decisions of live ones.
-	pipelined := redisstore.NewPipelined(rdb, cfg.RedisKeyPrefix, redisstore.PipelineConfig{Timeout: cfg.StoreTimeout})
+	pipelined := redisstore.NewPipelined(rdb, cfg.Redis.KeyPrefix, redisstore.PipelineConfig{Timeout: cfg.StoreTimeout})
 	store := pipelined.Store()
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -220,7 +246,7 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 	}
 	var guarded enforcement.Authority
 	var guardOf func(slot uint16) *guard.Authority // the guard of the shard that owns a slot
-	if a.info.kind == "redis-cluster" {
+	if a.info.kind == redisclient.KindCluster {
 		// One breaker per master: losing one degrades only its slots. A
 		// cluster unreachable at start leaves the map unassigned (every
 		// key decides degraded) until a refresh reaches it.
@@ -396,11 +422,15 @@ func memoryAuthority(maxKeys int) (*enforcement.MemoryAuthority, func(context.Co
 }
 
 type readyBody struct {
-	Status  string     `json:"status"` // ok | degraded
-	Store   string     `json:"store"`
-	Breaker string     `json:"breaker,omitempty"`
-	Reason  string     `json:"reason,omitempty"`
-	Policy  policyInfo `json:"policy"`
+	Status  string `json:"status"` // ok | degraded
+	Store   string `json:"store"`
+	Breaker string `json:"breaker,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	// Cause is why Redis does not answer, in words (refused credentials, a
+	// failed TLS handshake, a refused connection), while degraded; it names
+	// the variables to check and never a secret.
+	Cause  string     `json:"cause,omitempty"`
+	Policy policyInfo `json:"policy"`
 	// Metering is the Kafka connection of the decision events; absent
 	// when metering is off.
 	Metering *meteringStatus `json:"metering,omitempty"`
@@ -425,7 +455,7 @@ type policyInfo struct {
 // outage into a platform outage; the same holds, more so, for a Kafka that
 // refuses the metering credential (enforcement never waits on accounting).
 // The body says which.
-func readiness(s storeInfo, storeFailing bool, p policyInfo, metering func() (bool, string)) readyBody {
+func readiness(ctx context.Context, s storeInfo, storeFailing bool, p policyInfo, metering func() (bool, string)) readyBody {
 	b := readyBody{Status: "ok", Store: s.kind, Policy: p}
 	if metering != nil {
 		b.Metering = &meteringStatus{Status: "ok"}
@@ -461,6 +491,11 @@ func readiness(s storeInfo, storeFailing bool, p policyInfo, metering func() (bo
 	case s.failing != nil && s.failing():
 		b.Status = "degraded"
 		b.Reason = "the fleet heartbeat cannot reach the shared store: decisions will be degraded"
+	}
+	if b.Status == "degraded" && s.diagnose != nil {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		b.Cause = s.diagnose(ctx)
 	}
 	return b
 }

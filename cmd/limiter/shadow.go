@@ -74,7 +74,7 @@ func buildShadow(cfg config, a *authority, reg prometheus.Registerer, log *slog.
 		store = mem
 		closers = append(closers, stopSweep)
 	} else {
-		pipelined := redisstore.NewPipelined(a.rdb, shadowKeyPrefix(cfg.RedisKeyPrefix), redisstore.PipelineConfig{Timeout: cfg.Shadow.Timeout})
+		pipelined := redisstore.NewPipelined(a.rdb, shadowKeyPrefix(cfg.Redis.KeyPrefix), redisstore.PipelineConfig{Timeout: cfg.Shadow.Timeout})
 		store = guard.New(pipelined, guard.Settings{
 			Timeout:             cfg.Shadow.Timeout,
 			ConsecutiveFailures: uint32(cfg.BreakerFailures),

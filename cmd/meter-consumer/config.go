@@ -9,6 +9,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/chcluster"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
+	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/schema"
 )
 
@@ -33,11 +34,9 @@ type config struct {
 	StallAfter     time.Duration // METER_STALL_AFTER, stall watchdog: no progress with lag for this long
 
 	// The quota reconciler (metering/reconcile) runs when REDIS_ADDRS is set.
-	RedisAddrs     []string      // REDIS_ADDRS: the limiters' Redis (one address) or Cluster (several)
-	RedisPassword  string        // REDIS_PASSWORD
-	RedisKeyPrefix string        // REDIS_KEY_PREFIX, as the limiters'
-	PolicyFile     string        // POLICY_FILE, the limiters' policy (which quotas exist)
-	ReconcileEvery time.Duration // METER_RECONCILE_EVERY, between reconcile passes
+	Redis          redisclient.Config // REDIS_* (internal/redisclient), the limiters' Redis
+	PolicyFile     string             // POLICY_FILE, the limiters' policy (which quotas exist)
+	ReconcileEvery time.Duration      // METER_RECONCILE_EVERY, between reconcile passes
 }
 
 // loadConfig reads and validates the configuration; the error names every
@@ -59,15 +58,10 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DedupWindow:     e.Int("METER_DEDUP_WINDOW", 250_000, 1, 100_000_000),
 		SessionTimeout:  e.Duration("METER_SESSION_TIMEOUT", 10*time.Second, time.Second, 5*time.Minute),
 		StallAfter:      e.Duration("METER_STALL_AFTER", 2*time.Minute, time.Second, 24*time.Hour),
-		RedisAddrs:      e.List("REDIS_ADDRS"),
-		RedisPassword:   e.Raw("REDIS_PASSWORD"),
-		RedisKeyPrefix:  e.String("REDIS_KEY_PREFIX", "rl"),
+		Redis:           redisclient.FromEnv(e),
 		PolicyFile:      e.String("POLICY_FILE", "deploy/policy.yaml"),
 		ReconcileEvery:  e.Duration("METER_RECONCILE_EVERY", 30*time.Second, 100*time.Millisecond, time.Hour),
 		Cluster:         chcluster.FromEnv(e),
-	}
-	for _, a := range c.RedisAddrs {
-		e.HostPort("REDIS_ADDRS", a)
 	}
 	if len(c.KafkaBrokers) == 0 {
 		e.Fail("KAFKA_BROKERS", "required (comma-separated host:port)")

@@ -166,7 +166,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		})
 	}
 
-	if len(cfg.RedisAddrs) > 0 {
+	if cfg.Redis.Enabled() {
 		rc, err := buildReconciler(cfg, conn, &schemaReady, reg, log)
 		if err != nil {
 			return err
@@ -238,13 +238,20 @@ func healthMux(reg *prometheus.Registry, components []component) http.Handler {
 	return mux
 }
 
+// redisOptions tune the quota reconciler's Redis client.
+var redisOptions = redisclient.Options{Timeout: 2 * time.Second, PoolSize: 16}
+
 // buildReconciler is the quota reconciler (metering/reconcile): every
 // METER_RECONCILE_EVERY it raises the limiters' quota counters in Redis to
 // what the rollups record, so that a Redis that lost its state does not hand
 // out a fresh allowance. It waits for the schema like the others.
 func buildReconciler(cfg config, conn driver.Conn, schemaReady *atomic.Bool, reg *prometheus.Registry, log *slog.Logger) (component, error) {
 	rlog := log.With("component", "reconciler")
-	rdb := redisclient.New(cfg.RedisAddrs, cfg.RedisPassword, 2*time.Second)
+	rc, err := cfg.Redis.Open(redisOptions)
+	if err != nil {
+		return component{}, err
+	}
+	rdb := rc.UniversalClient
 	reader, err := quotause.NewReader(conn, cfg.Database)
 	if err != nil {
 		return component{}, err
@@ -256,13 +263,13 @@ func buildReconciler(cfg config, conn driver.Conn, schemaReady *atomic.Bool, reg
 		return component{}, fmt.Errorf("POLICY_FILE %s: %w", cfg.PolicyFile, err)
 	}
 	rec, err := reconcile.New(reconcile.Config{
-		Redis: rdb, KeyPrefix: cfg.RedisKeyPrefix, Rows: reader, Policy: pol.Get,
+		Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Rows: reader, Policy: pol.Get,
 		Every: cfg.ReconcileEvery, Logger: rlog, Registry: reg,
 	})
 	if err != nil {
 		return component{}, err
 	}
-	log.Info("quota reconciler on", "redis", cfg.RedisAddrs, "every", cfg.ReconcileEvery.String(), "policy", cfg.PolicyFile)
+	log.Info("quota reconciler on", "redis", cfg.Redis.Addrs, "redis_kind", rc.Kind(), "redis_tls", cfg.Redis.TLS, "every", cfg.ReconcileEvery.String(), "policy", cfg.PolicyFile)
 	return component{
 		name: "reconciler",
 		run: func(ctx context.Context) error {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/chcluster"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/metering/usage"
 	"github.com/ratewarden/ratewarden/schema"
 )
@@ -23,9 +24,7 @@ type config struct {
 
 	// Optional: the limiters' Redis, read by the quota view for what the
 	// enforced counters say is left.
-	RedisAddrs     []string // REDIS_ADDRS: empty = the record only
-	RedisPassword  string   // REDIS_PASSWORD
-	RedisKeyPrefix string   // REDIS_KEY_PREFIX, as the limiters'
+	Redis redisclient.Config // REDIS_* (internal/redisclient): no REDIS_ADDRS = the record only
 }
 
 // minAdminToken is the shortest accepted USAGE_ADMIN_TOKEN, in bytes.
@@ -43,13 +42,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 		TokenSecret:    e.Raw("USAGE_TOKEN_SECRET"),
 		PolicyFile:     e.String("POLICY_FILE", "deploy/policy.yaml"),
 		QueryTimeout:   e.Duration("USAGE_QUERY_TIMEOUT", 10*time.Second, 100*time.Millisecond, 5*time.Minute),
-		RedisAddrs:     e.List("REDIS_ADDRS"),
-		RedisPassword:  e.Raw("REDIS_PASSWORD"),
-		RedisKeyPrefix: e.String("REDIS_KEY_PREFIX", "rl"),
+		Redis:          redisclient.FromEnv(e),
 		Cluster:        chcluster.FromEnv(e),
-	}
-	for _, a := range c.RedisAddrs {
-		e.HostPort("REDIS_ADDRS", a)
 	}
 	e.HostPort("USAGE_API_ADDR", c.Addr)
 	e.HostPort("CLICKHOUSE_ADDR", c.ClickHouseAddr)

@@ -21,6 +21,9 @@ import (
 	"github.com/ratewarden/ratewarden/schema"
 )
 
+// redisOptions tune the client of the quota view (GET /v1/quota).
+var redisOptions = redisclient.Options{Timeout: time.Second, PoolSize: 16}
+
 // run serves until ctx ends, then drains in-flight requests (at most 10 s).
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	conn, err := openClickHouse(cfg, cfg.ClickHouseAddr)
@@ -40,15 +43,19 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var rdb redis.UniversalClient
-	if len(cfg.RedisAddrs) > 0 {
-		rdb = redisclient.New(cfg.RedisAddrs, cfg.RedisPassword, time.Second)
-		defer rdb.Close()
+	if cfg.Redis.Enabled() {
+		conn, err := cfg.Redis.Open(redisOptions)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		rdb = conn.UniversalClient
 	} else {
 		log.Warn("REDIS_ADDRS is empty: the quota view shows the usage record only, not what the limiter's counters say is left")
 	}
 	srv, err := usage.New(usage.Config{Store: store, Signer: signer, AdminToken: cfg.AdminToken,
 		PolicyPath: cfg.PolicyFile, Logger: log, Registry: reg, QueryTimeout: cfg.QueryTimeout,
-		Redis: rdb, KeyPrefix: cfg.RedisKeyPrefix})
+		Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix})
 	if err != nil {
 		return err
 	}

@@ -107,29 +107,55 @@ func TestBinariesBuildStatic(t *testing.T) {
 	}
 }
 
-var envLiteral = regexp.MustCompile(`"([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)"`)
+var (
+	envLiteral = regexp.MustCompile(`"([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)"`)
+	// secretRead is envconfig's Reader.Secret: NAME_FILE is read as well.
+	secretRead = regexp.MustCompile(`\.Secret\("([A-Z][A-Z0-9_]*)"\)`)
+	// internalImport is an import of one of the repository's internal
+	// packages, where shared configuration (internal/redisclient's REDIS_*)
+	// is read on a binary's behalf.
+	internalImport = regexp.MustCompile(`"github\.com/ratewarden/ratewarden/(internal/[a-z0-9/]+)"`)
+)
 
 // knownEnv is the set of environment variable names a binary's main
-// package mentions (its configuration code), e.g. "LIMITER_ADDR".
+// package mentions (its configuration code), e.g. "LIMITER_ADDR", with
+// those of the internal packages it imports, and NAME_FILE for every
+// secret read through envconfig's Reader.Secret.
 func knownEnv(tb testing.TB, bin string) map[string]bool {
 	tb.Helper()
-	files, err := filepath.Glob(filepath.Join(repoRoot(tb), "cmd", bin, "*.go"))
-	if err != nil || len(files) == 0 {
-		tb.Fatalf("no sources for cmd/%s", bin)
-	}
+	root := repoRoot(tb)
 	out := map[string]bool{}
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
+	seen := map[string]bool{}
+	var scan func(dir string)
+	scan = func(dir string) {
+		if seen[dir] {
+			return
 		}
-		raw, err := os.ReadFile(f)
-		if err != nil {
-			tb.Fatal(err)
+		seen[dir] = true
+		files, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
+		if err != nil || len(files) == 0 {
+			tb.Fatalf("no sources in %s", dir)
 		}
-		for _, m := range envLiteral.FindAllSubmatch(raw, -1) {
-			out[string(m[1])] = true
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			raw, err := os.ReadFile(f)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			for _, m := range envLiteral.FindAllSubmatch(raw, -1) {
+				out[string(m[1])] = true
+			}
+			for _, m := range secretRead.FindAllSubmatch(raw, -1) {
+				out[string(m[1])+"_FILE"] = true
+			}
+			for _, m := range internalImport.FindAllSubmatch(raw, -1) {
+				scan(string(m[1]))
+			}
 		}
 	}
+	scan(filepath.Join("cmd", bin))
 	return out
 }
 

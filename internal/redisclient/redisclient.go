@@ -1,29 +1,361 @@
-// Package redisclient builds the go-redis client of the accounting-side
-// binaries (meter-consumer's reconciler, usage-api) from REDIS_ADDRS the way
-// the limiter reads it: one address is a standalone server, several are the
-// seed nodes of a Redis Cluster.
+// Package redisclient is the one place that turns the REDIS_* environment
+// into a go-redis client, for every binary (limiter, meter-consumer,
+// usage-api): standalone Redis, Redis Cluster or Redis Sentinel; an ACL user
+// and password; TLS with a CA bundle, an optional client certificate, a
+// server name and a minimum version.
+//
+// Rotation without a restart: the password (REDIS_PASSWORD or the file
+// named by REDIS_PASSWORD_FILE) and the TLS files are re-read by
+// Client.Reload, which a binary calls on SIGHUP. go-redis asks for the
+// credentials (CredentialsProviderContext) and the TLS configuration (a
+// Dialer of ours) each time it opens a connection, so new connections use
+// what was last read; established connections stay as they are (Redis does
+// not drop them when a password changes).
 package redisclient
 
 import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/tlsconf"
 )
 
-// New returns a client for addrs (len(addrs) ≥ 1). timeout bounds dialing,
-// reads and writes; callers still put a deadline on every call
-// (ContextTimeoutEnabled makes go-redis honour it).
-func New(addrs []string, password string, timeout time.Duration) redis.UniversalClient {
-	if len(addrs) == 1 {
-		return redis.NewClient(&redis.Options{
-			Addr: addrs[0], Password: password,
-			DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout,
-			ContextTimeoutEnabled: true, PoolSize: 16,
+// Kinds of deployment, as Config.Kind reports them (and the limiter's
+// /readyz "store" field).
+const (
+	KindStandalone = "redis"
+	KindCluster    = "redis-cluster"
+	KindSentinel   = "redis-sentinel"
+)
+
+// secrets are kept behind a pointer: a Config printed by mistake (%+v of
+// a binary's whole configuration) shows an address, never the values.
+type secrets struct {
+	password         string // REDIS_PASSWORD or REDIS_PASSWORD_FILE, as read at start
+	sentinelPassword string // REDIS_SENTINEL_PASSWORD(_FILE)
+}
+
+// Config is the connection to Redis as the environment describes it. Read
+// it with FromEnv; the zero value means "no Redis" (Enabled is false).
+type Config struct {
+	Addrs     []string // REDIS_ADDRS: one = standalone, several = Cluster seeds, or the sentinels
+	KeyPrefix string   // REDIS_KEY_PREFIX (default "rl"), the limiters' key namespace
+	Username  string   // REDIS_USERNAME: ACL user; "" = the default user
+
+	SentinelMaster   string // REDIS_SENTINEL_MASTER: set = Addrs are sentinels
+	SentinelUsername string // REDIS_SENTINEL_USERNAME: ACL user on the sentinels
+
+	TLS      bool          // REDIS_TLS
+	TLSFiles tlsconf.Files // REDIS_TLS_CA_FILE, _CERT_FILE, _KEY_FILE, _SERVER_NAME, _MIN_VERSION
+
+	secrets   *secrets
+	getenv    func(string) string
+	tlsConfig *tls.Config // built (and so validated) by FromEnv
+}
+
+// Format prints the configuration without its secrets, whatever the verb:
+// a binary's whole configuration printed by mistake must not leak them.
+func (c Config) Format(f fmt.State, _ rune) {
+	fmt.Fprintf(f, "{Addrs:%v KeyPrefix:%s Username:%s SentinelMaster:%s SentinelUsername:%s TLS:%t TLSFiles:%+v Password:[redacted]}",
+		c.Addrs, c.KeyPrefix, c.Username, c.SentinelMaster, c.SentinelUsername, c.TLS, c.TLSFiles)
+}
+
+// Enabled reports whether REDIS_ADDRS names any server.
+func (c Config) Enabled() bool { return len(c.Addrs) > 0 }
+
+// Kind is KindStandalone, KindCluster or KindSentinel.
+func (c Config) Kind() string {
+	switch {
+	case c.SentinelMaster != "":
+		return KindSentinel
+	case len(c.Addrs) > 1:
+		return KindCluster
+	}
+	return KindStandalone
+}
+
+// FromEnv reads every REDIS_* variable through e (problems are recorded on
+// e, each naming its variable; the TLS files are read and checked now, so
+// an unreadable CA or a certificate without its key stops the start).
+func FromEnv(e *envconfig.Reader) Config {
+	c := Config{
+		Addrs:            e.List("REDIS_ADDRS"),
+		KeyPrefix:        e.String("REDIS_KEY_PREFIX", "rl"),
+		Username:         e.String("REDIS_USERNAME", ""),
+		SentinelMaster:   e.String("REDIS_SENTINEL_MASTER", ""),
+		SentinelUsername: e.String("REDIS_SENTINEL_USERNAME", ""),
+		secrets: &secrets{
+			password:         e.Secret("REDIS_PASSWORD"),
+			sentinelPassword: e.Secret("REDIS_SENTINEL_PASSWORD"),
+		},
+		getenv: e.Raw, // Reload re-reads the password through it
+	}
+	for _, a := range c.Addrs {
+		e.HostPort("REDIS_ADDRS", a)
+	}
+	if c.SentinelMaster != "" && len(c.Addrs) == 0 {
+		e.Fail("REDIS_SENTINEL_MASTER", "needs the sentinels' addresses in REDIS_ADDRS")
+	}
+	switch v := strings.TrimSpace(e.Raw("REDIS_TLS")); strings.ToLower(v) {
+	case "", "false", "0", "no":
+	case "true", "1", "yes":
+		c.TLS = true
+	default:
+		e.Fail("REDIS_TLS", "%q is not true or false", v)
+	}
+	c.TLSFiles = tlsconf.Files{
+		CAFile:     e.String("REDIS_TLS_CA_FILE", ""),
+		CertFile:   e.String("REDIS_TLS_CERT_FILE", ""),
+		KeyFile:    e.String("REDIS_TLS_KEY_FILE", ""),
+		ServerName: e.String("REDIS_TLS_SERVER_NAME", ""),
+	}
+	min, err := tlsconf.MinVersion(e.Raw("REDIS_TLS_MIN_VERSION"))
+	if err != nil {
+		e.Fail("REDIS_TLS_MIN_VERSION", "%v", err)
+	}
+	c.TLSFiles.MinVersion = min
+	if !c.TLS {
+		// A CA given without REDIS_TLS=true would otherwise connect in
+		// plain text while the operator believes it is encrypted.
+		for name, v := range map[string]string{
+			"REDIS_TLS_CA_FILE": c.TLSFiles.CAFile, "REDIS_TLS_CERT_FILE": c.TLSFiles.CertFile,
+			"REDIS_TLS_KEY_FILE": c.TLSFiles.KeyFile, "REDIS_TLS_SERVER_NAME": c.TLSFiles.ServerName,
+		} {
+			if v != "" {
+				e.Fail(name, "is set but REDIS_TLS is not true (set REDIS_TLS=true to connect with TLS)")
+			}
+		}
+		return c
+	}
+	c.tlsConfig, err = tlsconf.Client(c.TLSFiles)
+	failTLS(e, err)
+	return c
+}
+
+// failTLS records each problem of tlsconf.Client under its variable.
+func failTLS(e *envconfig.Reader, err error) {
+	if err == nil {
+		return
+	}
+	names := map[string]string{"CA": "REDIS_TLS_CA_FILE", "cert": "REDIS_TLS_CERT_FILE", "key": "REDIS_TLS_KEY_FILE"}
+	var errs []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	} else {
+		errs = []error{err}
+	}
+	for _, err := range errs {
+		var p *tlsconf.Problem
+		if errors.As(err, &p) {
+			e.Fail(names[p.Var], "%v", p.Err)
+		} else {
+			e.Fail("REDIS_TLS", "%v", err)
+		}
+	}
+}
+
+// Options are a binary's tuning of its client; zero values are go-redis's
+// defaults.
+type Options struct {
+	Timeout      time.Duration // dialing (with the TLS handshake), each read and each write
+	PoolSize     int           // connections per node
+	MinIdleConns int
+	MaxRetries   int // -1 = never retry (the limiter: a late answer is worth nothing)
+}
+
+// Client is a go-redis client built from a Config, with what rotation
+// needs. Safe for concurrent use.
+type Client struct {
+	redis.UniversalClient
+	kind  string
+	creds *credentials
+	tls   *dialer // nil without TLS
+	diag  diagnosis
+}
+
+// Open builds the client. It does not contact Redis: a server that is down
+// at start is found out, and waited for, by the first commands.
+func (c Config) Open(o Options) (*Client, error) {
+	if !c.Enabled() {
+		return nil, errors.New("REDIS_ADDRS is empty")
+	}
+	if c.TLS && c.tlsConfig == nil {
+		return nil, errors.New("REDIS_TLS: the TLS configuration was not read (use FromEnv)")
+	}
+	cl := &Client{kind: c.Kind(), creds: &credentials{user: c.Username, getenv: c.getenv}}
+	if c.secrets == nil {
+		c.secrets = &secrets{}
+	}
+	pw := c.secrets.password
+	cl.creds.pw.Store(&pw)
+	var dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	if c.TLS {
+		cl.tls = &dialer{files: c.TLSFiles, timeout: o.Timeout}
+		cl.tls.cfg.Store(c.tlsConfig)
+		dial = cl.tls.dial
+	}
+	switch cl.kind {
+	case KindSentinel:
+		cl.UniversalClient = redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName: c.SentinelMaster, SentinelAddrs: c.Addrs,
+			SentinelUsername: c.SentinelUsername, SentinelPassword: c.secrets.sentinelPassword,
+			CredentialsProviderContext: cl.creds.provide, Dialer: dial,
+			DialTimeout: o.Timeout, ReadTimeout: o.Timeout, WriteTimeout: o.Timeout,
+			ContextTimeoutEnabled: true, MaxRetries: o.MaxRetries,
+			PoolSize: o.PoolSize, MinIdleConns: o.MinIdleConns,
+		})
+	case KindCluster:
+		cl.UniversalClient = redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                      c.Addrs,
+			CredentialsProviderContext: cl.creds.provide, Dialer: dial,
+			DialTimeout: o.Timeout, ReadTimeout: o.Timeout, WriteTimeout: o.Timeout,
+			ContextTimeoutEnabled: true, MaxRetries: o.MaxRetries,
+			PoolSize: o.PoolSize, MinIdleConns: o.MinIdleConns,
+		})
+	default:
+		cl.UniversalClient = redis.NewClient(&redis.Options{
+			Addr:                       c.Addrs[0],
+			CredentialsProviderContext: cl.creds.provide, Dialer: dial,
+			DialTimeout: o.Timeout, ReadTimeout: o.Timeout, WriteTimeout: o.Timeout,
+			ContextTimeoutEnabled: true, MaxRetries: o.MaxRetries,
+			PoolSize: o.PoolSize, MinIdleConns: o.MinIdleConns,
 		})
 	}
-	return redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs: addrs, Password: password,
-		DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout,
-		ContextTimeoutEnabled: true, PoolSize: 16,
-	})
+	return cl, nil
+}
+
+// Kind is KindStandalone, KindCluster or KindSentinel.
+func (c *Client) Kind() string { return c.kind }
+
+// Reload re-reads the password (REDIS_PASSWORD_FILE) and, with TLS, the CA
+// bundle and client certificate; connections opened from now on use them.
+// On an error nothing changes (the error names the variable, never the
+// secret). The sentinels' password is read at start only.
+func (c *Client) Reload() error {
+	pw, err := envconfig.ReadSecret(c.creds.getenv, "REDIS_PASSWORD")
+	if err != nil {
+		return err
+	}
+	var cfg *tls.Config
+	if c.tls != nil {
+		e := envconfig.New(func(string) string { return "" })
+		cfg, err = tlsconf.Client(c.tls.files)
+		failTLS(e, err)
+		if err := e.Err(); err != nil {
+			return err
+		}
+	}
+	c.creds.pw.Store(&pw)
+	if cfg != nil {
+		c.tls.cfg.Store(cfg)
+	}
+	return nil
+}
+
+// credentials hands go-redis the user and the latest password read.
+type credentials struct {
+	user   string
+	pw     atomic.Pointer[string]
+	getenv func(string) string
+}
+
+func (c *credentials) provide(context.Context) (string, string, error) {
+	return c.user, *c.pw.Load(), nil
+}
+
+// dialer opens TLS connections with the configuration last read, so that a
+// replaced CA bundle or client certificate applies without a restart.
+type dialer struct {
+	files   tlsconf.Files
+	timeout time.Duration
+	cfg     atomic.Pointer[tls.Config]
+}
+
+func (d *dialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	timeout := d.timeout
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	nd := net.Dialer{Timeout: timeout, KeepAlive: 5 * time.Minute}
+	raw, err := nd.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	cfg := d.cfg.Load()
+	if cfg.ServerName == "" {
+		// As tls.Dial does: verify against the host dialed (a Cluster
+		// node's announced address, a Sentinel's master address).
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			host = addr
+		}
+		cfg = cfg.Clone()
+		cfg.ServerName = host
+	}
+	conn := tls.Client(raw, cfg)
+	hctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := conn.HandshakeContext(hctx); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
+	}
+	return conn, nil
+}
+
+// Diagnose asks Redis for a PING (bounded by ctx) and says in words why it
+// failed, or "" when it answered. The text names the variables to check
+// and never contains the password. Calls within a second of the previous
+// one reuse its answer, so that a readiness probe polled hard does not
+// open a connection per poll while Redis refuses them.
+func (c *Client) Diagnose(ctx context.Context) string {
+	return c.diag.get(func() string { return c.explain(c.Ping(ctx).Err()) })
+}
+
+// explain is Diagnose's wording for an error a command returned.
+func (c *Client) explain(err error) string {
+	if err == nil {
+		return ""
+	}
+	msg := err.Error()
+	if pw := *c.creds.pw.Load(); pw != "" {
+		msg = strings.ReplaceAll(msg, pw, "[redacted]") // never echoed by Redis; belt and braces
+	}
+	switch {
+	case strings.Contains(msg, "WRONGPASS") || strings.Contains(msg, "NOAUTH") || strings.Contains(msg, "NOPERM"):
+		return "Redis refused the credentials (check REDIS_USERNAME and REDIS_PASSWORD / REDIS_PASSWORD_FILE; after rotating the file, send SIGHUP): " + msg
+	case strings.Contains(msg, "x509:") || strings.Contains(msg, "tls:") || strings.Contains(msg, "TLS handshake"):
+		return "TLS to Redis failed (check REDIS_TLS_CA_FILE, REDIS_TLS_SERVER_NAME and the client certificate): " + msg
+	case strings.Contains(msg, "connection reset") || strings.Contains(msg, "EOF"):
+		if c.tls == nil {
+			return "Redis closed the connection (a TLS-only server needs REDIS_TLS=true): " + msg
+		}
+	}
+	return "Redis did not answer: " + msg
+}
+
+// diagnosis caches one answer for a second.
+type diagnosis struct {
+	mu   sync.Mutex
+	at   time.Time
+	last string
+}
+
+func (d *diagnosis) get(probe func() string) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.at.IsZero() && time.Since(d.at) < time.Second {
+		return d.last
+	}
+	d.last, d.at = probe(), time.Now()
+	return d.last
 }

@@ -15,6 +15,17 @@ import (
 // Cluster is a real Redis Cluster of masters only, on loopback.
 type Cluster struct {
 	Masters []*Redis
+	secure  *Secure // nil = plain text, no ACL (StartSecureCluster sets it)
+}
+
+// cli is redis-cli with args against the node on port (over TLS, as the
+// ACL user, when the cluster is secured).
+func (c *Cluster) cli(ctx context.Context, port int, args ...string) *exec.Cmd {
+	full := []string{"-p", strconv.Itoa(port)}
+	if c.secure != nil {
+		full = append(full, c.secure.cliArgs()...)
+	}
+	return exec.CommandContext(ctx, "redis-cli", append(full, args...)...)
 }
 
 // Addrs are host:port of every master, for REDIS_ADDRS or redis.ClusterOptions.Addrs.
@@ -137,7 +148,11 @@ func NewClusterAt(dir string, ports []int) (*Cluster, error) {
 func (c *Cluster) create() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	var args []string
+	if c.secure != nil {
+		args = c.secure.cliArgs()
+	}
+	args = append(append(args, "--cluster", "create"), c.Addrs()...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
 	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
 		return fmt.Errorf("redis-cli --cluster create: %w: %s", err, out)
@@ -179,7 +194,7 @@ func (c *Cluster) WaitOK(ctx context.Context, skip map[int]bool) error {
 			if skip[i] || m.proc == nil || m.proc.Exited() {
 				continue
 			}
-			out, err := exec.CommandContext(ctx, "redis-cli", "-p", strconv.Itoa(m.Port), "cluster", "info").Output()
+			out, err := c.cli(ctx, m.Port, "cluster", "info").Output()
 			s := string(out)
 			if err != nil || !strings.Contains(s, "cluster_state:ok") || !strings.Contains(s, "cluster_slots_assigned:16384") ||
 				!strings.Contains(s, "cluster_known_nodes:"+strconv.Itoa(len(c.Masters))) {
@@ -211,7 +226,7 @@ func (c *Cluster) KillMaster(tb testing.TB, i int) {
 			continue
 		}
 		for {
-			out, _ := exec.CommandContext(ctx, "redis-cli", "-p", strconv.Itoa(m.Port), "cluster", "nodes").Output()
+			out, _ := c.cli(ctx, m.Port, "cluster", "nodes").Output()
 			failed := false
 			for _, line := range strings.Split(string(out), "\n") {
 				if strings.Contains(line, dead) && strings.Contains(line, "fail") && !strings.Contains(line, "fail?") {

@@ -11,10 +11,11 @@ import (
 
 // Redis is a redis-server started on a free loopback port with no persistence.
 type Redis struct {
-	Port int
-	dir  string
-	args []string
-	proc *Process
+	Port   int
+	dir    string
+	args   []string
+	proc   *Process
+	secure *Secure // nil = plain text, no ACL (StartSecureRedis sets it)
 }
 
 // Addr is host:port of the server.
