@@ -8,6 +8,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/internal/tlsconf"
 )
 
 // config is everything the limiter reads from its environment.
@@ -37,6 +38,10 @@ type config struct {
 	LeaseMaxHold    time.Duration // leased tokens unused this long go back
 	FleetHeartbeat  time.Duration // period of the fleet heartbeat (live instance count)
 	Shadow          shadowConfig  // shadow limits beside enforcement (shadow.go)
+
+	// ListenTLS is the certificate of the HTTP and gRPC listeners
+	// (LIMITER_TLS_CERT_FILE, LIMITER_TLS_KEY_FILE); nil = plain text.
+	ListenTLS *tlsconf.ServerCert
 
 	GRPCAddr          string // the Envoy rate limit service; empty = off
 	GRPCAddrIsDefault bool   // LIMITER_GRPC_ADDR unset: a taken port is a warning, not a failure
@@ -79,6 +84,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		e.HostPort("KAFKA_BROKERS", a)
 	}
 	c.GRPCAddr, c.GRPCAddrIsDefault = grpcAddrFrom(e)
+	c.ListenTLS = tlsconf.ServerFromEnv(e, "LIMITER_TLS_CERT_FILE", "LIMITER_TLS_KEY_FILE")
 	if c.LocalHeadroom < 1 {
 		e.Fail("LIMITER_LOCAL_HEADROOM", "must be ≥ 1")
 	}

@@ -184,6 +184,7 @@ func startGRPC(cfg config, lim *enforcement.Limiter, reg prometheus.Registerer, 
 		auth.token = []byte(cfg.AuthToken)
 	}
 	srv := grpc.NewServer(
+		grpc.Creds(grpcCreds(cfg.ListenTLS)), // plain text unless LIMITER_TLS_CERT_FILE (listentls.go)
 		grpc.MaxRecvMsgSize(grpcMaxMessage),
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.SharedWriteBuffer(true),
@@ -223,7 +224,8 @@ func startGRPC(cfg config, lim *enforcement.Limiter, reg prometheus.Registerer, 
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("envoy rate limit service listening", "addr", ln.Addr().String(), "service", rlsv3.RateLimitService_ServiceDesc.ServiceName)
+	log.Info("envoy rate limit service listening", "addr", ln.Addr().String(), "service", rlsv3.RateLimitService_ServiceDesc.ServiceName,
+		"tls", cfg.ListenTLS != nil)
 	return func(ctx context.Context) error {
 		hs.Shutdown() // NOT_SERVING: health checkers stop sending first
 		stopped := make(chan struct{})

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -61,7 +62,13 @@ func startLimiter(t *testing.T, policyYAML string, env ...string) *limiterProc {
 	cmd := exec.Command(limiterBin)
 	cmd.Env = append(os.Environ(), "LIMITER_ADDR="+addr, "POLICY_FILE="+policyPath)
 	cmd.Env = append(cmd.Env, env...)
-	p := &limiterProc{url: "http://" + addr, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
+	scheme := "http"
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "LIMITER_TLS_CERT_FILE=") {
+			scheme = "https" // the test verifies the certificate itself (listentls_test.go)
+		}
+	}
+	p := &limiterProc{url: scheme + "://" + addr, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = p.logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -82,7 +89,7 @@ func startLimiter(t *testing.T, policyYAML string, env ...string) *limiterProc {
 	})
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		resp, err := http.Get(p.url + "/healthz")
+		resp, err := startClient.Get(p.url + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			return p
@@ -110,6 +117,13 @@ type decision struct {
 	WouldAllow   bool   `json:"wouldAllow"`
 	Policy       string `json:"policy"`
 }
+
+// startClient only waits for a limiter to answer, over HTTPS too (without
+// verifying its certificate: that is what the TLS tests check, with their
+// own clients).
+var startClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+	TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+}}
 
 var client = &http.Client{
 	Timeout:   5 * time.Second,

@@ -88,6 +88,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if auth.conn != nil {
 		reloader.alsoOnHUP = append(reloader.alsoOnHUP, secretReloader("redis", auth.conn.Reload, reg, log))
 	}
+	if cfg.ListenTLS != nil {
+		reloader.alsoOnHUP = append(reloader.alsoOnHUP, secretReloader("listener-certificate", cfg.ListenTLS.Reload, reg, log))
+	}
 	stopReload := reloader.start(ctx)
 	defer stopReload()
 
@@ -120,9 +123,15 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return fmt.Errorf("listen on LIMITER_ADDR %s: %w", cfg.Addr, err)
 	}
 	log.Info("limiter listening", "addr", ln.Addr().String(), "store", auth.info.kind,
-		"expected_instances", cfg.ExpectedInstances, "policy", cfg.PolicyFile, "instance", cfg.InstanceID)
+		"expected_instances", cfg.ExpectedInstances, "policy", cfg.PolicyFile, "instance", cfg.InstanceID,
+		"tls", cfg.ListenTLS != nil)
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	if cfg.ListenTLS != nil {
+		srv.TLSConfig = cfg.ListenTLS.Config()
+		go func() { serveErr <- srv.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { serveErr <- srv.Serve(ln) }()
+	}
 
 	select {
 	case err := <-serveErr:

@@ -7,6 +7,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/chcluster"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/internal/tlsconf"
 	"github.com/ratewarden/ratewarden/metering/usage"
 	"github.com/ratewarden/ratewarden/schema"
 )
@@ -25,6 +26,10 @@ type config struct {
 	// Optional: the limiters' Redis, read by the quota view for what the
 	// enforced counters say is left.
 	Redis redisclient.Config // REDIS_* (internal/redisclient): no REDIS_ADDRS = the record only
+
+	// ListenTLS is the API's certificate (USAGE_API_TLS_CERT_FILE,
+	// USAGE_API_TLS_KEY_FILE; re-read on SIGHUP); nil = plain HTTP.
+	ListenTLS *tlsconf.ServerCert
 }
 
 // minAdminToken is the shortest accepted USAGE_ADMIN_TOKEN, in bytes.
@@ -46,6 +51,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Cluster:        chcluster.FromEnv(e),
 	}
 	e.HostPort("USAGE_API_ADDR", c.Addr)
+	c.ListenTLS = tlsconf.ServerFromEnv(e, "USAGE_API_TLS_CERT_FILE", "USAGE_API_TLS_KEY_FILE")
 	e.HostPort("CLICKHOUSE_ADDR", c.ClickHouseAddr)
 	if !schema.ValidDatabase.MatchString(c.Database) {
 		e.Fail("CLICKHOUSE_DATABASE", "%q is not an identifier ([A-Za-z_][A-Za-z0-9_]*)", c.Database)

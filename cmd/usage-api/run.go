@@ -7,7 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -43,6 +46,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var rdb redis.UniversalClient
+	var onHUP []func() error // what SIGHUP re-reads: rotated secrets and certificates
 	if cfg.Redis.Enabled() {
 		conn, err := cfg.Redis.Open(redisOptions)
 		if err != nil {
@@ -50,6 +54,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		defer conn.Close()
 		rdb = conn.UniversalClient
+		onHUP = append(onHUP, conn.Reload)
 	} else {
 		log.Warn("REDIS_ADDRS is empty: the quota view shows the usage record only, not what the limiter's counters say is left")
 	}
@@ -101,8 +106,16 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(ln) }()
-	log.Info("usage-api listening", "addr", ln.Addr().String(), "clickhouse", cfg.ClickHouseAddr, "database", cfg.Database, "policy_file", cfg.PolicyFile,
+	if cfg.ListenTLS != nil {
+		hs.TLSConfig = cfg.ListenTLS.Config()
+		onHUP = append(onHUP, cfg.ListenTLS.Reload)
+		go func() { serveErr <- hs.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { serveErr <- hs.Serve(ln) }()
+	}
+	stopHUP := onSIGHUP(onHUP, log)
+	defer stopHUP()
+	log.Info("usage-api listening", "addr", ln.Addr().String(), "tls", cfg.ListenTLS != nil, "clickhouse", cfg.ClickHouseAddr, "database", cfg.Database, "policy_file", cfg.PolicyFile,
 		"cluster", cfg.Cluster.Name)
 
 	select {
@@ -137,4 +150,31 @@ func openClickHouse(cfg config, addr string) (driver.Conn, error) {
 		return nil, fmt.Errorf("clickhouse %s: %w", addr, err)
 	}
 	return conn, nil
+}
+
+// onSIGHUP runs every reload on SIGHUP (the Redis password file and TLS
+// files, the listener's certificate), logging each failure (which names the
+// variable or file, never a secret; what was in force stays). Without it
+// SIGHUP would end the process. The returned func stops listening.
+func onSIGHUP(reloads []func() error, log *slog.Logger) func() {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-done:
+				return
+			case <-hup:
+				for _, reload := range reloads {
+					if err := reload(); err != nil {
+						log.Error("re-reading on SIGHUP failed; the previous ones stay in force", "err", err)
+					}
+				}
+				log.Info("re-read secrets and certificates on SIGHUP", "count", len(reloads))
+			}
+		}
+	}()
+	return func() { signal.Stop(hup); close(done); <-stopped }
 }

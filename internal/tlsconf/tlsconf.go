@@ -16,6 +16,8 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+
+	"github.com/ratewarden/ratewarden/internal/envconfig"
 )
 
 // MinVersion parses a minimum TLS version: "1.2" or "1.3" ("" = 1.2, the
@@ -142,8 +144,9 @@ func (s *ServerCert) Reload() error {
 	return nil
 }
 
-// Config is a server tls.Config serving the current certificate (TLS 1.2
-// or later; HTTP/2 is offered through NextProtos by the caller if wanted).
+// Config is a server tls.Config serving the current certificate, TLS 1.2
+// or later (http.Server.ServeTLS and gRPC's credentials add the ALPN
+// protocols they speak).
 func (s *ServerCert) Config() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
@@ -151,4 +154,36 @@ func (s *ServerCert) Config() *tls.Config {
 			return s.cur.Load(), nil
 		},
 	}
+}
+
+// ServerFromEnv reads a listener's certificate variables (certVar and
+// keyVar, e.g. LIMITER_TLS_CERT_FILE and LIMITER_TLS_KEY_FILE): both set =
+// the pair, loaded now (a problem is recorded on e under the variable at
+// fault); neither = nil, plain text; one alone is a problem.
+func ServerFromEnv(e *envconfig.Reader, certVar, keyVar string) *ServerCert {
+	cert, key := e.String(certVar, ""), e.String(keyVar, "")
+	switch {
+	case cert == "" && key == "":
+		return nil
+	case key == "":
+		e.Fail(keyVar, "required with %s", certVar)
+		return nil
+	case cert == "":
+		e.Fail(certVar, "required with %s", keyVar)
+		return nil
+	}
+	s, err := NewServerCert(cert, key)
+	if err != nil {
+		name := certVar
+		var p *Problem
+		if errors.As(err, &p) && p.Var == "key" {
+			name = keyVar
+		}
+		if p != nil {
+			err = p.Err
+		}
+		e.Fail(name, "%v", err)
+		return nil
+	}
+	return s
 }
