@@ -14,9 +14,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
-
 	"github.com/ratewarden/ratewarden/enforcement/replay"
+	"github.com/ratewarden/ratewarden/internal/chconn"
+	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/metering/rawscan"
 	"github.com/ratewarden/ratewarden/policy"
 )
@@ -27,7 +27,8 @@ const replayUsage = `usage:
   Replays the decisions recorded in ClickHouse (decisions_raw) over [from, to)
   under the candidate policy FILE and reports what it would have rejected.
   Never touches Redis. CLICKHOUSE_ADDR, CLICKHOUSE_DATABASE, CLICKHOUSE_USER
-  and CLICKHOUSE_PASSWORD (or CLICKHOUSE_PASSWORD_FILE) are the defaults.`
+  CLICKHOUSE_PASSWORD (or CLICKHOUSE_PASSWORD_FILE), CLICKHOUSE_TLS and
+  CLICKHOUSE_TLS_CA_FILE are read as the services read them.`
 
 // replayArgs are the parsed flags of `limiter policy replay`.
 type replayArgs struct {
@@ -39,8 +40,7 @@ type replayArgs struct {
 	tolerance    time.Duration
 	window       time.Duration
 	queryTimeout time.Duration
-	addr, db     string
-	user, pass   string
+	ch           chconn.Config // from CLICKHOUSE_*; --clickhouse-addr and --database override
 }
 
 func parseReplayArgs(args []string, getenv func(string) string, now time.Time, stderr io.Writer) (replayArgs, error) {
@@ -56,17 +56,15 @@ func parseReplayArgs(args []string, getenv func(string) string, now time.Time, s
 	fs.DurationVar(&a.tolerance, "tolerance", 10*time.Millisecond, "how close to a bucket boundary a recorded decision may be for a different replayed verdict to count as clock granularity")
 	fs.DurationVar(&a.window, "window", time.Hour, "read the range in windows of this length (one query each)")
 	fs.DurationVar(&a.queryTimeout, "query-timeout", 10*time.Minute, "deadline of one window's query")
-	fs.StringVar(&a.addr, "clickhouse-addr", orDefault(getenv("CLICKHOUSE_ADDR"), "127.0.0.1:9000"), "ClickHouse native address")
-	fs.StringVar(&a.db, "database", orDefault(getenv("CLICKHOUSE_DATABASE"), "ratelimit"), "ClickHouse database")
-	a.user = orDefault(getenv("CLICKHOUSE_USER"), "default")
-	a.pass = getenv("CLICKHOUSE_PASSWORD")
-	if f := getenv("CLICKHOUSE_PASSWORD_FILE"); f != "" && a.pass == "" {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return a, fmt.Errorf("CLICKHOUSE_PASSWORD_FILE: %w", err)
-		}
-		a.pass = strings.TrimSpace(string(b))
+	// The connection is the services' (internal/chconn): user, password
+	// (or its _FILE), TLS on the secure native port.
+	env := envconfig.New(getenv)
+	a.ch = chconn.FromEnv(env)
+	if err := env.Err(); err != nil {
+		return a, err
 	}
+	fs.StringVar(&a.ch.Addr, "clickhouse-addr", a.ch.Addr, "ClickHouse native address")
+	fs.StringVar(&a.ch.Database, "database", a.ch.Database, "ClickHouse database")
 	var files []string
 	rest := args
 	for len(rest) > 0 { // FILE may come before or after the flags
@@ -162,19 +160,15 @@ func runReplay(ctx context.Context, a replayArgs) (replayOutput, error) {
 	if err != nil {
 		return replayOutput{}, err
 	}
-	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:        []string{a.addr},
-		Auth:        clickhouse.Auth{Database: "default", Username: a.user, Password: a.pass},
-		DialTimeout: 3 * time.Second,
-		ReadTimeout: time.Minute, // per block read; each window query has its own deadline too
-	})
+	// ReadTimeout is per block read; each window query has its own deadline too.
+	conn, err := a.ch.Open(chconn.Tuning{DialTimeout: 3 * time.Second, ReadTimeout: time.Minute})
 	if err != nil {
-		return replayOutput{}, fmt.Errorf("clickhouse %s: %w", a.addr, err)
+		return replayOutput{}, err
 	}
 	defer conn.Close()
 	eng := replay.New(replay.Config{Policy: p, TopKeys: a.top, Tolerance: a.tolerance})
 	began := time.Now()
-	q := rawscan.Query{Database: a.db, From: a.from, To: a.to, Sample: a.sample}
+	q := rawscan.Query{Database: a.ch.Database, From: a.from, To: a.to, Sample: a.sample}
 	var row replay.Row
 	err = rawscan.Scan(ctx, conn, q, a.window, a.queryTimeout, func(r *rawscan.Row) error {
 		row = replay.Row{TS: r.TS, Key: r.Key, Scope: r.Scope, Tier: r.Tier, Cost: r.Cost,

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratewarden/ratewarden/internal/chconn"
+	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/schema"
 )
@@ -55,8 +57,9 @@ rules:
 `), 0o644); err != nil {
 		b.Fatal(err)
 	}
+	env := map[string]string{"CLICKHOUSE_ADDR": ch.Addr(), "CLICKHOUSE_DATABASE": db}
 	a := replayArgs{file: file, from: start, to: start.Add(time.Hour), sample: 1, top: 10, tolerance: 10 * time.Millisecond,
-		window: 10 * time.Minute, queryTimeout: time.Minute, addr: ch.Addr(), db: db, user: "default"}
+		window: 10 * time.Minute, queryTimeout: time.Minute, ch: chconn.FromEnv(envconfig.New(func(k string) string { return env[k] }))}
 	for _, sample := range []float64{1, 0.1} {
 		b.Run(fmt.Sprintf("sample=%v", sample), func(b *testing.B) {
 			a.sample = sample

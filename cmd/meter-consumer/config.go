@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/chcluster"
+	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
-	"github.com/ratewarden/ratewarden/schema"
 )
 
 // config is everything the binary reads from the environment (CONTRACT.md,
@@ -20,6 +20,7 @@ type config struct {
 	KafkaTopic      string              // KAFKA_TOPIC
 	Kafka           *kafkaconn.Security // KAFKA_SASL_*, KAFKA_TLS*: how to reach the brokers
 	KafkaCheckEvery time.Duration       // METER_KAFKA_CHECK_EVERY: between connection checks
+	ClickHouse      chconn.Config       // CLICKHOUSE_ADDR, _DATABASE, _USER, _PASSWORD (or _FILE), _TLS, _TLS_CA_FILE (internal/chconn)
 	ClickHouseAddr  string              // CLICKHOUSE_ADDR (native protocol); in cluster mode a node whose Distributed tables serve the reconciler and notifier
 	Cluster         chcluster.Config    // CLICKHOUSE_CLUSTER, CLICKHOUSE_SHARDS: cluster mode when set
 	Database        string              // CLICKHOUSE_DATABASE
@@ -48,8 +49,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		KafkaTopic:      e.String("KAFKA_TOPIC", "ratelimit.decisions"),
 		Kafka:           kafkaconn.FromEnv(e, getenv),
 		KafkaCheckEvery: e.Duration("METER_KAFKA_CHECK_EVERY", 10*time.Second, 100*time.Millisecond, time.Hour),
-		ClickHouseAddr:  e.String("CLICKHOUSE_ADDR", "127.0.0.1:9000"),
-		Database:        e.String("CLICKHOUSE_DATABASE", "ratelimit"),
+		ClickHouse:      chconn.FromEnv(e),
 		MeterAddr:       e.String("METER_ADDR", "127.0.0.1:8082"),
 		WebhookURL:      e.String("WEBHOOK_URL", ""),
 		WebhookSecret:   e.String("WEBHOOK_SECRET", ""),
@@ -69,10 +69,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 	for _, b := range c.KafkaBrokers {
 		e.HostPort("KAFKA_BROKERS", b)
 	}
-	e.HostPort("CLICKHOUSE_ADDR", c.ClickHouseAddr)
-	if !schema.ValidDatabase.MatchString(c.Database) {
-		e.Fail("CLICKHOUSE_DATABASE", "%q is not an identifier ([A-Za-z_][A-Za-z0-9_]*)", c.Database)
-	}
+	// Read (and checked) by chconn: copies for the code that names them.
+	c.ClickHouseAddr, c.Database = c.ClickHouse.Addr, c.ClickHouse.Database
 	e.HostPort("METER_ADDR", c.MeterAddr)
 	if c.WebhookURL != "" {
 		if u, err := url.Parse(c.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

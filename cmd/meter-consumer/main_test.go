@@ -70,7 +70,7 @@ func TestConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := fmt.Sprintln(c.KafkaBrokers, c.KafkaTopic, c.ClickHouseAddr, c.Database, c.MeterAddr, c.StallAfter)
+	got := fmt.Sprintln(c.KafkaBrokers, c.KafkaTopic, c.ClickHouse.Addr, c.ClickHouse.Database, c.MeterAddr, c.StallAfter)
 	want := "[127.0.0.1:9092 127.0.0.1:9093] ratelimit.decisions 127.0.0.1:9000 ratelimit 127.0.0.1:8082 2m0s\n"
 	if got != want {
 		t.Fatalf("defaults %q, want %q", got, want)

@@ -44,7 +44,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	conn, err := openClickHouse(cfg.ClickHouseAddr)
+	conn, err := openClickHouse(cfg, cfg.ClickHouseAddr)
 	if err != nil {
 		return err
 	}
@@ -133,7 +133,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		ready: checker.Ready,
 	}
 
-	components := []component{schemaComp, kafkaComp, meterComp}
+	components := []component{clickhouseComponent(conn, log), schemaComp, kafkaComp, meterComp}
 	// The soft-limit notifier: its own consumer group ("notifier"), so a slow
 	// webhook receiver never delays metering (metering/notify).
 	if cfg.WebhookURL != "" {
@@ -185,7 +185,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 	}()
 	log.Info("meter-consumer started", "addr", ln.Addr().String(), "kafka", cfg.KafkaBrokers, "kafka_security", cfg.Kafka.Describe(), "topic", cfg.KafkaTopic,
-		"clickhouse", cfg.ClickHouseAddr, "database", cfg.Database, "cluster", cfg.Cluster.Name, "shards", len(cfg.Cluster.Shards))
+		"clickhouse", cfg.ClickHouse.Describe(), "database", cfg.Database, "cluster", cfg.Cluster.Name, "shards", len(cfg.Cluster.Shards))
 
 	var wg sync.WaitGroup
 	errs := make(chan error, len(components))
@@ -211,6 +211,49 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	_ = srv.Shutdown(sctx)
 	log.Info("meter-consumer stopped")
 	return runErr
+}
+
+// clickhouseComponent pings ClickHouse every 2 s from the start (the
+// consumer's own ping runs only once the schema is applied), so that a
+// refused login or certificate is a readiness reason that says what to fix
+// (internal/chconn explains it) and an error line when it starts.
+func clickhouseComponent(conn driver.Conn, log *slog.Logger) component {
+	var why atomic.Pointer[string]
+	pending := "not checked yet"
+	why.Store(&pending)
+	return component{
+		name: "clickhouse",
+		run: func(ctx context.Context) error {
+			t := time.NewTicker(2 * time.Second)
+			defer t.Stop()
+			for {
+				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				err := conn.Ping(pctx)
+				cancel()
+				if ctx.Err() != nil {
+					return nil
+				}
+				prev := why.Load()
+				if err == nil {
+					why.Store(nil)
+				} else if msg := err.Error(); prev == nil || *prev != msg {
+					why.Store(&msg)
+					log.Error("clickhouse: ping failed", "err", err)
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-t.C:
+				}
+			}
+		},
+		ready: func() (bool, string) {
+			if w := why.Load(); w != nil {
+				return false, *w
+			}
+			return true, ""
+		},
+	}
 }
 
 func healthMux(reg *prometheus.Registry, components []component) http.Handler {

@@ -8,28 +8,19 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/metering/chsink"
 	"github.com/ratewarden/ratewarden/metering/consumer"
 	"github.com/ratewarden/ratewarden/schema"
 )
 
-// openClickHouse opens a native-protocol connection to addr: the one
-// place the binary's ClickHouse options are built.
-func openClickHouse(addr string) (driver.Conn, error) {
-	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:         []string{addr},
-		Auth:         clickhouse.Auth{Database: "default", Username: "default"},
-		DialTimeout:  3 * time.Second,
-		ReadTimeout:  30 * time.Second,
-		MaxOpenConns: 16,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("clickhouse %s: %w", addr, err)
-	}
-	return conn, nil
+// openClickHouse opens a native-protocol connection to addr with the
+// binary's credentials and TLS (internal/chconn, the one place the options
+// are built); its Ping explains a refused login or certificate.
+func openClickHouse(cfg config, addr string) (driver.Conn, error) {
+	return cfg.ClickHouse.At(addr).Open(chconn.Tuning{DialTimeout: 3 * time.Second, ReadTimeout: 30 * time.Second, MaxOpenConns: 16})
 }
 
 // store is where metering writes: the one server of CLICKHOUSE_ADDR
@@ -47,7 +38,7 @@ func buildStore(cfg config, conn driver.Conn, log *slog.Logger) (*store, error) 
 	for _, shard := range cfg.Cluster.Shards {
 		var replicas []driver.Conn
 		for _, addr := range shard {
-			c, err := openClickHouse(addr)
+			c, err := openClickHouse(cfg, addr)
 			if err != nil {
 				s.close()
 				return nil, err

@@ -5,16 +5,17 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/chcluster"
+	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
 	"github.com/ratewarden/ratewarden/metering/usage"
-	"github.com/ratewarden/ratewarden/schema"
 )
 
 // config is everything the binary reads from the environment.
 type config struct {
 	Addr           string           // USAGE_API_ADDR
+	ClickHouse     chconn.Config    // CLICKHOUSE_ADDR, _DATABASE, _USER, _PASSWORD (or _FILE), _TLS, _TLS_CA_FILE (internal/chconn)
 	ClickHouseAddr string           // CLICKHOUSE_ADDR (native protocol); in cluster mode a node whose Distributed tables serve the reads
 	Cluster        chcluster.Config // CLICKHOUSE_CLUSTER, CLICKHOUSE_SHARDS: cluster mode when set
 	Database       string           // CLICKHOUSE_DATABASE
@@ -40,22 +41,19 @@ const minAdminToken = 16
 func loadConfig(getenv func(string) string) (config, error) {
 	e := envconfig.New(getenv)
 	c := config{
-		Addr:           e.String("USAGE_API_ADDR", "127.0.0.1:8081"),
-		ClickHouseAddr: e.String("CLICKHOUSE_ADDR", "127.0.0.1:9000"),
-		Database:       e.String("CLICKHOUSE_DATABASE", "ratelimit"),
-		AdminToken:     e.Raw("USAGE_ADMIN_TOKEN"),
-		TokenSecret:    e.Raw("USAGE_TOKEN_SECRET"),
-		PolicyFile:     e.String("POLICY_FILE", "deploy/policy.yaml"),
-		QueryTimeout:   e.Duration("USAGE_QUERY_TIMEOUT", 10*time.Second, 100*time.Millisecond, 5*time.Minute),
-		Redis:          redisclient.FromEnv(e),
-		Cluster:        chcluster.FromEnv(e),
+		Addr:         e.String("USAGE_API_ADDR", "127.0.0.1:8081"),
+		ClickHouse:   chconn.FromEnv(e),
+		AdminToken:   e.Raw("USAGE_ADMIN_TOKEN"),
+		TokenSecret:  e.Raw("USAGE_TOKEN_SECRET"),
+		PolicyFile:   e.String("POLICY_FILE", "deploy/policy.yaml"),
+		QueryTimeout: e.Duration("USAGE_QUERY_TIMEOUT", 10*time.Second, 100*time.Millisecond, 5*time.Minute),
+		Redis:        redisclient.FromEnv(e),
+		Cluster:      chcluster.FromEnv(e),
 	}
 	e.HostPort("USAGE_API_ADDR", c.Addr)
 	c.ListenTLS = tlsconf.ServerFromEnv(e, "USAGE_API_TLS_CERT_FILE", "USAGE_API_TLS_KEY_FILE")
-	e.HostPort("CLICKHOUSE_ADDR", c.ClickHouseAddr)
-	if !schema.ValidDatabase.MatchString(c.Database) {
-		e.Fail("CLICKHOUSE_DATABASE", "%q is not an identifier ([A-Za-z_][A-Za-z0-9_]*)", c.Database)
-	}
+	// Read (and checked) by chconn: copies for the code that names them.
+	c.ClickHouseAddr, c.Database = c.ClickHouse.Addr, c.ClickHouse.Database
 	switch {
 	case c.AdminToken == "":
 		e.Fail("USAGE_ADMIN_TOKEN", "required (the operator's bearer token, at least %d bytes)", minAdminToken)

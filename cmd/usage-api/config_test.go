@@ -10,7 +10,7 @@ func TestLoadConfig(t *testing.T) {
 	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 	ok := map[string]string{"USAGE_ADMIN_TOKEN": "admin-token-0123456789", "USAGE_TOKEN_SECRET": "secret-0123456789abcdef"}
 	c, err := loadConfig(env(ok))
-	if err != nil || c.Addr != "127.0.0.1:8081" || c.ClickHouseAddr != "127.0.0.1:9000" || c.Database != "ratelimit" ||
+	if err != nil || c.Addr != "127.0.0.1:8081" || c.ClickHouse.Addr != "127.0.0.1:9000" || c.ClickHouse.Database != "ratelimit" ||
 		c.PolicyFile != "deploy/policy.yaml" || c.QueryTimeout != 10*time.Second {
 		t.Fatalf("defaults: %+v %v", c, err)
 	}

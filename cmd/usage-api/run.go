@@ -13,12 +13,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/metering/usage"
 	"github.com/ratewarden/ratewarden/schema"
@@ -115,7 +115,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	stopHUP := onSIGHUP(onHUP, log)
 	defer stopHUP()
-	log.Info("usage-api listening", "addr", ln.Addr().String(), "tls", cfg.ListenTLS != nil, "clickhouse", cfg.ClickHouseAddr, "database", cfg.Database, "policy_file", cfg.PolicyFile,
+	log.Info("usage-api listening", "addr", ln.Addr().String(), "tls", cfg.ListenTLS != nil, "clickhouse", cfg.ClickHouse.Describe(), "database", cfg.Database, "policy_file", cfg.PolicyFile,
 		"cluster", cfg.Cluster.Name)
 
 	select {
@@ -136,20 +136,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	return nil
 }
 
-// openClickHouse opens a native-protocol connection to addr: the one place
-// the binary's ClickHouse options are built.
+// openClickHouse opens a native-protocol connection to addr with the
+// binary's credentials and TLS (internal/chconn, the one place the options
+// are built); its Ping explains a refused login or certificate.
 func openClickHouse(cfg config, addr string) (driver.Conn, error) {
-	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:         []string{addr},
-		Auth:         clickhouse.Auth{Database: "default", Username: "default"},
-		DialTimeout:  3 * time.Second,
-		ReadTimeout:  cfg.QueryTimeout + 5*time.Second,
-		MaxOpenConns: 16,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("clickhouse %s: %w", addr, err)
-	}
-	return conn, nil
+	return cfg.ClickHouse.At(addr).Open(chconn.Tuning{DialTimeout: 3 * time.Second, ReadTimeout: cfg.QueryTimeout + 5*time.Second, MaxOpenConns: 16})
 }
 
 // onSIGHUP runs every reload on SIGHUP (the Redis password file and TLS

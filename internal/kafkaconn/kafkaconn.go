@@ -133,6 +133,9 @@ func (s *Security) Describe() string {
 	return strings.Join(parts, ", ")
 }
 
+// String is Describe: %v of a Security never prints the credential.
+func (s *Security) String() string { return s.Describe() }
+
 // Warnings are configuration choices to warn about at start.
 func (s *Security) Warnings() []string {
 	if s.mech == Plain && s.TLS == nil {

@@ -29,6 +29,7 @@ type ClickHouse struct {
 
 	cacheBytes int    // mark and uncompressed cache sizes
 	extra      string // XML inside <yandex>, after the common settings
+	usersXML   string // users.xml written to Dir; "" = the system's
 }
 
 // ClickHouseOption changes how NewClickHouse configures a server.
@@ -42,6 +43,10 @@ func WithCacheBytes(n int) ClickHouseOption { return func(c *ClickHouse) { c.cac
 // The placeholders {{TCP}}, {{HTTP}}, {{INTERSERVER}} and {{DIR}} are
 // replaced by the server's own values.
 func WithConfigXML(xml string) ClickHouseOption { return func(c *ClickHouse) { c.extra += xml } }
+
+// WithUsersXML replaces the system's users.xml with xml (written to the
+// server's directory): users, passwords, profiles and quotas of its own.
+func WithUsersXML(xml string) ClickHouseOption { return func(c *ClickHouse) { c.usersXML = xml } }
 
 // WithPorts fixes the server's ports instead of picking free ones (a
 // cluster's configs name every member's ports before any of them starts).
@@ -121,7 +126,7 @@ const clickhouseConfig = `<?xml version="1.0"?>
     <tmp_path>{{DIR}}/tmp/</tmp_path>
     <user_files_path>{{DIR}}/user_files/</user_files_path>
     <format_schema_path>{{DIR}}/format_schemas/</format_schema_path>
-    <users_config>/etc/clickhouse-server/users.xml</users_config>
+    <users_config>{{USERS}}</users_config>
     <default_profile>default</default_profile>
     <default_database>default</default_database>
     <timezone>UTC</timezone>
@@ -147,7 +152,15 @@ func (c *ClickHouse) Start() error {
 	if c.cacheBytes == 0 {
 		c.cacheBytes = 256 << 20
 	}
+	users := "/etc/clickhouse-server/users.xml"
+	if c.usersXML != "" {
+		users = filepath.Join(c.Dir, "users.xml")
+		if err := os.WriteFile(users, []byte(c.usersXML), 0o600); err != nil {
+			return fmt.Errorf("clickhouse users: %w", err)
+		}
+	}
 	cfg := strings.Replace(clickhouseConfig, "{{EXTRA}}", c.extra, 1)
+	cfg = strings.Replace(cfg, "{{USERS}}", users, 1)
 	cfg = strings.NewReplacer("{{DIR}}", c.Dir, "{{TCP}}", fmt.Sprint(c.TCPPort), "{{HTTP}}", fmt.Sprint(c.HTTPPort),
 		"{{INTERSERVER}}", fmt.Sprint(c.InterserverPort), "{{CACHE}}", fmt.Sprint(c.cacheBytes)).Replace(cfg)
 	cfgPath := filepath.Join(c.Dir, "config.xml")

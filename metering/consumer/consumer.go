@@ -115,7 +115,8 @@ type Consumer struct {
 	seed maphash.Seed
 
 	pingOK  atomic.Bool
-	joined  atomic.Bool // a member of the group (false while Kafka is unreachable)
+	pingErr atomic.Pointer[string] // why the last ping failed (it names what to fix)
+	joined  atomic.Bool            // a member of the group (false while Kafka is unreachable)
 	mu      sync.Mutex
 	failing map[int]string     // partition → last error
 	parts   map[int]*partState // owned partitions, for the stall watchdog
@@ -173,6 +174,9 @@ func New(cfg Config) (*Consumer, error) {
 // Ready reports whether the consumer can do its job, and why not.
 func (c *Consumer) Ready() (bool, string) {
 	if !c.pingOK.Load() {
+		if why := c.pingErr.Load(); why != nil {
+			return false, "clickhouse unreachable: " + *why
+		}
 		return false, "clickhouse unreachable"
 	}
 	if !c.joined.Load() {
@@ -299,7 +303,11 @@ func (c *Consumer) pingLoop(ctx context.Context) {
 			}
 		} else {
 			c.m.chUp.Set(0)
-			if was {
+			why, prev := err.Error(), c.pingErr.Swap(nil)
+			c.pingErr.Store(&why)
+			// Logged when it starts failing, and at start (a refused
+			// login is an error from the first ping on).
+			if was || prev == nil {
 				c.log.Warn("clickhouse unreachable", "err", err)
 			}
 		}
