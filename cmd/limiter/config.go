@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
@@ -62,7 +63,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Kafka:             kafkaconn.FromEnv(e, getenv),
 		KafkaCheckEvery:   e.Duration("LIMITER_KAFKA_CHECK_EVERY", 10*s, 100*ms, time.Hour),
 		ExpectedInstances: int(e.Int("LIMITER_EXPECTED_INSTANCES", 1, 1, 100000)),
-		AuthToken:         e.String("LIMITER_AUTH_TOKEN", ""),
+		AuthToken:         strings.TrimSpace(e.Secret("LIMITER_AUTH_TOKEN")),
 		InstanceID:        e.String("LIMITER_INSTANCE_ID", fmt.Sprintf("%s-%d", host, os.Getpid())),
 		StoreTimeout:      e.Duration("LIMITER_STORE_TIMEOUT", 5*ms, 100*time.Microsecond, 10*s),
 		BreakerFailures:   int(e.Int("LIMITER_BREAKER_FAILURES", 5, 1, 1000000)),

@@ -52,7 +52,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		ClickHouse:      chconn.FromEnv(e),
 		MeterAddr:       e.String("METER_ADDR", "127.0.0.1:8082"),
 		WebhookURL:      e.String("WEBHOOK_URL", ""),
-		WebhookSecret:   e.String("WEBHOOK_SECRET", ""),
+		WebhookSecret:   strings.TrimSpace(e.Secret("WEBHOOK_SECRET")),
 		BatchSize:       int(e.Int("METER_BATCH_SIZE", 50_000, 1, 1_000_000)),
 		BatchWait:       e.Duration("METER_BATCH_WAIT", 500*time.Millisecond, time.Millisecond, time.Minute),
 		DedupWindow:     e.Int("METER_DEDUP_WINDOW", 250_000, 1, 100_000_000),

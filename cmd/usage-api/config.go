@@ -43,8 +43,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 	c := config{
 		Addr:         e.String("USAGE_API_ADDR", "127.0.0.1:8081"),
 		ClickHouse:   chconn.FromEnv(e),
-		AdminToken:   e.Raw("USAGE_ADMIN_TOKEN"),
-		TokenSecret:  e.Raw("USAGE_TOKEN_SECRET"),
+		AdminToken:   e.Secret("USAGE_ADMIN_TOKEN"),
+		TokenSecret:  e.Secret("USAGE_TOKEN_SECRET"),
 		PolicyFile:   e.String("POLICY_FILE", "deploy/policy.yaml"),
 		QueryTimeout: e.Duration("USAGE_QUERY_TIMEOUT", 10*time.Second, 100*time.Millisecond, 5*time.Minute),
 		Redis:        redisclient.FromEnv(e),

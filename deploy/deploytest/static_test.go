@@ -150,6 +150,16 @@ func knownEnv(tb testing.TB, bin string) map[string]bool {
 			for _, m := range secretRead.FindAllSubmatch(raw, -1) {
 				out[string(m[1])+"_FILE"] = true
 			}
+			// A secret read through a constant (kafkaconn.VarPassword).
+			for _, m := range secretConst.FindAllSubmatch(raw, -1) {
+				out[string(m[1])+"_FILE"] = true
+			}
+			// envconfig.Reader.ClientTLS(prefix) reads four variables.
+			for _, m := range clientTLS.FindAllSubmatch(raw, -1) {
+				for _, suffix := range []string{"_TLS", "_TLS_CA_FILE", "_TLS_CERT_FILE", "_TLS_KEY_FILE"} {
+					out[string(m[1])+suffix] = true
+				}
+			}
 			for _, m := range internalImport.FindAllSubmatch(raw, -1) {
 				scan(string(m[1]))
 			}
@@ -158,6 +168,11 @@ func knownEnv(tb testing.TB, bin string) map[string]bool {
 	scan(filepath.Join("cmd", bin))
 	return out
 }
+
+var (
+	secretConst = regexp.MustCompile(`VarPassword += "([A-Z][A-Z0-9_]*)"`)
+	clientTLS   = regexp.MustCompile(`ClientTLS\("([A-Z][A-Z0-9_]*)"\)`)
+)
 
 func cmdExists(tb testing.TB, bin string) bool {
 	st, err := os.Stat(filepath.Join(repoRoot(tb), "cmd", bin))
@@ -384,6 +399,9 @@ func TestKubernetes(t *testing.T) {
 			k := asString(e["name"])
 			if !known[k] {
 				t.Errorf("Deployment %s: env %s is not read by cmd/%s", name, k, name)
+			}
+			if strings.HasSuffix(k, "_PASSWORD") {
+				t.Errorf("Deployment %s: %s in the environment; mount it and set %s_FILE", name, k, k)
 			}
 			if k == addrVars[name] && ports["http"] != portOf(asString(e["value"])) {
 				t.Errorf("Deployment %s: %s=%v but containerPort http=%s", name, k, e["value"], ports["http"])
