@@ -154,9 +154,9 @@ func knownEnv(tb testing.TB, bin string) map[string]bool {
 			for _, m := range secretConst.FindAllSubmatch(raw, -1) {
 				out[string(m[1])+"_FILE"] = true
 			}
-			// envconfig.Reader.ClientTLS(prefix) reads four variables.
+			// tlsconf.FilesFromEnv / ClientFromEnv(e, prefix) read six variables.
 			for _, m := range clientTLS.FindAllSubmatch(raw, -1) {
-				for _, suffix := range []string{"_TLS", "_TLS_CA_FILE", "_TLS_CERT_FILE", "_TLS_KEY_FILE"} {
+				for _, suffix := range []string{"_TLS", "_TLS_CA_FILE", "_TLS_CERT_FILE", "_TLS_KEY_FILE", "_TLS_SERVER_NAME", "_TLS_MIN_VERSION"} {
 					out[string(m[1])+suffix] = true
 				}
 			}
@@ -171,7 +171,7 @@ func knownEnv(tb testing.TB, bin string) map[string]bool {
 
 var (
 	secretConst = regexp.MustCompile(`VarPassword += "([A-Z][A-Z0-9_]*)"`)
-	clientTLS   = regexp.MustCompile(`ClientTLS\("([A-Z][A-Z0-9_]*)"\)`)
+	clientTLS   = regexp.MustCompile(`(?:FilesFromEnv|ClientFromEnv)\(e, "([A-Z][A-Z0-9_]*)"\)`)
 )
 
 func cmdExists(tb testing.TB, bin string) bool {

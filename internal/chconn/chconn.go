@@ -22,6 +22,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/tlsconf"
 	"github.com/ratewarden/ratewarden/schema"
 )
 
@@ -42,7 +43,7 @@ func FromEnv(e *envconfig.Reader) Config {
 		Database: e.String("CLICKHOUSE_DATABASE", "ratelimit"),
 		User:     e.String("CLICKHOUSE_USER", "default"),
 		password: e.Secret("CLICKHOUSE_PASSWORD"),
-		TLS:      e.ClientTLS("CLICKHOUSE"),
+		TLS:      tlsconf.ClientFromEnv(e, "CLICKHOUSE"),
 	}
 	e.HostPort("CLICKHOUSE_ADDR", c.Addr)
 	if !schema.ValidDatabase.MatchString(c.Database) {

@@ -163,7 +163,7 @@ func TestFromEnvProblems(t *testing.T) {
 		{map[string]string{"KAFKA_TLS_CA_FILE": "/ca.pem"}, "KAFKA_TLS"},
 		{map[string]string{"KAFKA_TLS": "yes please"}, "KAFKA_TLS"},
 		{map[string]string{"KAFKA_TLS": "true", "KAFKA_TLS_CA_FILE": "/does/not/exist"}, "KAFKA_TLS_CA_FILE"},
-		{map[string]string{"KAFKA_TLS": "true", "KAFKA_TLS_CERT_FILE": "/c.pem"}, "KAFKA_TLS_CERT_FILE"},
+		{map[string]string{"KAFKA_TLS": "true", "KAFKA_TLS_CERT_FILE": "/c.pem"}, "KAFKA_TLS_KEY_FILE"}, // the missing one
 	}
 	for _, c := range cases {
 		e := envconfig.New(envOf(c.env))

@@ -28,6 +28,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/tlsconf"
 )
 
 // The environment variables (CONTRACT.md).
@@ -62,7 +63,7 @@ type Security struct {
 // recorded on e (each naming its variable, never a secret's value).
 func FromEnv(e *envconfig.Reader, getenv func(string) string) *Security {
 	s := &Security{getenv: getenv}
-	s.TLS = e.ClientTLS("KAFKA")
+	s.TLS = tlsconf.ClientFromEnv(e, "KAFKA")
 	s.mech = strings.ToLower(e.String(VarMechanism, ""))
 	s.username = e.String(VarUsername, "")
 	password := e.Secret(VarPassword)

@@ -106,62 +106,13 @@ func FromEnv(e *envconfig.Reader) Config {
 	if c.SentinelMaster != "" && len(c.Addrs) == 0 {
 		e.Fail("REDIS_SENTINEL_MASTER", "needs the sentinels' addresses in REDIS_ADDRS")
 	}
-	switch v := strings.TrimSpace(e.Raw("REDIS_TLS")); strings.ToLower(v) {
-	case "", "false", "0", "no":
-	case "true", "1", "yes":
-		c.TLS = true
-	default:
-		e.Fail("REDIS_TLS", "%q is not true or false", v)
+	c.TLS, c.TLSFiles = tlsconf.FilesFromEnv(e, "REDIS")
+	if c.TLS {
+		var err error
+		c.tlsConfig, err = tlsconf.Client(c.TLSFiles)
+		tlsconf.FailEnv(e, "REDIS", err)
 	}
-	c.TLSFiles = tlsconf.Files{
-		CAFile:     e.String("REDIS_TLS_CA_FILE", ""),
-		CertFile:   e.String("REDIS_TLS_CERT_FILE", ""),
-		KeyFile:    e.String("REDIS_TLS_KEY_FILE", ""),
-		ServerName: e.String("REDIS_TLS_SERVER_NAME", ""),
-	}
-	min, err := tlsconf.MinVersion(e.Raw("REDIS_TLS_MIN_VERSION"))
-	if err != nil {
-		e.Fail("REDIS_TLS_MIN_VERSION", "%v", err)
-	}
-	c.TLSFiles.MinVersion = min
-	if !c.TLS {
-		// A CA given without REDIS_TLS=true would otherwise connect in
-		// plain text while the operator believes it is encrypted.
-		for name, v := range map[string]string{
-			"REDIS_TLS_CA_FILE": c.TLSFiles.CAFile, "REDIS_TLS_CERT_FILE": c.TLSFiles.CertFile,
-			"REDIS_TLS_KEY_FILE": c.TLSFiles.KeyFile, "REDIS_TLS_SERVER_NAME": c.TLSFiles.ServerName,
-		} {
-			if v != "" {
-				e.Fail(name, "is set but REDIS_TLS is not true (set REDIS_TLS=true to connect with TLS)")
-			}
-		}
-		return c
-	}
-	c.tlsConfig, err = tlsconf.Client(c.TLSFiles)
-	failTLS(e, err)
 	return c
-}
-
-// failTLS records each problem of tlsconf.Client under its variable.
-func failTLS(e *envconfig.Reader, err error) {
-	if err == nil {
-		return
-	}
-	names := map[string]string{"CA": "REDIS_TLS_CA_FILE", "cert": "REDIS_TLS_CERT_FILE", "key": "REDIS_TLS_KEY_FILE"}
-	var errs []error
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = j.Unwrap()
-	} else {
-		errs = []error{err}
-	}
-	for _, err := range errs {
-		var p *tlsconf.Problem
-		if errors.As(err, &p) {
-			e.Fail(names[p.Var], "%v", p.Err)
-		} else {
-			e.Fail("REDIS_TLS", "%v", err)
-		}
-	}
 }
 
 // Options are a binary's tuning of its client; zero values are go-redis's
@@ -250,7 +201,7 @@ func (c *Client) Reload() error {
 	if c.tls != nil {
 		e := envconfig.New(func(string) string { return "" })
 		cfg, err = tlsconf.Client(c.tls.files)
-		failTLS(e, err)
+		tlsconf.FailEnv(e, "REDIS", err)
 		if err := e.Err(); err != nil {
 			return err
 		}

@@ -187,3 +187,69 @@ func ServerFromEnv(e *envconfig.Reader, certVar, keyVar string) *ServerCert {
 	}
 	return s
 }
+
+// FilesFromEnv reads the client TLS variables of one backend: prefix+"_TLS"
+// (true enables TLS), prefix+"_TLS_CA_FILE", "_TLS_CERT_FILE",
+// "_TLS_KEY_FILE", "_TLS_SERVER_NAME" and "_TLS_MIN_VERSION" (1.2 or 1.3).
+// A file or name given while TLS is off is a problem: the operator meant
+// TLS and would otherwise connect in plain text. Problems are recorded on e,
+// each naming its variable.
+func FilesFromEnv(e *envconfig.Reader, prefix string) (on bool, f Files) {
+	on = e.Bool(prefix+"_TLS", false)
+	f = Files{
+		CAFile:     e.String(prefix+"_TLS_CA_FILE", ""),
+		CertFile:   e.String(prefix+"_TLS_CERT_FILE", ""),
+		KeyFile:    e.String(prefix+"_TLS_KEY_FILE", ""),
+		ServerName: e.String(prefix+"_TLS_SERVER_NAME", ""),
+	}
+	min, err := MinVersion(e.Raw(prefix + "_TLS_MIN_VERSION"))
+	if err != nil {
+		e.Fail(prefix+"_TLS_MIN_VERSION", "%v", err)
+	}
+	f.MinVersion = min
+	if !on {
+		for _, v := range []struct{ name, value string }{
+			{prefix + "_TLS_CA_FILE", f.CAFile}, {prefix + "_TLS_CERT_FILE", f.CertFile},
+			{prefix + "_TLS_KEY_FILE", f.KeyFile}, {prefix + "_TLS_SERVER_NAME", f.ServerName},
+		} {
+			if v.value != "" {
+				e.Fail(v.name, "is set but %s_TLS is not true (set %s_TLS=true to connect with TLS)", prefix, prefix)
+			}
+		}
+	}
+	return on, f
+}
+
+// ClientFromEnv is the client TLS configuration of one backend read by
+// FilesFromEnv, its files loaded now; nil when TLS is off or a problem was
+// recorded on e.
+func ClientFromEnv(e *envconfig.Reader, prefix string) *tls.Config {
+	on, f := FilesFromEnv(e, prefix)
+	if !on {
+		return nil
+	}
+	cfg, err := Client(f)
+	FailEnv(e, prefix, err)
+	return cfg
+}
+
+// FailEnv records each problem of Client (for the variables FilesFromEnv
+// reads under prefix) on e, under the variable at fault.
+func FailEnv(e *envconfig.Reader, prefix string, err error) {
+	if err == nil {
+		return
+	}
+	names := map[string]string{"CA": prefix + "_TLS_CA_FILE", "cert": prefix + "_TLS_CERT_FILE", "key": prefix + "_TLS_KEY_FILE"}
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	for _, err := range errs {
+		var p *Problem
+		if errors.As(err, &p) {
+			e.Fail(names[p.Var], "%v", p.Err)
+		} else {
+			e.Fail(prefix+"_TLS", "%v", err)
+		}
+	}
+}
