@@ -17,18 +17,36 @@ import (
 // degraded while there is no master and back to shared by themselves once
 // Sentinel has promoted the replica — no restart.
 func TestSentinelFailoverUnderLoad(t *testing.T) {
-	s := testenv.StartSentinels(t, "ratewarden", redisPW, time.Second)
+	testSentinelFailover(t, testenv.StartSentinels(t, "ratewarden", redisPW, time.Second))
+}
+
+// TestSentinelFailoverOverTLS is the same failover with every node and
+// sentinel serving TLS only (replication and the sentinels' own links over
+// TLS too) and the limiter presenting a client certificate: the way a
+// managed Redis with Sentinel runs.
+func TestSentinelFailoverOverTLS(t *testing.T) {
+	certs := testenv.NewCerts(t)
+	s := testenv.StartSecureSentinels(t, testenv.Secure{Certs: certs, User: "ratewarden", Password: redisPW}, time.Second)
+	testSentinelFailover(t, s,
+		"REDIS_TLS=true",
+		"REDIS_TLS_CA_FILE="+certs.CAFile,
+		"REDIS_TLS_CERT_FILE="+certs.ClientCert,
+		"REDIS_TLS_KEY_FILE="+certs.ClientKey,
+	)
+}
+
+func testSentinelFailover(t *testing.T, s *testenv.Sentinels, env ...string) {
 	pwFile := filepath.Join(t.TempDir(), "redis-password")
 	writeSecret(t, pwFile, redisPW)
-	p := startLimiter(t, faultPolicy,
-		"REDIS_ADDRS="+strings.Join(s.Addrs(), ","),
-		"REDIS_SENTINEL_MASTER="+s.Master,
+	p := startLimiter(t, faultPolicy, append([]string{
+		"REDIS_ADDRS=" + strings.Join(s.Addrs(), ","),
+		"REDIS_SENTINEL_MASTER=" + s.Master,
 		"REDIS_USERNAME=ratewarden",
-		"REDIS_PASSWORD_FILE="+pwFile,
+		"REDIS_PASSWORD_FILE=" + pwFile,
 		"LIMITER_EXPECTED_INSTANCES=2",
 		"LIMITER_BREAKER_OPEN_FOR=200ms",
 		"LIMITER_FLEET_HEARTBEAT=100ms",
-	)
+	}, env...)...)
 	waitFor(t, "a shared decision through Sentinel", 30*time.Second, func() bool {
 		d, _ := p.check(t, "probe", "api", 1)
 		return d.Source == "shared"

@@ -58,7 +58,8 @@ func (s Secure) cliArgs() []string {
 
 // StartSecureRedis starts a TLS-only redis-server with an ACL user (see
 // Secure) on a free loopback port; stopped at cleanup. Addr is its TLS port.
-func StartSecureRedis(tb testing.TB, s Secure) *Redis {
+// extra are more redis-server arguments (e.g. --replicaof).
+func StartSecureRedis(tb testing.TB, s Secure, extra ...string) *Redis {
 	tb.Helper()
 	if err := checkTLSBuild(); err != nil {
 		tb.Fatal(err)
@@ -70,7 +71,7 @@ func StartSecureRedis(tb testing.TB, s Secure) *Redis {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		r := &Redis{Port: port, dir: dir, args: s.args(port), secure: &s}
+		r := &Redis{Port: port, dir: dir, args: append(s.args(port), extra...), secure: &s}
 		if lastErr = r.start(); lastErr == nil {
 			tb.Cleanup(r.Close)
 			return r
@@ -207,6 +208,18 @@ type Sentinels struct {
 	Nodes      []*Redis
 	Sentinels  []*Redis // redis-sentinel processes (Port = the sentinel port)
 	user, pass string
+	sec        *Secure // StartSecureSentinels: TLS everywhere
+}
+
+// cli is redis-cli's connection arguments for port: TLS with the test's
+// client certificate when the set is secure (sentinels need no ACL user;
+// data nodes get it from the caller).
+func (s *Sentinels) cli(port int) []string {
+	args := []string{"-p", strconv.Itoa(port)}
+	if s.sec != nil {
+		args = append(args, "--tls", "--cacert", s.sec.Certs.CAFile, "--cert", s.sec.Certs.ClientCert, "--key", s.sec.Certs.ClientKey)
+	}
+	return args
 }
 
 // Addrs are the sentinels' host:port, for REDIS_ADDRS.
@@ -224,20 +237,44 @@ func (s *Sentinels) Addrs() []string {
 // cleanup.
 func StartSentinels(tb testing.TB, user, pass string, downAfter time.Duration) *Sentinels {
 	tb.Helper()
-	s := &Sentinels{Master: "rw-master", user: user, pass: pass}
-	acl := []string{
-		"--user", "default", "off",
-		"--user", user, "on", ">" + pass, "~*", "&*", "+@all",
-		"--masteruser", user, "--masterauth", pass, // a replica (and a demoted master) authenticates to its master
+	return startSentinels(tb, &Sentinels{Master: "rw-master", user: user, pass: pass}, downAfter)
+}
+
+// StartSecureSentinels is StartSentinels the way a managed offering runs it:
+// the master, the replica and the three sentinels serve TLS only (sec's
+// certificates; replication and the sentinels' own connections over TLS
+// too), and the data nodes require sec's ACL user.
+func StartSecureSentinels(tb testing.TB, sec Secure, downAfter time.Duration) *Sentinels {
+	tb.Helper()
+	if err := checkTLSBuild(); err != nil {
+		tb.Fatal(err)
 	}
-	master := StartRedis(tb, acl...)
-	replica := StartRedis(tb, append(acl, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))...)
+	return startSentinels(tb, &Sentinels{Master: "rw-master", user: sec.User, pass: sec.Password, sec: &sec}, downAfter)
+}
+
+func startSentinels(tb testing.TB, s *Sentinels, downAfter time.Duration) *Sentinels {
+	tb.Helper()
+	user, pass := s.user, s.pass
+	// A replica (and a demoted master) authenticates to its master.
+	auth := []string{"--masteruser", user, "--masterauth", pass}
+	var master, replica *Redis
+	if s.sec != nil {
+		master = StartSecureRedis(tb, *s.sec, auth...)
+		replica = StartSecureRedis(tb, *s.sec, append(auth, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))...)
+	} else {
+		acl := append([]string{
+			"--user", "default", "off",
+			"--user", user, "on", ">" + pass, "~*", "&*", "+@all",
+		}, auth...)
+		master = StartRedis(tb, acl...)
+		replica = StartRedis(tb, append(acl, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))...)
+	}
 	s.Nodes = []*Redis{master, replica}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for { // the replica must be in sync before a failover can pick it
-		out, _ := exec.CommandContext(ctx, "redis-cli", "-p", strconv.Itoa(replica.Port), "--user", user, "--pass", pass,
-			"--no-auth-warning", "info", "replication").Output()
+		args := append(s.cli(replica.Port), "--user", user, "--pass", pass, "--no-auth-warning", "info", "replication")
+		out, _ := exec.CommandContext(ctx, "redis-cli", args...).Output()
 		if strings.Contains(string(out), "master_link_status:up") {
 			break
 		}
@@ -247,13 +284,13 @@ func StartSentinels(tb testing.TB, user, pass string, downAfter time.Duration) *
 		time.Sleep(50 * time.Millisecond)
 	}
 	for i := 0; i < 3; i++ {
-		s.Sentinels = append(s.Sentinels, startSentinel(tb, s.Master, master.Port, user, pass, downAfter))
+		s.Sentinels = append(s.Sentinels, startSentinel(tb, s.Master, master.Port, user, pass, downAfter, s.sec))
 	}
 	// Every sentinel must know the replica and the other sentinels before
 	// it can vote in, and carry out, a failover.
 	for _, sn := range s.Sentinels {
 		for {
-			out, _ := exec.CommandContext(ctx, "redis-cli", "-p", strconv.Itoa(sn.Port), "sentinel", "master", s.Master).Output()
+			out, _ := exec.CommandContext(ctx, "redis-cli", append(s.cli(sn.Port), "sentinel", "master", s.Master)...).Output()
 			if fields := cliFields(string(out)); fields["num-slaves"] == "1" && fields["num-other-sentinels"] == "2" {
 				break
 			}
@@ -266,7 +303,7 @@ func StartSentinels(tb testing.TB, user, pass string, downAfter time.Duration) *
 	return s
 }
 
-func startSentinel(tb testing.TB, name string, masterPort int, user, pass string, downAfter time.Duration) *Redis {
+func startSentinel(tb testing.TB, name string, masterPort int, user, pass string, downAfter time.Duration, sec *Secure) *Redis {
 	tb.Helper()
 	dir := tb.TempDir()
 	var lastErr error
@@ -276,20 +313,27 @@ func startSentinel(tb testing.TB, name string, masterPort int, user, pass string
 			tb.Fatal(err)
 		}
 		conf := fmt.Sprintf("%s/sentinel-%d.conf", dir, port)
-		body := strings.Join([]string{
-			"port " + strconv.Itoa(port),
+		listen := []string{"port " + strconv.Itoa(port)}
+		if sec != nil {
+			// TLS only; tls-replication makes the sentinel reach the data
+			// nodes (and the other sentinels) over TLS as well.
+			listen = []string{"port 0", "tls-port " + strconv.Itoa(port),
+				"tls-cert-file " + sec.Certs.ServerCert, "tls-key-file " + sec.Certs.ServerKey,
+				"tls-ca-cert-file " + sec.Certs.CAFile, "tls-auth-clients optional", "tls-replication yes"}
+		}
+		body := strings.Join(append(listen,
 			"bind 127.0.0.1",
 			"protected-mode no",
 			"daemonize no",
 			"loglevel warning",
-			"dir " + dir,
+			"dir "+dir,
 			fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 2", name, masterPort),
 			fmt.Sprintf("sentinel auth-user %s %s", name, user),
 			fmt.Sprintf("sentinel auth-pass %s %s", name, pass),
 			fmt.Sprintf("sentinel down-after-milliseconds %s %d", name, downAfter.Milliseconds()),
 			fmt.Sprintf("sentinel failover-timeout %s %d", name, 4*downAfter.Milliseconds()),
 			fmt.Sprintf("sentinel parallel-syncs %s 1", name),
-		}, "\n") + "\n"
+		), "\n") + "\n"
 		if err := writeFile(conf, body); err != nil {
 			tb.Fatal(err)
 		}
@@ -314,8 +358,8 @@ func startSentinel(tb testing.TB, name string, masterPort int, user, pass string
 func (s *Sentinels) MasterPort(ctx context.Context) (int, error) {
 	var last error
 	for _, sn := range s.Sentinels {
-		out, err := exec.CommandContext(ctx, "redis-cli", "-p", strconv.Itoa(sn.Port), "sentinel",
-			"get-master-addr-by-name", s.Master).Output()
+		out, err := exec.CommandContext(ctx, "redis-cli", append(s.cli(sn.Port), "sentinel",
+			"get-master-addr-by-name", s.Master)...).Output()
 		if err != nil {
 			last = err
 			continue
