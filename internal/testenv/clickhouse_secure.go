@@ -1,11 +1,9 @@
 package testenv
 
 import (
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -35,17 +33,9 @@ func (s *SecureClickHouse) SecureAddr() string { return fmt.Sprintf("127.0.0.1:%
 func StartSecureClickHouse(tb testing.TB) *SecureClickHouse {
 	tb.Helper()
 	dir := tb.TempDir()
-	certs, err := testcerts.New(filepath.Join(dir, "certs"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	pw := make([]byte, 12)
-	_, _ = rand.Read(pw)
-	s := &SecureClickHouse{Certs: certs, User: "ratewarden", Password: "ch-pw-" + hex.EncodeToString(pw),
-		PasswordFile: filepath.Join(dir, "clickhouse-password")}
-	if err := os.WriteFile(s.PasswordFile, []byte(s.Password+"\n"), 0o600); err != nil {
-		tb.Fatal(err)
-	}
+	certs, pw, pwFile := secureSetup(tb, dir, "ch-pw-", "clickhouse-password")
+	s := &SecureClickHouse{Certs: certs, User: "ratewarden", Password: pw, PasswordFile: pwFile}
+	var err error
 	if s.SecurePort, err = freePort(); err != nil {
 		tb.Fatal(err)
 	}

@@ -28,21 +28,13 @@ type SecureKafka struct {
 func StartSecureKafka(tb testing.TB, topic string, partitions int) *SecureKafka {
 	tb.Helper()
 	dir := tb.TempDir()
-	certs, err := testcerts.New(filepath.Join(dir, "certs"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	pw := make([]byte, 12)
-	_, _ = rand.Read(pw)
-	k := &SecureKafka{Certs: certs, Username: "ratewarden-svc", Password: "kafka-pw-" + hex.EncodeToString(pw),
-		PasswordFile: filepath.Join(dir, "kafka-password")}
-	if err := os.WriteFile(k.PasswordFile, []byte(k.Password+"\n"), 0o600); err != nil {
-		tb.Fatal(err)
-	}
+	certs, pw, pwFile := secureSetup(tb, dir, "kafka-pw-", "kafka-password")
+	k := &SecureKafka{Certs: certs, Username: "ratewarden-svc", Password: pw, PasswordFile: pwFile}
 	var users []kafkadev.User
 	for _, m := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {
 		users = append(users, kafkadev.User{Mechanism: m, Name: k.Username, Password: k.Password})
 	}
+	var err error
 	k.Kafka, err = kafkadev.Start(kafkadev.Config{Topic: topic, Partitions: partitions, Users: users, TLS: certs.ServerTLS(true)})
 	if err != nil {
 		tb.Fatal(err)
@@ -63,4 +55,23 @@ func (k *SecureKafka) Env(mechanism, passwordFile string) []string {
 		"KAFKA_TLS=true", "KAFKA_TLS_CA_FILE=" + k.Certs.CAFile,
 		"KAFKA_TLS_CERT_FILE=" + k.Certs.ClientCertFile, "KAFKA_TLS_KEY_FILE=" + k.Certs.ClientKeyFile,
 	}
+}
+
+// secureSetup is what every secured test server starts from: certificates
+// in dir/certs and a random password (prefix + 24 hex digits, so a scan for
+// it cannot match by chance), also written to dir/file the way a mounted
+// Kubernetes secret is (with a trailing newline).
+func secureSetup(tb testing.TB, dir, prefix, file string) (certs *testcerts.Set, password, passwordFile string) {
+	tb.Helper()
+	certs, err := testcerts.New(filepath.Join(dir, "certs"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pw := make([]byte, 12)
+	_, _ = rand.Read(pw)
+	password, passwordFile = prefix+hex.EncodeToString(pw), filepath.Join(dir, file)
+	if err := os.WriteFile(passwordFile, []byte(password+"\n"), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return certs, password, passwordFile
 }
