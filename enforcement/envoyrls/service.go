@@ -154,11 +154,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		plans = append(plans, p)
 	}
 
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(plans)),
-	}
-	statuses := make([]rlsv3.RateLimitResponse_DescriptorStatus, len(plans))
+	a := newAnswer(len(plans))
+	resp := &a.resp
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	var (
 		bind     enforcement.Decision // the decision the headers report
 		bindSet  bool
@@ -168,8 +166,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	)
 	for i := range plans {
 		p := &plans[i]
-		st := &statuses[i]
-		resp.Statuses[i] = st
+		st := resp.Statuses[i]
 		switch {
 		case p.result == policy.MapUnknownDomain:
 			st.Code = rlsv3.RateLimitResponse_OK
@@ -199,8 +196,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				// It could never pass: over the limit, for good. Nothing
 				// was spent or recorded.
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-				st.CurrentLimit = currentLimit(mapper, p.mapped, enforcement.Decision{})
-				st.DurationUntilReset = durationpb.New(0)
+				st.CurrentLimit = currentLimit(mapper, p.mapped, enforcement.Decision{}, a.limit(i))
+				st.DurationUntilReset = a.duration(i, 0)
 				rejected = true
 				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 				s.observe(domain, ResultCostExceeds)
@@ -211,9 +208,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			return nil, status.Errorf(codes.Internal, "descriptors[%d]: %v", i, err)
 		}
 		warn = warn || (d.Warning && !d.DryRun)
-		st.CurrentLimit = currentLimit(mapper, p.mapped, d)
+		st.CurrentLimit = currentLimit(mapper, p.mapped, d, a.limit(i))
 		st.LimitRemaining = uint32(min(max(0, d.Remaining), math.MaxUint32))
-		st.DurationUntilReset = durationpb.New(ceilMS(d.ResetAt.Sub(now)))
+		st.DurationUntilReset = a.duration(i, ceilMS(d.ResetAt.Sub(now)))
 		switch {
 		case !d.Allowed:
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -237,12 +234,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 	if bindSet {
-		resp.ResponseHeadersToAdd = headers(&bind, now)
-		if warn {
-			// As the HTTP middleware does: the caller hears about its soft
-			// limit on the request itself.
-			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: warningHeader, Value: httpapi.SoftLimitWarning})
-		}
+		// As the HTTP middleware does: the caller hears about its soft
+		// limit on the request itself.
+		resp.ResponseHeadersToAdd = a.headers(&bind, now, warn)
 	}
 	return resp, nil
 }
@@ -311,12 +305,13 @@ func planOf(mapper Mapper, domain string, requestHits uint32, d *ratelimitv3.Rat
 // currentLimit describes the limit that decided: the calendar quota when
 // it binds (the decision reports the quota's limit), else the bucket's
 // sustained rate in the smallest unit in which it is a whole number.
-func currentLimit(mapper Mapper, m policy.Mapped, d enforcement.Decision) *rlsv3.RateLimitResponse_RateLimit {
+// out is where to write it (the answer's own storage).
+func currentLimit(mapper Mapper, m policy.Mapped, d enforcement.Decision, out *rlsv3.RateLimitResponse_RateLimit) *rlsv3.RateLimitResponse_RateLimit {
 	res, err := mapper.Resolve(m.Key, m.Scope, m.Tier)
 	if err != nil {
 		return nil
 	}
-	out := &rlsv3.RateLimitResponse_RateLimit{Name: res.Policy}
+	out.Name = res.Policy
 	if res.HasQuota() && d.Limit == res.QuotaLimit && d.Limit != res.Burst && d.Source != enforcement.SourceDegraded {
 		out.RequestsPerUnit = uint32(min(res.QuotaLimit, math.MaxUint32))
 		switch res.QuotaPeriod {
@@ -354,16 +349,85 @@ func rateUnit(rate float64) (uint32, rlsv3.RateLimitResponse_RateLimit_Unit) {
 	return uint32(min(max(1, math.Round(rate*86400)), math.MaxUint32)), rlsv3.RateLimitResponse_RateLimit_DAY
 }
 
+// answer is a response and everything it points to, allocated at once:
+// a call with one descriptor (Envoy's usual) costs one allocation for its
+// whole response instead of one per message, string and slice (the
+// allocations, and the GC work behind them, were a third of the service's
+// own CPU). The response is handed to grpc-go, which marshals it and drops
+// it, so nothing is pooled: a reuse would race with the marshaling.
+type answer struct {
+	resp     rlsv3.RateLimitResponse
+	statusP  [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	status   [1]rlsv3.RateLimitResponse_DescriptorStatus
+	limits   [1]rlsv3.RateLimitResponse_RateLimit
+	reset    [1]durationpb.Duration
+	headerP  [maxHeaders]*corev3.HeaderValue
+	header   [maxHeaders]corev3.HeaderValue
+	moreLim  []rlsv3.RateLimitResponse_RateLimit // descriptors past the first
+	moreDurs []durationpb.Duration
+}
+
+// maxHeaders is what headers adds at most: six RateLimit headers,
+// retry-after and the soft-limit warning.
+const maxHeaders = 8
+
+func newAnswer(n int) *answer {
+	a := &answer{}
+	if n <= 1 {
+		a.statusP[0] = &a.status[0]
+		a.resp.Statuses = a.statusP[:n]
+		return a
+	}
+	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
+	a.resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+	for i := range sts {
+		a.resp.Statuses[i] = &sts[i]
+	}
+	a.moreLim = make([]rlsv3.RateLimitResponse_RateLimit, n-1)
+	a.moreDurs = make([]durationpb.Duration, n-1)
+	return a
+}
+
+// limit is the storage of descriptor i's current_limit.
+func (a *answer) limit(i int) *rlsv3.RateLimitResponse_RateLimit {
+	if i == 0 {
+		return &a.limits[0]
+	}
+	return &a.moreLim[i-1]
+}
+
+// duration is descriptor i's duration_until_reset set to d (as
+// durationpb.New(d) would).
+func (a *answer) duration(i int, d time.Duration) *durationpb.Duration {
+	out := &a.reset[0]
+	if i > 0 {
+		out = &a.moreDurs[i-1]
+	}
+	out.Seconds = int64(d / time.Second)
+	out.Nanos = int32(d % time.Second)
+	return out
+}
+
 // headers are the RateLimit-* and X-RateLimit-* headers (as the HTTP
 // middleware sets them: the limit, whole tokens left, whole seconds until
-// the bucket is full) and, on a rejection, Retry-After (whole seconds,
-// rounded up) for Envoy to add to the client's response.
-func headers(d *enforcement.Decision, now time.Time) []*corev3.HeaderValue {
-	limit := strconv.FormatInt(d.Limit, 10)
-	remaining := strconv.FormatInt(max(0, d.Remaining), 10)
-	reset := strconv.FormatInt(max(0, int64(math.Ceil(d.ResetAt.Sub(now).Seconds()))), 10)
-	hv := make([]corev3.HeaderValue, 0, 7)
-	hv = append(hv,
+// the bucket is full), on a rejection Retry-After (whole seconds, rounded
+// up), and with warn the soft-limit warning, for Envoy to add to the
+// client's response. The numbers share one string.
+func (a *answer) headers(d *enforcement.Decision, now time.Time, warn bool) []*corev3.HeaderValue {
+	var buf [4 * 20]byte
+	b := strconv.AppendInt(buf[:0], d.Limit, 10)
+	nLimit := len(b)
+	b = strconv.AppendInt(b, max(0, d.Remaining), 10)
+	nRemaining := len(b)
+	b = strconv.AppendInt(b, max(0, int64(math.Ceil(d.ResetAt.Sub(now).Seconds()))), 10)
+	nReset := len(b)
+	retry := !d.Allowed && d.RetryAfter > 0
+	if retry {
+		b = strconv.AppendInt(b, int64(math.Ceil(d.RetryAfter.Seconds())), 10)
+	}
+	nums := string(b)
+	limit, remaining, reset := nums[:nLimit], nums[nLimit:nRemaining], nums[nRemaining:nReset]
+	hv := append(a.header[:0],
 		corev3.HeaderValue{Key: "x-ratelimit-limit", Value: limit},
 		corev3.HeaderValue{Key: "x-ratelimit-remaining", Value: remaining},
 		corev3.HeaderValue{Key: "x-ratelimit-reset", Value: reset},
@@ -371,12 +435,15 @@ func headers(d *enforcement.Decision, now time.Time) []*corev3.HeaderValue {
 		corev3.HeaderValue{Key: "ratelimit-remaining", Value: remaining},
 		corev3.HeaderValue{Key: "ratelimit-reset", Value: reset},
 	)
-	if !d.Allowed && d.RetryAfter > 0 {
-		hv = append(hv, corev3.HeaderValue{Key: "retry-after", Value: strconv.FormatInt(int64(math.Ceil(d.RetryAfter.Seconds())), 10)})
+	if retry {
+		hv = append(hv, corev3.HeaderValue{Key: "retry-after", Value: nums[nReset:]})
 	}
-	out := make([]*corev3.HeaderValue, len(hv))
+	if warn {
+		hv = append(hv, corev3.HeaderValue{Key: warningHeader, Value: httpapi.SoftLimitWarning})
+	}
+	out := a.headerP[:len(hv)]
 	for i := range hv {
-		out[i] = &hv[i]
+		out[i] = &a.header[i]
 	}
 	return out
 }
