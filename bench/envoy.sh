@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# The Envoy rate limit service (gRPC ShouldRateLimit, driven by ghz) beside
-# POST /check (driven by wrk) in one run, against one limiter process and
-# one redis-server on free loopback ports: the allowed path over 10,000
-# distinct keys (descriptors), and a flood on one key. Prints a markdown
-# section for BENCHMARKS.md ("## Envoy rate limit service (gRPC) beside
-# /check") on stdout; raw outputs go to BENCH_OUT.
+# The Envoy rate limit service (gRPC ShouldRateLimit, driven by ghz, and
+# by h2load for the flood) beside POST /check (driven by wrk) in one run,
+# against one limiter process and one redis-server on free loopback ports:
+# the allowed path over 10,000 distinct keys (descriptors), and a flood on
+# one key. Beside decisions/s it reports, per decision, the limiter's CPU
+# and allocations and the load tool's CPU: on a 2-core machine the load
+# tool shares the cores, and ghz (Go) spends far more per call than wrk or
+# h2load (C). Prints a markdown section for BENCHMARKS.md ("## Envoy rate
+# limit service (gRPC) beside /check") on stdout; raw outputs go to
+# BENCH_OUT.
 #
 #   SECONDS_EACH (default 20)  duration of each run
-#   CONC         (default 32)  wrk connections / ghz concurrent workers
+#   CONC         (default 32)  wrk connections / gRPC calls in flight (ghz workers, h2load streams)
+#   GRPC_CONNS   (default 4)   HTTP/2 connections the gRPC load tools spread them over
+#   LIMITER_BIN  (default: ./cmd/limiter built from this tree) the limiter binary to measure,
+#                e.g. one built from an older commit for a before/after comparison
 #   BENCH_OUT    (default: a temporary directory)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +22,7 @@ ROOT=$(pwd)
 GO=${GO:-go}
 SECS=${SECONDS_EACH:-20}
 CONC=${CONC:-32}
+GRPC_CONNS=${GRPC_CONNS:-4}
 GHZ_VERSION=v0.93.0
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-envoy-bench.XXXXXX)}
 mkdir -p "$OUT/bin"
@@ -26,11 +34,12 @@ cleanup() {
   wait 2>/dev/null || true
 }
 trap cleanup EXIT
-for tool in redis-server wrk; do
+for tool in redis-server wrk h2load curl; do
   command -v "$tool" >/dev/null || { echo "bench: $tool is not installed" >&2; exit 1; }
 done
 echo "bench: building the limiter and ghz $GHZ_VERSION into $OUT/bin" >&2
 $GO build -o "$OUT/bin/" ./cmd/limiter ./bench/envoydata
+LIMITER=${LIMITER_BIN:-$OUT/bin/limiter}
 (cd "$OUT" && GOBIN="$OUT/bin" GOFLAGS= $GO install "github.com/bojand/ghz/cmd/ghz@$GHZ_VERSION")
 
 free_port() {
@@ -58,7 +67,7 @@ GPORT=$(free_port)
 # the load tools the default 5 ms deadline would measure degraded decisions.
 env LIMITER_ADDR="127.0.0.1:$HPORT" LIMITER_GRPC_ADDR="127.0.0.1:$GPORT" REDIS_ADDRS="127.0.0.1:$RPORT" \
   POLICY_FILE="$ROOT/bench/envoy-policy.yaml" LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" KAFKA_BROKERS= \
-  "$OUT/bin/limiter" 2>>"$OUT/limiter.log" &
+  "$LIMITER" 2>>"$OUT/limiter.log" &
 LPID=$!
 PIDS+=($LPID)
 wait_port "$HPORT"
@@ -69,43 +78,77 @@ wait_port "$GPORT"
 # every call, which costs the load tool more CPU than the server spends).
 "$OUT/bin/envoydata" -n 10000 -value acct_ -o "$OUT/uniform.bin"
 "$OUT/bin/envoydata" -n 1 -same -value flood_key -o "$OUT/flood.bin"
+"$OUT/bin/envoydata" -n 1 -same -value flood_key -grpc-frame -o "$OUT/flood.frame"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$LPID/stat"; }
-per_decision() { # ticks-before ticks-after decisions -> limiter CPU µs per decision
-  awk -v a="$1" -v b="$2" -v n="$3" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.0f", (b - a) * 1e6 / hz / n}'
+metric() { curl -s "http://127.0.0.1:$HPORT/metrics" | awk -v m="$1" 'index($0, m) == 1 {s += $NF} END {printf "%d", s}'; }
+# The limiter's CPU ticks and allocations so far.
+server_snap() { echo "$(cpu_ticks) $(metric go_memstats_mallocs_total)"; }
+# per_decision A B N: (B - A) ticks per decision in µs; per_n A B N: (B - A) / N.
+per_decision() { awk -v a="$1" -v b="$2" -v n="$3" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.0f", (b - a) * 1e6 / hz / n}'; }
+per_n() { awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN {printf "%.0f", (b - a) / n}'; }
+# tool_cpu OUT ERR CMD...: runs CMD (stdout to OUT, stderr to ERR) in a
+# subshell and prints the CPU ticks CMD used (the subshell's waited-for
+# children: cutime + cstime), which is the load tool's own cost.
+tool_cpu() {
+  local out=$1 err=$2
+  shift 2
+  ( "$@" >"$out" 2>"$err" </dev/null || true; awk '{print $16 + $17}' "/proc/$BASHPID/stat" )
 }
-wrk_run() { # name script -> "rps p50 p99 cpu-µs/decision"
-  local t0 t1
-  t0=$(cpu_ticks)
-  wrk -t2 -c"$CONC" -d"${SECS}s" --latency -s "bench/wrk/$2.lua" "http://127.0.0.1:$HPORT/check" >"$OUT/$1.wrk" 2>&1
-  t1=$(cpu_ticks)
-  echo "$(awk '/^Requests\/sec/ {print $2}' "$OUT/$1.wrk") $(awk '$1 == "50%" {print $2}' "$OUT/$1.wrk") $(awk '$1 == "99%" {print $2}' "$OUT/$1.wrk") $(per_decision "$t0" "$t1" "$(awk '/requests in/ {print $1}' "$OUT/$1.wrk")")"
+
+wrk_run() { # name script -> "rps p50 p99 server-µs server-allocs tool-µs"
+  local s0 s1 tool n f="$OUT/$1.wrk"
+  s0=$(server_snap)
+  tool=$(tool_cpu "$f" "$f.err" wrk -t2 -c"$CONC" -d"${SECS}s" --latency -s "bench/wrk/$2.lua" "http://127.0.0.1:$HPORT/check")
+  s1=$(server_snap)
+  n=$(awk '/requests in/ {print $1}' "$f")
+  set -- $s0 $s1
+  echo "$(awk '/^Requests\/sec/ {print $2}' "$f") $(awk '$1 == "50%" {print $2}' "$f") $(awk '$1 == "99%" {print $2}' "$f") $(per_decision "$1" "$3" "$n") $(per_n "$2" "$4" "$n") $(per_decision 0 "$tool" "$n")"
 }
-ghz_run() { # name datafile -> "rps p50 p99 errors cpu-µs/decision"
-  local t0 t1
-  t0=$(cpu_ticks)
-  "$OUT/bin/ghz" --insecure --call envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit \
-    -c "$CONC" --connections 4 --cpus 2 -z "${SECS}s" --duration-stop wait -B "$2" -O json "127.0.0.1:$GPORT" >"$OUT/$1.ghz.json" 2>"$OUT/$1.ghz.err" || true
-  t1=$(cpu_ticks)
-  python3 - "$OUT/$1.ghz.json" "$t0" "$t1" "$(getconf CLK_TCK)" <<'PY'
+ghz_run() { # name datafile -> "rps p50 p99 errors server-µs server-allocs tool-µs"
+  local s0 s1 tool
+  s0=$(server_snap)
+  tool=$(tool_cpu "$OUT/$1.ghz.json" "$OUT/$1.ghz.err" "$OUT/bin/ghz" --insecure --call envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit \
+    -c "$CONC" --connections "$GRPC_CONNS" --cpus 2 -z "${SECS}s" --duration-stop wait -B "$2" -O json "127.0.0.1:$GPORT")
+  s1=$(server_snap)
+  python3 - "$OUT/$1.ghz.json" $s0 $s1 "$tool" "$(getconf CLK_TCK)" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
+c0, m0, c1, m1, tool, hz = (float(x) for x in sys.argv[2:8])
 lat = {d["percentage"]: d["latency"] / 1e6 for d in r.get("latencyDistribution") or []}
 codes = r.get("statusCodeDistribution") or {}
-cpu = (float(sys.argv[3]) - float(sys.argv[2])) * 1e6 / float(sys.argv[4]) / max(1, r["count"])
-print("%.0f %.2fms %.2fms %d %.0f" % (r["rps"], lat.get(50, 0), lat.get(99, 0), sum(v for k, v in codes.items() if k != "OK"), cpu))
+n = max(1, r["count"])
+print("%.0f %.2fms %.2fms %d %.0f %.0f %.0f" % (r["rps"], lat.get(50, 0), lat.get(99, 0), sum(v for k, v in codes.items() if k != "OK"),
+      (c1 - c0) * 1e6 / hz / n, (m1 - m0) / n, tool * 1e6 / hz / n))
 PY
 }
-metric() { curl -s "http://127.0.0.1:$HPORT/metrics" | awk -v m="$1" 'index($0, m) == 1 {s += $NF} END {printf "%d", s}'; }
+# h2load sends one fixed body: the flood only. It does not read gRPC
+# statuses (they travel in trailers of 200 responses), so the non-OK count
+# is the limiter's own (limiter_grpc_requests_total by code), and it reports
+# the mean latency, not percentiles.
+h2load_run() { # name framefile -> "rps mean errors server-µs server-allocs tool-µs"
+  local s0 s1 tool n ok0 all0 ok1 all1 f="$OUT/$1.h2load"
+  local m='limiter_grpc_requests_total{code="OK",method="/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"}'
+  ok0=$(metric "$m"); all0=$(metric 'limiter_grpc_requests_total{')
+  s0=$(server_snap)
+  tool=$(tool_cpu "$f" "$f.err" h2load -t2 -c"$GRPC_CONNS" -m$((CONC / GRPC_CONNS)) -D "$SECS" -d "$2" -H 'content-type: application/grpc' -H 'te: trailers' \
+    "http://127.0.0.1:$GPORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+  s1=$(server_snap)
+  ok1=$(metric "$m"); all1=$(metric 'limiter_grpc_requests_total{')
+  n=$((ok1 - ok0))
+  set -- $s0 $s1
+  echo "$(awk '/^finished in/ {print $4}' "$f") $(awk '$1 == "time" && $3 == "request:" {print $6}' "$f") $(( (all1 - all0) - n )) $(per_decision "$1" "$3" "$n") $(per_n "$2" "$4" "$n") $(per_decision 0 "$tool" "$n")"
+}
 
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "bench: warm-up" >&2
 wrk -t2 -c"$CONC" -d3s -s bench/wrk/uniform.lua "http://127.0.0.1:$HPORT/check" >/dev/null 2>&1
-echo "bench: /check uniform" >&2;  read -r c_rps c_p50 c_p99 c_cpu <<<"$(wrk_run check-uniform uniform)"
-echo "bench: gRPC uniform" >&2;    read -r g_rps g_p50 g_p99 g_err g_cpu <<<"$(ghz_run grpc-uniform "$OUT/uniform.bin")"
+echo "bench: /check uniform" >&2;  read -r c_rps c_p50 c_p99 c_cpu c_alloc c_tool <<<"$(wrk_run check-uniform uniform)"
+echo "bench: gRPC uniform" >&2;    read -r g_rps g_p50 g_p99 g_err g_cpu g_alloc g_tool <<<"$(ghz_run grpc-uniform "$OUT/uniform.bin")"
 ok0=$(metric 'limiter_envoy_descriptors_total{result="over_limit"}')
-echo "bench: /check flood" >&2;    read -r cf_rps cf_p50 cf_p99 cf_cpu <<<"$(wrk_run check-flood flood)"
-echo "bench: gRPC flood" >&2;      read -r gf_rps gf_p50 gf_p99 gf_err gf_cpu <<<"$(ghz_run grpc-flood "$OUT/flood.bin")"
+echo "bench: /check flood" >&2;    read -r cf_rps cf_p50 cf_p99 cf_cpu cf_alloc cf_tool <<<"$(wrk_run check-flood flood)"
+echo "bench: gRPC flood (ghz)" >&2;    read -r gf_rps gf_p50 gf_p99 gf_err gf_cpu gf_alloc gf_tool <<<"$(ghz_run grpc-flood "$OUT/flood.bin")"
+echo "bench: gRPC flood (h2load)" >&2; read -r hf_rps hf_mean hf_err hf_cpu hf_alloc hf_tool <<<"$(h2load_run grpc-flood-h2load "$OUT/flood.frame")"
 over=$(( $(metric 'limiter_envoy_descriptors_total{result="over_limit"}') - ok0 ))
 local_rej=$(metric 'limiter_decisions_total{result="rejected",source="local"}')
 LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -114,26 +157,34 @@ cat <<MD
 ## Envoy rate limit service (gRPC) beside /check
 
 Written by \`bench/envoy.sh\` on $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),
-$(redis-server --version | awk '{print $1, $2, $3}'), Go $($GO env GOVERSION), ghz $GHZ_VERSION. One limiter process (LIMITER_STORE_TIMEOUT=${BENCH_STORE_TIMEOUT:-100ms}),
-one redis-server, and the load tool share the cores. Policy: bench/envoy-policy.yaml (domain \`bench\`, descriptor \`[{key, <key>}]\`
+$(redis-server --version | awk '{print $1, $2, $3}'), Go $($GO env GOVERSION), ghz $GHZ_VERSION, $(h2load --version | head -1). One limiter process (LIMITER_STORE_TIMEOUT=${BENCH_STORE_TIMEOUT:-100ms}),
+one redis-server, and the load tool share the cores; the limiter: ${LIMITER_BIN:-built from commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)}. Policy: bench/envoy-policy.yaml (domain \`bench\`, descriptor \`[{key, <key>}]\`
 → key \`<key>\`, scope \`api\`: the same (key, scope) pairs as the /check bodies). Load average at the start: $LOAD0; at the end: $LOAD1
 (other sessions' work competes for the same cores: compare the rows of one run, not runs).
 
-- /check: \`wrk -t2 -c$CONC -d${SECS}s --latency -s bench/wrk/{uniform,flood}.lua http://127.0.0.1:PORT/check\`
-- gRPC: \`ghz --insecure --call envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit -c $CONC --connections 4 --cpus 2 -z ${SECS}s --duration-stop wait -B {uniform,flood}.bin 127.0.0.1:PORT\`,
+- /check: \`wrk -t2 -c$CONC -d${SECS}s --latency -s bench/wrk/{uniform,flood}.lua http://127.0.0.1:PORT/check\` ($CONC requests in flight on $CONC HTTP/1.1 connections)
+- gRPC, ghz: \`ghz --insecure --call envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit -c $CONC --connections $GRPC_CONNS --cpus 2 -z ${SECS}s --duration-stop wait -B {uniform,flood}.bin 127.0.0.1:PORT\`
+  ($CONC calls in flight on $GRPC_CONNS HTTP/2 connections, as Envoy multiplexes streams over a few connections);
   uniform.bin = 10,000 RateLimitRequests with distinct descriptors (\`acct_1\` … \`acct_10000\`, written by bench/envoydata), sent round-robin; flood.bin = one descriptor (\`flood_key\`, 10/s, burst 10).
+- gRPC, h2load (flood only: it sends one fixed body): \`h2load -t2 -c$GRPC_CONNS -m$((CONC / GRPC_CONNS)) -D $SECS -d flood.frame -H 'content-type: application/grpc' -H 'te: trailers' http://127.0.0.1:PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit\`
+  (the same $CONC calls in flight on $GRPC_CONNS connections; flood.frame = the flood request behind gRPC's 5-byte frame header, \`envoydata -grpc-frame\`).
 
-| path | front door | decisions/s | p50 | p99 | limiter CPU per decision | non-OK gRPC statuses |
-|---|---|---:|---:|---:|---:|---:|
-| allowed, 10,000 keys | POST /check (wrk) | $c_rps | $c_p50 | $c_p99 | $c_cpu µs | |
-| allowed, 10,000 descriptors | ShouldRateLimit (ghz) | $g_rps | $g_p50 | $g_p99 | $g_cpu µs | $g_err |
-| flood, one key | POST /check (wrk) | $cf_rps | $cf_p50 | $cf_p99 | $cf_cpu µs | |
-| flood, one descriptor | ShouldRateLimit (ghz) | $gf_rps | $gf_p50 | $gf_p99 | $gf_cpu µs | $gf_err |
+| path | front door (load tool) | decisions/s | p50 | p99 | limiter CPU per decision | limiter allocations per decision | load tool CPU per decision | non-OK gRPC statuses |
+|---|---|---:|---:|---:|---:|---:|---:|---:|
+| allowed, 10,000 keys | POST /check (wrk) | $c_rps | $c_p50 | $c_p99 | $c_cpu µs | $c_alloc | $c_tool µs | |
+| allowed, 10,000 descriptors | ShouldRateLimit (ghz) | $g_rps | $g_p50 | $g_p99 | $g_cpu µs | $g_alloc | $g_tool µs | $g_err |
+| flood, one key | POST /check (wrk) | $cf_rps | $cf_p50 | $cf_p99 | $cf_cpu µs | $cf_alloc | $cf_tool µs | |
+| flood, one descriptor | ShouldRateLimit (ghz) | $gf_rps | $gf_p50 | $gf_p99 | $gf_cpu µs | $gf_alloc | $gf_tool µs | $gf_err |
+| flood, one descriptor | ShouldRateLimit (h2load) | $hf_rps | mean $hf_mean | | $hf_cpu µs | $hf_alloc | $hf_tool µs | $hf_err |
 
 "limiter CPU per decision" is the limiter process's user + system CPU time over the run (/proc/PID/stat) divided by the
-decisions it answered: what each front door costs the server, apart from what the load tool costs the shared cores
-(ghz, a Go gRPC client, spends several times wrk's CPU per call, so decisions/s under-states the gRPC path here).
+decisions it answered, "limiter allocations per decision" the growth of its \`go_memstats_mallocs_total\` divided the same way,
+and "load tool CPU per decision" the load tool's own user + system CPU time (its exit accounting) divided the same way: on
+two shared cores, decisions/s is set by the sum of the last two columns (plus Redis), so a costly client lowers it without
+the server being slower. h2load does not read gRPC statuses (they travel in trailers): its decisions are the limiter's
+count of OK answers and its non-OK column is the limiter's count of other codes (calls cut at the end of the run are
+CANCELLED); it reports a mean latency, no percentiles.
 
-During the gRPC flood $over descriptors were answered OVER_LIMIT; over the whole run the local tier rejected $local_rej decisions
+During the gRPC floods $over descriptors were answered OVER_LIMIT; over the whole run the local tier rejected $local_rej decisions
 in process (both front doors share it). Raw outputs: \`$OUT\`.
 MD

@@ -3,10 +3,15 @@
 // [{key, <prefix><i>}] of domain bench, or n copies of one descriptor when
 // -same is set. Binary data spares ghz from rendering JSON templates on
 // every call, which costs the load tool more CPU than the server spends.
+//
+// With -grpc-frame it writes instead the body of one gRPC call (the first
+// message behind gRPC's 5-byte frame header: not compressed, its length),
+// for an HTTP/2 load tool that sends one fixed body (h2load -d).
 package main
 
 import (
 	"bufio"
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"os"
@@ -14,6 +19,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/encoding/protodelim"
+	"google.golang.org/protobuf/proto"
 )
 
 func main() {
@@ -21,6 +27,7 @@ func main() {
 	domain := flag.String("domain", "bench", "domain")
 	value := flag.String("value", "acct_", "the entry's value (a prefix, followed by the message number, unless -same)")
 	same := flag.Bool("same", false, "every message has the same descriptor (value as given)")
+	frame := flag.Bool("grpc-frame", false, "write one gRPC-framed message (an HTTP/2 request body) instead")
 	out := flag.String("o", "", "output file")
 	flag.Parse()
 	f, err := os.Create(*out)
@@ -37,6 +44,18 @@ func main() {
 		req := &rlsv3.RateLimitRequest{Domain: *domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
 			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "key", Value: v}},
 		}}}
+		if *frame {
+			b, err := proto.Marshal(req)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			hdr := [5]byte{0} // not compressed
+			binary.BigEndian.PutUint32(hdr[1:], uint32(len(b)))
+			w.Write(hdr[:])
+			w.Write(b)
+			break
+		}
 		if _, err := protodelim.MarshalTo(w, req); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
