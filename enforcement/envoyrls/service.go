@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -285,7 +286,14 @@ func planOf(mapper Mapper, domain string, requestHits uint32, d *ratelimitv3.Rat
 		p.result = policy.MapUnknownDomain
 		return p, nil
 	}
-	p.mapped, p.result = mapper.MapDescriptor(domain, entries)
+	if pol, ok := mapper.(*policy.Policy); ok {
+		// Called on the concrete type, the entries (the caller's stack
+		// buffer) do not escape; through the interface they would, an
+		// allocation per call.
+		p.mapped, p.result = pol.MapDescriptor(domain, entries)
+	} else {
+		p.mapped, p.result = mapper.MapDescriptor(domain, slices.Clone(entries))
+	}
 	if p.result != policy.MapOK {
 		return p, nil
 	}
