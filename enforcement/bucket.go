@@ -56,6 +56,13 @@ func (b *Bucket) Take(now int64, rate float64, burst int64, cost int64) TakeResu
 	return r
 }
 
+// refilled is the bucket's tokens at now, spending nothing; a bucket never
+// seen must not be asked. A now before TS (a clock that stepped back)
+// counts as no time passed, as in Take.
+func (b *Bucket) refilled(now int64, rate float64, burst int64) float64 {
+	return min(float64(burst), b.Tokens+float64(max(0, now-b.TS))*rate/1e6)
+}
+
 // Full reports whether the bucket would be full at now: an idle entry that
 // can be forgotten, because a forgotten bucket restarts full anyway.
 func (b *Bucket) Full(now int64, rate float64, burst int64) bool {

@@ -178,6 +178,20 @@ type learned struct {
 	blockedCost int64
 	quotaUsed   int64 // tokens spent in the quota window as last reported
 	quotaEnd    int64 // µs when that window ends; 0 = nothing known
+	// The last rejection of the pieces above, remembered so that a flood
+	// repeating it skips the arithmetic: a request costing rejectCost waits
+	// until rejectUntil (µs), and that answer stands while now is before
+	// rejectValid. It stands because everything it was computed from only
+	// changes in learn, which forgets it: a rejection spends nothing, and
+	// the shadow refills at a fixed rate, so the wait shrinks exactly as
+	// the clock advances. It stops a millisecond early: near its end the
+	// shadow's rounding lets the store decide (localWait). rejectFull is
+	// when (µs) the shadow will be full, for the rejection's reset time.
+	rejectCost, rejectUntil, rejectValid, rejectFull int64
+	// rejectResetAt is rejectFull's wall time, placed with rejectAnchor
+	// (Limiter.rejectionResetAt).
+	rejectResetAt time.Time
+	rejectAnchor  *wallAnchor
 }
 
 // New returns a Limiter and starts its sweeper; Close stops it.
@@ -307,27 +321,23 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 		if epoch := l.storeEpoch.Load(); e.epoch != epoch {
 			e.known, e.epoch = learned{}, epoch
 		}
-		if lw := e.localWait(nowUS, cost, l.localRate(res.Rate)); lw.wait > 0 {
+		// lw is filled through a pointer and read field by field: returning
+		// it by value cost a store-forwarding stall in the flood's profile.
+		var lw localVerdict
+		if l.localWait(e, nowUS, cost, &lw); lw.wait > 0 {
 			wait := lw.wait
-			var reset int64
-			if k := &e.known; k.shadow.TS != 0 {
-				tokens := lw.shadowTokens
-				if lw.shadowResetUS < 0 { // the shadow was not probed: refill it to now
-					tokens = min(float64(res.Burst), k.shadow.Tokens+float64(max(0, nowUS-k.shadow.TS))*res.Rate/1e6)
-					reset = ceilUS((float64(res.Burst) - tokens) / res.Rate)
-				} else {
-					reset = lw.shadowResetUS
-				}
-				d.Remaining = wholeTokens(tokens)
-				d.Warning = softLimitReached(&res.Limit, tokens, k.quotaUsed)
+			reset := lw.shadowResetUS
+			if lw.shadowKnown {
+				d.Remaining = wholeTokens(lw.shadowTokens)
+				d.Warning = softLimitReached(&res.Limit, lw.shadowTokens, e.known.quotaUsed)
 			} else {
 				reset = ceilUS(float64(res.Burst) / res.Rate) // nothing known: at most an empty bucket's refill
 			}
+			d.ResetAt = l.rejectionResetAt(&e.known, &lw, start, reset)
 			quotaUsed, quotaEnd, quotaLimit := e.known.quotaUsed, e.known.quotaEnd, res.QuotaLimit
 			e.mu.Unlock()
 			d.Source = SourceLocal
 			d.RetryAfter = time.Duration(ceilMS(wait)) * time.Millisecond
-			d.ResetAt = l.wallAfter(start, time.Duration(reset)*time.Microsecond)
 			if quotaEnd > nowUS {
 				bindQuota(&d, quotaLimit, quotaUsed, l.wallAfter(start, time.Duration(quotaEnd-nowUS)*time.Microsecond))
 			}
@@ -337,7 +347,17 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 	}
 	lim := res.Limit
 	e.mu.Unlock()
+	err = l.askStore(ctx, &req, &d, e, lim, cost, start, nowUS)
+	return d, err
+}
 
+// askStore completes a decision the local tier passed on: the shared
+// authority decides, or the failure policy when it cannot be asked. It is
+// its own function so that the local tier's path, which answers floods,
+// keeps a small stack frame.
+//
+//go:noinline
+func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *entry, lim Limit, cost int64, start reading, nowUS int64) error {
 	v, err := l.cfg.Authority.Take(ctx, req.Key, req.Scope, lim, cost)
 	if err == nil {
 		if v.ClockBack && l.cfg.Observer != nil {
@@ -369,15 +389,16 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 		d.Warning = v.Warning
 		if lim.HasQuota() {
 			_, end := lim.QuotaPeriod.Window(v.Now)
-			bindQuota(&d, lim.QuotaLimit, v.QuotaUsed, end)
+			bindQuota(d, lim.QuotaLimit, v.QuotaUsed, end)
 		}
-		l.finish(&req, &d, start)
-		return d, nil
+		l.finish(req, d, start)
+		return nil
 	}
 	if ctx.Err() != nil {
 		// The caller went away (or its own deadline passed): nobody is
 		// left to answer, and the store did nothing wrong.
-		return Decision{}, fmt.Errorf("enforcement: decision abandoned by the caller: %w", ctx.Err())
+		*d = Decision{}
+		return fmt.Errorf("enforcement: decision abandoned by the caller: %w", ctx.Err())
 	}
 
 	// Failure policy: fail open at the shared tier, while the tightened local
@@ -387,7 +408,8 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 	if l.cfg.Observer != nil {
 		l.cfg.Observer.AuthorityFailed(err)
 	}
-	return l.degradedDecision(&req, d, lim, cost, e, start, nowUS), nil
+	*d = l.degradedDecision(req, *d, lim, cost, e, start, nowUS)
+	return nil
 }
 
 // degradedDecision decides with the tightened limit and the quota share
@@ -521,26 +543,37 @@ func bindQuota(d *Decision, quotaLimit, used int64, end time.Time) {
 }
 
 // localVerdict is the local tier's answer: wait is 0 when the request
-// should go to the shared store, else the µs until it could pass. When the
-// shadow was probed and refused cost, shadowTokens and shadowResetUS are the
-// shadow refilled to now (what the rejection reports); shadowResetUS is -1
-// when it was not.
+// should go to the shared store, else the µs until it could pass. A
+// rejection made while the shared bucket's shadow is known reports the
+// shadow refilled to now: its tokens, and the µs until it is full.
 type localVerdict struct {
 	wait          int64
+	remembered    bool // the rejection remembered in learned was repeated
+	shadowKnown   bool
 	shadowTokens  float64
 	shadowResetUS int64
 }
 
-// localWait is the local tier. Called under e.mu.
-func (e *entry) localWait(now, cost int64, localRate float64) localVerdict {
+// localWait is the local tier: it fills v, which starts zero. Called
+// under e.mu.
+func (l *Limiter) localWait(e *entry, now, cost int64, v *localVerdict) {
 	k := &e.known
-	v := localVerdict{shadowResetUS: -1}
+	if now < k.rejectValid && cost == k.rejectCost {
+		v.wait, v.remembered = k.rejectUntil-now, true
+		if k.shadow.TS != 0 {
+			v.shadowKnown = true
+			v.shadowTokens = k.shadow.refilled(now, e.res.Rate, e.res.Burst)
+			v.shadowResetUS = k.rejectFull - now
+		}
+		return
+	}
 	if now < k.notBefore && cost >= k.blockedCost {
 		v.wait = k.notBefore - now
 	}
 	if now < k.quotaEnd && k.quotaUsed+cost > e.res.QuotaLimit {
 		v.wait = max(v.wait, k.quotaEnd-now)
 	}
+	probed := false
 	// The store's own retry time for this very cost needs no second opinion.
 	if k.shadow.TS != 0 && !(v.wait > 0 && cost == k.blockedCost) {
 		probe := k.shadow
@@ -548,6 +581,7 @@ func (e *entry) localWait(now, cost int64, localRate float64) localVerdict {
 		// rounding, let the store decide.
 		if r := probe.Take(now, e.res.Rate, e.res.Burst, cost); !r.Allowed {
 			// Refused: nothing was spent, so r is the shadow refilled to now.
+			probed = true
 			v.shadowTokens, v.shadowResetUS = r.Tokens, r.ResetAfterUS
 			if r.RetryAfterUS > 1000 {
 				v.wait = max(v.wait, r.RetryAfterUS)
@@ -555,12 +589,37 @@ func (e *entry) localWait(now, cost int64, localRate float64) localVerdict {
 		}
 	}
 	if v.wait > 0 {
-		return v
+		if k.shadow.TS != 0 {
+			v.shadowKnown = true
+			if !probed {
+				v.shadowTokens = k.shadow.refilled(now, e.res.Rate, e.res.Burst)
+				v.shadowResetUS = ceilUS((float64(e.res.Burst) - v.shadowTokens) / e.res.Rate)
+			}
+		}
+		k.rejectCost, k.rejectUntil, k.rejectValid = cost, now+v.wait, now+v.wait-1000
+		k.rejectFull = now + v.shadowResetUS
+		return
 	}
-	if r := e.local.Take(now, localRate, e.res.Burst, cost); !r.Allowed {
+	// The local bucket's rejections are not remembered: its rate follows
+	// the instance count, and the requests it allows spend from it.
+	if r := e.local.Take(now, l.localRate(e.res.Rate), e.res.Burst, cost); !r.Allowed {
 		v.wait = r.RetryAfterUS
 	}
-	return v
+}
+
+// rejectionResetAt is the wall time a local rejection reports the bucket
+// full at, reset µs after start. While a rejection is remembered that is a
+// fixed instant (the shadow refills at its rate and nothing is spent), so
+// its wall time is kept with the rejection and computed again only when the
+// clock's wall anchor has moved. Called under e.mu.
+func (l *Limiter) rejectionResetAt(k *learned, lw *localVerdict, start reading, reset int64) time.Time {
+	if !lw.shadowKnown || l.cfg.Now != nil {
+		return l.wallAfter(start, time.Duration(reset)*time.Microsecond)
+	}
+	if a := l.anchor.Load(); !lw.remembered || a != k.rejectAnchor {
+		k.rejectAnchor, k.rejectResetAt = a, l.wallAfter(start, time.Duration(reset)*time.Microsecond)
+	}
+	return k.rejectResetAt
 }
 
 // learn updates what the entry knows from a shared verdict. The store
@@ -573,6 +632,7 @@ func (e *entry) learn(now int64, wall time.Time, lim Limit, cost int64, v *Verdi
 		return
 	}
 	k := &e.known
+	k.rejectValid = 0 // computed from what is replaced below
 	tokens := float64(lim.Burst) - v.ResetAfter.Seconds()*lim.Rate
 	k.shadow = Bucket{Tokens: max(0, tokens), TS: now}
 	if lim.HasQuota() {
