@@ -293,3 +293,79 @@ func TestLocalRejectionKnowsTheQuota(t *testing.T) {
 		t.Fatalf("a local rejection at 100%% of the quota must warn: %+v", d)
 	}
 }
+
+// TestRepeatedLocalRejectionAnswersAsTheFirst: a flood's repeated local
+// rejection is remembered rather than computed again; at every instant
+// (and after the bucket refills and is spent again) it must answer exactly
+// what a limiter computing that rejection for the first time answers.
+func TestRepeatedLocalRejectionAnswersAsTheFirst(t *testing.T) {
+	pol := fixedPolicy{enforcement.Resolved{Limit: enforcement.Limit{Rate: 10, Burst: 5, SoftLimitPercent: 50}, Policy: "p", Tier: "t", Cost: 1}}
+	// history brings a limiter's key to an empty bucket at the clock's start.
+	history := func(clk *clock) *enforcement.Limiter {
+		l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 100), Policy: pol, Now: clk.Now})
+		for i := 0; i < 5; i++ {
+			if d, _ := l.Check(context.Background(), req("k", 1)); !d.Allowed {
+				t.Fatalf("history: request %d rejected", i)
+			}
+		}
+		return l
+	}
+	// Instants after the bucket emptied: across the remembered rejection,
+	// its last millisecond (where the store decides) and its end.
+	offsets := []time.Duration{0, 17 * time.Millisecond, 100 * time.Millisecond, 198900 * time.Microsecond,
+		199200 * time.Microsecond, 199900 * time.Microsecond, 250 * time.Millisecond, 298900 * time.Microsecond,
+		299200 * time.Microsecond, 299900 * time.Microsecond, 300 * time.Millisecond, 301 * time.Millisecond}
+	// Costs asked in turn at each instant: each must get its own wait.
+	for _, costs := range [][]int64{{3}, {2}, {2, 3}, {3, 2, 1}} {
+		clk := newClock()
+		flooded := history(clk)
+		start := clk.Now()
+	instants:
+		for _, off := range offsets {
+			clk.Add(start.Add(off).Sub(clk.Now()))
+			for _, cost := range costs {
+				got, err := flooded.Check(context.Background(), req("k", cost))
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The same request, decided by a limiter that has the same
+				// history and is asked for the first time.
+				fresh := &clock{t: start}
+				first := history(fresh)
+				fresh.Add(off)
+				want, _ := first.Check(context.Background(), req("k", cost))
+				if got.Allowed != want.Allowed || got.Source != want.Source || got.RetryAfter != want.RetryAfter ||
+					got.Remaining != want.Remaining || got.Limit != want.Limit || got.Warning != want.Warning ||
+					!got.ResetAt.Equal(want.ResetAt) {
+					t.Fatalf("costs %v, cost %d at +%v: repeated %+v, first time %+v", costs, cost, off, got, want)
+				}
+				if got.Source != enforcement.SourceLocal {
+					break instants // the store answered: the key's history now differs from a fresh limiter's
+				}
+			}
+		}
+	}
+}
+
+// TestRememberedRejectionIsForgottenWhenTheStoreAnswers: a request of
+// another cost that reaches the store changes the shadow; the rejection
+// remembered before it must not answer after it.
+func TestRememberedRejectionIsForgottenWhenTheStoreAnswers(t *testing.T) {
+	clk := newClock()
+	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 100), Policy: policyOf(10, 5), Now: clk.Now})
+	ctx := context.Background()
+	for i := 0; i < 5; i++ {
+		l.Check(ctx, req("k", 1))
+	}
+	clk.Add(200 * time.Millisecond) // 2 tokens back
+	if d, _ := l.Check(ctx, req("k", 3)); d.Allowed || d.Source != enforcement.SourceLocal || d.RetryAfter != 100*time.Millisecond {
+		t.Fatalf("3 tokens with 2 there: %+v, want a local rejection with 100ms", d)
+	}
+	if d, _ := l.Check(ctx, req("k", 1)); !d.Allowed {
+		t.Fatalf("1 token with 2 there: %+v", d)
+	}
+	// 1 token left: 3 need 200ms now, not the 100ms remembered.
+	if d, _ := l.Check(ctx, req("k", 3)); d.Allowed || d.RetryAfter != 200*time.Millisecond {
+		t.Fatalf("3 tokens with 1 there: %+v, want a rejection with 200ms", d)
+	}
+}
