@@ -356,3 +356,35 @@ func TestFaultStoreClockBehind(t *testing.T) {
 		t.Fatalf("limiter_negative_elapsed_total = %v, want ≥ 1", got)
 	}
 }
+
+// TestFaultSIGTERMWithRedisDownExitsCleanly: an instance told to stop
+// while its store is down still stops cleanly. Leaving the fleet is the
+// one store call shutdown makes; when it cannot be made the others stop
+// counting this instance when its heartbeat expires, so it is a warning,
+// not a failed exit an orchestrator would report as a crash.
+func TestFaultSIGTERMWithRedisDownExitsCleanly(t *testing.T) {
+	r := testenv.StartRedis(t)
+	p := startLimiter(t, faultPolicy, faultEnv(r)...)
+	if d, status := p.check(t, "k", "api", 1); status != 200 || d.Source != "shared" {
+		t.Fatalf("before the fault: %d %+v", status, d)
+	}
+	r.Process().Kill()
+	waitFor(t, "degraded decisions after Redis was killed", 30*time.Second, func() bool {
+		d, status := p.check(t, "k", "api", 1)
+		return status == 200 && d.Source == "degraded"
+	})
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the limiter did not exit within 60s of SIGTERM")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM with Redis down, want 0\n%s", code, p.logs.String())
+	}
+	if !strings.Contains(p.logs.String(), "could not leave the fleet") {
+		t.Fatalf("no warning that the fleet could not be left:\n%s", p.logs.String())
+	}
+}
