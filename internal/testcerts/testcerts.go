@@ -1,8 +1,9 @@
 // Package testcerts makes a throwaway certificate authority and the server
-// and client certificates the tests' TLS servers (the kfake broker,
-// clickhouse-server) and clients need, written as PEM files the way an
-// operator would mount them. Keys are ECDSA P-256; everything is valid for
-// a day. For tests and the local stack only.
+// and client certificates the tests' TLS servers (redis-server and its
+// Sentinels and Cluster bus, the kfake broker, clickhouse-server, the
+// limiter's and usage API's own listeners) and clients need, written as PEM
+// files the way an operator would mount them. Keys are ECDSA P-256;
+// everything is valid for a day. For tests and the local stack only.
 package testcerts
 
 import (
@@ -49,7 +50,7 @@ func New(dir string, extraHosts ...string) (*Set, error) {
 		return nil, err
 	}
 	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
+		SerialNumber:          serial(),
 		Subject:               pkix.Name{CommonName: "ratewarden test CA"},
 		NotBefore:             now.Add(-time.Hour),
 		NotAfter:              now.Add(24 * time.Hour),
@@ -68,18 +69,18 @@ func New(dir string, extraHosts ...string) (*Set, error) {
 	if err := writePEM(s.CAFile, "CERTIFICATE", caDER); err != nil {
 		return nil, err
 	}
-	leaf := func(serial int64, cn string, usage x509.ExtKeyUsage, dns []string, ips []net.IP, certFile, keyFile string) (tls.Certificate, error) {
+	leaf := func(cn string, usage []x509.ExtKeyUsage, dns []string, ips []net.IP, certFile, keyFile string) (tls.Certificate, error) {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			return tls.Certificate{}, err
 		}
 		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial),
+			SerialNumber: serial(),
 			Subject:      pkix.Name{CommonName: cn},
 			NotBefore:    now.Add(-time.Hour),
 			NotAfter:     now.Add(24 * time.Hour),
 			KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-			ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+			ExtKeyUsage:  usage,
 			DNSNames:     dns,
 			IPAddresses:  ips,
 		}
@@ -100,13 +101,15 @@ func New(dir string, extraHosts ...string) (*Set, error) {
 		return tls.LoadX509KeyPair(certFile, keyFile)
 	}
 	s.ServerCertFile, s.ServerKeyFile = filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
-	s.Server, err = leaf(2, "localhost", x509.ExtKeyUsageServerAuth, append([]string{"localhost"}, extraHosts...),
+	// A server certificate is also the client certificate of a Redis node
+	// on the cluster bus and of a replica (tls-cluster, tls-replication).
+	s.Server, err = leaf("localhost", []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, append([]string{"localhost"}, extraHosts...),
 		[]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, s.ServerCertFile, s.ServerKeyFile)
 	if err != nil {
 		return nil, err
 	}
 	s.ClientCertFile, s.ClientKeyFile = filepath.Join(dir, "client.pem"), filepath.Join(dir, "client-key.pem")
-	s.Client, err = leaf(3, "client", x509.ExtKeyUsageClientAuth, nil, nil, s.ClientCertFile, s.ClientKeyFile)
+	s.Client, err = leaf("client", []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil, nil, s.ClientCertFile, s.ClientKeyFile)
 	if err != nil {
 		return nil, err
 	}
@@ -129,6 +132,13 @@ func (s *Set) ServerTLS(requireClientCert bool) *tls.Config {
 // client certificate).
 func (s *Set) ClientTLS() *tls.Config {
 	return &tls.Config{RootCAs: s.CAPool, Certificates: []tls.Certificate{s.Client}, MinVersion: tls.VersionTLS12}
+}
+
+// serial is a random serial number: two sets (a test's "other CA") must
+// not share issuer and serial.
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	return n
 }
 
 func writePEM(path, typ string, der []byte) error {
