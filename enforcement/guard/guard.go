@@ -170,8 +170,8 @@ func New(next enforcement.Authority, s Settings, obs Observer, log *slog.Logger)
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= s.ConsecutiveFailures },
 		// A caller that went away is not the store's fault.
 		IsExcluded: func(err error) bool {
-			var ce *callerError
-			return errors.As(err, &ce)
+			_, gone := err.(*callerError) // the guard's own error, never wrapped
+			return gone
 		},
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			// Logged once per transition, never per request.
@@ -210,9 +210,12 @@ func stateOf(s gobreaker.State) State {
 func (a *Authority) State() State { return stateOf(a.cb.State()) }
 
 // HeedsCancel is implemented by an Authority whose Take returns as soon as
-// its context is done (redisstore.Pipelined). The guard then runs its Take
-// in the caller's goroutine; any other Authority's Take runs in a goroutine
-// of its own, as Do's fn does, so that the guard can stop waiting for it.
+// its context is done (redisstore.Pipelined), and which does not use that
+// context after Take returned unless the context was done by then. The
+// guard then runs its Take in the caller's goroutine, with a call context
+// it reuses for a later call; any other Authority's Take runs in a
+// goroutine of its own, as Do's fn does, so that the guard can stop waiting
+// for it.
 type HeedsCancel interface {
 	enforcement.Authority
 	HeedsCancel()
@@ -221,14 +224,32 @@ type HeedsCancel interface {
 // Take implements enforcement.Authority: next.Take under the same deadline
 // and breaker as Do.
 func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64) (enforcement.Verdict, error) {
+	if !a.nextHeeds {
+		var v enforcement.Verdict
+		err := a.do(ctx, func(ctx context.Context) error {
+			var err error
+			v, err = a.next.Take(ctx, key, scope, lim, cost)
+			return err
+		})
+		if err != nil {
+			return enforcement.Verdict{}, err
+		}
+		return v, nil
+	}
+	// The hot path (issue 15): next.Take in this goroutine, under a reused
+	// watch, with no closure or result that escapes to the heap.
+	if err := ctx.Err(); err != nil {
+		return enforcement.Verdict{}, &callerError{err}
+	}
 	var v enforcement.Verdict
-	err := a.do(ctx, a.nextHeeds, func(ctx context.Context) error {
+	_, err := a.cb.Execute(func() (struct{}, error) {
+		w := a.begin(ctx, true)
 		var err error
-		v, err = a.next.Take(ctx, key, scope, lim, cost)
-		return err
+		v, err = a.next.Take(w, key, scope, lim, cost)
+		return struct{}{}, a.end(w, err)
 	})
 	if err != nil {
-		return enforcement.Verdict{}, err
+		return enforcement.Verdict{}, a.breakerError(err)
 	}
 	return v, nil
 }
@@ -237,61 +258,33 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 // same ones Take uses, so that every call to the store, whatever its
 // purpose, is fenced alike and counts towards the same breaker. fn's ctx
 // carries the deadline MaxWait (or the caller's, when sooner) and is
-// canceled when the guard judges the store late; Do returns then, without
-// waiting for fn, whose result is dropped (fn runs in a goroutine of its
-// own, and must return by its ctx's deadline).
+// canceled when the guard judges the store late, or, within Timeout, when
+// the caller's ctx ends; Do returns then, without waiting for fn, whose
+// result is dropped (fn runs in a goroutine of its own, and must return by
+// its ctx's deadline).
 //
 // The error is nil, or satisfies ErrStoreUnavailable (the store failed, was
 // late, or the breaker is open: fn was not called), or is the caller's own
 // (ctx canceled or past its deadline; not counted against the store).
 func (a *Authority) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	return a.do(ctx, false, fn)
+	return a.do(ctx, fn)
 }
 
-// do is Do; inline runs fn in the caller's goroutine (fn returns as soon as
-// its ctx is done).
-func (a *Authority) do(ctx context.Context, inline bool, fn func(ctx context.Context) error) error {
+// do is Do: fn in a goroutine of its own.
+func (a *Authority) do(ctx context.Context, fn func(ctx context.Context) error) error {
 	if err := ctx.Err(); err != nil {
 		return &callerError{err}
 	}
-	_, err := a.cb.Execute(func() (struct{}, error) { return struct{}{}, a.call(ctx, inline, fn) })
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, gobreaker.ErrOpenState):
-		return &storeError{msg: "circuit breaker open"}
-	case errors.Is(err, gobreaker.ErrTooManyRequests):
-		return &storeError{msg: "circuit breaker half-open, probes in flight"}
-	}
-	return err
-}
-
-// call is one store call: fn under a watch that cancels it when the store
-// is judged late.
-func (a *Authority) call(parent context.Context, inline bool, fn func(ctx context.Context) error) error {
-	start := time.Now()
-	a.lag.enter()
-	defer a.lag.exit()
-	w := &watch{a: a, start: start, deadline: start.Add(a.s.MaxWait)}
-	if d, ok := parent.Deadline(); ok && d.Before(w.deadline) {
-		w.deadline = d
-	}
-	w.Context, w.cancel = context.WithCancel(parent)
-	w.mu.Lock()
-	w.timer = time.AfterFunc(a.s.Timeout, w.judge)
-	w.mu.Unlock()
-	// Unless fn is known to return as soon as its ctx is done (inline), it
-	// runs in a goroutine of its own so that the call ends when the guard
-	// gives up on it even if fn would not (a go-redis read heeds only its
-	// context's deadline, MaxWait, not an earlier cancellation). That
-	// goroutine ends when fn returns, by MaxWait at the latest; its result
-	// is then dropped.
-	var err error
-	if inline {
-		err = fn(w)
-	} else {
+	_, err := a.cb.Execute(func() (struct{}, error) {
+		w := a.begin(ctx, false)
+		// fn runs in a goroutine of its own so that the call ends when the
+		// guard gives up on it even if fn would not (a go-redis read heeds
+		// only its context's deadline, MaxWait, not an earlier
+		// cancellation). That goroutine ends when fn returns, by MaxWait at
+		// the latest; its result is then dropped.
 		res := make(chan error, 1)
 		go func() { res <- fn(w) }()
+		var err error
 		select {
 		case err = <-res:
 		case <-w.Done():
@@ -301,56 +294,181 @@ func (a *Authority) call(parent context.Context, inline bool, fn func(ctx contex
 				err = w.Err()
 			}
 		}
-	}
-	w.mu.Lock()
-	w.done = true
-	w.timer.Stop()
-	w.mu.Unlock()
-	w.cancel()
-	took := time.Since(start)
-
-	if err != nil && parent.Err() != nil {
-		return &callerError{parent.Err()} // not a store call's outcome: not observed
-	}
+		return struct{}{}, a.end(w, err)
+	})
 	if err != nil {
-		if why := w.failed.Load(); why != nil {
+		return a.breakerError(err)
+	}
+	return nil
+}
+
+// breakerError is the error of a call the breaker refused, or the call's own.
+func (a *Authority) breakerError(err error) error {
+	switch {
+	case errors.Is(err, gobreaker.ErrOpenState):
+		return &storeError{msg: "circuit breaker open"}
+	case errors.Is(err, gobreaker.ErrTooManyRequests):
+		return &storeError{msg: "circuit breaker half-open, probes in flight"}
+	}
+	return err
+}
+
+// watches recycles the call contexts of Take's hot path (see watch).
+var watches = sync.Pool{New: func() any { return &watch{done: make(chan struct{})} }}
+
+// begin starts one store call: its context, under a watch that cancels it
+// when the store is judged late or the caller is gone. reuse: the watch
+// comes from the pool and goes back to it after end, when nothing can
+// still use it.
+func (a *Authority) begin(parent context.Context, reuse bool) *watch {
+	var w *watch
+	if reuse {
+		w = watches.Get().(*watch)
+	} else {
+		w = &watch{done: make(chan struct{})}
+	}
+	w.a, w.parent, w.reuse = a, parent, reuse
+	w.start = time.Now()
+	a.lag.enter()
+	w.deadline = w.start.Add(a.s.MaxWait)
+	first := a.s.Timeout
+	if d, ok := parent.Deadline(); ok {
+		w.callerDeadline = d
+		if d.Before(w.deadline) {
+			w.deadline = d
+		}
+		first = min(first, d.Sub(w.start))
+	}
+	// Not context.WithCancel(parent): registering with the caller's
+	// context made net/http's request context allocate a map of children
+	// on every request, and a cancelCtx and its channel besides (issue 15).
+	// The caller's end is seen by the judge instead, within Timeout (or at
+	// the caller's deadline), which is when a store call is late anyway.
+	w.mu.Lock()
+	w.finished = false
+	if w.timer == nil {
+		w.timer = time.AfterFunc(first, w.judge)
+	} else {
+		w.timer.Reset(first)
+	}
+	w.mu.Unlock()
+	return w
+}
+
+// end finishes a call begun with begin, whose fn returned err (or was given
+// up on), and says what it was: nil, a store failure, or the caller's.
+func (a *Authority) end(w *watch, err error) error {
+	w.mu.Lock()
+	w.finished = true
+	stopped := w.timer.Stop()
+	w.mu.Unlock()
+	a.lag.exit()
+	took := time.Since(w.start)
+	canceled := w.canceled.Load()
+
+	if err != nil {
+		if cause := w.callerGone.Load(); cause != nil {
+			err = &callerError{*cause} // not a store call's outcome: not observed
+		} else if perr := w.parent.Err(); perr != nil {
+			err = &callerError{perr}
+		} else if why := w.failed.Load(); why != nil {
 			err = &storeError{msg: *why}
 		} else {
 			err = &storeError{msg: "store call failed", err: err}
 		}
 	}
-	if a.obs != nil {
+	if _, gone := err.(*callerError); !gone && a.obs != nil {
 		a.obs.StoreCall(took, err)
+	}
+	// Back to the pool only when nothing can use the watch any more: its
+	// timer was stopped before it fired (so judge is not running on it),
+	// and it was not canceled (a canceled call may still be held by the
+	// store, and its channel is closed).
+	if w.reuse && stopped && !canceled {
+		w.a, w.parent = nil, nil
+		w.callerDeadline = time.Time{}
+		w.failed.Store(nil)
+		w.callerGone.Store(nil)
+		watches.Put(w)
 	}
 	return err
 }
 
-// watch is the context of one store call and the timer that judges it.
+// watch is the context of one store call and the timer that judges it. It
+// is its own context rather than a child of the caller's: Done is closed
+// only by the guard (cancel), Err is nil until then, Value is the caller's,
+// and the deadline is MaxWait after the start or the caller's, when sooner.
+// A watch of Take's hot path is reused for a later call (watches), with its
+// timer and its channel, once the call ended without either firing.
 type watch struct {
-	context.Context // canceled by cancel
-	a               *Authority
-	start           time.Time
-	deadline        time.Time
-	cancel          context.CancelFunc
-	failed          atomic.Pointer[string] // why the guard gave up on the call
+	a              *Authority
+	parent         context.Context
+	reuse          bool
+	start          time.Time
+	deadline       time.Time
+	callerDeadline time.Time // the caller's deadline, zero if none
+	done           chan struct{}
+	canceled       atomic.Bool
+	err            error                  // set before done is closed
+	failed         atomic.Pointer[string] // why the guard gave up on the call
+	callerGone     atomic.Pointer[error]  // the caller's error, when the judge saw it gone
 
-	mu    sync.Mutex
-	timer *time.Timer
-	done  bool // the call returned: judge no more
+	mu       sync.Mutex
+	timer    *time.Timer
+	finished bool // the call returned: judge no more
 }
+
+var _ context.Context = (*watch)(nil)
 
 // Deadline is MaxWait after the start, or the caller's, when sooner.
 func (w *watch) Deadline() (time.Time, bool) { return w.deadline, true }
+
+// Done is closed when the guard gives up on the call.
+func (w *watch) Done() <-chan struct{} { return w.done }
+
+// Err is nil until Done is closed, then why.
+func (w *watch) Err() error {
+	if !w.canceled.Load() {
+		return nil
+	}
+	return w.err
+}
+
+// Value is the caller's.
+func (w *watch) Value(key any) any { return w.parent.Value(key) }
+
+// cancel closes Done with err. Called with w.mu held, once.
+func (w *watch) cancel(err error) {
+	if w.canceled.Load() {
+		return
+	}
+	w.err = err
+	w.canceled.Store(true)
+	close(w.done)
+}
 
 // judge runs when the call has had no reply for Timeout, and again as long
 // as the process keeps it waiting.
 func (w *watch) judge() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.done {
+	if w.finished {
 		return
 	}
 	now := time.Now()
+	// The caller gone (canceled, or its own deadline passed) is not the
+	// store's failure: the call ends with the caller's error.
+	if err := w.parent.Err(); err != nil {
+		w.callerGone.Store(&err)
+		w.cancel(err)
+		return
+	}
+	if !w.callerDeadline.IsZero() && !now.Before(w.callerDeadline) {
+		err := context.DeadlineExceeded
+		w.callerGone.Store(&err)
+		w.cancel(err)
+		return
+	}
 	elapsed := now.Sub(w.start)
 	// From Timeout before the call: a process starved just before it sent
 	// the call is still catching up.
@@ -358,8 +476,11 @@ func (w *watch) judge() {
 	why, recheck := judge(w.a.s, elapsed, st)
 	if why != "" {
 		w.failed.Store(&why)
-		w.cancel()
+		w.cancel(context.Canceled)
 		return
+	}
+	if !w.callerDeadline.IsZero() {
+		recheck = min(recheck, w.callerDeadline.Sub(now))
 	}
 	w.timer.Reset(recheck)
 }

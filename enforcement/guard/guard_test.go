@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -402,5 +403,99 @@ func TestPlainStoreBehindTheGuardFailsFast(t *testing.T) {
 	// machine; the client would wait for its 1 s deadline (MaxWait).
 	if took >= 900*time.Millisecond {
 		t.Fatalf("Take on a paused plain store took %v: it waited for the client's read deadline", took)
+	}
+}
+
+// heeding is an in-process authority that declares guard.HeedsCancel, as
+// redisstore.Pipelined does, and checks the context of each call: it must
+// carry the caller's value (the key of the call), a deadline no later than
+// the caller's, and not be done yet. A call whose key starts with "late"
+// is answered only when its context is done.
+type heeding struct {
+	*enforcement.MemoryAuthority
+	bad chan string
+}
+
+func (h heeding) HeedsCancel() {}
+
+type ctxKey struct{}
+
+func (h heeding) Take(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64) (enforcement.Verdict, error) {
+	report := func(what string) {
+		select {
+		case h.bad <- key + ": " + what:
+		default:
+		}
+	}
+	if v, _ := ctx.Value(ctxKey{}).(string); v != key {
+		report(fmt.Sprintf("the context carries %q", v))
+	}
+	if ctx.Err() != nil {
+		report(fmt.Sprintf("the context is done already: %v", ctx.Err()))
+	}
+	d, ok := ctx.Deadline()
+	if !ok {
+		report("no deadline")
+	}
+	if cd, ok := ctx.Value(deadlineKey{}).(time.Time); ok && d.After(cd) {
+		report(fmt.Sprintf("deadline %v after the caller's %v", d, cd))
+	}
+	if strings.HasPrefix(key, "late") {
+		<-ctx.Done()
+		return enforcement.Verdict{}, ctx.Err()
+	}
+	return h.MemoryAuthority.Take(ctx, key, scope, lim, cost)
+}
+
+type deadlineKey struct{}
+
+// TestCallContextIsEachCallersOwn: the guard reuses the context it hands a
+// HeedsCancel store (issue 15); each call must still see its own caller's
+// values, a deadline no later than its caller's, and a context that is not
+// done, also right after calls the guard gave up on or their callers left.
+func TestCallContextIsEachCallersOwn(t *testing.T) {
+	h := heeding{MemoryAuthority: enforcement.NewMemoryAuthority(nil, 0), bad: make(chan string, 1)}
+	g := guard.New(h, guard.Settings{Timeout: time.Millisecond, MaxWait: time.Second, ConsecutiveFailures: 1 << 30}, nil, nil)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 300 {
+				key := fmt.Sprint("k", w, "/", i)
+				if i%10 == 0 {
+					key = "late" + key // given up on by the guard
+				}
+				ctx := context.WithValue(context.Background(), ctxKey{}, key)
+				cancel := context.CancelFunc(func() {})
+				switch i % 3 {
+				case 1: // a deadline of its own
+					ctx, cancel = context.WithTimeout(ctx, time.Minute)
+					d, _ := ctx.Deadline()
+					ctx = context.WithValue(ctx, deadlineKey{}, d)
+				case 2: // a caller that leaves while a late call waits
+					if i%10 == 0 {
+						ctx, cancel = context.WithCancel(ctx)
+						time.AfterFunc(time.Millisecond/2, cancel)
+					}
+				}
+				_, err := g.Take(ctx, key, "s", roomy, 1)
+				cancel()
+				switch {
+				case strings.HasPrefix(key, "late"):
+					if err == nil {
+						t.Errorf("%s: a call answered only when given up on succeeded", key)
+					}
+				case err != nil:
+					t.Errorf("%s: %v", key, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case what := <-h.bad:
+		t.Fatal(what)
+	default:
 	}
 }
