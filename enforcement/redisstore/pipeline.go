@@ -71,10 +71,12 @@ type PipelineConfig struct {
 type Pipelined struct {
 	store *Store
 	rdb   PipelineClient
-	// whole: a batch may be one script call whatever its keys (one server).
-	whole bool
-	cfg   PipelineConfig
-	queue chan *call
+	// whole: a batch may be one script call whatever its keys (one
+	// server); client is then rdb as a *redis.Client.
+	whole  bool
+	client *redis.Client
+	cfg    PipelineConfig
+	queue  chan *call
 
 	stop      chan struct{}
 	stopOnce  sync.Once
@@ -116,7 +118,7 @@ var ErrClosed = errors.New("redisstore: pipelined store closed")
 // NewPipelined returns an auto-pipelining authority over rdb with the key
 // layout of New(rdb, prefix), and starts its workers.
 func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipelined {
-	_, whole := rdb.(*redis.Client)
+	client, whole := rdb.(*redis.Client)
 	if cfg.Workers <= 0 {
 		// Two workers over one server made larger batches but no difference
 		// beyond the noise (issue 15), and TestHealthyStoreOnAStarvedMachine-
@@ -133,7 +135,7 @@ func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipeli
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Second
 	}
-	p := &Pipelined{store: New(rdb, prefix), rdb: rdb, whole: whole, cfg: cfg,
+	p := &Pipelined{store: New(rdb, prefix), rdb: rdb, whole: whole, client: client, cfg: cfg,
 		queue: make(chan *call, cfg.Queue), stop: make(chan struct{}), drained: make(chan struct{})}
 	p.wg.Add(cfg.Workers)
 	for range cfg.Workers {
@@ -278,6 +280,10 @@ type batchBuf struct {
 	args  []byte
 	cmds  []*redis.Cmd
 	spans [][2]int // the calls of each script call: batch[from:to]
+	// The whole batch's EVALSHA as go-redis writes it (wholeCmd): its
+	// arguments, and the key count they point to.
+	cmdArgs []any
+	nkeys   int
 }
 
 func (p *Pipelined) run(batch []*call, b *batchBuf) {
@@ -299,7 +305,7 @@ func (p *Pipelined) run(batch []*call, b *batchBuf) {
 		}
 	}
 	b.cmds = b.cmds[:0]
-	p.exec(ctx, b, false)
+	p.exec(ctx, b, batch, false)
 	// NOSCRIPT (a restarted or failed-over server): load the script and
 	// redo the calls it refused, once.
 	noscript := false
@@ -310,7 +316,7 @@ func (p *Pipelined) run(batch []*call, b *batchBuf) {
 	}
 	if noscript {
 		if err := batchScript.Load(ctx, p.rdb).Err(); err == nil {
-			p.exec(ctx, b, true)
+			p.exec(ctx, b, batch, true)
 		}
 	}
 	for i, sp := range b.spans {
@@ -333,16 +339,24 @@ func (b *batchBuf) pack(s *Store, batch []*call) {
 // exec sends the script calls of b.spans (retry: only those refused with
 // NOSCRIPT, after a reload; the others' decisions are made): one EVALSHA
 // straight on the client when there is one call, else a pipeline.
-func (p *Pipelined) exec(ctx context.Context, b *batchBuf, retry bool) {
+func (p *Pipelined) exec(ctx context.Context, b *batchBuf, batch []*call, retry bool) {
 	first := !retry
 	cmdOf := func(s redis.Scripter, sp [2]int) *redis.Cmd {
 		return batchScript.EvalSha(ctx, s, b.keys[2*sp[0]:2*sp[1]], b.args[48*sp[0]:48*sp[1]])
 	}
 	if len(b.spans) == 1 {
-		if first {
-			b.cmds = append(b.cmds, cmdOf(p.rdb, b.spans[0]))
-		} else if isNoScript(b.cmds[0]) {
-			b.cmds[0] = cmdOf(p.rdb, b.spans[0])
+		if first || isNoScript(b.cmds[0]) {
+			var cmd *redis.Cmd
+			if p.whole {
+				cmd = p.wholeCmd(ctx, b, batch)
+			} else {
+				cmd = cmdOf(p.rdb, b.spans[0])
+			}
+			if first {
+				b.cmds = append(b.cmds, cmd)
+			} else {
+				b.cmds[0] = cmd
+			}
 		}
 		return
 	}
@@ -357,6 +371,28 @@ func (p *Pipelined) exec(ctx context.Context, b *batchBuf, retry bool) {
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 }
+
+// wholeCmd sends the whole batch as one EVALSHA of batch.lua on the one
+// server, below go-redis's Script.EvalSha: the argument list is the
+// worker's, reused, and the keys go in as pointers to the call records'
+// strings (go-redis writes a *string as the string), so that boxing them
+// allocates nothing (EvalSha boxed every key and built a new list per
+// batch: 2 allocations per decision, issue 15).
+func (p *Pipelined) wholeCmd(ctx context.Context, b *batchBuf, batch []*call) *redis.Cmd {
+	b.nkeys = 2 * len(batch)
+	args := append(b.cmdArgs[:0], "evalsha", batchHash, &b.nkeys)
+	for _, c := range batch {
+		args = append(args, &c.bucketKey, &c.quotaKey) // boxed pointers: no allocation
+	}
+	args = append(args, b.args)
+	b.cmdArgs = args
+	cmd := redis.NewCmd(ctx, args...)
+	_ = p.client.Process(ctx, cmd) // the error is the command's
+	return cmd
+}
+
+// batchHash is batch.lua's SHA1, boxed once.
+var batchHash any = batchScript.Hash()
 
 func isNoScript(cmd *redis.Cmd) bool {
 	err := cmd.Err()
