@@ -37,8 +37,10 @@ func (s *sketch) add(k id, shared bool) {
 		s.down(c.idx)
 		return
 	}
-	// Copy the strings: the caller's may point into a reused request buffer.
-	k = id{cloneString(k.key), cloneString(k.scope)}
+	// Copy the strings: the caller's may point into a reused request
+	// buffer. One copy holds both: over many keys nearly every decision
+	// takes over a counter, and this was 2 of its allocations (issue 15).
+	k = cloneID(k)
 	if len(s.heap) < s.capacity {
 		c := &counter{id: k, count: 1, shared: sh, idx: len(s.heap)}
 		s.heap = append(s.heap, c)
@@ -53,7 +55,16 @@ func (s *sketch) add(k id, shared bool) {
 	s.down(0)
 }
 
-func cloneString(s string) string { return string([]byte(s)) }
+// cloneID copies k's strings into one new string.
+func cloneID(k id) id {
+	both := k.key + k.scope // a new string: concatenation copies
+	if len(k.key) == 0 || len(k.scope) == 0 {
+		// One side empty: the concatenation may return the other side
+		// itself, uncopied.
+		both = string([]byte(both))
+	}
+	return id{both[:len(k.key)], both[len(k.key):]}
+}
 
 func (s *sketch) up(i int) {
 	h := s.heap
