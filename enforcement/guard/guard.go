@@ -16,6 +16,13 @@
 // against a store that is back. Only store failures count
 // against the breaker and as store errors; a caller that gave up (its
 // context canceled or its own deadline passed) is nobody's failure.
+//
+// The call's context is the guard's own, not a child of the caller's
+// (issue 15: a child made net/http's request context allocate on every
+// request): it carries the caller's values and the earlier of the
+// caller's deadline and MaxWait, and is canceled by the judge, which also
+// ends the call when it finds the caller gone — at Timeout (then at each
+// re-judgement) or at the caller's own deadline, whichever comes first.
 package guard
 
 import (
