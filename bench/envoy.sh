@@ -38,7 +38,7 @@ for tool in redis-server wrk h2load curl; do
   command -v "$tool" >/dev/null || { echo "bench: $tool is not installed" >&2; exit 1; }
 done
 echo "bench: building the limiter and ghz $GHZ_VERSION into $OUT/bin" >&2
-$GO build -o "$OUT/bin/" ./cmd/limiter ./bench/envoydata
+$GO build -tags vtprotobuf -o "$OUT/bin/" ./cmd/limiter ./bench/envoydata # the tag as in the Makefile and the Dockerfile
 LIMITER=${LIMITER_BIN:-$OUT/bin/limiter}
 (cd "$OUT" && GOBIN="$OUT/bin" GOFLAGS= $GO install "github.com/bojand/ghz/cmd/ghz@$GHZ_VERSION")
 

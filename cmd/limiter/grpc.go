@@ -26,6 +26,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/vtcodec"
 )
 
 // defaultGRPCAddr is LIMITER_GRPC_ADDR's default (CONTRACT.md).
@@ -201,6 +202,9 @@ func startGRPC(cfg config, lim *enforcement.Limiter, reg prometheus.Registerer, 
 		grpc.NumStreamWorkers(grpcStreamWorkers),
 		grpc.SharedWriteBuffer(true),
 	}
+	// Generated marshalers for the answers when built with the vtprotobuf
+	// tag (the Makefile's and the Dockerfile's builds); none otherwise.
+	opts = append(opts, vtcodec.ServerOptions()...)
 	srv := grpc.NewServer(append(opts,
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 			start := time.Now()
@@ -239,7 +243,7 @@ func startGRPC(cfg config, lim *enforcement.Limiter, reg prometheus.Registerer, 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("envoy rate limit service listening", "addr", ln.Addr().String(), "service", rlsv3.RateLimitService_ServiceDesc.ServiceName,
-		"tls", cfg.ListenTLS != nil)
+		"tls", cfg.ListenTLS != nil, "generated_marshalers", vtcodec.Enabled)
 	return func(ctx context.Context) error {
 		hs.Shutdown() // NOT_SERVING: health checkers stop sending first
 		stopped := make(chan struct{})
