@@ -13,6 +13,10 @@
 #   SECONDS_EACH (default 20)  duration of each run
 #   CONC         (default 32)  wrk connections / gRPC calls in flight (ghz workers, h2load streams)
 #   GRPC_CONNS   (default 4)   HTTP/2 connections the gRPC load tools spread them over
+#   FIXED_RATE   (default 2000) decisions/s offered to both front doors in the fixed-rate
+#                allowed-path runs (loadgen for /check, ghz --rps for gRPC): below what
+#                either door answers flat out, so both answer the same load and their
+#                CPU per decision compares the servers, not what the load tools left them
 #   LIMITER_BIN  (default: ./cmd/limiter built from this tree) the limiter binary to measure,
 #                e.g. one built from an older commit for a before/after comparison
 #   BENCH_OUT    (default: a temporary directory)
@@ -23,6 +27,7 @@ GO=${GO:-go}
 SECS=${SECONDS_EACH:-20}
 CONC=${CONC:-32}
 GRPC_CONNS=${GRPC_CONNS:-4}
+FIXED_RATE=${FIXED_RATE:-2000}
 GHZ_VERSION=v0.93.0
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-envoy-bench.XXXXXX)}
 mkdir -p "$OUT/bin"
@@ -38,7 +43,7 @@ for tool in redis-server wrk h2load curl; do
   command -v "$tool" >/dev/null || { echo "bench: $tool is not installed" >&2; exit 1; }
 done
 echo "bench: building the limiter and ghz $GHZ_VERSION into $OUT/bin" >&2
-$GO build -tags vtprotobuf -o "$OUT/bin/" ./cmd/limiter ./bench/envoydata # the tag as in the Makefile and the Dockerfile
+$GO build -tags vtprotobuf -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/envoydata # the tag as in the Makefile and the Dockerfile
 LIMITER=${LIMITER_BIN:-$OUT/bin/limiter}
 (cd "$OUT" && GOBIN="$OUT/bin" GOFLAGS= $GO install "github.com/bojand/ghz/cmd/ghz@$GHZ_VERSION")
 
@@ -105,13 +110,14 @@ wrk_run() { # name script -> "rps p50 p99 server-µs server-allocs tool-µs"
   set -- $s0 $s1
   echo "$(awk '/^Requests\/sec/ {print $2}' "$f") $(awk '$1 == "50%" {print $2}' "$f") $(awk '$1 == "99%" {print $2}' "$f") $(per_decision "$1" "$3" "$n") $(per_n "$2" "$4" "$n") $(per_decision 0 "$tool" "$n")"
 }
-ghz_run() { # name datafile -> "rps p50 p99 errors server-µs server-allocs tool-µs"
-  local s0 s1 tool
+ghz_run() { # name datafile [ghz options] -> "rps p50 p99 errors server-µs server-allocs tool-µs"
+  local s0 s1 tool name=$1 data=$2
+  shift 2
   s0=$(server_snap)
-  tool=$(tool_cpu "$OUT/$1.ghz.json" "$OUT/$1.ghz.err" "$OUT/bin/ghz" --insecure --call envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit \
-    -c "$CONC" --connections "$GRPC_CONNS" --cpus 2 -z "${SECS}s" --duration-stop wait -B "$2" -O json "127.0.0.1:$GPORT")
+  tool=$(tool_cpu "$OUT/$name.ghz.json" "$OUT/$name.ghz.err" "$OUT/bin/ghz" --insecure --call envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit \
+    -c "$CONC" --connections "$GRPC_CONNS" --cpus 2 -z "${SECS}s" --duration-stop wait -B "$data" -O json "$@" "127.0.0.1:$GPORT")
   s1=$(server_snap)
-  python3 - "$OUT/$1.ghz.json" $s0 $s1 "$tool" "$(getconf CLK_TCK)" <<'PY'
+  python3 - "$OUT/$name.ghz.json" $s0 $s1 "$tool" "$(getconf CLK_TCK)" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 c0, m0, c1, m1, tool, hz = (float(x) for x in sys.argv[2:8])
@@ -121,6 +127,18 @@ n = max(1, r["count"])
 print("%.0f %.2fms %.2fms %d %.0f %.0f %.0f" % (r["rps"], lat.get(50, 0), lat.get(99, 0), sum(v for k, v in codes.items() if k != "OK"),
       (c1 - c0) * 1e6 / hz / n, (m1 - m0) / n, tool * 1e6 / hz / n))
 PY
+}
+# loadgen_run: the allowed path through /check at FIXED_RATE (open model,
+# 10,000 keys) -> "rps p50 p99 server-µs server-allocs tool-µs"
+loadgen_run() {
+  local s0 s1 tool n f="$OUT/$1.loadgen"
+  s0=$(server_snap)
+  tool=$(tool_cpu "$f" "$f.err" "$OUT/bin/loadgen" -url "http://127.0.0.1:$HPORT/check" -rate "$FIXED_RATE" -from-schedule \
+    -duration "${SECS}s" -conns "$CONC" -keys 10000 -dist uniform -label "$1")
+  s1=$(server_snap)
+  n=$(awk 'NR == 1 {for (i = 2; i <= NF; i++) if ($i == "decisions") print $(i - 1)}' "$f")
+  set -- $s0 $s1
+  echo "$(awk '/^  summary / {for (i = 2; i <= NF; i++) {split($i, kv, "="); v[kv[1]] = kv[2]}; printf "%s %.2fms %.2fms", v["rps"], v["p50"] / 1000, v["p99"] / 1000}' "$f") $(per_decision "$1" "$3" "$n") $(per_n "$2" "$4" "$n") $(per_decision 0 "$tool" "$n")"
 }
 # h2load sends one fixed body: the flood only. It does not read gRPC
 # statuses (they travel in trailers of 200 responses), so the non-OK count
@@ -145,6 +163,8 @@ echo "bench: warm-up" >&2
 wrk -t2 -c"$CONC" -d3s -s bench/wrk/uniform.lua "http://127.0.0.1:$HPORT/check" >/dev/null 2>&1
 echo "bench: /check uniform" >&2;  read -r c_rps c_p50 c_p99 c_cpu c_alloc c_tool <<<"$(wrk_run check-uniform uniform)"
 echo "bench: gRPC uniform" >&2;    read -r g_rps g_p50 g_p99 g_err g_cpu g_alloc g_tool <<<"$(ghz_run grpc-uniform "$OUT/uniform.bin")"
+echo "bench: /check uniform at $FIXED_RATE/s" >&2; read -r cr_rps cr_p50 cr_p99 cr_cpu cr_alloc cr_tool <<<"$(loadgen_run check-fixed)"
+echo "bench: gRPC uniform at $FIXED_RATE/s" >&2;   read -r gr_rps gr_p50 gr_p99 gr_err gr_cpu gr_alloc gr_tool <<<"$(ghz_run grpc-fixed "$OUT/uniform.bin" --rps "$FIXED_RATE")"
 ok0=$(metric 'limiter_envoy_descriptors_total{result="over_limit"}')
 echo "bench: /check flood" >&2;    read -r cf_rps cf_p50 cf_p99 cf_cpu cf_alloc cf_tool <<<"$(wrk_run check-flood flood)"
 echo "bench: gRPC flood (ghz)" >&2;    read -r gf_rps gf_p50 gf_p99 gf_err gf_cpu gf_alloc gf_tool <<<"$(ghz_run grpc-flood "$OUT/flood.bin")"
@@ -168,11 +188,18 @@ one redis-server, and the load tool share the cores; the limiter: ${LIMITER_BIN:
   uniform.bin = 10,000 RateLimitRequests with distinct descriptors (\`acct_1\` … \`acct_10000\`, written by bench/envoydata), sent round-robin; flood.bin = one descriptor (\`flood_key\`, 10/s, burst 10).
 - gRPC, h2load (flood only: it sends one fixed body): \`h2load -t2 -c$GRPC_CONNS -m$((CONC / GRPC_CONNS)) -D $SECS -d flood.frame -H 'content-type: application/grpc' -H 'te: trailers' http://127.0.0.1:PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit\`
   (the same $CONC calls in flight on $GRPC_CONNS connections; flood.frame = the flood request behind gRPC's 5-byte frame header, \`envoydata -grpc-frame\`).
+- The same allowed path at a fixed $FIXED_RATE decisions/s offered to each door, below what either answers flat out:
+  \`loadgen -url http://127.0.0.1:PORT/check -rate $FIXED_RATE -from-schedule -duration ${SECS}s -conns $CONC -keys 10000 -dist uniform\` and the ghz
+  command above with \`--rps $FIXED_RATE\`. Both doors then answer the same load, so their CPU per decision compares the
+  servers rather than what each load tool left them (flat out, a costlier client means fewer decisions per batch to the
+  store, and a higher cost per decision, for a reason that is not the server's).
 
 | path | front door (load tool) | decisions/s | p50 | p99 | limiter CPU per decision | limiter allocations per decision | load tool CPU per decision | non-OK gRPC statuses |
 |---|---|---:|---:|---:|---:|---:|---:|---:|
 | allowed, 10,000 keys | POST /check (wrk) | $c_rps | $c_p50 | $c_p99 | $c_cpu µs | $c_alloc | $c_tool µs | |
 | allowed, 10,000 descriptors | ShouldRateLimit (ghz) | $g_rps | $g_p50 | $g_p99 | $g_cpu µs | $g_alloc | $g_tool µs | $g_err |
+| allowed, 10,000 keys, $FIXED_RATE/s offered | POST /check (loadgen) | $cr_rps | $cr_p50 | $cr_p99 | $cr_cpu µs | $cr_alloc | $cr_tool µs | |
+| allowed, 10,000 descriptors, $FIXED_RATE/s offered | ShouldRateLimit (ghz --rps) | $gr_rps | $gr_p50 | $gr_p99 | $gr_cpu µs | $gr_alloc | $gr_tool µs | $gr_err |
 | flood, one key | POST /check (wrk) | $cf_rps | $cf_p50 | $cf_p99 | $cf_cpu µs | $cf_alloc | $cf_tool µs | |
 | flood, one descriptor | ShouldRateLimit (ghz) | $gf_rps | $gf_p50 | $gf_p99 | $gf_cpu µs | $gf_alloc | $gf_tool µs | $gf_err |
 | flood, one descriptor | ShouldRateLimit (h2load) | $hf_rps | mean $hf_mean | | $hf_cpu µs | $hf_alloc | $hf_tool µs | $hf_err |
