@@ -145,8 +145,11 @@ func NewClusterAt(dir string, ports []int) (*Cluster, error) {
 }
 
 // create joins the masters into one cluster and waits until it is ok.
+// redis-cli waits for the nodes to meet over the cluster bus (TLS
+// handshakes too, for a secure cluster); on a machine loaded far past its
+// cores that took longer than a minute, so the bound is generous.
 func (c *Cluster) create() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var args []string
 	if c.secure != nil {
