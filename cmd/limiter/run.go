@@ -347,16 +347,7 @@ func startFleet(a *authority, cfg config, lim *enforcement.Limiter, metrics *lim
 		return nil, err
 	}
 	a.info.failing = hb.Failing
-	return func(ctx context.Context) error {
-		// Leaving is a courtesy: an instance that cannot say goodbye
-		// (the store is down or the grace period ran out) stops being
-		// counted after the heartbeat TTL anyway. It must not turn a
-		// clean shutdown into a failed exit.
-		if err := hb.Close(ctx); err != nil {
-			log.Warn("could not leave the fleet: the others stop counting this instance when its heartbeat expires", "err", err)
-		}
-		return nil
-	}, nil
+	return hb.Close, nil
 }
 
 // guardedStore sends the store calls that are not decisions — leases,
