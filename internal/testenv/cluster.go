@@ -66,32 +66,9 @@ func NewCluster(dir string, masters int) (*Cluster, error) {
 		return nil, fmt.Errorf("a Redis Cluster needs at least 3 masters, got %d", masters)
 	}
 	c := &Cluster{}
-	used := map[int]bool{}
-	for i := 0; i < masters; i++ {
-		var r *Redis
-		var lastErr error
-		for attempt := 0; attempt < 20 && r == nil; attempt++ {
-			port, err := clusterPort(used)
-			if err != nil {
-				lastErr = err
-				continue
-			}
-			used[port] = true
-			cand := &Redis{Port: port, dir: dir, args: []string{
-				"--cluster-enabled", "yes",
-				"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", port),
-				"--cluster-node-timeout", "1000",
-				"--cluster-require-full-coverage", "no",
-			}}
-			if lastErr = cand.start(); lastErr == nil {
-				r = cand
-			}
-		}
-		if r == nil {
-			c.Close()
-			return nil, fmt.Errorf("start cluster master %d: %w", i, lastErr)
-		}
-		c.Masters = append(c.Masters, r)
+	if err := c.startMasters(dir, masters, clusterNodeArgs, nil); err != nil {
+		c.Close()
+		return nil, err
 	}
 	if err := c.create(); err != nil {
 		c.Close()
@@ -125,12 +102,7 @@ func NewClusterAt(dir string, ports []int) (*Cluster, error) {
 	}
 	c := &Cluster{}
 	for _, port := range ports {
-		r := &Redis{Port: port, dir: dir, args: []string{
-			"--cluster-enabled", "yes",
-			"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", port),
-			"--cluster-node-timeout", "1000",
-			"--cluster-require-full-coverage", "no",
-		}}
+		r := &Redis{Port: port, dir: dir, args: clusterNodeArgs(port)}
 		if err := r.start(); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("start cluster master on port %d: %w", port, err)
@@ -161,6 +133,45 @@ func (c *Cluster) create() error {
 		return fmt.Errorf("redis-cli --cluster create: %w: %s", err, out)
 	}
 	return c.WaitOK(ctx, nil)
+}
+
+// clusterNodeArgs are the redis-server arguments of a cluster master on port.
+func clusterNodeArgs(port int) []string {
+	return []string{
+		"--cluster-enabled", "yes",
+		"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", port),
+		"--cluster-node-timeout", "1000",
+		"--cluster-require-full-coverage", "no",
+	}
+}
+
+// startMasters starts n masters in dir, each on a port free together with
+// its bus port (a port taken meanwhile is tried again elsewhere), with the
+// arguments args gives for its port; secure, when set, is how they are
+// reached. They are appended to c.Masters as they start.
+func (c *Cluster) startMasters(dir string, n int, args func(port int) []string, secure *Secure) error {
+	used := map[int]bool{}
+	for i := 0; i < n; i++ {
+		var r *Redis
+		var lastErr error
+		for attempt := 0; attempt < 20 && r == nil; attempt++ {
+			port, err := clusterPort(used)
+			if err != nil {
+				lastErr = err
+				continue
+			}
+			used[port] = true
+			cand := &Redis{Port: port, dir: dir, args: args(port), secure: secure}
+			if lastErr = cand.start(); lastErr == nil {
+				r = cand
+			}
+		}
+		if r == nil {
+			return fmt.Errorf("start cluster master %d: %w", i, lastErr)
+		}
+		c.Masters = append(c.Masters, r)
+	}
+	return nil
 }
 
 // clusterPort picks a loopback port that is free together with its cluster

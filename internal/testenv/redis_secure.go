@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Secure is how a redis-server is secured the way managed offerings are:
@@ -165,33 +167,11 @@ func StartSecureCluster(tb testing.TB, masters int, s Secure) *Cluster {
 	dir := tb.TempDir()
 	c := &Cluster{secure: &s}
 	tb.Cleanup(c.Close)
-	used := map[int]bool{}
-	for i := 0; i < masters; i++ {
-		var r *Redis
-		var lastErr error
-		for attempt := 0; attempt < 20 && r == nil; attempt++ {
-			port, err := clusterPort(used)
-			if err != nil {
-				lastErr = err
-				continue
-			}
-			used[port] = true
-			args := append(s.args(port),
-				"--tls-cluster", "yes",
-				"--cluster-enabled", "yes",
-				"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", port),
-				"--cluster-node-timeout", "1000",
-				"--cluster-require-full-coverage", "no",
-			)
-			cand := &Redis{Port: port, dir: dir, args: args, secure: &s}
-			if lastErr = cand.start(); lastErr == nil {
-				r = cand
-			}
-		}
-		if r == nil {
-			tb.Fatalf("start secure cluster master %d: %v", i, lastErr)
-		}
-		c.Masters = append(c.Masters, r)
+	args := func(port int) []string {
+		return append(append(s.args(port), "--tls-cluster", "yes"), clusterNodeArgs(port)...)
+	}
+	if err := c.startMasters(dir, masters, args, &s); err != nil {
+		tb.Fatal(err)
 	}
 	if err := c.create(); err != nil {
 		tb.Fatal(err)
@@ -384,4 +364,52 @@ func cliFields(out string) map[string]string {
 		m[strings.TrimSpace(lines[i])] = strings.TrimSpace(lines[i+1])
 	}
 	return m
+}
+
+// SecureRedisEnv starts a Redis the way a managed one is reached (TLS
+// only, client certificates required, an ACL user limited to the
+// limiters' "rl:*" keys) and returns the REDIS_* variables a binary
+// connects to it with, the password given as a file, and the password,
+// which the test checks is never printed.
+func SecureRedisEnv(tb testing.TB) (env map[string]string, password string) {
+	tb.Helper()
+	const pw = "rw-redis-pw-71c04e9a5d3b"
+	certs := NewCerts(tb)
+	r := StartSecureRedis(tb, Secure{Certs: certs, User: "ratewarden", Password: pw, KeyPattern: "rl:*", ClientCerts: true})
+	pwFile := tb.TempDir() + "/redis-password"
+	if err := os.WriteFile(pwFile, []byte(pw+"\n"), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return map[string]string{
+		"REDIS_ADDRS":         r.Addr(),
+		"REDIS_USERNAME":      "ratewarden",
+		"REDIS_PASSWORD_FILE": pwFile,
+		"REDIS_TLS":           "true",
+		"REDIS_TLS_CA_FILE":   certs.CAFile,
+		"REDIS_TLS_CERT_FILE": certs.ClientCert,
+		"REDIS_TLS_KEY_FILE":  certs.ClientKey,
+	}, pw
+}
+
+// ScriptingRedis is what ExpectSecureRedisWorks needs of a binary's Redis
+// client (internal/redisclient's Client is one).
+type ScriptingRedis interface {
+	Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
+	Diagnose(ctx context.Context) string
+}
+
+// ExpectSecureRedisWorks runs a script through rdb as the ACL user of
+// SecureRedisEnv, as the binaries' own Redis work does, and expects
+// Diagnose to find nothing wrong.
+func ExpectSecureRedisWorks(tb testing.TB, rdb ScriptingRedis) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	n, err := rdb.Eval(ctx, "return redis.call('INCRBY', KEYS[1], ARGV[1])", []string{"rl:{acct}:q:test"}, 3).Int64()
+	if err != nil || n != 3 {
+		tb.Fatalf("EVAL over TLS as the ACL user: %d %v", n, err)
+	}
+	if why := rdb.Diagnose(ctx); why != "" {
+		tb.Fatalf("Diagnose: %s", why)
+	}
 }
