@@ -31,41 +31,15 @@ FIXED_RATE=${FIXED_RATE:-2000}
 GHZ_VERSION=v0.93.0
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-envoy-bench.XXXXXX)}
 mkdir -p "$OUT/bin"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]:-}"; do
-    [ -n "$p" ] && kill "$p" 2>/dev/null || true
-  done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-for tool in redis-server wrk h2load curl; do
-  command -v "$tool" >/dev/null || { echo "bench: $tool is not installed" >&2; exit 1; }
-done
+source bench/lib.sh
+require_tools redis-server wrk h2load curl
 echo "bench: building the limiter and ghz $GHZ_VERSION into $OUT/bin" >&2
 $GO build -tags vtprotobuf -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/envoydata # the tag as in the Makefile and the Dockerfile
 LIMITER=${LIMITER_BIN:-$OUT/bin/limiter}
 (cd "$OUT" && GOBIN="$OUT/bin" GOFLAGS= $GO install "github.com/bojand/ghz/cmd/ghz@$GHZ_VERSION")
 
-free_port() {
-  local p
-  while :; do
-    p=$((20000 + RANDOM % 30000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
-  done
-}
-wait_port() {
-  for _ in $(seq 1 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "bench: nothing listens on $1" >&2; exit 1
-}
 
-RPORT=$(free_port)
-redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$OUT" --loglevel warning >"$OUT/redis.log" 2>&1 &
-PIDS+=($!)
-wait_port "$RPORT"
+start_redis
 HPORT=$(free_port)
 GPORT=$(free_port)
 # LIMITER_STORE_TIMEOUT as in bench/run.sh: on a 2-core machine shared with

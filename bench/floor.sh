@@ -27,35 +27,11 @@ LAT_RATE=${LAT_RATE:-5000}
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-floor.XXXXXX)}
 MD=${BENCHMARKS_FILE:-$ROOT/BENCHMARKS.md}
 mkdir -p "$OUT/bin"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]:-}"; do
-    [ -n "$p" ] && kill "$p" 2>/dev/null || true
-  done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-for tool in redis-server redis-cli wrk curl; do
-  command -v "$tool" >/dev/null || { echo "bench: $tool is not installed" >&2; exit 1; }
-done
+source bench/lib.sh
+require_tools redis-server redis-cli wrk curl
 echo "bench: building into $OUT/bin" >&2
 $GO build -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/barejson
 
-free_port() {
-  local p
-  while :; do
-    p=$((20000 + RANDOM % 30000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
-  done
-}
-wait_port() {
-  for _ in $(seq 1 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "bench: nothing listens on $1" >&2
-  exit 1
-}
 load() { cut -d' ' -f1 /proc/loadavg; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 us_per() { # ticks-before ticks-after requests -> µs of CPU per request
@@ -63,11 +39,7 @@ us_per() { # ticks-before ticks-after requests -> µs of CPU per request
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "–"}'; }
 
-RPORT=$(free_port)
-redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$OUT" --loglevel warning >"$OUT/redis.log" 2>&1 &
-RPID=$!
-PIDS+=($RPID)
-wait_port "$RPORT"
+start_redis
 FPORT=$(free_port)
 "$OUT/bin/barejson" -addr "127.0.0.1:$FPORT" 2>>"$OUT/floor.log" &
 FPID=$!

@@ -18,40 +18,13 @@ LG_SECONDS=${LG_SECONDS:-10}
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-bench.XXXXXX)}
 MD=${BENCHMARKS_FILE:-$ROOT/BENCHMARKS.md}
 mkdir -p "$OUT/bin"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]:-}"; do
-    [ -n "$p" ] && kill "$p" 2>/dev/null || true
-  done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
+source bench/lib.sh
 
-for tool in redis-server redis-cli redis-benchmark wrk; do
-  command -v "$tool" >/dev/null || { echo "bench: $tool is not installed" >&2; exit 1; }
-done
+require_tools redis-server redis-cli redis-benchmark wrk
 
 echo "bench: building into $OUT/bin" >&2
 $GO build -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/barejson ./bench/profile
 
-free_port() {
-  local p
-  while :; do
-    p=$((20000 + RANDOM % 30000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-      echo "$p"
-      return
-    fi
-  done
-}
-wait_port() {
-  for _ in $(seq 1 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "bench: nothing listens on $1" >&2
-  exit 1
-}
 scripts() { # EVALSHA + EVAL calls so far
   redis-cli -p "$RPORT" info commandstats | tr -d '\r' |
     awk -F'[=:,]' '/^cmdstat_evalsha:|^cmdstat_eval:/ {n += $3} END {print n + 0}'
@@ -86,11 +59,7 @@ start_limiter() { # port instances [env...]
   wait_port "$port"
 }
 
-RPORT=$(free_port)
-redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$OUT" --loglevel warning \
-  >"$OUT/redis.log" 2>&1 &
-PIDS+=($!)
-wait_port "$RPORT"
+start_redis
 
 S="$OUT/section.md"
 {

@@ -1,0 +1,53 @@
+# Shared plumbing of the bench scripts (floor.sh, run.sh, envoy.sh), which
+# source it after cd-ing to the repository root and setting OUT: the
+# processes a script starts are stopped when it exits, loopback ports are
+# picked free, and a throwaway redis-server is started the same way.
+
+PIDS=() # processes to stop on exit: append every one started
+bench_cleanup() {
+  for p in "${PIDS[@]:-}"; do
+    [ -n "$p" ] && kill "$p" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+}
+trap bench_cleanup EXIT
+
+# require_tools TOOL...: exits unless every tool is on PATH.
+require_tools() {
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null || { echo "bench: $tool is not installed" >&2; exit 1; }
+  done
+}
+
+# free_port: a loopback port nothing listens on, below the kernel's
+# ephemeral range: a port in that range can be the source port of one of
+# the load tools' own connections, which a connect test does not see and
+# which makes the server's bind fail ("address already in use").
+EPHEMERAL_LOW=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+free_port() {
+  local p
+  while :; do
+    p=$((10000 + RANDOM % (EPHEMERAL_LOW - 10000)))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+  done
+}
+
+# wait_port PORT: waits (up to 10 s) until something listens on PORT.
+wait_port() {
+  for _ in $(seq 1 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "bench: nothing listens on $1" >&2
+  exit 1
+}
+
+# start_redis: a redis-server without persistence on a free port, its data
+# and log in $OUT; sets RPORT and RPID.
+start_redis() {
+  RPORT=$(free_port)
+  redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$OUT" --loglevel warning >"$OUT/redis.log" 2>&1 &
+  RPID=$!
+  PIDS+=($RPID)
+  wait_port "$RPORT"
+}
