@@ -180,14 +180,14 @@ type learned struct {
 	quotaEnd    int64 // µs when that window ends; 0 = nothing known
 	// The last rejection of the pieces above, remembered so that a flood
 	// repeating it skips the arithmetic: a request costing rejectCost waits
-	// until rejectUntil (µs), and that answer stands while now is before
-	// rejectValid. It stands because everything it was computed from only
-	// changes in learn, which forgets it: a rejection spends nothing, and
-	// the shadow refills at a fixed rate, so the wait shrinks exactly as
-	// the clock advances. It stops a millisecond early: near its end the
-	// shadow's rounding lets the store decide (localWait). rejectFull is
-	// when (µs) the shadow will be full, for the rejection's reset time.
-	rejectCost, rejectUntil, rejectValid, rejectFull int64
+	// until rejectUntil (µs; 0 = none remembered). It stands because
+	// everything it was computed from only changes in learn, which forgets
+	// it: a rejection spends nothing, and the shadow refills at a fixed
+	// rate, so the wait shrinks exactly as the clock advances. It stops
+	// answering shadowRoundingUS before its end, where the store decides
+	// (localWait). rejectFull is when (µs) the shadow will be full, for
+	// the rejection's reset time.
+	rejectCost, rejectUntil, rejectFull int64
 	// rejectResetAt is rejectFull's wall time, placed with rejectAnchor
 	// (Limiter.rejectionResetAt).
 	rejectResetAt time.Time
@@ -554,11 +554,17 @@ type localVerdict struct {
 	shadowResetUS int64
 }
 
+// shadowRoundingUS is the shadow's rounding (the store reports to the
+// millisecond): a rejection the shadow alone would make within it is left
+// to the store, and a remembered one stops answering that long before its
+// end.
+const shadowRoundingUS = 1000
+
 // localWait is the local tier: it fills v, which starts zero. Called
 // under e.mu.
 func (l *Limiter) localWait(e *entry, now, cost int64, v *localVerdict) {
 	k := &e.known
-	if now < k.rejectValid && cost == k.rejectCost {
+	if now < k.rejectUntil-shadowRoundingUS && cost == k.rejectCost {
 		v.wait, v.remembered = k.rejectUntil-now, true
 		if k.shadow.TS != 0 {
 			v.shadowKnown = true
@@ -583,7 +589,7 @@ func (l *Limiter) localWait(e *entry, now, cost int64, v *localVerdict) {
 			// Refused: nothing was spent, so r is the shadow refilled to now.
 			probed = true
 			v.shadowTokens, v.shadowResetUS = r.Tokens, r.ResetAfterUS
-			if r.RetryAfterUS > 1000 {
+			if r.RetryAfterUS > shadowRoundingUS {
 				v.wait = max(v.wait, r.RetryAfterUS)
 			}
 		}
@@ -596,7 +602,7 @@ func (l *Limiter) localWait(e *entry, now, cost int64, v *localVerdict) {
 				v.shadowResetUS = ceilUS((float64(e.res.Burst) - v.shadowTokens) / e.res.Rate)
 			}
 		}
-		k.rejectCost, k.rejectUntil, k.rejectValid = cost, now+v.wait, now+v.wait-1000
+		k.rejectCost, k.rejectUntil = cost, now+v.wait
 		k.rejectFull = now + v.shadowResetUS
 		return
 	}
@@ -632,7 +638,7 @@ func (e *entry) learn(now int64, wall time.Time, lim Limit, cost int64, v *Verdi
 		return
 	}
 	k := &e.known
-	k.rejectValid = 0 // computed from what is replaced below
+	k.rejectUntil = 0 // computed from what is replaced below
 	tokens := float64(lim.Burst) - v.ResetAfter.Seconds()*lim.Rate
 	k.shadow = Bucket{Tokens: max(0, tokens), TS: now}
 	if lim.HasQuota() {
