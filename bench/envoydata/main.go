@@ -11,15 +11,13 @@ package main
 
 import (
 	"bufio"
-	"encoding/binary"
 	"flag"
 	"fmt"
 	"os"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/encoding/protodelim"
-	"google.golang.org/protobuf/proto"
+
+	"github.com/ratewarden/ratewarden/bench/rlsreq"
 )
 
 func main() {
@@ -36,26 +34,17 @@ func main() {
 		os.Exit(1)
 	}
 	w := bufio.NewWriter(f)
-	for i := 1; i <= *n; i++ {
-		v := *value
-		if !*same {
-			v = fmt.Sprintf("%s%d", *value, i)
+	reqs := rlsreq.Requests(*n, *domain, *value, *same)
+	if *frame {
+		b, err := rlsreq.Frame(reqs[0])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
 		}
-		req := &rlsv3.RateLimitRequest{Domain: *domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "key", Value: v}},
-		}}}
-		if *frame {
-			b, err := proto.Marshal(req)
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				os.Exit(1)
-			}
-			hdr := [5]byte{0} // not compressed
-			binary.BigEndian.PutUint32(hdr[1:], uint32(len(b)))
-			w.Write(hdr[:])
-			w.Write(b)
-			break
-		}
+		w.Write(b)
+		reqs = nil
+	}
+	for _, req := range reqs {
 		if _, err := protodelim.MarshalTo(w, req); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
