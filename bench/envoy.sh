@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# The Envoy rate limit service (gRPC ShouldRateLimit, driven by ghz, and
-# by h2load for the flood) beside POST /check (driven by wrk) in one run,
-# against one limiter process and one redis-server on free loopback ports:
-# the allowed path over 10,000 distinct keys (descriptors), and a flood on
-# one key. Beside decisions/s it reports, per decision, the limiter's CPU
-# and allocations and the load tool's CPU: on a 2-core machine the load
-# tool shares the cores, and ghz (Go) spends far more per call than wrk or
-# h2load (C). Prints a markdown section for BENCHMARKS.md ("## Envoy rate
-# limit service (gRPC) beside /check") on stdout; raw outputs go to
-# BENCH_OUT.
+# The Envoy rate limit service (gRPC ShouldRateLimit, driven by grpcload,
+# with ghz and h2load as reference rows) beside POST /check (driven by wrk)
+# in one run, against one limiter process and one redis-server on free
+# loopback ports: the allowed path over 10,000 distinct keys (descriptors),
+# and a flood on one key. Beside decisions/s it reports, per decision, the
+# limiter's CPU and allocations and the load tool's CPU: on a 2-core
+# machine the load tool shares the cores. grpcload (bench/grpcload: its
+# own HTTP/2 over pre-encoded requests, many streams on a few connections,
+# as Envoy sends them) costs about what wrk and h2load cost; ghz (grpc-go's
+# client) costs several times more and stays as the "what a Go gRPC client
+# costs" row. Prints a markdown section for BENCHMARKS.md ("## Envoy rate
+# limit service (gRPC) beside /check") on stdout, ending with the issue's
+# comparison (gRPC allowed decisions/s ÷ /check's, and the limiter's CPU
+# per decision for each); raw outputs go to BENCH_OUT.
 #
 #   SECONDS_EACH (default 20)  duration of each run
-#   CONC         (default 32)  wrk connections / gRPC calls in flight (ghz workers, h2load streams)
+#   CONC         (default 32)  wrk connections / gRPC calls in flight (grpcload and h2load streams, ghz workers)
 #   GRPC_CONNS   (default 4)   HTTP/2 connections the gRPC load tools spread them over
 #   FIXED_RATE   (default 2000) decisions/s offered to both front doors in the fixed-rate
-#                allowed-path runs (loadgen for /check, ghz --rps for gRPC): below what
+#                allowed-path runs (loadgen for /check, grpcload -rate for gRPC): below what
 #                either door answers flat out, so both answer the same load and their
 #                CPU per decision compares the servers, not what the load tools left them
 #   LIMITER_BIN  (default: ./cmd/limiter built from this tree) the limiter binary to measure,
@@ -34,7 +38,7 @@ mkdir -p "$OUT/bin"
 source bench/lib.sh
 require_tools redis-server wrk h2load curl
 echo "bench: building the limiter and ghz $GHZ_VERSION into $OUT/bin" >&2
-$GO build -tags vtprotobuf -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/envoydata # the tag as in the Makefile and the Dockerfile
+$GO build -tags vtprotobuf -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/envoydata ./bench/grpcload # the tag as in the Makefile and the Dockerfile
 LIMITER=${LIMITER_BIN:-$OUT/bin/limiter}
 (cd "$OUT" && GOBIN="$OUT/bin" GOFLAGS= $GO install "github.com/bojand/ghz/cmd/ghz@$GHZ_VERSION")
 
@@ -54,9 +58,10 @@ wait_port "$GPORT"
 
 # ghz sends count-prefixed binary messages round-robin: 10,000 distinct
 # descriptors (binary, not JSON: ghz renders JSON data as a template on
-# every call, which costs the load tool more CPU than the server spends).
+# every call, which costs the load tool more CPU than the server spends);
+# h2load one gRPC-framed body. grpcload builds its own (bench/rlsreq, the
+# same requests).
 "$OUT/bin/envoydata" -n 10000 -value acct_ -o "$OUT/uniform.bin"
-"$OUT/bin/envoydata" -n 1 -same -value flood_key -o "$OUT/flood.bin"
 "$OUT/bin/envoydata" -n 1 -same -value flood_key -grpc-frame -o "$OUT/flood.frame"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$LPID/stat"; }
@@ -114,6 +119,20 @@ loadgen_run() {
   set -- $s0 $s1
   echo "$(awk '/^  summary / {for (i = 2; i <= NF; i++) {split($i, kv, "="); v[kv[1]] = kv[2]}; printf "%s %.2fms %.2fms", v["rps"], v["p50"] / 1000, v["p99"] / 1000}' "$f") $(per_decision "$1" "$3" "$n") $(per_n "$2" "$4" "$n") $(per_decision 0 "$tool" "$n")"
 }
+# grpcload_run: ShouldRateLimit through grpcload (its own options follow
+# the name) -> "rps p50 p99 errors server-µs server-allocs tool-µs". Its
+# errors are every call not answered with grpc-status 0 and a well-formed
+# RateLimitResponse; decisions are the answered calls.
+grpcload_run() {
+  local s0 s1 tool n name=$1 f="$OUT/$1.grpcload"
+  shift
+  s0=$(server_snap)
+  tool=$(tool_cpu "$f" "$f.err" "$OUT/bin/grpcload" -addr "127.0.0.1:$GPORT" -conns "$GRPC_CONNS" -streams "$CONC" -duration "${SECS}s" -label "$name" "$@")
+  s1=$(server_snap)
+  read -r n errs rps p50 p99 < <(awk '/^  summary / {for (i = 2; i <= NF; i++) {split($i, kv, "="); v[kv[1]] = kv[2]}; print v["calls"] - v["errors"], v["errors"], v["rps"], v["p50"], v["p99"]}' "$f")
+  set -- $s0 $s1
+  echo "$rps $(awk -v a="$p50" -v b="$p99" 'BEGIN {printf "%.2fms %.2fms", a / 1000, b / 1000}') $errs $(per_decision "$1" "$3" "$n") $(per_n "$2" "$4" "$n") $(per_decision 0 "$tool" "$n")"
+}
 # h2load sends one fixed body: the flood only. It does not read gRPC
 # statuses (they travel in trailers of 200 responses), so the non-OK count
 # is the limiter's own (limiter_grpc_requests_total by code), and it reports
@@ -136,17 +155,20 @@ LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "bench: warm-up" >&2
 wrk -t2 -c"$CONC" -d3s -s bench/wrk/uniform.lua "http://127.0.0.1:$HPORT/check" >/dev/null 2>&1
 echo "bench: /check uniform" >&2;  read -r c_rps c_p50 c_p99 c_cpu c_alloc c_tool <<<"$(wrk_run check-uniform uniform)"
-echo "bench: gRPC uniform" >&2;    read -r g_rps g_p50 g_p99 g_err g_cpu g_alloc g_tool <<<"$(ghz_run grpc-uniform "$OUT/uniform.bin")"
+echo "bench: gRPC uniform (grpcload)" >&2; read -r g_rps g_p50 g_p99 g_err g_cpu g_alloc g_tool <<<"$(grpcload_run grpc-uniform -n 10000 -value acct_)"
+echo "bench: gRPC uniform (ghz)" >&2;  read -r z_rps z_p50 z_p99 z_err z_cpu z_alloc z_tool <<<"$(ghz_run grpc-uniform-ghz "$OUT/uniform.bin")"
 echo "bench: /check uniform at $FIXED_RATE/s" >&2; read -r cr_rps cr_p50 cr_p99 cr_cpu cr_alloc cr_tool <<<"$(loadgen_run check-fixed)"
-echo "bench: gRPC uniform at $FIXED_RATE/s" >&2;   read -r gr_rps gr_p50 gr_p99 gr_err gr_cpu gr_alloc gr_tool <<<"$(ghz_run grpc-fixed "$OUT/uniform.bin" --rps "$FIXED_RATE")"
+echo "bench: gRPC uniform at $FIXED_RATE/s" >&2;   read -r gr_rps gr_p50 gr_p99 gr_err gr_cpu gr_alloc gr_tool <<<"$(grpcload_run grpc-fixed -n 10000 -value acct_ -rate "$FIXED_RATE")"
 ok0=$(metric 'limiter_envoy_descriptors_total{result="over_limit"}')
 echo "bench: /check flood" >&2;    read -r cf_rps cf_p50 cf_p99 cf_cpu cf_alloc cf_tool <<<"$(wrk_run check-flood flood)"
-echo "bench: gRPC flood (ghz)" >&2;    read -r gf_rps gf_p50 gf_p99 gf_err gf_cpu gf_alloc gf_tool <<<"$(ghz_run grpc-flood "$OUT/flood.bin")"
+echo "bench: gRPC flood (grpcload)" >&2; read -r gf_rps gf_p50 gf_p99 gf_err gf_cpu gf_alloc gf_tool <<<"$(grpcload_run grpc-flood -same -value flood_key)"
 echo "bench: gRPC flood (h2load)" >&2; read -r hf_rps hf_mean hf_err hf_cpu hf_alloc hf_tool <<<"$(h2load_run grpc-flood-h2load "$OUT/flood.frame")"
 over=$(( $(metric 'limiter_envoy_descriptors_total{result="over_limit"}') - ok0 ))
 local_rej=$(metric 'limiter_decisions_total{result="rejected",source="local"}')
 LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
 
+ratio=$(awk -v g="$g_rps" -v c="$c_rps" 'BEGIN {printf "%.2f", g / c}')
+cpu_ratio=$(awk -v g="$g_cpu" -v c="$c_cpu" 'BEGIN {printf "%.2f", g / c}')
 cat <<MD
 ## Envoy rate limit service (gRPC) beside /check
 
@@ -156,26 +178,33 @@ one redis-server, and the load tool share the cores; the limiter: ${LIMITER_BIN:
 → key \`<key>\`, scope \`api\`: the same (key, scope) pairs as the /check bodies). Load average at the start: $LOAD0; at the end: $LOAD1
 (other sessions' work competes for the same cores: compare the rows of one run, not runs).
 
+**The issue's comparison (allowed path, 10,000 keys, flat out): gRPC answered $g_rps decisions/s under grpcload, /check $c_rps under wrk:
+$ratio× (target ≥ 1). Limiter CPU per decision: gRPC $g_cpu µs, /check $c_cpu µs ($cpu_ratio×); at $FIXED_RATE/s offered: gRPC $gr_cpu µs, /check $cr_cpu µs.**
+
 - /check: \`wrk -t2 -c$CONC -d${SECS}s --latency -s bench/wrk/{uniform,flood}.lua http://127.0.0.1:PORT/check\` ($CONC requests in flight on $CONC HTTP/1.1 connections)
-- gRPC, ghz: \`ghz --insecure --call envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit -c $CONC --connections $GRPC_CONNS --cpus 2 -z ${SECS}s --duration-stop wait -B {uniform,flood}.bin 127.0.0.1:PORT\`
-  ($CONC calls in flight on $GRPC_CONNS HTTP/2 connections, as Envoy multiplexes streams over a few connections);
-  uniform.bin = 10,000 RateLimitRequests with distinct descriptors (\`acct_1\` … \`acct_10000\`, written by bench/envoydata), sent round-robin; flood.bin = one descriptor (\`flood_key\`, 10/s, burst 10).
+- gRPC, grpcload: \`grpcload -addr 127.0.0.1:PORT -conns $GRPC_CONNS -streams $CONC -duration ${SECS}s -n 10000 -value acct_\` (allowed; flood: \`-same -value flood_key\`;
+  fixed rate: \`-rate $FIXED_RATE\`): $CONC calls in flight on $GRPC_CONNS HTTP/2 connections, as Envoy multiplexes streams over a few connections,
+  10,000 RateLimitRequests with distinct descriptors (\`acct_1\` … \`acct_10000\`, bench/rlsreq) marshaled once and sent round-robin;
+  bench/grpcload speaks HTTP/2 itself (golang.org/x/net/http2 Framer and hpack, flow control honoured) and reads every answer's
+  grpc-status and overall code, so its non-OK column is every call not answered with a RateLimitResponse.
+- gRPC, ghz (the allowed path only: what a client built on grpc-go costs): \`ghz --insecure --call envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit -c $CONC --connections $GRPC_CONNS --cpus 2 -z ${SECS}s --duration-stop wait -B uniform.bin 127.0.0.1:PORT\`
+  (uniform.bin = the same 10,000 requests, length-delimited, written by bench/envoydata).
 - gRPC, h2load (flood only: it sends one fixed body): \`h2load -t2 -c$GRPC_CONNS -m$((CONC / GRPC_CONNS)) -D $SECS -d flood.frame -H 'content-type: application/grpc' -H 'te: trailers' http://127.0.0.1:PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit\`
   (the same $CONC calls in flight on $GRPC_CONNS connections; flood.frame = the flood request behind gRPC's 5-byte frame header, \`envoydata -grpc-frame\`).
+  The flood descriptor is \`flood_key\` (10/s, burst 10).
 - The same allowed path at a fixed $FIXED_RATE decisions/s offered to each door, below what either answers flat out:
-  \`loadgen -url http://127.0.0.1:PORT/check -rate $FIXED_RATE -from-schedule -duration ${SECS}s -conns $CONC -keys 10000 -dist uniform\` and the ghz
-  command above with \`--rps $FIXED_RATE\`. Both doors then answer the same load, so their CPU per decision compares the
-  servers rather than what each load tool left them (flat out, a costlier client means fewer decisions per batch to the
-  store, and a higher cost per decision, for a reason that is not the server's).
+  \`loadgen -url http://127.0.0.1:PORT/check -rate $FIXED_RATE -from-schedule -duration ${SECS}s -conns $CONC -keys 10000 -dist uniform\` and the grpcload
+  command above with \`-rate $FIXED_RATE\` (both open model, latency from when each call was due).
 
-| path | front door (load tool) | decisions/s | p50 | p99 | limiter CPU per decision | limiter allocations per decision | load tool CPU per decision | non-OK gRPC statuses |
+| path | front door (load tool) | decisions/s | p50 | p99 | limiter CPU per decision | limiter allocations per decision | load tool CPU per decision | non-OK gRPC answers |
 |---|---|---:|---:|---:|---:|---:|---:|---:|
 | allowed, 10,000 keys | POST /check (wrk) | $c_rps | $c_p50 | $c_p99 | $c_cpu µs | $c_alloc | $c_tool µs | |
-| allowed, 10,000 descriptors | ShouldRateLimit (ghz) | $g_rps | $g_p50 | $g_p99 | $g_cpu µs | $g_alloc | $g_tool µs | $g_err |
+| allowed, 10,000 descriptors | ShouldRateLimit (grpcload) | $g_rps | $g_p50 | $g_p99 | $g_cpu µs | $g_alloc | $g_tool µs | $g_err |
+| allowed, 10,000 descriptors | ShouldRateLimit (ghz) | $z_rps | $z_p50 | $z_p99 | $z_cpu µs | $z_alloc | $z_tool µs | $z_err |
 | allowed, 10,000 keys, $FIXED_RATE/s offered | POST /check (loadgen) | $cr_rps | $cr_p50 | $cr_p99 | $cr_cpu µs | $cr_alloc | $cr_tool µs | |
-| allowed, 10,000 descriptors, $FIXED_RATE/s offered | ShouldRateLimit (ghz --rps) | $gr_rps | $gr_p50 | $gr_p99 | $gr_cpu µs | $gr_alloc | $gr_tool µs | $gr_err |
+| allowed, 10,000 descriptors, $FIXED_RATE/s offered | ShouldRateLimit (grpcload -rate) | $gr_rps | $gr_p50 | $gr_p99 | $gr_cpu µs | $gr_alloc | $gr_tool µs | $gr_err |
 | flood, one key | POST /check (wrk) | $cf_rps | $cf_p50 | $cf_p99 | $cf_cpu µs | $cf_alloc | $cf_tool µs | |
-| flood, one descriptor | ShouldRateLimit (ghz) | $gf_rps | $gf_p50 | $gf_p99 | $gf_cpu µs | $gf_alloc | $gf_tool µs | $gf_err |
+| flood, one descriptor | ShouldRateLimit (grpcload) | $gf_rps | $gf_p50 | $gf_p99 | $gf_cpu µs | $gf_alloc | $gf_tool µs | $gf_err |
 | flood, one descriptor | ShouldRateLimit (h2load) | $hf_rps | mean $hf_mean | | $hf_cpu µs | $hf_alloc | $hf_tool µs | $hf_err |
 
 "limiter CPU per decision" is the limiter process's user + system CPU time over the run (/proc/PID/stat) divided by the
@@ -184,7 +213,7 @@ and "load tool CPU per decision" the load tool's own user + system CPU time (its
 two shared cores, decisions/s is set by the sum of the last two columns (plus Redis), so a costly client lowers it without
 the server being slower. h2load does not read gRPC statuses (they travel in trailers): its decisions are the limiter's
 count of OK answers and its non-OK column is the limiter's count of other codes (calls cut at the end of the run are
-CANCELLED); it reports a mean latency, no percentiles.
+CANCELLED); it reports a mean latency, no percentiles. grpcload lets the calls in flight at the end finish.
 
 During the gRPC floods $over descriptors were answered OVER_LIMIT; over the whole run the local tier rejected $local_rej decisions
 in process (both front doors share it). Raw outputs: \`$OUT\`.

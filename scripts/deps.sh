@@ -29,7 +29,7 @@ test_extra=(
   "redis-cli redis-tools"          # creates the Redis Cluster the tests run against
   "redis-sentinel redis-sentinel"  # Redis Sentinel, for the tests of that topology
   "wrk wrk"                        # HTTP load in the /check tests and benchmarks
-  "h2load nghttp2-client"          # HTTP/2 (gRPC) load for the flood rows of bench/envoy.sh: a C client, far lighter than ghz
+  "h2load nghttp2-client"          # HTTP/2 (gRPC) load for the reference flood row of bench/envoy.sh (a C client)
   "chromium chromium"              # the dashboard's browser test (headless)
   "promtool prometheus"            # `promtool test rules` on deploy/prometheus/rules
   "stress-ng stress-ng"            # load for the tests that prove behaviour on a busy machine, and make stress-test
