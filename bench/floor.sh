@@ -199,7 +199,7 @@ S="$OUT/section.md"
   echo "latency from when each request was due (so a request the load tool or the machine held up counts as late), HDR"
   echo "histogram. The limiter's own latency is its \`limiter_decision_duration_seconds\` histogram over the same run (decision"
   echo "start to verdict, excluding HTTP and the client's scheduling), quantiles interpolated within its buckets (25, 50, 100,"
-  echo "250, 500 µs, 1, 2.5, 5 ms …) as \`histogram_quantile\` does."
+  echo "250, 500, 750 µs, 1, 1.5, 2, 2.5, 5 ms …) as \`histogram_quantile\` does."
   echo
   echo "| pass | server | client p50 µs | client p99 µs | client p99.9 µs | own p50 µs | own p99 µs | own p99.9 µs | dropped / errors | load |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
