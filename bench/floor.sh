@@ -7,7 +7,8 @@
 # machine's noise shows; the local tier's rejection (go test -bench); and
 # latency at a fixed rate (open model), interleaved floor, limiter, floor,
 # limiter: client-side p50/p99/p99.9 for both and the limiter's own decision
-# latency from its histogram. Prints one table of ratios and writes the
+# latency from its histogram, beside its own yardstick measured in the same
+# pass (bench/storefloor: a Redis PING and one decision straight on Redis). Prints one table of ratios and writes the
 # section "## /check against the HTTP floor" of BENCHMARKS.md (replacing the
 # previous one; other sections are left alone). Starts its own redis-server,
 # limiter and floor processes on free loopback ports.
@@ -30,7 +31,7 @@ mkdir -p "$OUT/bin"
 source bench/lib.sh
 require_tools redis-server redis-cli wrk curl
 echo "bench: building into $OUT/bin" >&2
-$GO build -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/barejson
+$GO build -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/barejson ./bench/storefloor
 
 load() { cut -d' ' -f1 /proc/loadavg; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -123,9 +124,20 @@ lat_run() { # name url -> "p50 p99 p999 dropped errors load"
     for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
     print v["p50"], v["p99"], v["p999"], v["dropped"], v["errors"], l }' "$OUT/$1.txt"
 }
+store_run() { # op -> "p50 p99 p999 errors load": bench/storefloor, the store's own floor
+  local l
+  l=$(load)
+  "$OUT/bin/storefloor" -redis "127.0.0.1:$RPORT" -op "$1" -rate "$LAT_RATE" -duration "${LAT_SECONDS}s" -conns 32 -keys 10000 \
+    >"$OUT/store-$1-$pass.txt"
+  awk -v l="$l" '/^storefloor / {
+    for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+    print v["p50"], v["p99"], v["p999"], v["errors"], l }' "$OUT/store-$1-$pass.txt"
+}
 declare -A L
 for pass in 1 2; do
-  echo "bench: pass $pass: latency at $LAT_RATE req/s (${LAT_SECONDS}s each), floor then limiter" >&2
+  echo "bench: pass $pass: latency at $LAT_RATE req/s (${LAT_SECONDS}s each): Redis PING, one decision straight on Redis, floor, limiter" >&2
+  L[ping$pass]=$(store_run ping)
+  L[decide$pass]=$(store_run decide)
   L[floor$pass]=$(lat_run "lat-floor$pass" "http://127.0.0.1:$FPORT/check")
   hist >"$OUT/hist-before$pass"
   L[limiter$pass]=$(lat_run "lat-limiter$pass" "http://127.0.0.1:$LPORT/check")
@@ -168,6 +180,7 @@ S="$OUT/section.md"
   echo "| allowed path ÷ floor, limiter run with GOGC=400 (a tuning, docs/operations.md) | $(ratio "$(field gogc1 1)" "$(field floor1 1)") | $(ratio "$(field gogc2 1)" "$(field floor2 1)") | – |"
   echo "| client p99 at $LAT_RATE req/s: limiter − floor | $(awk -v a="$(lfield limiter1 2)" -v b="$(lfield floor1 2)" 'BEGIN {printf "%+d µs", a - b}') | $(awk -v a="$(lfield limiter2 2)" -v b="$(lfield floor2 2)" 'BEGIN {printf "%+d µs", a - b}') | ≤ 1 ms |"
   echo "| limiter's own decision p99 at $LAT_RATE req/s (its histogram) | $(echo "${L[own1]}" | awk '{print $2}') µs | $(echo "${L[own2]}" | awk '{print $2}') µs | ≤ 1 ms |"
+  echo "| … beside one decision straight on Redis, p99 (bench/storefloor, same pass) | $(lfield decide1 2) µs | $(lfield decide2 2) µs | – |"
   echo "| local-tier rejection (\`BenchmarkLocalReject\`, 5 × 1 s): min / median ns, min CPU ns, allocs | $rej_min / $rej_med ns, ${rej_cpu_min:-?} CPU ns, $rej_allocs allocs (load $rej_load) | | ≤ 100 ns, 0 allocs |"
   echo
   echo "### Throughput (\`wrk -t2 -c32 -d${WRK_SECONDS}s --latency\`), floor, allowed, flood; twice"
@@ -199,11 +212,20 @@ S="$OUT/section.md"
   echo "latency from when each request was due (so a request the load tool or the machine held up counts as late), HDR"
   echo "histogram. The limiter's own latency is its \`limiter_decision_duration_seconds\` histogram over the same run (decision"
   echo "start to verdict, excluding HTTP and the client's scheduling), quantiles interpolated within its buckets (25, 50, 100,"
-  echo "250, 500, 750 µs, 1, 1.5, 2, 2.5, 5 ms …) as \`histogram_quantile\` does."
+  echo "250, 500, 750 µs, 1, 1.5, 2, 2.5, 5 ms …) as \`histogram_quantile\` does. The two store rows are the yardstick of the"
+  echo "limiter's own latency, as the floor is of the client's: \`bench/storefloor\` at the same rate from one Go process, with"
+  echo "nothing of the limiter around the call, timing each call from its start to its reply (the span the limiter's histogram"
+  echo "covers): a PING through go-redis, and one decision through \`redisstore.Store\` (one EVALSHA of the bucket script in the"
+  echo "calling goroutine, 10,000 keys). What lies between the decision row and the limiter's own is the limiter's work and"
+  echo "its goroutine hand-offs."
   echo
   echo "| pass | server | client p50 µs | client p99 µs | client p99.9 µs | own p50 µs | own p99 µs | own p99.9 µs | dropped / errors | load |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
   for pass in 1 2; do
+    f="${L[ping$pass]}"
+    echo "| $pass | Redis PING (bench/storefloor -op ping) | – | – | – | $(echo "$f" | awk '{print $1 " | " $2 " | " $3 " | – / " $4 " | " $5}') |"
+    f="${L[decide$pass]}"
+    echo "| $pass | one decision straight on Redis (bench/storefloor -op decide) | – | – | – | $(echo "$f" | awk '{print $1 " | " $2 " | " $3 " | – / " $4 " | " $5}') |"
     f="${L[floor$pass]}"
     echo "| $pass | floor | $(echo "$f" | awk '{print $1 " | " $2 " | " $3}') | – | – | – | $(echo "$f" | awk '{print $4 " / " $5 " | " $6}') |"
     f="${L[limiter$pass]}"
