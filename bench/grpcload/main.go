@@ -39,6 +39,7 @@ func main() {
 	duration := flag.Duration("duration", 10*time.Second, "how long to start calls")
 	calls := flag.Int64("calls", 0, "stop after this many calls (0: -duration only)")
 	rate := flag.Float64("rate", 0, "calls per second in total (open model); 0 = flat out")
+	timeout := flag.Duration("timeout", 0, "send grpc-timeout with every call, as Envoy does (its rate limit filter's default is 20ms); 0 = none")
 	label := flag.String("label", "", "a label for the report")
 	flag.Parse()
 	if *same {
@@ -49,10 +50,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "grpcload:", err)
 		os.Exit(1)
 	}
+	var headers [][2]string
+	if *timeout > 0 {
+		headers = append(headers, h2grpc.Timeout(*timeout))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	res, err := h2grpc.Run(ctx, h2grpc.Config{
-		Addr: *addr, Path: rlsreq.Method, Bodies: bodies,
+		Addr: *addr, Path: rlsreq.Method, Bodies: bodies, Headers: headers,
 		Conns: *conns, Streams: *streams, Duration: *duration, Calls: *calls, Rate: *rate,
 		Classify: rlsreq.Classify, Outcomes: rlsreq.Outcomes,
 	})

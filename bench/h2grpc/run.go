@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -113,6 +114,18 @@ func (r *Result) Text() string {
 		fmt.Fprintf(&b, "  error %q: %d (e.g. %s)\n", k, r.Errors[k], r.Samples[k])
 	}
 	return b.String()
+}
+
+// Timeout is the grpc-timeout request header for d (whole milliseconds,
+// at least one), which Envoy's rate limit filter sends on every call (its
+// timeout, 20 ms by default): a server then runs each call under a
+// deadline, which costs it a timer.
+func Timeout(d time.Duration) [2]string {
+	ms := max(1, (d+time.Millisecond-1)/time.Millisecond)
+	if ms > 99999999 { // eight digits at most
+		return [2]string{"grpc-timeout", strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10) + "S"}
+	}
+	return [2]string{"grpc-timeout", strconv.FormatInt(int64(ms), 10) + "m"}
 }
 
 func (c *Config) validate() error {

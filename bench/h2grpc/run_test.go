@@ -188,3 +188,23 @@ func TestNoServer(t *testing.T) {
 		t.Fatalf("Run against nothing: %v", err)
 	}
 }
+
+// grpc-go honours the header: a call past it ends as an error (grpc-go
+// resets the stream, RST_STREAM CANCEL), counted, not answered.
+func TestTimeoutHeader(t *testing.T) {
+	if h := Timeout(1500 * time.Microsecond); h != [2]string{"grpc-timeout", "2m"} {
+		t.Fatalf("Timeout(1.5ms) = %v", h)
+	}
+	svc := &rls{hold: 200 * time.Millisecond}
+	addr := serve(t, svc)
+	cfg := config(addr, bodies(t, "bench", "ok1"))
+	cfg.Headers = [][2]string{Timeout(time.Millisecond)}
+	cfg.Conns, cfg.Streams, cfg.Calls = 1, 2, 4
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ErrorCount() != 4 || res.Calls != 4 || res.Outcomes["ok"] != 0 {
+		t.Fatalf("calls %d, outcomes %v, errors %v; want 4 calls past their deadline", res.Calls, res.Outcomes, res.Errors)
+	}
+}
