@@ -17,6 +17,9 @@
 #   SECONDS_EACH (default 20)  duration of each run
 #   CONC         (default 32)  wrk connections / gRPC calls in flight (grpcload and h2load streams, ghz workers)
 #   GRPC_CONNS   (default 4)   HTTP/2 connections the gRPC load tools spread them over
+#   GRPC_TIMEOUT (default 1s)  grpcload's grpc-timeout on every call: Envoy always sends one (its
+#                filter's timeout, 20 ms by default), so the server runs each call under a
+#                deadline; 1 s keeps a loaded machine's tail from counting as errors
 #   FIXED_RATE   (default 2000) decisions/s offered to both front doors in the fixed-rate
 #                allowed-path runs (loadgen for /check, grpcload -rate for gRPC): below what
 #                either door answers flat out, so both answer the same load and their
@@ -31,6 +34,7 @@ GO=${GO:-go}
 SECS=${SECONDS_EACH:-20}
 CONC=${CONC:-32}
 GRPC_CONNS=${GRPC_CONNS:-4}
+GRPC_TIMEOUT=${GRPC_TIMEOUT:-1s}
 FIXED_RATE=${FIXED_RATE:-2000}
 GHZ_VERSION=v0.93.0
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-envoy-bench.XXXXXX)}
@@ -127,7 +131,7 @@ grpcload_run() {
   local s0 s1 tool n name=$1 f="$OUT/$1.grpcload"
   shift
   s0=$(server_snap)
-  tool=$(tool_cpu "$f" "$f.err" "$OUT/bin/grpcload" -addr "127.0.0.1:$GPORT" -conns "$GRPC_CONNS" -streams "$CONC" -duration "${SECS}s" -label "$name" "$@")
+  tool=$(tool_cpu "$f" "$f.err" "$OUT/bin/grpcload" -addr "127.0.0.1:$GPORT" -conns "$GRPC_CONNS" -streams "$CONC" -timeout "$GRPC_TIMEOUT" -duration "${SECS}s" -label "$name" "$@")
   s1=$(server_snap)
   read -r n errs rps p50 p99 < <(awk '/^  summary / {for (i = 2; i <= NF; i++) {split($i, kv, "="); v[kv[1]] = kv[2]}; print v["calls"] - v["errors"], v["errors"], v["rps"], v["p50"], v["p99"]}' "$f")
   set -- $s0 $s1
@@ -182,8 +186,9 @@ one redis-server, and the load tool share the cores; the limiter: ${LIMITER_BIN:
 $ratio× (target ≥ 1). Limiter CPU per decision: gRPC $g_cpu µs, /check $c_cpu µs ($cpu_ratio×); at $FIXED_RATE/s offered: gRPC $gr_cpu µs, /check $cr_cpu µs.**
 
 - /check: \`wrk -t2 -c$CONC -d${SECS}s --latency -s bench/wrk/{uniform,flood}.lua http://127.0.0.1:PORT/check\` ($CONC requests in flight on $CONC HTTP/1.1 connections)
-- gRPC, grpcload: \`grpcload -addr 127.0.0.1:PORT -conns $GRPC_CONNS -streams $CONC -duration ${SECS}s -n 10000 -value acct_\` (allowed; flood: \`-same -value flood_key\`;
+- gRPC, grpcload: \`grpcload -addr 127.0.0.1:PORT -conns $GRPC_CONNS -streams $CONC -timeout $GRPC_TIMEOUT -duration ${SECS}s -n 10000 -value acct_\` (allowed; flood: \`-same -value flood_key\`;
   fixed rate: \`-rate $FIXED_RATE\`): $CONC calls in flight on $GRPC_CONNS HTTP/2 connections, as Envoy multiplexes streams over a few connections,
+  each with grpc-timeout $GRPC_TIMEOUT (Envoy always sends one; ghz sends its 20 s default),
   10,000 RateLimitRequests with distinct descriptors (\`acct_1\` … \`acct_10000\`, bench/rlsreq) marshaled once and sent round-robin;
   bench/grpcload speaks HTTP/2 itself (golang.org/x/net/http2 Framer and hpack, flow control honoured) and reads every answer's
   grpc-status and overall code, so its non-OK column is every call not answered with a RateLimitResponse.
