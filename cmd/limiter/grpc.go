@@ -233,7 +233,7 @@ func startGRPC(cfg config, lim *enforcement.Limiter, reg prometheus.Registerer, 
 			return err
 		}),
 	)...)
-	rlsv3.RegisterRateLimitServiceServer(srv, envoyrls.New(lim, m))
+	registerRLS(srv, envoyrls.New(lim, m))
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
