@@ -108,11 +108,11 @@ func (e *quotaEnv) check(t *testing.T, key, scope, tier string, cost int64) enfo
 // last write, before refill): the bucket a quota refusal must not charge.
 func (e *quotaEnv) bucketTokens(t *testing.T, key string) float64 {
 	t.Helper()
-	v, err := e.rdb.HGet(context.Background(), e.store.BucketKey(key, "s"), "t").Float64()
-	if err != nil {
-		t.Fatal(err)
+	b, found, err := redisstore.ReadBucket(context.Background(), e.rdb, e.store.BucketKey(key, "s"))
+	if err != nil || !found {
+		t.Fatalf("the bucket of %q in Redis: found %v, %v", key, found, err)
 	}
-	return v
+	return b.Tokens
 }
 
 func (e *quotaEnv) used(t *testing.T, key, tier string) int64 {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratewarden/ratewarden/enforcement/keyslot"
+	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
@@ -344,10 +346,10 @@ func TestFaultStoreClockBehind(t *testing.T) {
 	defer rdb.Close()
 	ctx := context.Background()
 	future := time.Now().Add(time.Hour).UnixMicro()
-	if err := rdb.HSet(ctx, "rl:{clock}:b:api", "t", "40", "ts", strconv.FormatInt(future, 10)).Err(); err != nil {
+	state := redisstore.EncodeBucket(redisstore.BucketState{Tokens: 40, TS: future})
+	if err := rdb.Set(ctx, keyslot.BucketKey("rl", "clock", "api"), state, time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	rdb.Expire(ctx, "rl:{clock}:b:api", time.Minute)
 	d, _ := p.check(t, "clock", "api", 1)
 	if !d.Allowed || d.Source != "shared" || d.Remaining != 39 {
 		t.Fatalf("with the store's clock an hour behind: %+v, want 39 left (40 − 1, nothing removed)", d)

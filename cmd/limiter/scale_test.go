@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
@@ -63,7 +64,7 @@ func TestClusterModeDegradesOnlyTheDeadMastersKeys(t *testing.T) {
 	ctx := context.Background()
 	owner := map[string]string{}
 	for _, k := range keys {
-		n, err := cc.MasterForKey(ctx, "rl:{"+k+"}:b:api")
+		n, err := cc.MasterForKey(ctx, keyslot.BucketKey("rl", k, "api"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -38,7 +38,7 @@ func shadowConfigFrom(e *envconfig.Reader, storeTimeout time.Duration) shadowCon
 }
 
 // shadowKeyPrefix is the Redis namespace of shadow buckets and quota
-// counters: `rl:shadow:{key}:b:scope` can never be an enforced key, whose
+// counters: `rl:shadow:{key}:b2:scope` can never be an enforced key, whose
 // layout is `rl:{key}:...` (the reconciler, which restores quota counters
 // under `rl:{`, never touches them either). The rate-limit key stays the
 // hash tag, so a shadow bucket lives in its enforced twin's Cluster slot.

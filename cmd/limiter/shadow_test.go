@@ -52,7 +52,7 @@ rules:
 		}
 	}
 	keys, err := redisKeys(t, r.Addr(), "rl:shadow:*")
-	if err != nil || len(keys) != 1 || keys[0] != "rl:shadow:{acct_1}:b:api:export" {
+	if err != nil || len(keys) != 1 || keys[0] != "rl:shadow:{acct_1}:b2:api:export" {
 		t.Fatalf("shadow keys %v (%v): want the tight-export bucket only", keys, err)
 	}
 	if got := p.metric(t, `limiter_shadow_decisions_total{enforced="allowed",outcome="would_reject",shadow="tight-export"}`); got != 2 {

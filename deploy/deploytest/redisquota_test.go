@@ -11,6 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratewarden/ratewarden/enforcement/keyslot"
+	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
@@ -102,12 +104,12 @@ func TestVolatileTTLEvictsBucketsBeforeQuotaCounters(t *testing.T) {
 			}
 			// Buckets, as the bucket script writes them, until Redis has
 			// evicted well over the memory it has.
+			bucketState := redisstore.EncodeBucket(redisstore.BucketState{Tokens: 17.25, TS: 1764410000123456})
 			for i := 0; ; i++ {
 				p := rdb.Pipeline()
 				for j := 0; j < 500; j++ {
-					k := fmt.Sprintf("rl:{user_%d_%d}:b:api:search", i, j)
-					p.HSet(ctx, k, "t", "17.25", "ts", "1764410000123456")
-					p.PExpire(ctx, k, time.Duration(1+j%9)*time.Second)
+					k := keyslot.BucketKey("rl", fmt.Sprintf("user_%d_%d", i, j), "api:search")
+					p.Set(ctx, k, bucketState, time.Duration(1+j%9)*time.Second)
 				}
 				if _, err := p.Exec(ctx); err != nil {
 					t.Fatal(err)

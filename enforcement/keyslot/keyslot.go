@@ -50,15 +50,24 @@ func crc16(s string) uint16 {
 	return c
 }
 
-// KeySlot is the hash slot of the bucket of (key, scope) in redisstore's
-// layout, "<prefix>:{key}:b:scope": the hash tag is the rate-limit key up to
-// its first "}" (the whole Redis key when that leaves the tag empty). It
-// does not allocate.
+// BucketKey is the Redis key of the bucket of (key, scope) under prefix,
+// "<prefix>:{key}:b2:scope" (redisstore's layout, in one place: "b2" is the
+// bucket's second stored form, see redisstore's state.lua). The rate-limit
+// key is the hash tag, so all of one key's buckets and quota counters share
+// a Cluster slot.
+func BucketKey(prefix, key, scope string) string {
+	return prefix + ":{" + key + "}:b2:" + scope
+}
+
+// KeySlot is the hash slot of the bucket of (key, scope) (BucketKey, with
+// the default prefix "rl"): the hash tag is the rate-limit key up to its
+// first "}" (the whole Redis key when that leaves the tag empty). It does
+// not allocate.
 func KeySlot(key, scope string) uint16 {
 	for i := 0; i < len(key); i++ {
 		if key[i] == '}' {
 			if i == 0 {
-				return Slot("rl:{" + key + "}:b:" + scope)
+				return Slot(BucketKey("rl", key, scope))
 			}
 			return crc16(key[:i]) % Count
 		}

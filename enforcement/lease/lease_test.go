@@ -313,14 +313,14 @@ func TestReturnsOnCloseAndCoolDown(t *testing.T) {
 	lim := enforcement.Limit{Rate: 0.001, Burst: 1000} // no refill to speak of
 	ctx := context.Background()
 	tokens := func(key string) float64 {
-		v, err := c.HGet(ctx, store.BucketKey(key, "s"), "t").Float64()
-		if err == redis.Nil {
-			return float64(lim.Burst)
-		}
+		b, found, err := redisstore.ReadBucket(ctx, c, store.BucketKey(key, "s"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return v
+		if !found {
+			return float64(lim.Burst)
+		}
+		return b.Tokens
 	}
 
 	// The detector runs on a clock the test steps, so the machine's speed

@@ -1,10 +1,10 @@
 -- The token-bucket decision (with an optional calendar quota) that both
 -- bucket.lua (one decision per call) and batch.lua (many per call) run: it
--- is prepended to each. Redis runs a script without interleaving any other
+-- is prepended to each, after state.lua (the bucket's stored form). Redis runs a script without interleaving any other
 -- command, so the read, the decision and the write below are one step: the
 -- check-then-act race between replicas cannot happen.
 --
--- bkey     bucket hash {t = tokens, ts = µs of the last update}
+-- bkey     the bucket (state.lua: tokens and µs of the last update)
 -- qkey     quota counter of the current window (same hash tag as bkey)
 -- rate     tokens per second (> 0)
 -- burst    the capacity
@@ -17,11 +17,10 @@
 -- Returns allowed, remaining, retry_ms, reset_ms, now_ms, warning, quota_used, clock_back.
 local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
   local eps = 1e-9
-  local state = redis.call('HMGET', bkey, 't', 'ts')
-  local tokens = tonumber(state[1])
-  local ts = tonumber(state[2])
+  local tokens, ts = load_bucket(bkey)
+  local existed = tokens ~= nil
   local back = 0
-  if tokens == nil or ts == nil then
+  if not existed then
     tokens = burst                     -- a key never seen starts full
   else
     local elapsed = now - ts
@@ -57,17 +56,8 @@ local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
     end
   end
 
-  -- Persist only what differs from "absent": a full bucket is the state a
-  -- missing key starts in, so it is deleted, and the TTL of a partial bucket is
-  -- exactly the time it needs to refill (an idle key evaporates when full).
-  local reset_ms = math.ceil((burst - tokens) / rate * 1000 - eps)
-  if reset_ms <= 0 then
-    reset_ms = 0
-    redis.call('DEL', bkey)
-  else
-    redis.call('HSET', bkey, 't', string.format('%.17g', tokens), 'ts', string.format('%d', now))
-    redis.call('PEXPIRE', bkey, reset_ms)
-  end
+  local reset_ms = math.max(0, math.ceil((burst - tokens) / rate * 1000 - eps))
+  save_bucket(bkey, tokens, now, reset_ms, existed)
 
   local warning = 0
   if soft > 0 then

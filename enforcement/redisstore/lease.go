@@ -14,7 +14,7 @@ import (
 //go:embed lease.lua
 var leaseLua string
 
-var leaseScript = redis.NewScript(leaseLua)
+var leaseScript = redis.NewScript(stateLua + leaseLua)
 
 // Grant is the answer to a lease or a return.
 type Grant struct {

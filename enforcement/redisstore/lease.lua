@@ -1,8 +1,9 @@
--- Token leasing on the same bucket as bucket.lua: the same hash, the same
--- fields (t = tokens, ts = µs of the last update on Redis TIME), the same lazy
--- refill, clamp and TTL, so leased and unleased decisions spend one bucket.
+-- Token leasing on the same bucket as bucket.lua: the same stored state
+-- (state.lua, prepended: tokens and µs of the last update on Redis TIME), the
+-- same lazy refill, clamp and TTL, so leased and unleased decisions spend one
+-- bucket.
 --
--- KEYS[1]  bucket hash {t, ts}
+-- KEYS[1]  the bucket
 -- ARGV[1]  rate, tokens per second (> 0)
 -- ARGV[2]  burst, the capacity
 -- ARGV[3]  mode: "lease" or "return"
@@ -26,11 +27,10 @@ local eps   = 1e-9
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
-local state = redis.call('HMGET', KEYS[1], 't', 'ts')
-local tokens = tonumber(state[1])
-local ts = tonumber(state[2])
+local tokens, ts = load_bucket(KEYS[1])
+local existed = tokens ~= nil
 local back = 0
-if tokens == nil or ts == nil then
+if not existed then
   tokens = burst
 else
   local elapsed = now - ts
@@ -59,13 +59,7 @@ else
   return redis.error_reply('lease.lua: unknown mode ' .. tostring(mode))
 end
 
-local reset_ms = math.ceil((burst - tokens) / rate * 1000 - eps)
-if reset_ms <= 0 then
-  reset_ms = 0
-  redis.call('DEL', KEYS[1])
-else
-  redis.call('HSET', KEYS[1], 't', string.format('%.17g', tokens), 'ts', string.format('%d', now))
-  redis.call('PEXPIRE', KEYS[1], reset_ms)
-end
+local reset_ms = math.max(0, math.ceil((burst - tokens) / rate * 1000 - eps))
+save_bucket(KEYS[1], tokens, now, reset_ms, existed)
 
 return { granted, math.floor(tokens + eps), retry_ms, reset_ms, math.floor(now / 1000), back }

@@ -451,4 +451,4 @@ func le64(s string) uint64 {
 
 // BucketScriptSource is the Lua source of the bucket script, for tools that
 // load it themselves (redis-benchmark comparisons).
-func BucketScriptSource() string { return decideLua + bucketLua }
+func BucketScriptSource() string { return stateLua + decideLua + bucketLua }

@@ -1,8 +1,10 @@
 package redisstore_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -164,16 +166,67 @@ func BenchmarkSharedTier(b *testing.B) {
 	if err := store.Preload(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	b.Run("store", func(b *testing.B) { benchTake(b, store, 64) })
+	b.Run("store", func(b *testing.B) {
+		defer redisCPU(b, r)()
+		benchTake(b, store, 64)
+	})
 	b.Run("pipelined", func(b *testing.B) {
 		p := redisstore.NewPipelined(c, "bench", redisstore.PipelineConfig{})
 		defer p.Close(context.Background())
+		defer redisCPU(b, r)()
 		benchTake(b, p, 64)
 	})
 	b.Run("redis-benchmark-P16", func(b *testing.B) {
 		rps := RedisBenchmarkScript(b, r.Port, max(b.N, 200000), 16)
 		b.ReportMetric(rps, "decisions/s")
 	})
+}
+
+// redisCPU measures redis-server's side of a benchmark: call it before the
+// decisions, and what it returns after them. It reports redis-server's
+// CPU time (user + system, /proc) per decision, and the part of it spent
+// running scripts (INFO commandstats: EVALSHA's usec).
+func redisCPU(b *testing.B, r *testenv.Redis) func() {
+	b.Helper()
+	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	if err := c.ConfigResetStat(context.Background()).Err(); err != nil {
+		b.Fatal(err)
+	}
+	cpu0 := processCPU(b, r.Process().Pid())
+	return func() {
+		defer c.Close()
+		cpu := processCPU(b, r.Process().Pid()) - cpu0
+		info, err := c.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var scriptUS float64
+		for _, line := range strings.Split(info, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
+				for _, f := range strings.Split(rest, ",") {
+					if v, ok := strings.CutPrefix(f, "usec="); ok {
+						scriptUS, _ = strconv.ParseFloat(v, 64)
+					}
+				}
+			}
+		}
+		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "redis-cpu-µs/decision")
+		b.ReportMetric(scriptUS/float64(b.N), "redis-script-µs/decision")
+	}
+}
+
+// processCPU is the user + system CPU time of process pid so far.
+func processCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The fields after the command name, which is in parentheses.
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
 }
 
 // RedisBenchmarkScript runs redis-benchmark with pipelining depth p against
@@ -185,7 +238,7 @@ func RedisBenchmarkScript(tb testing.TB, port, n, p int) float64 {
 	if err != nil {
 		tb.Fatalf("script load: %v", err)
 	}
-	key := "rb:{__rand_int__}:b:api"
+	key := "rb:{__rand_int__}:b2:api"
 	out, err := exec.Command("redis-benchmark", "-p", strconv.Itoa(port), "-n", strconv.Itoa(n), "-c", "50",
 		"-P", strconv.Itoa(p), "-r", "10000", "--csv",
 		"EVALSHA", strings.TrimSpace(string(sha)), "2", key, key, "1000000000", "1000000000", "1", "0", "0", "0").CombinedOutput()
@@ -279,20 +332,23 @@ func TestPipelinedBatchIsOneCallInOrder(t *testing.T) {
 	}
 }
 
-// TestPipelinedBatchIsolatesAFailedDecision: a key of the wrong type makes
-// its own decision fail (the store's error, named), and the other decisions
-// of the same script call stand.
+// TestPipelinedBatchIsolatesAFailedDecision: a key of the wrong type, or a
+// string that is not a bucket, makes its own decision fail (the store's
+// error, named), and the other decisions of the same script call stand.
 func TestPipelinedBatchIsolatesAFailedDecision(t *testing.T) {
 	r := testenv.StartRedis(t)
 	c := newClient(t, r.Addr())
 	ctx := context.Background()
 	store := redisstore.New(c, "pbad")
-	if err := c.Set(ctx, store.BucketKey("bad", "s"), "not a hash", 0).Err(); err != nil {
+	if err := c.HSet(ctx, store.BucketKey("bad", "s"), "t", "1").Err(); err != nil {
 		t.Fatal(err)
 	}
-	p := batchOf(t, c, "pbad", 3)
+	if err := c.Set(ctx, store.BucketKey("short", "s"), "not a bucket", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := batchOf(t, c, "pbad", 4)
 	lim := enforcement.Limit{Rate: 1.0 / 86400, Burst: 5}
-	keys := []string{"good1", "bad", "good2"}
+	keys := []string{"good1", "bad", "good2", "short"}
 	verdicts := make([]enforcement.Verdict, len(keys))
 	errs := make([]error, len(keys))
 	var wg sync.WaitGroup
@@ -310,6 +366,9 @@ func TestPipelinedBatchIsolatesAFailedDecision(t *testing.T) {
 		}
 	}
 	if errs[1] == nil || !strings.Contains(errs[1].Error(), "WRONGTYPE") || !strings.Contains(errs[1].Error(), store.BucketKey("bad", "s")) {
-		t.Fatalf("bad key: %v, want the WRONGTYPE error naming its bucket", errs[1])
+		t.Errorf("bad key: %v, want the WRONGTYPE error naming its bucket", errs[1])
+	}
+	if errs[3] == nil || !strings.Contains(errs[3].Error(), "is not a bucket (12 bytes, not 16)") {
+		t.Errorf("short key: %v, want the error saying its value is not a bucket", errs[3])
 	}
 }

@@ -6,19 +6,25 @@ package redisstore
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/limits"
 )
 
 // The decision itself is decide.lua, one Lua function; bucket.lua runs it
-// once per call (Store), batch.lua many times (Pipelined).
+// once per call (Store), batch.lua many times (Pipelined). state.lua, the
+// bucket's stored form, comes first in every script that touches a bucket.
 var (
+	//go:embed state.lua
+	stateLua string
 	//go:embed decide.lua
 	decideLua string
 	//go:embed bucket.lua
@@ -26,8 +32,8 @@ var (
 	//go:embed batch.lua
 	batchLua string
 
-	bucketScript = redis.NewScript(decideLua + bucketLua)
-	batchScript  = redis.NewScript(decideLua + batchLua)
+	bucketScript = redis.NewScript(stateLua + decideLua + bucketLua)
+	batchScript  = redis.NewScript(stateLua + decideLua + batchLua)
 )
 
 // Store is an enforcement.Authority backed by Redis. It is safe for
@@ -52,9 +58,49 @@ func New(rdb redis.Scripter, prefix string) *Store {
 
 // BucketKey is the Redis key of the bucket for (key, scope). The rate-limit
 // key is the hash tag, so a bucket and its quota counters share one Cluster
-// slot and one script can touch both.
+// slot and one script can touch both. "b2": the second stored form
+// (state.lua); the first, a hash under ":b:", is never read.
 func (s *Store) BucketKey(key, scope string) string {
-	return s.prefix + ":{" + key + "}:b:" + scope
+	return keyslot.BucketKey(s.prefix, key, scope)
+}
+
+// BucketState is a bucket as Redis holds it (state.lua): its tokens at its
+// last update, and that update's time on the store's clock (µs since the
+// epoch). Tokens refill from there; a bucket Redis does not hold is full.
+type BucketState struct {
+	Tokens float64
+	TS     int64
+}
+
+// DecodeBucket reads a bucket's stored value (GET of BucketKey).
+func DecodeBucket(v string) (BucketState, error) {
+	if len(v) != 16 {
+		return BucketState{}, fmt.Errorf("%w: a bucket of %d bytes, want 16", errBadReply, len(v))
+	}
+	return BucketState{Tokens: math.Float64frombits(le64(v)), TS: int64(math.Float64frombits(le64(v[8:])))}, nil
+}
+
+// ReadBucket is the bucket Redis holds under bucketKey (BucketKey); found
+// is false when it holds none (a full bucket).
+func ReadBucket(ctx context.Context, rdb redis.StringCmdable, bucketKey string) (b BucketState, found bool, err error) {
+	v, err := rdb.Get(ctx, bucketKey).Result()
+	if errors.Is(err, redis.Nil) {
+		return BucketState{}, false, nil
+	}
+	if err == nil {
+		b, err = DecodeBucket(v)
+	}
+	if err != nil {
+		return BucketState{}, false, fmt.Errorf("read bucket %q: %w", bucketKey, err)
+	}
+	return b, true, nil
+}
+
+// EncodeBucket is the stored value of b, as the scripts write it (tools and
+// tests that set a bucket's state by hand).
+func EncodeBucket(b BucketState) string {
+	out := binary.LittleEndian.AppendUint64(nil, math.Float64bits(b.Tokens))
+	return string(binary.LittleEndian.AppendUint64(out, math.Float64bits(float64(b.TS))))
 }
 
 // QuotaKey is the Redis key of the quota counter of key for the window that

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -234,5 +235,51 @@ func TestNoScriptIsReloaded(t *testing.T) {
 	v, err := s.Take(ctx, "k", "s", lim, 1)
 	if err != nil || !v.Allowed || v.Remaining != 3 {
 		t.Fatalf("after SCRIPT FLUSH: %+v, %v", v, err)
+	}
+}
+
+// TestStoredBucketIsReadInGo: what the scripts write (state.lua) is what
+// DecodeBucket reads, and EncodeBucket writes what the scripts read.
+func TestStoredBucketIsReadInGo(t *testing.T) {
+	r := testenv.StartRedis(t)
+	c := newClient(t, r.Addr())
+	s := redisstore.New(c, "state")
+	ctx := context.Background()
+	lim := enforcement.Limit{Rate: 1.0 / 86400, Burst: 10} // a token a day: no refill during the test
+	before := time.Now()
+	if _, err := s.Take(ctx, "k", "api", lim, 3); err != nil {
+		t.Fatal(err)
+	}
+	b, found, err := redisstore.ReadBucket(ctx, c, s.BucketKey("k", "api"))
+	if err != nil || !found {
+		t.Fatalf("ReadBucket after a decision: found %v, %v", found, err)
+	}
+	if math.Abs(b.Tokens-7) > 1e-3 {
+		t.Errorf("tokens %v, want 7 (10 − 3)", b.Tokens)
+	}
+	if at := time.UnixMicro(b.TS); at.Before(before.Add(-time.Minute)) || at.After(time.Now().Add(time.Minute)) {
+		t.Errorf("last update at %v, want about now (%v), on Redis's clock", at, before)
+	}
+	if ttl := c.PTTL(ctx, s.BucketKey("k", "api")).Val(); ttl < 2*24*time.Hour || ttl > 3*24*time.Hour+time.Minute {
+		t.Errorf("TTL %v, want the 3 days three tokens take to refill", ttl)
+	}
+
+	// A state written by hand is the one the script starts from.
+	set := redisstore.BucketState{Tokens: 2.5, TS: b.TS}
+	if got, err := redisstore.DecodeBucket(redisstore.EncodeBucket(set)); err != nil || got != set {
+		t.Fatalf("DecodeBucket(EncodeBucket(%+v)) = %+v, %v", set, got, err)
+	}
+	if err := c.Set(ctx, s.BucketKey("k", "api"), redisstore.EncodeBucket(set), time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.Take(ctx, "k", "api", lim, 2)
+	if err != nil || !v.Allowed || v.Remaining != 0 {
+		t.Fatalf("taking 2 of 2.5: %+v %v, want allowed with 0 whole tokens left", v, err)
+	}
+	if _, found, _ := redisstore.ReadBucket(ctx, c, s.BucketKey("absent", "api")); found {
+		t.Fatal("ReadBucket found a bucket nobody wrote")
+	}
+	if _, err := redisstore.DecodeBucket("short"); err == nil {
+		t.Fatal("DecodeBucket accepted 5 bytes")
 	}
 }
