@@ -464,6 +464,9 @@ type policyInfo struct {
 // outage into a platform outage; the same holds, more so, for a Kafka that
 // refuses the metering credential (enforcement never waits on accounting).
 // The body says which.
+// readinessCauseWait is how long /readyz waits for a fresh diagnosis.
+const readinessCauseWait = 250 * time.Millisecond
+
 func readiness(ctx context.Context, s storeInfo, storeFailing bool, p policyInfo, metering func() (bool, string)) readyBody {
 	b := readyBody{Status: "ok", Store: s.kind, Policy: p}
 	if metering != nil {
@@ -502,7 +505,11 @@ func readiness(ctx context.Context, s storeInfo, storeFailing bool, p policyInfo
 		b.Reason = "the fleet heartbeat cannot reach the shared store: decisions will be degraded"
 	}
 	if b.Status == "degraded" && s.diagnose != nil {
-		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		// A probe waits this long for a fresh cause, then gets the latest
+		// one (redisclient.Diagnose): with every Cluster node down a PING
+		// takes its whole deadline, and a readiness probe that slow on a
+		// busy machine would take every limiter out of rotation.
+		ctx, cancel := context.WithTimeout(ctx, readinessCauseWait)
 		defer cancel()
 		b.Cause = s.diagnose(ctx)
 	}

@@ -263,14 +263,21 @@ func (d *dialer) dial(ctx context.Context, network, addr string) (net.Conn, erro
 	return conn, nil
 }
 
-// Diagnose asks Redis for a PING (bounded by ctx) and says in words why it
-// failed, or "" when it answered. The text names the variables to check
-// and never contains the password. Calls within a second of the previous
-// one reuse its answer, so that a readiness probe polled hard does not
-// open a connection per poll while Redis refuses them.
+// Diagnose says in words why Redis does not answer a PING, or "" when it
+// answers. The text names the variables to check and never contains the
+// password. One PING runs at a time, under its own deadline (DiagnoseTimeout,
+// or ctx's when that is later), and its answer serves every call for a second, so that a readiness probe
+// polled hard does not open a connection per poll while Redis refuses
+// them. A call waits for a fresh answer only until ctx ends; a PING that
+// takes longer (every Cluster node down: the client retries until its
+// deadline) finishes in the background and answers the next call, so a
+// readiness probe is never as slow as the store it reports on.
 func (c *Client) Diagnose(ctx context.Context) string {
-	return c.diag.get(func() string { return c.explain(c.Ping(ctx).Err()) })
+	return c.diag.get(ctx, func(ctx context.Context) string { return c.explain(c.Ping(ctx).Err()) })
 }
+
+// DiagnoseTimeout bounds the PING of Diagnose.
+const DiagnoseTimeout = time.Second
 
 // explain is Diagnose's wording for an error a command returned.
 func (c *Client) explain(err error) string {
@@ -294,19 +301,57 @@ func (c *Client) explain(err error) string {
 	return "Redis did not answer: " + msg
 }
 
-// diagnosis caches one answer for a second.
+// diagnosis runs one probe at a time and keeps its answer for a second.
 type diagnosis struct {
-	mu   sync.Mutex
-	at   time.Time
-	last string
+	mu      sync.Mutex
+	at      time.Time     // when the latest answer came; zero before the first
+	last    string        // that answer
+	running chan struct{} // closed when the probe in flight answers; nil when none is
 }
 
-func (d *diagnosis) get(probe func() string) string {
+// notYet is the answer while the first probe is still out.
+const notYet = "Redis has not answered a PING yet (still checking)"
+
+// get returns an answer at most a second old, starting a probe when there
+// is none, and waits for a fresh one until ctx ends; then it returns the
+// previous answer (notYet before the first, or when the previous one said
+// Redis answered: that is no longer known).
+func (d *diagnosis) get(ctx context.Context, probe func(context.Context) string) string {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if !d.at.IsZero() && time.Since(d.at) < time.Second {
+		defer d.mu.Unlock()
 		return d.last
 	}
-	d.last, d.at = probe(), time.Now()
-	return d.last
+	if d.running == nil {
+		done := make(chan struct{})
+		d.running = done
+		// The probe's goroutine ends by its own deadline; its answer is
+		// kept whoever still waits for it.
+		deadline := time.Now().Add(DiagnoseTimeout)
+		if d, ok := ctx.Deadline(); ok && d.After(deadline) {
+			deadline = d
+		}
+		go func() {
+			pctx, cancel := context.WithDeadline(context.Background(), deadline)
+			why := probe(pctx)
+			cancel()
+			d.mu.Lock()
+			d.last, d.at, d.running = why, time.Now(), nil
+			d.mu.Unlock()
+			close(done)
+		}()
+	}
+	running, previous := d.running, d.last
+	d.mu.Unlock()
+	select {
+	case <-running:
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.last
+	case <-ctx.Done():
+		if previous == "" {
+			return notYet
+		}
+		return previous
+	}
 }

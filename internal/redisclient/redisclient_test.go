@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -254,5 +255,54 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	}
 	for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
 		noSecret(t, "a printed Config", fmt.Sprintf(verb, c))
+	}
+}
+
+// TestDiagnosisWaitsOnlyAsLongAsItsCaller: a probe slower than the caller's
+// wait does not hold the caller up: the caller gets the previous answer
+// (or says none came yet), the probe finishes in the background and
+// answers the next call, and calls while it runs start no second probe.
+func TestDiagnosisWaitsOnlyAsLongAsItsCaller(t *testing.T) {
+	var d diagnosis
+	release := make(chan struct{})
+	var probes atomic.Int32
+	slow := func(ctx context.Context) string {
+		probes.Add(1)
+		if _, ok := ctx.Deadline(); !ok {
+			t.Error("the probe has no deadline")
+		}
+		<-release
+		return "Redis did not answer: connection refused"
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel() // a caller that waits for nothing
+	for range 3 {
+		if why := d.get(gone, slow); why != notYet {
+			t.Fatalf("while the first probe is out: %q, want %q", why, notYet)
+		}
+	}
+	close(release)
+	wait, cancelWait := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancelWait()
+	if why := d.get(wait, slow); why != "Redis did not answer: connection refused" {
+		t.Fatalf("after the probe answered: %q", why)
+	}
+	if n := probes.Load(); n != 1 {
+		t.Fatalf("%d probes ran, want 1 (one at a time, its answer kept for a second)", n)
+	}
+
+	// An answer older than a second is renewed; a caller that cannot wait
+	// gets the previous one meanwhile.
+	d.mu.Lock()
+	d.at = time.Now().Add(-2 * time.Second)
+	d.mu.Unlock()
+	block := make(chan struct{})
+	renewed := func(context.Context) string { <-block; return "" }
+	if why := d.get(gone, renewed); why != "Redis did not answer: connection refused" {
+		t.Fatalf("while renewing: %q, want the previous answer", why)
+	}
+	close(block)
+	if why := d.get(wait, renewed); why != "" {
+		t.Fatalf("after Redis answered: %q, want \"\"", why)
 	}
 }
