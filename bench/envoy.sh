@@ -24,6 +24,9 @@
 #                allowed-path runs (loadgen for /check, grpcload -rate for gRPC): below what
 #                either door answers flat out, so both answer the same load and their
 #                CPU per decision compares the servers, not what the load tools left them
+#   ROUNDS       (default 3)   interleaved rounds of the flat-out allowed-path pair (/check under wrk,
+#                then gRPC under grpcload): the issue's comparison is their median ratio, since
+#                on a shared machine one pair of runs can land on different competing loads
 #   LIMITER_BIN  (default: ./cmd/limiter built from this tree) the limiter binary to measure,
 #                e.g. one built from an older commit for a before/after comparison
 #   BENCH_OUT    (default: a temporary directory)
@@ -36,6 +39,7 @@ CONC=${CONC:-32}
 GRPC_CONNS=${GRPC_CONNS:-4}
 GRPC_TIMEOUT=${GRPC_TIMEOUT:-1s}
 FIXED_RATE=${FIXED_RATE:-2000}
+ROUNDS=${ROUNDS:-3}
 GHZ_VERSION=v0.93.0
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-envoy-bench.XXXXXX)}
 mkdir -p "$OUT/bin"
@@ -158,8 +162,19 @@ h2load_run() { # name framefile -> "rps mean errors server-µs server-allocs too
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "bench: warm-up" >&2
 wrk -t2 -c"$CONC" -d3s -s bench/wrk/uniform.lua "http://127.0.0.1:$HPORT/check" >/dev/null 2>&1
-echo "bench: /check uniform" >&2;  read -r c_rps c_p50 c_p99 c_cpu c_alloc c_tool <<<"$(wrk_run check-uniform uniform)"
-echo "bench: gRPC uniform (grpcload)" >&2; read -r g_rps g_p50 g_p99 g_err g_cpu g_alloc g_tool <<<"$(grpcload_run grpc-uniform -n 10000 -value acct_)"
+"$OUT/bin/grpcload" -addr "127.0.0.1:$GPORT" -conns "$GRPC_CONNS" -streams "$CONC" -duration 3s >/dev/null 2>&1 || true
+ROUND_ROWS=""
+RATIOS=()
+CPU_RATIOS=()
+for r in $(seq 1 "$ROUNDS"); do
+  echo "bench: /check uniform (round $r of $ROUNDS)" >&2;  read -r c_rps c_p50 c_p99 c_cpu c_alloc c_tool <<<"$(wrk_run check-uniform-$r uniform)"
+  echo "bench: gRPC uniform (grpcload, round $r of $ROUNDS)" >&2; read -r g_rps g_p50 g_p99 g_err g_cpu g_alloc g_tool <<<"$(grpcload_run grpc-uniform-$r -n 10000 -value acct_)"
+  RATIOS+=("$(awk -v g="$g_rps" -v c="$c_rps" 'BEGIN {printf "%.2f", g / c}')")
+  CPU_RATIOS+=("$(awk -v g="$g_cpu" -v c="$c_cpu" 'BEGIN {printf "%.2f", g / c}')")
+  ROUND_ROWS+="| $r | $c_rps | $g_rps | ${RATIOS[-1]} | $c_cpu µs | $g_cpu µs | ${CPU_RATIOS[-1]} | $c_alloc | $g_alloc | $g_err | $(cut -d' ' -f1 /proc/loadavg) |
+"
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 echo "bench: gRPC uniform (ghz)" >&2;  read -r z_rps z_p50 z_p99 z_err z_cpu z_alloc z_tool <<<"$(ghz_run grpc-uniform-ghz "$OUT/uniform.bin")"
 echo "bench: /check uniform at $FIXED_RATE/s" >&2; read -r cr_rps cr_p50 cr_p99 cr_cpu cr_alloc cr_tool <<<"$(loadgen_run check-fixed)"
 echo "bench: gRPC uniform at $FIXED_RATE/s" >&2;   read -r gr_rps gr_p50 gr_p99 gr_err gr_cpu gr_alloc gr_tool <<<"$(grpcload_run grpc-fixed -n 10000 -value acct_ -rate "$FIXED_RATE")"
@@ -171,8 +186,8 @@ over=$(( $(metric 'limiter_envoy_descriptors_total{result="over_limit"}') - ok0 
 local_rej=$(metric 'limiter_decisions_total{result="rejected",source="local"}')
 LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
 
-ratio=$(awk -v g="$g_rps" -v c="$c_rps" 'BEGIN {printf "%.2f", g / c}')
-cpu_ratio=$(awk -v g="$g_cpu" -v c="$c_cpu" 'BEGIN {printf "%.2f", g / c}')
+ratio=$(median "${RATIOS[@]}")
+cpu_ratio=$(median "${CPU_RATIOS[@]}")
 cat <<MD
 ## Envoy rate limit service (gRPC) beside /check
 
@@ -182,8 +197,14 @@ one redis-server, and the load tool share the cores; the limiter: ${LIMITER_BIN:
 → key \`<key>\`, scope \`api\`: the same (key, scope) pairs as the /check bodies). Load average at the start: $LOAD0; at the end: $LOAD1
 (other sessions' work competes for the same cores: compare the rows of one run, not runs).
 
-**The issue's comparison (allowed path, 10,000 keys, flat out): gRPC answered $g_rps decisions/s under grpcload, /check $c_rps under wrk:
-$ratio× (target ≥ 1). Limiter CPU per decision: gRPC $g_cpu µs, /check $c_cpu µs ($cpu_ratio×); at $FIXED_RATE/s offered: gRPC $gr_cpu µs, /check $cr_cpu µs.**
+**The issue's comparison (allowed path, 10,000 keys, flat out, $ROUNDS interleaved rounds of /check under wrk then gRPC under grpcload):
+gRPC decisions/s ÷ /check decisions/s, median $ratio× (rounds: ${RATIOS[*]}; target ≥ 1). Limiter CPU per decision, gRPC ÷ /check:
+median $cpu_ratio× (rounds: ${CPU_RATIOS[*]}); at $FIXED_RATE/s offered: gRPC $gr_cpu µs, /check $cr_cpu µs.**
+
+| round | /check decisions/s | gRPC decisions/s | ratio | /check limiter CPU per decision | gRPC limiter CPU per decision | ratio | /check allocations per decision | gRPC allocations per decision | non-OK gRPC answers | load (1 min) after |
+|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|
+$ROUND_ROWS
+The allowed rows of the table below are the last round's.
 
 - /check: \`wrk -t2 -c$CONC -d${SECS}s --latency -s bench/wrk/{uniform,flood}.lua http://127.0.0.1:PORT/check\` ($CONC requests in flight on $CONC HTTP/1.1 connections)
 - gRPC, grpcload: \`grpcload -addr 127.0.0.1:PORT -conns $GRPC_CONNS -streams $CONC -timeout $GRPC_TIMEOUT -duration ${SECS}s -n 10000 -value acct_\` (allowed; flood: \`-same -value flood_key\`;
