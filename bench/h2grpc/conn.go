@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
@@ -62,15 +63,16 @@ type conn struct {
 	free        []*stream
 	blocked     []*stream // streams whose body waits for a window
 	nextID      uint32
-	peerMax     int   // the server's MAX_CONCURRENT_STREAMS
-	peerInit    int64 // the server's initial stream window
-	peerFrame   int   // the server's MAX_FRAME_SIZE
-	sendWin     int64 // the connection's send window
-	recvUnacked int   // connection-level DATA not yet given back
-	stopping    bool  // start no more calls; close when none is in flight
-	dead        bool  // start no more calls: GOAWAY, failure, stream IDs used up
-	closed      bool  // closed on purpose: the reader's error is expected
-	werr        error // the first write error (bufio's are sticky)
+	peerMax     int         // the server's MAX_CONCURRENT_STREAMS
+	peerInit    int64       // the server's initial stream window
+	peerFrame   int         // the server's MAX_FRAME_SIZE
+	sendWin     int64       // the connection's send window
+	recvUnacked int         // connection-level DATA not yet given back
+	stopping    bool        // start no more calls; close when none is in flight
+	dead        bool        // start no more calls: GOAWAY, failure, stream IDs used up
+	closed      bool        // closed on purpose: the reader's error is expected
+	cutting     atomic.Bool // cut is ending the connection: it counts the calls left
+	werr        error       // the first write error (bufio's are sticky)
 
 	outcomes []int64
 	errors   map[string]int64
@@ -284,7 +286,7 @@ func (c *conn) readLoop() {
 					c.fail(s, "malformed answer", err.Error(), true)
 				}
 			} else {
-				if !c.closed {
+				if !c.closed && !c.cutting.Load() {
 					c.failAll("connection lost", err.Error())
 				}
 				c.mu.Unlock()
@@ -502,8 +504,12 @@ func (c *conn) stop() {
 	}
 }
 
-// cut ends the calls still in flight after the grace period.
+// cut ends the calls still in flight after the grace period. It closes
+// the connection before taking mu: a write to a server that stopped
+// reading blocks while holding mu, and only the close ends it.
 func (c *conn) cut(why string) {
+	c.cutting.Store(true)
+	c.nc.Close()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.failAll("unanswered at the end", why)

@@ -32,7 +32,7 @@ type rls struct {
 	hold              time.Duration
 }
 
-func (r *rls) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	n := r.inFlight.Add(1)
 	defer r.inFlight.Add(-1)
 	for {
@@ -41,7 +41,11 @@ func (r *rls) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*
 			break
 		}
 	}
-	time.Sleep(r.hold)
+	select {
+	case <-time.After(r.hold):
+	case <-ctx.Done(): // past its deadline, given up by the client, or the server stopping
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	v := req.GetDescriptors()[0].GetEntries()[0].GetValue()
 	switch {
 	case strings.HasPrefix(v, "over"):
@@ -206,5 +210,21 @@ func TestTimeoutHeader(t *testing.T) {
 	}
 	if res.ErrorCount() != 4 || res.Calls != 4 || res.Outcomes["ok"] != 0 {
 		t.Fatalf("calls %d, outcomes %v, errors %v; want 4 calls past their deadline", res.Calls, res.Outcomes, res.Errors)
+	}
+}
+
+// Calls still unanswered when the grace period ends are cut and counted
+// as errors: a run ends however the server behaves.
+func TestUnansweredCallsAreCounted(t *testing.T) {
+	svc := &rls{hold: 10 * time.Minute}
+	addr := serve(t, svc)
+	cfg := config(addr, bodies(t, "bench", "ok1"))
+	cfg.Duration, cfg.Grace = 200*time.Millisecond, 300*time.Millisecond
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := res.Errors["unanswered at the end"]; n != int64(cfg.Streams) || res.Calls != n || res.ErrorCount() != n {
+		t.Fatalf("calls %d, errors %v; want the %d calls in flight counted as unanswered", res.Calls, res.Errors, cfg.Streams)
 	}
 }
