@@ -3,8 +3,8 @@
 # throughput of POST /check (the allowed path over 10,000 keys, a flood on
 # one key) next to the floor — net/http decoding and encoding the /check
 # JSON and doing no other work (bench/barejson) — under the same wrk load,
-# interleaved (floor, allowed, flood, floor, allowed, flood) so the
-# machine's noise shows; the local tier's rejection (go test -bench); and
+# interleaved (floor, allowed, flood, then again, PASSES times) so the
+# machine's noise shows, with each ratio's median over the passes; the local tier's rejection (go test -bench); and
 # latency at a fixed rate (open model), interleaved floor, limiter, floor,
 # limiter: client-side p50/p99/p99.9 for both and the limiter's own decision
 # latency from its histogram, beside its own yardstick measured in the same
@@ -13,7 +13,8 @@
 # previous one; other sections are left alone). Starts its own redis-server,
 # limiter and floor processes on free loopback ports.
 #
-#   WRK_SECONDS (default 20)   each wrk run
+#   WRK_SECONDS (default 10)   each wrk run
+#   PASSES      (default 4)    interleaved throughput passes (floor, allowed, flood, GOGC=400)
 #   LAT_SECONDS (default 20)   each fixed-rate run
 #   LAT_RATE    (default 5000) requests per second of the fixed-rate runs
 #   BENCH_OUT   (default: a temporary directory) raw outputs
@@ -22,7 +23,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 GO=${GO:-go}
-WRK_SECONDS=${WRK_SECONDS:-20}
+WRK_SECONDS=${WRK_SECONDS:-10}
+PASSES=${PASSES:-4}
 LAT_SECONDS=${LAT_SECONDS:-20}
 LAT_RATE=${LAT_RATE:-5000}
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-floor.XXXXXX)}
@@ -81,8 +83,8 @@ wrk_run() { # name port script pid -> "rps p50 p99 load server-µs redis-µs"
   echo "$rps $(awk '$1 == "50%" {print $2}' "$OUT/$name.wrk") $(awk '$1 == "99%" {print $2}' "$OUT/$name.wrk") $l $(us_per "$t0" "$t1" "$n") $(us_per "$r0" "$r1" "$n")"
 }
 declare -A T
-for pass in 1 2; do
-  echo "bench: pass $pass: floor, allowed, flood, allowed with GOGC=400 (wrk ${WRK_SECONDS}s each)" >&2
+for pass in $(seq 1 "$PASSES"); do
+  echo "bench: pass $pass of $PASSES: floor, allowed, flood, allowed with GOGC=400 (wrk ${WRK_SECONDS}s each)" >&2
   T[floor$pass]=$(wrk_run "floor$pass" "$FPORT" uniform "$FPID")
   T[allowed$pass]=$(wrk_run "allowed$pass" "$LPORT" uniform "$LPID")
   T[flood$pass]=$(wrk_run "flood$pass" "$LPORT" flood "$LPID")
@@ -158,10 +160,22 @@ rej_cpu_min=$(awk '{for (i = 1; i < NF; i++) if ($(i+1) == "cpu-ns/op") print $i
 END_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---- the section ----
-ra1=$(ratio "$(field allowed1 1)" "$(field floor1 1)")
-ra2=$(ratio "$(field allowed2 1)" "$(field floor2 1)")
-rf1=$(ratio "$(field flood1 1)" "$(field floor1 1)")
-rf2=$(ratio "$(field flood2 1)" "$(field floor2 1)")
+median() { # numbers on stdin, one per line -> their median
+  sort -g | awk '{a[NR] = $1} END {if (NR == 0) print "–"; else if (NR % 2) print a[(NR + 1) / 2]; else printf "%.2f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2}'
+}
+ratios() { # run -> each pass's req/s ÷ the floor's of that pass, one per line
+  for pass in $(seq 1 "$PASSES"); do ratio "$(field "$1$pass" 1)" "$(field "floor$pass" 1)"; echo; done
+}
+cmp_row() { # description run target -> a comparison row: median, each pass
+  local each
+  each=$(ratios "$2" | paste -sd' ' | sed 's/ /, /g')
+  echo "| $1 | **$(ratios "$2" | median)** | $each | $3 |"
+}
+lat_cmp() { # description values-per-pass... -> median over the latency passes, each pass
+  local d=$1
+  shift
+  echo "| $d | **$(printf '%s\n' "$@" | median | awk '{printf "%.0f", $1}') µs** | $(printf '%s µs, ' "$@" | sed 's/, $//') | ${TARGET:-≤ 1 ms} |"
+}
 S="$OUT/section.md"
 {
   echo "## /check against the HTTP floor"
@@ -173,24 +187,27 @@ S="$OUT/section.md"
   echo "each row has the 1-minute load average when it started (other sessions' work competes for the same two cores:"
   echo "compare rows of one pass, not passes). Raw outputs: \`$OUT\`."
   echo
-  echo "| comparison (issue 15) | pass 1 | pass 2 | target |"
-  echo "|---|---:|---:|---|"
-  echo "| allowed path ÷ floor, req/s (wrk -t2 -c32, 10,000 keys) | $ra1 | $ra2 | ≥ 0.55 |"
-  echo "| flood on one key ÷ floor, req/s | $rf1 | $rf2 | ≥ 0.95 |"
-  echo "| allowed path ÷ floor, limiter run with GOGC=400 (a tuning, docs/operations.md) | $(ratio "$(field gogc1 1)" "$(field floor1 1)") | $(ratio "$(field gogc2 1)" "$(field floor2 1)") | – |"
-  echo "| client p99 at $LAT_RATE req/s: limiter − floor | $(awk -v a="$(lfield limiter1 2)" -v b="$(lfield floor1 2)" 'BEGIN {printf "%+d µs", a - b}') | $(awk -v a="$(lfield limiter2 2)" -v b="$(lfield floor2 2)" 'BEGIN {printf "%+d µs", a - b}') | ≤ 1 ms |"
-  echo "| limiter's own decision p99 at $LAT_RATE req/s (its histogram) | $(echo "${L[own1]}" | awk '{print $2}') µs | $(echo "${L[own2]}" | awk '{print $2}') µs | ≤ 1 ms |"
-  echo "| … beside one decision straight on Redis, p99 (bench/storefloor, same pass) | $(lfield decide1 2) µs | $(lfield decide2 2) µs | – |"
-  echo "| local-tier rejection (\`BenchmarkLocalReject\`, 5 × 1 s): min / median ns, min CPU ns, allocs | $rej_min / $rej_med ns, ${rej_cpu_min:-?} CPU ns, $rej_allocs allocs (load $rej_load) | | ≤ 100 ns, 0 allocs |"
+  echo "The throughput ratios are each pass's run over the floor's run just before it, and their median over the $PASSES"
+  echo "interleaved passes: the floor's own speed moves by a fifth between runs on this machine, so one pass decides little."
   echo
-  echo "### Throughput (\`wrk -t2 -c32 -d${WRK_SECONDS}s --latency\`), floor, allowed, flood; twice"
+  echo "| comparison (issue 15) | median | each pass | target |"
+  echo "|---|---:|---|---|"
+  cmp_row "allowed path ÷ floor, req/s (wrk -t2 -c32, 10,000 keys)" allowed "≥ 0.55"
+  cmp_row "flood on one key ÷ floor, req/s" flood "≥ 0.95"
+  cmp_row "allowed path ÷ floor, limiter run with GOGC=400 (a tuning, docs/operations.md)" gogc "–"
+  lat_cmp "client p99 at $LAT_RATE req/s: limiter − floor" $(for pass in 1 2; do awk -v a="$(lfield limiter$pass 2)" -v b="$(lfield floor$pass 2)" 'BEGIN {printf "%d\n", a - b}'; done)
+  lat_cmp "limiter's own decision p99 at $LAT_RATE req/s (its histogram)" $(for pass in 1 2; do echo "${L[own$pass]}" | awk '{print $2}'; done)
+  TARGET="–" lat_cmp "… beside one decision straight on Redis, p99 (bench/storefloor, same pass)" $(lfield decide1 2) $(lfield decide2 2)
+  echo "| local-tier rejection (\`BenchmarkLocalReject\`, 5 × 1 s): min / median ns, min CPU ns, allocs | **$rej_min ns**, $rej_allocs allocs | median $rej_med ns, min ${rej_cpu_min:-?} CPU ns (load $rej_load) | ≤ 100 ns, 0 allocs |"
+  echo
+  echo "### Throughput (\`wrk -t2 -c32 -d${WRK_SECONDS}s --latency\`), floor, allowed, flood, GOGC=400; $PASSES passes"
   echo
   echo "CPU per request is the server process's user + system time over the run (/proc/PID/stat) ÷ requests answered;"
   echo "Redis's is redis-server's over the same run."
   echo
   echo "| pass | run | req/s | ÷ floor | p50 | p99 | server CPU µs/req | Redis CPU µs/req | load |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
-  for pass in 1 2; do
+  for pass in $(seq 1 "$PASSES"); do
     for run in floor allowed flood gogc; do
       f="${T[$run$pass]}"
       desc=$run
