@@ -37,21 +37,14 @@ domains:
 // what the transport costs per decision. The client runs in the same
 // process: profile with -cpuprofile and read the server's frames.
 func BenchmarkGRPCShouldRateLimit(b *testing.B) {
-	p, err := policy.Parse([]byte(grpcBenchPolicy))
-	if err != nil {
-		b.Fatal(err)
-	}
-	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 1<<20), Policy: p})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer lim.Close(context.Background())
+	lim := inProcessLimiter(b)
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(b))
 	// The server's goroutines (started by startGRPC, inheriting its
 	// labels) carry side=server in a CPU profile: `go tool pprof
 	// -tagfocus side=server` shows the server's share without the
 	// client's, which runs in the same process.
 	var stop func(context.Context) error
+	var err error
 	pprof.Do(context.Background(), pprof.Labels("side", "server"), func(context.Context) {
 		stop, err = startGRPC(config{GRPCAddr: addr}, lim, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	})
@@ -92,4 +85,20 @@ func processCPU(tb testing.TB) int64 {
 		tb.Fatal(err)
 	}
 	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+// inProcessLimiter is a Limiter with grpcBenchPolicy over the in-process
+// authority (no store), closed when tb ends.
+func inProcessLimiter(tb testing.TB) *enforcement.Limiter {
+	tb.Helper()
+	p, err := policy.Parse([]byte(grpcBenchPolicy))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 1<<20), Policy: p})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { lim.Close(context.Background()) })
+	return lim
 }

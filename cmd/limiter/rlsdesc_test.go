@@ -10,9 +10,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/internal/testenv"
-	"github.com/ratewarden/ratewarden/policy"
 )
 
 // registerRLS serves what go-control-plane's generated registration
@@ -28,15 +26,7 @@ func TestRegisterRLSServesTheGeneratedMethods(t *testing.T) {
 // Decoded requests are recycled: a call must see its own descriptors
 // only, whatever the call before it on the same server carried.
 func TestRecycledRequestsDoNotLeak(t *testing.T) {
-	p, err := policy.Parse([]byte(grpcBenchPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 1<<20), Policy: p})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lim.Close(context.Background()) })
+	lim := inProcessLimiter(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	stop, err := startGRPC(config{GRPCAddr: addr}, lim, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	if err != nil {
