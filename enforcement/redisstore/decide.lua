@@ -1,8 +1,9 @@
 -- The token-bucket decision (with an optional calendar quota) that both
 -- bucket.lua (one decision per call) and batch.lua (many per call) run: it
--- is prepended to each, after state.lua (the bucket's stored form). Redis runs a script without interleaving any other
--- command, so the read, the decision and the write below are one step: the
--- check-then-act race between replicas cannot happen.
+-- is prepended to each, after state.lua (the bucket's stored form). Redis
+-- runs a script without interleaving any other command, so the read, the
+-- decision and the write below are one step: the check-then-act race between
+-- replicas cannot happen.
 --
 -- bkey     the bucket (state.lua: tokens and µs of the last update)
 -- qkey     quota counter of the current window (same hash tag as bkey)
