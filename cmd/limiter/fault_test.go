@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/testenv"
@@ -346,7 +347,7 @@ func TestFaultStoreClockBehind(t *testing.T) {
 	defer rdb.Close()
 	ctx := context.Background()
 	future := time.Now().Add(time.Hour).UnixMicro()
-	state := redisstore.EncodeBucket(redisstore.BucketState{Tokens: 40, TS: future})
+	state := redisstore.EncodeBucket(enforcement.Bucket{Tokens: 40, TS: future})
 	if err := rdb.Set(ctx, keyslot.BucketKey("rl", "clock", "api"), state, time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}

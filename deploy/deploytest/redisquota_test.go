@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/testenv"
@@ -104,7 +105,7 @@ func TestVolatileTTLEvictsBucketsBeforeQuotaCounters(t *testing.T) {
 			}
 			// Buckets, as the bucket script writes them, until Redis has
 			// evicted well over the memory it has.
-			bucketState := redisstore.EncodeBucket(redisstore.BucketState{Tokens: 17.25, TS: 1764410000123456})
+			bucketState := redisstore.EncodeBucket(enforcement.Bucket{Tokens: 17.25, TS: 1764410000123456})
 			for i := 0; ; i++ {
 				p := rdb.Pipeline()
 				for j := 0; j < 500; j++ {

@@ -64,41 +64,35 @@ func (s *Store) BucketKey(key, scope string) string {
 	return keyslot.BucketKey(s.prefix, key, scope)
 }
 
-// BucketState is a bucket as Redis holds it (state.lua): its tokens at its
-// last update, and that update's time on the store's clock (µs since the
-// epoch). Tokens refill from there; a bucket Redis does not hold is full.
-type BucketState struct {
-	Tokens float64
-	TS     int64
-}
-
-// DecodeBucket reads a bucket's stored value (GET of BucketKey).
-func DecodeBucket(v string) (BucketState, error) {
+// DecodeBucket reads a bucket's stored value (GET of BucketKey, state.lua):
+// its tokens at its last update and that update's time on the store's
+// clock (µs since the epoch). A bucket Redis does not hold is full.
+func DecodeBucket(v string) (enforcement.Bucket, error) {
 	if len(v) != 16 {
-		return BucketState{}, fmt.Errorf("%w: a bucket of %d bytes, want 16", errBadReply, len(v))
+		return enforcement.Bucket{}, fmt.Errorf("%w: a bucket of %d bytes, want 16", errBadReply, len(v))
 	}
-	return BucketState{Tokens: math.Float64frombits(le64(v)), TS: int64(math.Float64frombits(le64(v[8:])))}, nil
+	return enforcement.Bucket{Tokens: math.Float64frombits(le64(v)), TS: int64(math.Float64frombits(le64(v[8:])))}, nil
 }
 
 // ReadBucket is the bucket Redis holds under bucketKey (BucketKey); found
 // is false when it holds none (a full bucket).
-func ReadBucket(ctx context.Context, rdb redis.StringCmdable, bucketKey string) (b BucketState, found bool, err error) {
+func ReadBucket(ctx context.Context, rdb redis.StringCmdable, bucketKey string) (b enforcement.Bucket, found bool, err error) {
 	v, err := rdb.Get(ctx, bucketKey).Result()
 	if errors.Is(err, redis.Nil) {
-		return BucketState{}, false, nil
+		return enforcement.Bucket{}, false, nil
 	}
 	if err == nil {
 		b, err = DecodeBucket(v)
 	}
 	if err != nil {
-		return BucketState{}, false, fmt.Errorf("read bucket %q: %w", bucketKey, err)
+		return enforcement.Bucket{}, false, fmt.Errorf("read bucket %q: %w", bucketKey, err)
 	}
 	return b, true, nil
 }
 
 // EncodeBucket is the stored value of b, as the scripts write it (tools and
 // tests that set a bucket's state by hand).
-func EncodeBucket(b BucketState) string {
+func EncodeBucket(b enforcement.Bucket) string {
 	out := binary.LittleEndian.AppendUint64(nil, math.Float64bits(b.Tokens))
 	return string(binary.LittleEndian.AppendUint64(out, math.Float64bits(float64(b.TS))))
 }

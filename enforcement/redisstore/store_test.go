@@ -265,7 +265,7 @@ func TestStoredBucketIsReadInGo(t *testing.T) {
 	}
 
 	// A state written by hand is the one the script starts from.
-	set := redisstore.BucketState{Tokens: 2.5, TS: b.TS}
+	set := enforcement.Bucket{Tokens: 2.5, TS: b.TS}
 	if got, err := redisstore.DecodeBucket(redisstore.EncodeBucket(set)); err != nil || got != set {
 		t.Fatalf("DecodeBucket(EncodeBucket(%+v)) = %+v, %v", set, got, err)
 	}
