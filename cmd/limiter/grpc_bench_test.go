@@ -15,21 +15,9 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
 	"github.com/ratewarden/ratewarden/internal/testenv"
-	"github.com/ratewarden/ratewarden/policy"
 )
-
-const grpcBenchPolicy = `
-version: 1
-default_tier: bulk
-tiers:
-  bulk:  { rate: 1000000, burst: 1000000 }
-domains:
-  bench:
-    descriptors:
-      - { match: [key], key: "{key}", scope: "api" }
-`
 
 // BenchmarkGRPCShouldRateLimit is the whole gRPC front door (the server
 // startGRPC builds, its interceptors, the codec, the service) over loopback
@@ -37,7 +25,7 @@ domains:
 // what the transport costs per decision. The client runs in the same
 // process: profile with -cpuprofile and read the server's frames.
 func BenchmarkGRPCShouldRateLimit(b *testing.B) {
-	lim := inProcessLimiter(b)
+	lim := envoyrlstest.Limiter(b, envoyrlstest.BenchPolicy)
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(b))
 	// The server's goroutines (started by startGRPC, inheriting its
 	// labels) carry side=server in a CPU profile: `go tool pprof
@@ -85,20 +73,4 @@ func processCPU(tb testing.TB) int64 {
 		tb.Fatal(err)
 	}
 	return ru.Utime.Nano() + ru.Stime.Nano()
-}
-
-// inProcessLimiter is a Limiter with grpcBenchPolicy over the in-process
-// authority (no store), closed when tb ends.
-func inProcessLimiter(tb testing.TB) *enforcement.Limiter {
-	tb.Helper()
-	p, err := policy.Parse([]byte(grpcBenchPolicy))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 1<<20), Policy: p})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { lim.Close(context.Background()) })
-	return lim
 }

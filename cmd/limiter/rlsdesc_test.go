@@ -10,6 +10,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
@@ -26,7 +27,7 @@ func TestRegisterRLSServesTheGeneratedMethods(t *testing.T) {
 // Decoded requests are recycled: a call must see its own descriptors
 // only, whatever the call before it on the same server carried.
 func TestRecycledRequestsDoNotLeak(t *testing.T) {
-	lim := inProcessLimiter(t)
+	lim := envoyrlstest.Limiter(t, envoyrlstest.BenchPolicy)
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	stop, err := startGRPC(config{GRPCAddr: addr}, lim, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	if err != nil {

@@ -10,37 +10,13 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls"
-	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
 )
-
-const benchPolicy = `
-version: 1
-default_tier: bulk
-tiers:
-  bulk:  { rate: 1000000, burst: 1000000 }
-domains:
-  bench:
-    descriptors:
-      - { match: [key], key: "{key}", scope: "api" }
-`
-
-func newLimiter(tb testing.TB, src string) *enforcement.Limiter {
-	p, err := policy.Parse([]byte(src))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 1<<20), Policy: p})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { lim.Close(context.Background()) })
-	return lim
-}
 
 // BenchmarkShouldRateLimit is the service's own cost over Limiter.Check
 // (in-process authority, no transport): compare with BenchmarkCheck.
 func BenchmarkShouldRateLimit(b *testing.B) {
-	lim := newLimiter(b, benchPolicy)
+	lim := envoyrlstest.Limiter(b, envoyrlstest.BenchPolicy)
 	svc := envoyrls.New(lim, nil)
 	reqs := make([]*rlsv3.RateLimitRequest, 10000)
 	for i := range reqs {
@@ -57,7 +33,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 }
 
 func BenchmarkCheck(b *testing.B) {
-	lim := newLimiter(b, benchPolicy)
+	lim := envoyrlstest.Limiter(b, envoyrlstest.BenchPolicy)
 	keys := make([]string, 10000)
 	for i := range keys {
 		keys[i] = "acct_" + strconv.Itoa(i)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls"
+	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
 )
 
 const unitPolicy = `
@@ -52,7 +53,7 @@ func d(kv ...string) *ratelimitv3.RateLimitDescriptor {
 }
 
 func TestMultiDescriptorStopsAtTheFirstRejection(t *testing.T) {
-	lim := newLimiter(t, unitPolicy)
+	lim := envoyrlstest.Limiter(t, unitPolicy)
 	c := counter{}
 	svc := envoyrls.New(lim, c)
 	call(t, svc, d("k", "a"))
@@ -80,7 +81,7 @@ func TestMultiDescriptorStopsAtTheFirstRejection(t *testing.T) {
 }
 
 func TestDryRunAnswersOK(t *testing.T) {
-	lim := newLimiter(t, unitPolicy)
+	lim := envoyrlstest.Limiter(t, unitPolicy)
 	c := counter{}
 	svc := envoyrls.New(lim, c)
 	for i := 0; i < 3; i++ {
@@ -95,7 +96,7 @@ func TestDryRunAnswersOK(t *testing.T) {
 }
 
 func TestQuotaBindsInCurrentLimit(t *testing.T) {
-	lim := newLimiter(t, unitPolicy)
+	lim := envoyrlstest.Limiter(t, unitPolicy)
 	svc := envoyrls.New(lim, nil)
 	resp := call(t, svc, d("k", "q"))
 	cl := resp.Statuses[0].CurrentLimit
@@ -117,7 +118,7 @@ func TestQuotaBindsInCurrentLimit(t *testing.T) {
 // may be shared between descriptors), the same as the descriptor alone
 // would get.
 func TestSeveralDescriptorsEachTheirOwnStatus(t *testing.T) {
-	svc := envoyrls.New(newLimiter(t, unitPolicy), nil)
+	svc := envoyrls.New(envoyrlstest.Limiter(t, unitPolicy), nil)
 	resp := call(t, svc, d("k", "x"), d("k", "q"), d("k", "y"))
 	if resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.Statuses) != 3 {
 		t.Fatalf("%v", resp)
@@ -159,7 +160,7 @@ func TestSeveralDescriptorsEachTheirOwnStatus(t *testing.T) {
 // Limiter.Check: the answer and its numbers' string (an allocation count,
 // not a time: it does not depend on the machine).
 func TestShouldRateLimitAllocations(t *testing.T) {
-	svc := envoyrls.New(newLimiter(t, unitPolicy), nil)
+	svc := envoyrls.New(envoyrlstest.Limiter(t, unitPolicy), nil)
 	req := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{d("k", "q")}}
 	allocs := testing.AllocsPerRun(100, func() {
 		if _, err := svc.ShouldRateLimit(context.Background(), req); err != nil {

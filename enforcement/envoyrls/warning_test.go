@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls"
+	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
 )
 
 // The soft-limit warning reaches an Envoy caller as it reaches an HTTP one:
@@ -19,7 +20,7 @@ domains:
     descriptors:
       - { match: [k], key: "{k}", scope: "s" }
 `
-	svc := envoyrls.New(newLimiter(t, y), counter{})
+	svc := envoyrls.New(envoyrlstest.Limiter(t, y), counter{})
 	for i, want := range []string{"", "", "soft-limit"} { // 25%, 50%, 75% used of a 60% soft limit
 		resp := call(t, svc, d("k", "x"))
 		got := ""
