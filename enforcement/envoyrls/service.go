@@ -24,7 +24,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -57,13 +56,6 @@ const (
 type Limiter interface {
 	Check(ctx context.Context, req enforcement.Request) (enforcement.Decision, error)
 	Policy() enforcement.Policy
-}
-
-// Mapper maps descriptors to keys and scopes and resolves limits;
-// *policy.Policy is one. A policy that is not a Mapper knows no domain.
-type Mapper interface {
-	MapDescriptor(domain string, entries []policy.Entry) (policy.Mapped, policy.MapResult)
-	Resolve(key, scope, tier string) (limits.Resolved, error)
 }
 
 // Result is what became of one descriptor, for metrics.
@@ -140,7 +132,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	case len(descs) > MaxDescriptors:
 		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors, at most %d", len(descs), MaxDescriptors)
 	}
-	mapper, _ := s.lim.Policy().(Mapper)
+	// The policy language's domains map descriptors to keys and scopes; a
+	// policy of another kind knows no domain.
+	mapper, _ := s.lim.Policy().(*policy.Policy)
 
 	// Everything is validated and mapped before anything is spent: an
 	// invalid descriptor refuses the whole request with nothing spent.
@@ -249,7 +243,7 @@ func (s *Service) observe(domain string, r Result) {
 }
 
 // planOf validates and maps one descriptor.
-func planOf(mapper Mapper, domain string, requestHits uint32, d *ratelimitv3.RateLimitDescriptor, buf []policy.Entry) (plan, error) {
+func planOf(mapper *policy.Policy, domain string, requestHits uint32, d *ratelimitv3.RateLimitDescriptor, buf []policy.Entry) (plan, error) {
 	es := d.GetEntries()
 	switch {
 	case len(es) == 0:
@@ -286,14 +280,9 @@ func planOf(mapper Mapper, domain string, requestHits uint32, d *ratelimitv3.Rat
 		p.result = policy.MapUnknownDomain
 		return p, nil
 	}
-	if pol, ok := mapper.(*policy.Policy); ok {
-		// Called on the concrete type, the entries (the caller's stack
-		// buffer) do not escape; through the interface they would, an
-		// allocation per call.
-		p.mapped, p.result = pol.MapDescriptor(domain, entries)
-	} else {
-		p.mapped, p.result = mapper.MapDescriptor(domain, slices.Clone(entries))
-	}
+	// On the concrete type the entries (the caller's stack buffer) do not
+	// escape; through an interface they would, an allocation per call.
+	p.mapped, p.result = mapper.MapDescriptor(domain, entries)
 	if p.result != policy.MapOK {
 		return p, nil
 	}
@@ -314,7 +303,7 @@ func planOf(mapper Mapper, domain string, requestHits uint32, d *ratelimitv3.Rat
 // it binds (the decision reports the quota's limit), else the bucket's
 // sustained rate in the smallest unit in which it is a whole number.
 // out is where to write it (the answer's own storage).
-func currentLimit(mapper Mapper, m policy.Mapped, d enforcement.Decision, out *rlsv3.RateLimitResponse_RateLimit) *rlsv3.RateLimitResponse_RateLimit {
+func currentLimit(mapper *policy.Policy, m policy.Mapped, d enforcement.Decision, out *rlsv3.RateLimitResponse_RateLimit) *rlsv3.RateLimitResponse_RateLimit {
 	res, err := mapper.Resolve(m.Key, m.Scope, m.Tier)
 	if err != nil {
 		return nil
