@@ -8,8 +8,8 @@
 # latency at a fixed rate (open model), interleaved floor, limiter, floor,
 # limiter: client-side p50/p99/p99.9 for both and the limiter's own decision
 # latency from its histogram, beside its own yardstick measured in the same
-# pass (bench/storefloor: a Redis PING and one decision straight on Redis). Prints one table of ratios and writes the
-# section "## /check against the HTTP floor" of BENCHMARKS.md (replacing the
+# pass (loadgen -redis: one decision straight on Redis, no HTTP, guard or
+# pipeline). Prints one table of ratios and writes the section "## /check against the HTTP floor" of BENCHMARKS.md (replacing the
 # previous one; other sections are left alone). Starts its own redis-server,
 # limiter and floor processes on free loopback ports.
 #
@@ -33,7 +33,7 @@ mkdir -p "$OUT/bin"
 source bench/lib.sh
 require_tools redis-server redis-cli wrk curl
 echo "bench: building into $OUT/bin" >&2
-$GO build -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/barejson ./bench/storefloor
+$GO build -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/barejson
 
 load() { cut -d' ' -f1 /proc/loadavg; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -126,20 +126,19 @@ lat_run() { # name url -> "p50 p99 p999 dropped errors load"
     for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
     print v["p50"], v["p99"], v["p999"], v["dropped"], v["errors"], l }' "$OUT/$1.txt"
 }
-store_run() { # op -> "p50 p99 p999 errors load": bench/storefloor, the store's own floor
+store_run() { # -> "p50 p99 p999 dropped errors load": loadgen in process, the decision straight on Redis
   local l
   l=$(load)
-  "$OUT/bin/storefloor" -redis "127.0.0.1:$RPORT" -op "$1" -rate "$LAT_RATE" -duration "${LAT_SECONDS}s" -conns 32 -keys 10000 \
-    >"$OUT/store-$1-$pass.txt"
-  awk -v l="$l" '/^storefloor / {
+  "$OUT/bin/loadgen" -redis "127.0.0.1:$RPORT" -rate "$LAT_RATE" -duration "${LAT_SECONDS}s" -conns 32 -keys 10000 \
+    -dist uniform -limit-rate 1000000 -limit-burst 1000000 -label "store$pass" >"$OUT/store$pass.txt"
+  awk -v l="$l" '/^  summary / {
     for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
-    print v["p50"], v["p99"], v["p999"], v["errors"], l }' "$OUT/store-$1-$pass.txt"
+    print v["p50"], v["p99"], v["p999"], v["dropped"], v["errors"], l }' "$OUT/store$pass.txt"
 }
 declare -A L
 for pass in 1 2; do
-  echo "bench: pass $pass: latency at $LAT_RATE req/s (${LAT_SECONDS}s each): Redis PING, one decision straight on Redis, floor, limiter" >&2
-  L[ping$pass]=$(store_run ping)
-  L[decide$pass]=$(store_run decide)
+  echo "bench: pass $pass: latency at $LAT_RATE req/s (${LAT_SECONDS}s each): one decision straight on Redis, floor, limiter" >&2
+  L[decide$pass]=$(store_run)
   L[floor$pass]=$(lat_run "lat-floor$pass" "http://127.0.0.1:$FPORT/check")
   hist >"$OUT/hist-before$pass"
   L[limiter$pass]=$(lat_run "lat-limiter$pass" "http://127.0.0.1:$LPORT/check")
@@ -197,7 +196,7 @@ S="$OUT/section.md"
   cmp_row "allowed path ÷ floor, limiter run with GOGC=400 (a tuning, docs/operations.md)" gogc "–"
   lat_cmp "client p99 at $LAT_RATE req/s: limiter − floor" $(for pass in 1 2; do awk -v a="$(lfield limiter$pass 2)" -v b="$(lfield floor$pass 2)" 'BEGIN {printf "%d\n", a - b}'; done)
   lat_cmp "limiter's own decision p99 at $LAT_RATE req/s (its histogram)" $(for pass in 1 2; do echo "${L[own$pass]}" | awk '{print $2}'; done)
-  TARGET="–" lat_cmp "… beside one decision straight on Redis, p99 (bench/storefloor, same pass)" $(lfield decide1 2) $(lfield decide2 2)
+  TARGET="–" lat_cmp "… beside one decision straight on Redis, p99 (loadgen -redis, same pass)" $(lfield decide1 2) $(lfield decide2 2)
   echo "| local-tier rejection (\`BenchmarkLocalReject\`, 5 × 1 s): min / median ns, min CPU ns, allocs | **$rej_min ns**, $rej_allocs allocs | median $rej_med ns, min ${rej_cpu_min:-?} CPU ns (load $rej_load) | ≤ 100 ns, 0 allocs |"
   echo
   echo "### Throughput (\`wrk -t2 -c32 -d${WRK_SECONDS}s --latency\`), floor, allowed, flood, GOGC=400; $PASSES passes"
@@ -229,20 +228,18 @@ S="$OUT/section.md"
   echo "latency from when each request was due (so a request the load tool or the machine held up counts as late), HDR"
   echo "histogram. The limiter's own latency is its \`limiter_decision_duration_seconds\` histogram over the same run (decision"
   echo "start to verdict, excluding HTTP and the client's scheduling), quantiles interpolated within its buckets (25, 50, 100,"
-  echo "250, 500, 750 µs, 1, 1.5, 2, 2.5, 5 ms …) as \`histogram_quantile\` does. The two store rows are the yardstick of the"
-  echo "limiter's own latency, as the floor is of the client's: \`bench/storefloor\` at the same rate from one Go process, with"
-  echo "nothing of the limiter around the call, timing each call from its start to its reply (the span the limiter's histogram"
-  echo "covers): a PING through go-redis, and one decision through \`redisstore.Store\` (one EVALSHA of the bucket script in the"
-  echo "calling goroutine, 10,000 keys). What lies between the decision row and the limiter's own is the limiter's work and"
-  echo "its goroutine hand-offs."
+  echo "250, 500, 750 µs, 1, 1.5, 2, 2.5, 5 ms …) as \`histogram_quantile\` does. The store row is the yardstick of the"
+  echo "limiter's own latency, as the floor is of the client's: \`loadgen -redis <redis> -rate $LAT_RATE -conns 32 -keys 10000"
+  echo "-limit-rate 1000000 -limit-burst 1000000\`, the enforcement core in the load tool's process over \`redisstore.Store\` (one"
+  echo "EVALSHA of the bucket script in the calling goroutine; no HTTP, guard or pipeline), each decision timed from its start"
+  echo "to its verdict, the span the limiter's histogram covers. What lies between that row and the limiter's own is the"
+  echo "limiter's HTTP work on the same cores, its guard and its goroutine hand-offs."
   echo
   echo "| pass | server | client p50 µs | client p99 µs | client p99.9 µs | own p50 µs | own p99 µs | own p99.9 µs | dropped / errors | load |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
   for pass in 1 2; do
-    f="${L[ping$pass]}"
-    echo "| $pass | Redis PING (bench/storefloor -op ping) | – | – | – | $(echo "$f" | awk '{print $1 " | " $2 " | " $3 " | – / " $4 " | " $5}') |"
     f="${L[decide$pass]}"
-    echo "| $pass | one decision straight on Redis (bench/storefloor -op decide) | – | – | – | $(echo "$f" | awk '{print $1 " | " $2 " | " $3 " | – / " $4 " | " $5}') |"
+    echo "| $pass | one decision straight on Redis (loadgen -redis) | – | – | – | $(echo "$f" | awk '{print $1 " | " $2 " | " $3 " | " $4 " / " $5 " | " $6}') |"
     f="${L[floor$pass]}"
     echo "| $pass | floor | $(echo "$f" | awk '{print $1 " | " $2 " | " $3}') | – | – | – | $(echo "$f" | awk '{print $4 " / " $5 " | " $6}') |"
     f="${L[limiter$pass]}"
