@@ -26,6 +26,7 @@ type config struct {
 	InstanceID        string
 
 	StoreTimeout    time.Duration
+	StoreInFlight   int // LIMITER_STORE_BATCHES_IN_FLIGHT: batches on the wire at once; 0 = redisstore's default
 	BreakerFailures int
 	BreakerOpenFor  time.Duration
 	LocalHeadroom   float64
@@ -67,6 +68,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		AuthToken:         strings.TrimSpace(e.Secret("LIMITER_AUTH_TOKEN")),
 		InstanceID:        e.String("LIMITER_INSTANCE_ID", fmt.Sprintf("%s-%d", host, os.Getpid())),
 		StoreTimeout:      e.Duration("LIMITER_STORE_TIMEOUT", 5*ms, 100*time.Microsecond, 10*s),
+		StoreInFlight:     int(e.Int("LIMITER_STORE_BATCHES_IN_FLIGHT", 0, 0, 64)),
 		BreakerFailures:   int(e.Int("LIMITER_BREAKER_FAILURES", 5, 1, 1000000)),
 		BreakerOpenFor:    e.Duration("LIMITER_BREAKER_OPEN_FOR", s, 10*ms, 10*time.Minute),
 		LocalHeadroom:     e.Float("LIMITER_LOCAL_HEADROOM", 2),

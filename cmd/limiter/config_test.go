@@ -13,23 +13,24 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Addr != "127.0.0.1:8080" || c.PolicyFile != "deploy/policy.yaml" || c.KafkaTopic != "ratelimit.decisions" ||
-		c.ExpectedInstances != 1 || len(c.Redis.Addrs) != 0 || len(c.KafkaBrokers) != 0 || c.GCHeadroomMiB != 64 {
+		c.ExpectedInstances != 1 || len(c.Redis.Addrs) != 0 || len(c.KafkaBrokers) != 0 || c.GCHeadroomMiB != 64 || c.StoreInFlight != 0 {
 		t.Fatalf("defaults: %+v", c)
 	}
 }
 
 func TestConfigReportsEveryBadVariable(t *testing.T) {
 	env := map[string]string{
-		"LIMITER_EXPECTED_INSTANCES": "zero",
-		"LIMITER_STORE_TIMEOUT":      "-5ms",
-		"LIMITER_DEGRADED_MAX_RATE":  "10",
-		"REDIS_ADDRS":                "10.0.0.1:6379, 10.0.0.2:6379",
+		"LIMITER_EXPECTED_INSTANCES":      "zero",
+		"LIMITER_STORE_TIMEOUT":           "-5ms",
+		"LIMITER_STORE_BATCHES_IN_FLIGHT": "65",
+		"LIMITER_DEGRADED_MAX_RATE":       "10",
+		"REDIS_ADDRS":                     "10.0.0.1:6379, 10.0.0.2:6379",
 	}
 	c, err := loadConfig(func(k string) string { return env[k] })
 	if err == nil {
 		t.Fatal("bad configuration accepted")
 	}
-	for _, name := range []string{"LIMITER_EXPECTED_INSTANCES", "LIMITER_STORE_TIMEOUT", "LIMITER_DEGRADED_MAX_RATE"} {
+	for _, name := range []string{"LIMITER_EXPECTED_INSTANCES", "LIMITER_STORE_TIMEOUT", "LIMITER_STORE_BATCHES_IN_FLIGHT", "LIMITER_DEGRADED_MAX_RATE"} {
 		if !strings.Contains(err.Error(), name) {
 			t.Errorf("error does not name %s: %v", name, err)
 		}

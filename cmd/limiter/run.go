@@ -243,7 +243,7 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 	a.rdb = rdb
 	// A pipeline never outlives a decision's deadline: a worker stuck on a
 	// dead Cluster master must not hold up the decisions of live ones.
-	pipelined := redisstore.NewPipelined(rdb, cfg.Redis.KeyPrefix, redisstore.PipelineConfig{Timeout: cfg.StoreTimeout})
+	pipelined := redisstore.NewPipelined(rdb, cfg.Redis.KeyPrefix, redisstore.PipelineConfig{Timeout: cfg.StoreTimeout, Workers: cfg.StoreInFlight})
 	store := pipelined.Store()
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()

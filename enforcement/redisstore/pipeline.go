@@ -159,7 +159,7 @@ func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipeli
 // stress-ng. What one batch on the wire gives up is overlap with the
 // network: over a link whose round trip is long next to Redis's time per
 // batch, a decision may wait up to one round trip for the batch ahead of
-// it; raise Workers there.
+// it; raise Workers there (cmd/limiter: LIMITER_STORE_BATCHES_IN_FLIGHT).
 //
 // Over a Cluster, four: a batch is a pipeline split by node and waits for
 // its slowest node, so one worker would put every master behind the
