@@ -95,8 +95,10 @@ type tuner struct {
 	set     int // the GOGC last set
 }
 
-// sentinel is the object whose finalizer marks the end of a cycle.
-type sentinel struct{ _ [16]byte } // not a zero-size object: those are never collected
+// sentinel is the object whose finalizer marks the end of a cycle. It
+// holds a pointer, so the allocator never batches it with other small
+// objects (a finalizer there may never run) and it is never zero-size.
+type sentinel struct{ t *tuner }
 
 // cycle tunes for the collection that just ended and arms the hook for the
 // next one.
@@ -110,5 +112,5 @@ func (t *tuner) cycle() {
 		debug.SetGCPercent(p)
 		t.set = p
 	}
-	runtime.SetFinalizer(&sentinel{}, func(*sentinel) { t.cycle() })
+	runtime.SetFinalizer(&sentinel{t}, func(s *sentinel) { s.t.cycle() })
 }
