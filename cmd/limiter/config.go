@@ -39,7 +39,6 @@ type config struct {
 	LeaseHotOps     float64       // decisions per second that make a key hot
 	LeaseMaxHold    time.Duration // leased tokens unused this long go back
 	FleetHeartbeat  time.Duration // period of the fleet heartbeat (live instance count)
-	GCHeadroomMiB   int           // LIMITER_GC_HEADROOM_MIB: allocation between collections (internal/gcheadroom); 0 = Go's own GOGC
 	Shadow          shadowConfig  // shadow limits beside enforcement (shadow.go)
 
 	// ListenTLS is the certificate of the HTTP and gRPC listeners
@@ -81,7 +80,6 @@ func loadConfig(getenv func(string) string) (config, error) {
 		LeaseHotOps:       e.Float("LIMITER_LEASE_HOT_OPS", 500),
 		LeaseMaxHold:      e.Duration("LIMITER_LEASE_MAX_HOLD", s, 10*ms, time.Hour),
 		FleetHeartbeat:    e.Duration("LIMITER_FLEET_HEARTBEAT", 2*s, 10*ms, time.Minute),
-		GCHeadroomMiB:     int(e.Int("LIMITER_GC_HEADROOM_MIB", 64, 0, 1<<20)),
 	}
 	c.Shadow = shadowConfigFrom(e, c.StoreTimeout)
 	e.HostPort("LIMITER_ADDR", c.Addr)

@@ -13,7 +13,7 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Addr != "127.0.0.1:8080" || c.PolicyFile != "deploy/policy.yaml" || c.KafkaTopic != "ratelimit.decisions" ||
-		c.ExpectedInstances != 1 || len(c.Redis.Addrs) != 0 || len(c.KafkaBrokers) != 0 || c.GCHeadroomMiB != 64 || c.StoreInFlight != 0 {
+		c.ExpectedInstances != 1 || len(c.Redis.Addrs) != 0 || len(c.KafkaBrokers) != 0 || c.StoreInFlight != 0 {
 		t.Fatalf("defaults: %+v", c)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -30,7 +29,6 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/enforcement/shardguard"
 	"github.com/ratewarden/ratewarden/enforcement/split"
-	"github.com/ratewarden/ratewarden/internal/gcheadroom"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/policy"
 )
@@ -41,8 +39,6 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := limitmetrics.New(reg)
-	stopGC := startGCHeadroom(cfg.GCHeadroomMiB, os.Getenv("GOGC"), log)
-	defer stopGC()
 
 	pol, err := policy.Load(cfg.PolicyFile)
 	if err != nil {
@@ -538,22 +534,4 @@ func adminOnly(token string, next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// startGCHeadroom keeps at least headroomMiB of allocation between two
-// garbage collections while the live heap is small (internal/gcheadroom;
-// README, LIMITER_GC_HEADROOM_MIB), unless the operator chose the
-// collector's pace with GOGC. The returned func stops it and restores GOGC.
-func startGCHeadroom(headroomMiB int, gogc string, log *slog.Logger) (stop func()) {
-	if headroomMiB == 0 || gogc != "" {
-		log.Info("garbage collector: Go's own pacing", "GOGC", gogc, "LIMITER_GC_HEADROOM_MIB", headroomMiB)
-		return func() {}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		gcheadroom.Run(ctx, uint64(headroomMiB)<<20, 100)
-	}()
-	return func() { cancel(); <-done }
 }
