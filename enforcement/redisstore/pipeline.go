@@ -4,11 +4,11 @@ package redisstore
 // Workers goroutines (one over one server: defaultWorkers) each take what
 // is queued (up to MaxBatch, waiting at most MaxDelay for more when fewer
 // than MinBatch are there) and send it as one batch, then hand each caller
-// its verdict. While a batch is on the wire the queue fills, so under load batches grow by
-// themselves and Redis sees few, large writes; a lone decision goes out at
-// once (MaxDelay 0 by default). The decision is the same Lua function as
-// Store's (decide.lua), so decisions are identical; only the transport
-// differs. The workers are owned by the Pipelined store: Close stops them.
+// its verdict. While a batch is on the wire the queue fills, so under load
+// batches grow by themselves and Redis sees few, large writes; a lone
+// decision goes out at once (MaxDelay 0 by default). The decision is the
+// same Lua function as Store's (decide.lua), so decisions are identical;
+// only the transport differs. The workers are owned by the Pipelined store: Close stops them.
 //
 // Over one Redis server (a *redis.Client: standalone or Sentinel) a whole
 // batch is one EVALSHA of batch.lua: Redis parses one command, enters Lua
@@ -154,12 +154,16 @@ func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipeli
 // made batches of 9.7-10.1 decisions instead of 3.2-3.4 with four, Redis
 // spent 11.4-17.8 µs per decision instead of 16.9-26.6 and the limiter
 // 43.8-69.7 instead of 51.6-95.8, each round faster; at 5,000 decisions/s
-// the decision latency was unchanged (2 rounds each), and
-// TestHealthyStoreOnAStarvedMachineNeverFails passed 4 of 4 under
-// stress-ng. What one batch on the wire gives up is overlap with the
-// network: over a link whose round trip is long next to Redis's time per
-// batch, a decision may wait up to one round trip for the batch ahead of
-// it; raise Workers there (cmd/limiter: LIMITER_STORE_BATCHES_IN_FLIGHT).
+// the decision latency was unchanged (2 rounds each). On a starved
+// machine it held too: TestHealthyStoreOnAStarvedMachineNeverFails passed 4
+// of 4 under stress-ng, and TestMeasureDegradedDecisions found no degraded
+// decision with one or with four at a load of 3.6-8.5 (BENCHMARKS.md).
+// What one batch on the wire gives up is overlap: over a link whose round
+// trip is long next to Redis's time per batch, a decision may wait up to
+// one round trip for the batch ahead of it; and with nothing but decisions
+// on the cores (BenchmarkSharedTier, 128 callers in process) four batches
+// answered 0-30% more. Raise Workers there (cmd/limiter:
+// LIMITER_STORE_BATCHES_IN_FLIGHT).
 //
 // Over a Cluster, four: a batch is a pipeline split by node and waits for
 // its slowest node, so one worker would put every master behind the
