@@ -28,10 +28,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/ratewarden/ratewarden/internal/proccpu"
 )
 
 // Config says what to send, how, and for how long.
@@ -177,7 +178,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		conns[i] = c
 	}
-	cpu0 := processCPU()
+	cpu0 := proccpu.Self()
 	start := time.Now()
 	end := start.Add(cfg.Duration)
 	if cfg.Duration <= 0 {
@@ -226,7 +227,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		Errors:   map[string]int64{},
 		Samples:  map[string]string{},
 		Elapsed:  time.Since(start),
-		CPU:      processCPU() - cpu0,
+		CPU:      proccpu.Self() - cpu0,
 		Latency:  newHist(),
 	}
 	for _, name := range cfg.Outcomes {
@@ -283,12 +284,4 @@ func (s *shared) giveBack() {
 
 func newHist() *hdrhistogram.Histogram {
 	return hdrhistogram.New(1, int64(60*time.Second/time.Microsecond), 3)
-}
-
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -7,7 +7,6 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
+	"github.com/ratewarden/ratewarden/internal/proccpu"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
@@ -49,7 +49,7 @@ func BenchmarkGRPCShouldRateLimit(b *testing.B) {
 	b.SetParallelism(16) // 32 callers on 2 cores, as the load tools run
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := processCPU(b)
+	cpu0 := proccpu.Self()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -63,14 +63,5 @@ func BenchmarkGRPCShouldRateLimit(b *testing.B) {
 	})
 	// Wall time per call measures the machine's other work as much as this
 	// code on a shared 2-core box; the process's CPU time per call does not.
-	b.ReportMetric(float64(processCPU(b)-cpu0)/float64(b.N), "cpu-ns/op")
-}
-
-// processCPU is the process's user + system CPU time so far, in ns.
-func processCPU(tb testing.TB) int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
+	b.ReportMetric(float64(proccpu.Self()-cpu0)/float64(b.N), "cpu-ns/op")
 }

@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/proccpu"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/schema"
 )
@@ -65,7 +65,7 @@ rules:
 			a.sample = sample
 			var rows int64
 			var secs float64
-			cpu0 := cpuTime()
+			cpu0 := proccpu.Self()
 			for i := 0; i < b.N; i++ {
 				out, err := runReplay(ctx, a)
 				if err != nil {
@@ -76,16 +76,9 @@ rules:
 			}
 			// The replay's own CPU (this process: decoding, resolution,
 			// buckets), apart from ClickHouse's and from machine load.
-			b.ReportMetric(float64(rows)/(cpuTime()-cpu0).Seconds(), "rows/cpu-s")
+			b.ReportMetric(float64(rows)/(proccpu.Self()-cpu0).Seconds(), "rows/cpu-s")
 			b.ReportMetric(float64(rows)/secs, "rows/s")
 			b.ReportMetric(float64(rows)/float64(b.N), "rows/op")
 		})
 	}
-}
-
-// cpuTime is this process's user + system CPU time so far.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -4,11 +4,11 @@ import (
 	"context"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement/guard"
+	"github.com/ratewarden/ratewarden/internal/proccpu"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
@@ -29,7 +29,7 @@ func BenchmarkGuardedPipelined(b *testing.B) {
 	var n atomic.Int64
 	b.SetParallelism(16)
 	b.ReportAllocs()
-	cpu0 := processCPU(b)
+	cpu0 := proccpu.Self()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		ctx, cancel := context.WithCancel(context.Background()) // as net/http's request context
@@ -42,15 +42,6 @@ func BenchmarkGuardedPipelined(b *testing.B) {
 		}
 	})
 	b.StopTimer()
-	b.ReportMetric(float64(processCPU(b)-cpu0)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(proccpu.Self()-cpu0)/float64(b.N), "cpu-ns/op")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
-}
-
-// processCPU is this process's user + system CPU time so far, in ns.
-func processCPU(b *testing.B) int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
 }

@@ -2,11 +2,11 @@ package replay_test
 
 import (
 	"fmt"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement/replay"
+	"github.com/ratewarden/ratewarden/internal/proccpu"
 	"github.com/ratewarden/ratewarden/policy"
 )
 
@@ -143,7 +143,7 @@ func BenchmarkReplay(b *testing.B) {
 	e := replay.New(replay.Config{Policy: p})
 	b.ReportAllocs()
 	b.ResetTimer()
-	start, cpu0 := time.Now(), cpuTime()
+	start, cpu0 := time.Now(), proccpu.Self()
 	for i := 0; i < b.N; i++ {
 		r := rows[i&(len(rows)-1)]
 		r.TS = t0 + int64(i)/10
@@ -151,11 +151,5 @@ func BenchmarkReplay(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "rows/s")
 	// CPU time: what one core replays, whatever else the machine runs.
-	b.ReportMetric(float64(b.N)/(cpuTime()-cpu0).Seconds(), "rows/cpu-s")
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	b.ReportMetric(float64(b.N)/(proccpu.Self()-cpu0).Seconds(), "rows/cpu-s")
 }

@@ -8,10 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratewarden/ratewarden/internal/kafkadev"
+	"github.com/ratewarden/ratewarden/internal/proccpu"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/chsink"
@@ -174,11 +172,12 @@ func BenchmarkEndToEnd(b *testing.B) {
 	chCPU := func() float64 {
 		var s float64
 		for _, pid := range chPids {
-			s += procCPU(pid)
+			c, _ := proccpu.Of(pid) // 0 for a process that is gone
+			s += c.Seconds()
 		}
 		return s
 	}
-	goCPU0, chCPU0 := selfCPU(), chCPU()
+	goCPU0, chCPU0 := proccpu.Self().Seconds(), chCPU()
 
 	b.ResetTimer()
 	start := time.Now()
@@ -226,7 +225,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	b.ReportMetric(lags[len(lags)-1], "lag-max-s")
 	b.ReportMetric(float64(em.Dropped()), "dropped")
 	delivered := float64(uint64(b.N) - em.Dropped())
-	b.ReportMetric((selfCPU()-goCPU0)/delivered*1e6, "go-cpu-s/Mevent")
+	b.ReportMetric((proccpu.Self().Seconds()-goCPU0)/delivered*1e6, "go-cpu-s/Mevent")
 	b.ReportMetric((chCPU()-chCPU0)/delivered*1e6, "ch-cpu-s/Mevent")
 
 	// The rollups hold every event exactly once: never more, and all of
@@ -256,35 +255,6 @@ func BenchmarkEndToEnd(b *testing.B) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-// selfCPU is this process's user + system CPU time in seconds.
-func selfCPU() float64 {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-}
-
-// procCPU is process pid's user + system CPU time in seconds (0 when it
-// cannot be read), from /proc/pid/stat (fields 14 and 15, in clock ticks
-// of 1/100 s on Linux).
-func procCPU(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')') // the command name may hold spaces
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (u + st) / 100
 }
 
 func gatherCounter(reg *prometheus.Registry, name string) float64 {
