@@ -83,7 +83,7 @@ st_rb=$(awk '/SharedTier\/redis-benchmark/ {for (i=1;i<=NF;i++) if ($(i+1)=="dec
   echo "### Shared tier from one process, no HTTP (target: ≥ 70% of redis-benchmark -P 16)"
   echo
   echo '`go test -run XXX -bench SharedTier -benchtime 200000x ./enforcement/redisstore/` — 128 goroutines, 10,000 keys, allowed path;'
-  echo 'the redis-benchmark row is `redis-benchmark -P 16 -c 50 -r 10000 EVALSHA <bucket.lua> 2 rb:{__rand_int__}:b:api … 1000000000 1000000000 1 0 0 0` against the same server.'
+  echo 'the redis-benchmark row is `redis-benchmark -P 16 -c 50 -r 10000 EVALSHA <bucket.lua> 2 rb:{__rand_int__}:b2:api … 1000000000 1000000000 1 0 0 0` against the same server.'
   echo
   echo "| shared tier | decisions/s | vs redis-benchmark -P 16 |"
   echo "|---|---:|---:|"

@@ -459,14 +459,14 @@ type policyInfo struct {
 	File    string `json:"file"`
 }
 
+// readinessCauseWait is how long /readyz waits for a fresh diagnosis.
+const readinessCauseWait = 250 * time.Millisecond
+
 // readiness is always 200: a limiter whose shared store is down still
 // serves (degraded), and taking it out of rotation would turn a store
 // outage into a platform outage; the same holds, more so, for a Kafka that
 // refuses the metering credential (enforcement never waits on accounting).
 // The body says which.
-// readinessCauseWait is how long /readyz waits for a fresh diagnosis.
-const readinessCauseWait = 250 * time.Millisecond
-
 func readiness(ctx context.Context, s storeInfo, storeFailing bool, p policyInfo, metering func() (bool, string)) readyBody {
 	b := readyBody{Status: "ok", Store: s.kind, Policy: p}
 	if metering != nil {

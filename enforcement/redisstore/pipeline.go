@@ -8,7 +8,8 @@ package redisstore
 // batches grow by themselves and Redis sees few, large writes; a lone
 // decision goes out at once (MaxDelay 0 by default). The decision is the
 // same Lua function as Store's (decide.lua), so decisions are identical;
-// only the transport differs. The workers are owned by the Pipelined store: Close stops them.
+// only the transport differs. The workers are owned by the Pipelined
+// store: Close stops them.
 //
 // Over one Redis server (a *redis.Client: standalone or Sentinel) a whole
 // batch is one EVALSHA of batch.lua: Redis parses one command, enters Lua

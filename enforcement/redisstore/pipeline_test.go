@@ -1,10 +1,8 @@
 package redisstore_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -18,7 +16,9 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/authoritytest"
+	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/internal/proccpu"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
@@ -192,10 +192,10 @@ func redisCPU(b *testing.B, r *testenv.Redis) func() {
 	if err := c.ConfigResetStat(context.Background()).Err(); err != nil {
 		b.Fatal(err)
 	}
-	cpu0 := processCPU(b, r.Process().Pid())
+	cpu0 := processCPU(b, r)
 	return func() {
 		defer c.Close()
-		cpu := processCPU(b, r.Process().Pid()) - cpu0
+		cpu := processCPU(b, r) - cpu0
 		info, err := c.Info(context.Background(), "commandstats").Result()
 		if err != nil {
 			b.Fatal(err)
@@ -215,18 +215,14 @@ func redisCPU(b *testing.B, r *testenv.Redis) func() {
 	}
 }
 
-// processCPU is the user + system CPU time of process pid so far.
-func processCPU(b *testing.B, pid int) time.Duration {
+// processCPU is redis-server's user + system CPU time so far.
+func processCPU(b *testing.B, r *testenv.Redis) time.Duration {
 	b.Helper()
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	cpu, err := proccpu.Of(r.Process().Pid())
 	if err != nil {
 		b.Fatal(err)
 	}
-	// The fields after the command name, which is in parentheses.
-	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
+	return cpu
 }
 
 // RedisBenchmarkScript runs redis-benchmark with pipelining depth p against
@@ -238,7 +234,7 @@ func RedisBenchmarkScript(tb testing.TB, port, n, p int) float64 {
 	if err != nil {
 		tb.Fatalf("script load: %v", err)
 	}
-	key := "rb:{__rand_int__}:b2:api"
+	key := keyslot.BucketKey("rb", "__rand_int__", "api") // redis-benchmark substitutes __rand_int__
 	out, err := exec.Command("redis-benchmark", "-p", strconv.Itoa(port), "-n", strconv.Itoa(n), "-c", "50",
 		"-P", strconv.Itoa(p), "-r", "10000", "--csv",
 		"EVALSHA", strings.TrimSpace(string(sha)), "2", key, key, "1000000000", "1000000000", "1", "0", "0", "0").CombinedOutput()

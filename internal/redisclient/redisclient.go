@@ -265,10 +265,10 @@ func (d *dialer) dial(ctx context.Context, network, addr string) (net.Conn, erro
 
 // Diagnose says in words why Redis does not answer a PING, or "" when it
 // answers. The text names the variables to check and never contains the
-// password. One PING runs at a time, under its own deadline (DiagnoseTimeout,
-// or ctx's when that is later), and its answer serves every call for a second, so that a readiness probe
-// polled hard does not open a connection per poll while Redis refuses
-// them. A call waits for a fresh answer only until ctx ends; a PING that
+// password. One PING runs at a time, under its own deadline
+// (DiagnoseTimeout, or ctx's when that is later), and its answer serves
+// every call for a second, so that a readiness probe polled hard does not
+// open a connection per poll while Redis refuses them. A call waits for a fresh answer only until ctx ends; a PING that
 // takes longer (every Cluster node down: the client retries until its
 // deadline) finishes in the background and answers the next call, so a
 // readiness probe is never as slow as the store it reports on.
@@ -328,8 +328,8 @@ func (d *diagnosis) get(ctx context.Context, probe func(context.Context) string)
 		// The probe's goroutine ends by its own deadline; its answer is
 		// kept whoever still waits for it.
 		deadline := time.Now().Add(DiagnoseTimeout)
-		if d, ok := ctx.Deadline(); ok && d.After(deadline) {
-			deadline = d
+		if ctxDeadline, ok := ctx.Deadline(); ok && ctxDeadline.After(deadline) {
+			deadline = ctxDeadline
 		}
 		go func() {
 			pctx, cancel := context.WithDeadline(context.Background(), deadline)
