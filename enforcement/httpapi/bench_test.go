@@ -10,6 +10,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
+	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
 	"github.com/ratewarden/ratewarden/policy"
 )
 
@@ -94,8 +95,24 @@ func benchAllowed(b *testing.B, h http.Handler) {
 // BenchmarkMiddlewareAllowed: the net/http middleware's cost for an allowed
 // request (headers set on a reused header map, the next handler empty).
 func BenchmarkMiddlewareAllowed(b *testing.B) {
-	g := &httpapi.Guard{Checker: benchLimiter(b), Key: httpapi.HeaderKey("X-API-Key", "key:"),
+	benchMiddleware(b, nil)
+}
+
+func benchMiddleware(b *testing.B, set func(*httpapi.Guard)) {
+	pol, err := policy.Parse([]byte("version: 1\ndefault_tier: free\ntiers:\n  free: { rate: 1000000, burst: 1000000 }\n"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	l, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 1<<16), Policy: pol})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close(context.Background()) })
+	g := &httpapi.Guard{Checker: l, Key: httpapi.HeaderKey("X-API-Key", "key:"),
 		Scope: func(*http.Request) string { return "api:orders" }}
+	if set != nil {
+		set(g)
+	}
 	h := httpapi.Middleware(g)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	reqs := make([]*http.Request, 4096)
 	for i := range reqs {
@@ -108,4 +125,18 @@ func BenchmarkMiddlewareAllowed(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		h.ServeHTTP(w, reqs[i%len(reqs)])
 	}
+}
+
+// BenchmarkMiddlewareAllowedLegacy: the legacy trio only, as before the
+// draft's fields (compare with BenchmarkMiddlewareAllowed, mode both).
+func BenchmarkMiddlewareAllowedLegacy(b *testing.B) {
+	benchMiddleware(b, func(g *httpapi.Guard) { g.Headers = ratelimitheader.Legacy })
+}
+
+// BenchmarkCheckHandlerAllowedNoHeaders: /check without its "headers"
+// object (LIMITER_HEADERS=none), the answer as it was before it.
+func BenchmarkCheckHandlerAllowedNoHeaders(b *testing.B) {
+	h := httpapi.NewCheckHandler(benchLimiter(b), "", nil)
+	h.SetHeaderMode(ratelimitheader.None)
+	benchAllowed(b, h)
 }
