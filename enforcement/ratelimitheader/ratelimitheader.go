@@ -130,7 +130,10 @@ func bucketWindow(b *enforcement.BucketState) int64 {
 	if b.Rate <= 0 || math.IsNaN(b.Rate) {
 		return maxInteger
 	}
-	w := math.Ceil(float64(b.Burst) / b.Rate)
+	// A relative 1e-12 below the quotient first: a refill time that is a
+	// whole number of seconds (burst 3 at 10 a minute) must not round up
+	// to the next one for a last-bit error of the division.
+	w := math.Ceil(float64(b.Burst) / b.Rate * (1 - 1e-12))
 	if w >= maxInteger {
 		return maxInteger
 	}
