@@ -47,10 +47,10 @@ type config struct {
 	ListenTLS *tlsconf.ServerCert
 
 	GRPCAddr          string // the Envoy rate limit service; empty = off
+	GRPCAddrIsDefault bool   // LIMITER_GRPC_ADDR unset: a taken port is a warning, not a failure
 
 	Headers      ratelimitheader.Mode // LIMITER_HEADERS: the fields of /check's "headers" object
 	EnvoyHeaders ratelimitheader.Mode // LIMITER_ENVOY_HEADERS: the Envoy answers' response_headers_to_add
-	GRPCAddrIsDefault bool   // LIMITER_GRPC_ADDR unset: a taken port is a warning, not a failure
 }
 
 // loadConfig reads the environment; every problem is reported at once, each
