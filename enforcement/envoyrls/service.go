@@ -374,9 +374,11 @@ type answer struct {
 	moreDurs []durationpb.Duration
 }
 
-// maxHeaders is what headers adds at most: six legacy RateLimit headers,
-// the draft's two, retry-after and the soft-limit warning.
-const maxHeaders = 10
+// maxHeaders is what headers adds at most in the answer's own arrays: six
+// legacy RateLimit headers, retry-after and the soft-limit warning. Mode
+// Both adds the draft's two and takes its arrays from the heap instead, so
+// that the default answer stays the size it was.
+const maxHeaders = 8
 
 func newAnswer(n int) *answer {
 	a := &answer{}
@@ -443,7 +445,10 @@ func (a *answer) headers(d *enforcement.Decision, now time.Time, warn bool, mode
 	}
 	vals := string(b)
 	limit, remaining, reset := vals[:nLimit], vals[nLimit:nRemaining], vals[nRemaining:nReset]
-	hv := a.header[:0]
+	hv, ptrs := a.header[:0], a.headerP[:]
+	if mode == ratelimitheader.Both {
+		hv, ptrs = make([]corev3.HeaderValue, 0, maxHeaders+2), make([]*corev3.HeaderValue, maxHeaders+2)
+	}
 	if mode.LegacyFields() {
 		hv = append(hv,
 			corev3.HeaderValue{Key: "x-ratelimit-limit", Value: limit},
@@ -466,9 +471,9 @@ func (a *answer) headers(d *enforcement.Decision, now time.Time, warn bool, mode
 	if warn {
 		hv = append(hv, corev3.HeaderValue{Key: warningHeader, Value: httpapi.SoftLimitWarning})
 	}
-	out := a.headerP[:len(hv)]
+	out := ptrs[:len(hv)]
 	for i := range hv {
-		out[i] = &a.header[i]
+		out[i] = &hv[i]
 	}
 	return out
 }
