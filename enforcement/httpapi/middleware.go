@@ -57,13 +57,6 @@ func AddressKey(p *Proxies) KeyFunc {
 // every response and answers a rejection with 429. It is safe for concurrent
 // use; Middleware and the gin adapter are thin wrappers around Allow.
 type Guard struct {
-	// Headers selects the rate-limit header fields (default Both: the
-	// legacy RateLimit-Limit/-Remaining/-Reset trio and the IETF draft's
-	// RateLimit-Policy and RateLimit). With Legacy, a 429 is answered as
-	// before (application/json, the error object only); otherwise as the
-	// draft's quota-exceeded problem (application/problem+json), which
-	// carries the same error object.
-	Headers ratelimitheader.Mode
 	Checker Checker
 	// Key extracts the rate-limit key. Required.
 	Key KeyFunc
@@ -74,6 +67,13 @@ type Guard struct {
 	Cost func(r *http.Request) (cost int64, ok bool)
 	// Log receives errors (default: discarded).
 	Log *slog.Logger
+	// Headers selects the rate-limit header fields (default Both: the
+	// legacy RateLimit-Limit/-Remaining/-Reset trio and the IETF draft's
+	// RateLimit-Policy and RateLimit). With Legacy, a 429 is answered as
+	// before (application/json, the error object only); otherwise as the
+	// draft's quota-exceeded problem (application/problem+json), which
+	// carries the same error object.
+	Headers ratelimitheader.Mode
 }
 
 // Allow decides r and writes the headers. It returns false after writing
