@@ -147,17 +147,20 @@ start_limiter "$LPORT2" 2
   echo '`loadgen -url <limiter URLs> -dist D -duration '"${LG_SECONDS}"'s -conns 32 -keys 10000 -redis-stats <redis>` (leasing: LIMITER_LEASE_BLOCK=100);'
   echo 'the Go load tool costs more CPU per request than wrk, so these req/s are lower than the wrk row.'
   echo
-  echo "| distribution | limiter processes | leasing | req/s | p50 µs | p99 µs | Redis scripts/s | hottest key share |"
-  echo "|---|---:|---|---:|---:|---:|---:|---:|"
+  echo "| distribution | leasing | 1 limiter: req/s | p50 µs | p99 µs | Redis scripts/s | 2 limiters: req/s | p50 µs | p99 µs | Redis scripts/s | hottest key share (1 / 2) |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 } >>"$S"
 if grep -q LIMITER_LEASE "$OUT/bin/limiter"; then LEASE_WIRED=1; else LEASE_WIRED=0; fi
+declare -A part hot # one table row per distribution: its runs side by side
 for dist in uniform zipf hot40; do
   for urls in "http://127.0.0.1:$LPORT/check" "http://127.0.0.1:$LPORT/check,http://127.0.0.1:$LPORT2/check"; do
     n=$(echo "$urls" | tr ',' '\n' | wc -l)
     "$OUT/bin/loadgen" -url "$urls" -dist "$dist" -duration "${LG_SECONDS}s" -conns 32 -keys 10000 \
       -redis-stats "127.0.0.1:$RPORT" -json "$OUT/http-$dist-$n.json" -label "http-$dist-$n" >"$OUT/http-$dist-$n.txt"
-    row "$OUT/http-$dist-$n.txt" "| $dist | $n | no | %rps | %p50 | %p99 | %scripts_per_s | %hot_share |" >>"$S"
+    part[$n]=$(row "$OUT/http-$dist-$n.txt" "%rps | %p50 | %p99 | %scripts_per_s")
+    hot[$n]=$(row "$OUT/http-$dist-$n.txt" "%hot_share")
   done
+  echo "| $dist | no | ${part[1]} | ${part[2]} | ${hot[1]} / ${hot[2]} |" >>"$S"
 done
 if [ "$LEASE_WIRED" = 1 ]; then
   # The names proposed to the integrator (issue 5 report): LIMITER_LEASE_BLOCK > 0 turns leasing on.
@@ -170,8 +173,10 @@ if [ "$LEASE_WIRED" = 1 ]; then
       n=$(echo "$urls" | tr ',' '\n' | wc -l)
       "$OUT/bin/loadgen" -url "$urls" -dist "$dist" -duration "${LG_SECONDS}s" -conns 32 -keys 10000 -key-prefix lease_ \
         -redis-stats "127.0.0.1:$RPORT" -json "$OUT/http-lease-$dist-$n.json" -label "http-lease-$dist-$n" >"$OUT/http-lease-$dist-$n.txt"
-      row "$OUT/http-lease-$dist-$n.txt" "| $dist | $n | yes | %rps | %p50 | %p99 | %scripts_per_s | %hot_share |" >>"$S"
+      part[$n]=$(row "$OUT/http-lease-$dist-$n.txt" "%rps | %p50 | %p99 | %scripts_per_s")
+      hot[$n]=$(row "$OUT/http-lease-$dist-$n.txt" "%hot_share")
     done
+    echo "| $dist | yes | ${part[1]} | ${part[2]} | ${hot[1]} / ${hot[2]} |" >>"$S"
   done
 fi
 {
@@ -188,16 +193,17 @@ fi
   echo '`loadgen -redis <redis> -instances 4 [-lease -lease-hot 100] -dist D -duration '"${LG_SECONDS}"'s -conns 32 -limit-rate 1000000000 -limit-burst 1000000000`:'
   echo 'four enforcement.Limiter instances in one process, each with its own go-redis pool and leases; "one" is a single hot key under its limit.'
   echo
-  echo "| distribution | leasing | decisions/s | p50 µs | p99 µs | Redis scripts/s | round trips per decision |"
-  echo "|---|---|---:|---:|---:|---:|---:|"
+  echo "| distribution | decisions/s | p50 µs | p99 µs | Redis scripts/s | round trips per decision | with leasing: decisions/s | p50 µs | p99 µs | Redis scripts/s | round trips per decision |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 } >>"$S"
 for dist in uniform zipf hot40 one; do
   for lease in "" "-lease -lease-hot 100"; do
     tag=$([ -n "$lease" ] && echo yes || echo no)
     "$OUT/bin/loadgen" -redis "127.0.0.1:$RPORT" -instances 4 $lease -dist "$dist" -duration "${LG_SECONDS}s" -conns 32 \
       -limit-rate 1000000000 -limit-burst 1000000000 -key-prefix "ip-$dist-$tag-" -json "$OUT/inproc-$dist-$tag.json" >"$OUT/inproc-$dist-$tag.txt"
-    row "$OUT/inproc-$dist-$tag.txt" "| $dist | $tag | %rps | %p50 | %p99 | %scripts_per_s | %trips |" >>"$S"
+    part[$tag]=$(row "$OUT/inproc-$dist-$tag.txt" "%rps | %p50 | %p99 | %scripts_per_s | %trips")
   done
+  echo "| $dist | ${part[no]} | ${part[yes]} |" >>"$S"
 done
 echo >>"$S"
 
