@@ -179,17 +179,12 @@ S="$OUT/section.md"
 {
   echo "## /check against the HTTP floor"
   echo
-  echo "Written by \`bench/floor.sh\` (\`make bench\`, or \`make bench-floor\` alone) on $START_TIME, $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),"
-  echo "$(redis-server --version | awk '{print $1, $2, $3}'), Go $($GO env GOVERSION). One redis-server, the limiter (LIMITER_STORE_TIMEOUT=${BENCH_STORE_TIMEOUT:-100ms}),"
-  echo "the floor and the load tool share the cores. **The floor** is \`bench/barejson\`: net/http decoding the /check request and"
-  echo "encoding a /check response with encoding/json, no other work. Load average (1 min) at the start $START_LOAD, at the end $END_LOAD;"
-  echo "each row has the 1-minute load average when it started (other sessions' work competes for the same two cores:"
-  echo "compare rows of one pass, not passes). Raw outputs: \`$OUT\`."
+  echo "Written by \`bench/floor.sh\` (\`make bench-floor\`) on $START_TIME, $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),"
+  echo "$(redis-server --version | awk '{print $1, $2, $3}'), Go $($GO env GOVERSION), the limiter with LIMITER_STORE_TIMEOUT=${BENCH_STORE_TIMEOUT:-100ms}."
+  echo "Load average at the start $START_LOAD, at the end $END_LOAD. Raw outputs: \`$OUT\`. Each ratio is a pass's run"
+  echo "over the floor's run just before it; the median is over the $PASSES interleaved passes (see Method)."
   echo
-  echo "The throughput ratios are each pass's run over the floor's run just before it, and their median over the $PASSES"
-  echo "interleaved passes: the floor's own speed moves by a fifth between runs on this machine, so one pass decides little."
-  echo
-  echo "| comparison (issue 15) | median | each pass | target |"
+  echo "| comparison | median | each pass | target |"
   echo "|---|---:|---|---|"
   cmp_row "allowed path ÷ floor, req/s (wrk -t2 -c32, 10,000 keys)" allowed "≥ 0.55"
   cmp_row "flood on one key ÷ floor, req/s" flood "≥ 0.95"
@@ -200,9 +195,6 @@ S="$OUT/section.md"
   echo "| local-tier rejection (\`BenchmarkLocalReject\`, 5 × 1 s): min / median ns, min CPU ns, allocs | **$rej_min ns**, $rej_allocs allocs | median $rej_med ns, min ${rej_cpu_min:-?} CPU ns (load $rej_load) | ≤ 100 ns, 0 allocs |"
   echo
   echo "### Throughput (\`wrk -t2 -c32 -d${WRK_SECONDS}s --latency\`), floor, allowed, flood, GOGC=400; $PASSES passes"
-  echo
-  echo "CPU per request is the server process's user + system time over the run (/proc/PID/stat) ÷ requests answered;"
-  echo "Redis's is redis-server's over the same run."
   echo
   echo "| pass | run | req/s | ÷ floor | p50 | p99 | server CPU µs/req | Redis CPU µs/req | load |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
@@ -224,16 +216,9 @@ S="$OUT/section.md"
   echo
   echo "### Latency at a fixed $LAT_RATE req/s (open model), floor, limiter, floor, limiter"
   echo
-  echo "\`loadgen -url <server>/check -rate $LAT_RATE -from-schedule -duration ${LAT_SECONDS}s -conns 32 -keys 10000 -dist uniform\`: client-side"
-  echo "latency from when each request was due (so a request the load tool or the machine held up counts as late), HDR"
-  echo "histogram. The limiter's own latency is its \`limiter_decision_duration_seconds\` histogram over the same run (decision"
-  echo "start to verdict, excluding HTTP and the client's scheduling), quantiles interpolated within its buckets (25, 50, 100,"
-  echo "250, 500, 750 µs, 1, 1.5, 2, 2.5, 5 ms …) as \`histogram_quantile\` does. The store row is the yardstick of the"
-  echo "limiter's own latency, as the floor is of the client's: \`loadgen -redis <redis> -rate $LAT_RATE -conns 32 -keys 10000"
-  echo "-limit-rate 1000000 -limit-burst 1000000\`, the enforcement core in the load tool's process over \`redisstore.Store\` (one"
-  echo "EVALSHA of the bucket script in the calling goroutine; no HTTP, guard or pipeline), each decision timed from its start"
-  echo "to its verdict, the span the limiter's histogram covers. What lies between that row and the limiter's own is the"
-  echo "limiter's HTTP work on the same cores, its guard and its goroutine hand-offs."
+  echo "Client: \`loadgen -url <server>/check -rate $LAT_RATE -from-schedule -duration ${LAT_SECONDS}s -conns 32 -keys 10000 -dist uniform\`."
+  echo "Own: the limiter's \`limiter_decision_duration_seconds\` over the same run. Straight on Redis: \`loadgen -redis <redis> -rate $LAT_RATE"
+  echo "-conns 32 -keys 10000 -limit-rate 1000000 -limit-burst 1000000\` (one EVALSHA per decision; no HTTP, guard or pipeline)."
   echo
   echo "| pass | server | client p50 µs | client p99 µs | client p99.9 µs | own p50 µs | own p99 µs | own p99.9 µs | dropped / errors | load |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -246,26 +231,22 @@ S="$OUT/section.md"
     echo "| $pass | limiter | $(echo "$f" | awk '{print $1 " | " $2 " | " $3}') | $(echo "${L[own$pass]}" | awk '{print $1 " | " $2 " | " $3}') | $(echo "$f" | awk '{print $4 " / " $5 " | " $6}') |"
   done
   echo
-  echo "### Local tier (\`go test -run '^\$' -bench 'LocalReject\$' -benchmem -benchtime 1s -count 5 ./enforcement/\`)"
-  echo
-  echo '```'
-  cat "$OUT/reject.txt"
-  echo '```'
+  echo "Local tier, \`go test -run '^\$' -bench 'LocalReject\$' -benchmem -benchtime 1s -count 5 ./enforcement/\`: ns/op"
+  echo "$(awk '{print $3}' "$OUT/reject.txt" | paste -sd' ' | sed 's/ /, /g'); cpu-ns/op $(awk '{for (i = 1; i < NF; i++) if ($(i+1) == "cpu-ns/op") print $i}' "$OUT/reject.txt" | paste -sd' ' | sed 's/ /, /g'); allocs/op $(awk '{print $(NF-1)}' "$OUT/reject.txt" | paste -sd' ' | sed 's/ /, /g')."
   echo
   cat bench/floor-notes.md
 } >"$S"
 cat "$S"
 
 touch "$MD"
-awk '
-  /^## \/check against the HTTP floor/ {skip=1; next}
-  skip && /^## / {skip=0}
-  !skip {print}' "$MD" >"$OUT/BENCHMARKS.rest"
-# The section goes first, after the file's title block (the lines before
-# the first "## ").
-awk -v sec="$S" '
-  !done && /^## / { while ((getline line < sec) > 0) print line; print ""; done=1 }
-  {print}
-  END { if (!done) while ((getline line < sec) > 0) print line }' "$OUT/BENCHMARKS.rest" | cat -s >"$OUT/BENCHMARKS.new"
+# The section replaces the previous one where it stands; a file without it
+# gets it first, after the title block (the lines before the first "## ").
+awk -v sec="$S" -v has="$(grep -c '^## /check against the HTTP floor' "$MD" || true)" '
+  function put() { while ((getline line < sec) > 0) print line; print ""; done = 1 }
+  /^## \/check against the HTTP floor/ { put(); skip = 1; next }
+  skip && /^## / { skip = 0 }
+  !skip && !done && !has && /^## / { put() }
+  !skip { print }
+  END { if (!done) put() }' "$MD" | cat -s >"$OUT/BENCHMARKS.new"
 cp "$OUT/BENCHMARKS.new" "$MD"
 echo "bench: wrote the section to $MD (raw outputs in $OUT)" >&2

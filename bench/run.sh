@@ -66,10 +66,8 @@ S="$OUT/section.md"
   echo "## Hot keys and scale-out"
   echo
   echo "Written by \`make bench\` (bench/run.sh) on $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),"
-  echo "$(redis-server --version | awk '{print $1, $2, $3}'), Go $($GO env GOVERSION). One redis-server, the limiters, wrk and loadgen all"
-  echo "share the two cores, as in issue 5's targets. Policy: bench/policy.yaml. Raw outputs: \`$OUT\`."
-  echo "Limiters run with LIMITER_STORE_TIMEOUT=${BENCH_STORE_TIMEOUT:-100ms} (see bench/run.sh). Load average at the start"
-  echo "(other work on this machine competes for the same two cores): $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "$(redis-server --version | awk '{print $1, $2, $3}'), Go $($GO env GOVERSION); one redis-server, the limiters (LIMITER_STORE_TIMEOUT=${BENCH_STORE_TIMEOUT:-100ms},"
+  echo "bench/policy.yaml) and the load tools share the cores. Load average at the start $(cut -d' ' -f1-3 /proc/loadavg). Raw outputs: \`$OUT\`."
   echo
 } >"$S"
 
@@ -80,32 +78,35 @@ st_store=$(awk '/SharedTier\/store/ {for (i=1;i<=NF;i++) if ($(i+1)=="decisions/
 st_pipe=$(awk '/SharedTier\/pipelined/ {for (i=1;i<=NF;i++) if ($(i+1)=="decisions/s") print $i}' "$OUT/sharedtier.txt")
 st_rb=$(awk '/SharedTier\/redis-benchmark/ {for (i=1;i<=NF;i++) if ($(i+1)=="decisions/s") print $i}' "$OUT/sharedtier.txt")
 {
-  echo "### Shared tier from one process, no HTTP (target: ≥ 70% of redis-benchmark -P 16)"
-  echo
-  echo '`go test -run XXX -bench SharedTier -benchtime 200000x ./enforcement/redisstore/` — 128 goroutines, 10,000 keys, allowed path;'
-  echo 'the redis-benchmark row is `redis-benchmark -P 16 -c 50 -r 10000 EVALSHA <bucket.lua> 2 rb:{__rand_int__}:b2:api … 1000000000 1000000000 1 0 0 0` against the same server.'
-  echo
-  echo "| shared tier | decisions/s | vs redis-benchmark -P 16 |"
-  echo "|---|---:|---:|"
-  echo "| redisstore.Store (one EVALSHA round trip each, go-redis pool) | $st_store | $(awk -v a="$st_store" -v b="$st_rb" 'BEGIN{printf "%.0f%%", 100*a/b}') |"
-  echo "| redisstore.Pipelined (auto-pipelining) | $st_pipe | $(awk -v a="$st_pipe" -v b="$st_rb" 'BEGIN{printf "%.0f%%", 100*a/b}') |"
-  echo "| redis-benchmark -P 16, same script | $st_rb | 100% |"
+  echo '**Shared tier from one process, no HTTP** (`go test -run XXX -bench SharedTier -benchtime 200000x ./enforcement/redisstore/`, 128'
+  echo 'goroutines, 10,000 keys, allowed path; target ≥ 70% of `redis-benchmark -P 16 -c 50 -r 10000 EVALSHA <bucket.lua> 2 rb:{__rand_int__}:b2:api … 1000000000 1000000000 1 0 0 0`'
+  echo "against the same server): redisstore.Store (one EVALSHA round trip each, go-redis pool) $st_store decisions/s, $(awk -v a="$st_store" -v b="$st_rb" 'BEGIN{printf "%.0f%%", 100*a/b}');"
+  echo "redisstore.Pipelined (auto-pipelining) $st_pipe, $(awk -v a="$st_pipe" -v b="$st_rb" 'BEGIN{printf "%.0f%%", 100*a/b}'); redis-benchmark -P 16, same script, $st_rb, 100%."
   echo
 } >>"$S"
 
 # ---- 1b. leasing and splitting, measured by their tests ----
 echo "bench: lease and split measurements (go test -v)" >&2
+$GO test -count=1 -v -run 'TestRoundTripsPerDecision|TestOverAdmissionBound' ./enforcement/lease/ >"$OUT/lease.txt" 2>&1 || true
+$GO test -count=1 -v -run 'Lumpiness' ./enforcement/split/ >"$OUT/split.txt" 2>&1 || true
+$GO test -run XXX -bench Record -benchmem ./enforcement/hotkeys/ >"$OUT/hotkeys.txt" 2>&1 || true
 {
-  echo "### Token leasing and key splitting, measured by their tests against a real redis-server"
+  echo "**Token leasing and key splitting, measured by their tests against a real redis-server.** Leasing (\`go test -count=1 -v -run"
+  echo "'TestRoundTripsPerDecision|TestOverAdmissionBound' ./enforcement/lease/\`): $(grep 'lease_test.go' "$OUT/lease.txt" | grep -v 'lease stats' | sed 's/^ *lease_test.go:[0-9]*: //' | paste -sd';' | sed 's/;/; /g')."
+  echo "Splitting (\`go test -count=1 -v -run 'Lumpiness' ./enforcement/split/\`, a key's bucket over N sub-buckets):"
   echo
-  echo '```'
-  echo "\$ go test -count=1 -v -run 'TestRoundTripsPerDecision|TestOverAdmissionBound' ./enforcement/lease/"
-  $GO test -count=1 -v -run 'TestRoundTripsPerDecision|TestOverAdmissionBound' ./enforcement/lease/ 2>&1 | grep -E 'lease_test.go|^(--- |ok|FAIL)' | sed 's/^ *//'
-  echo "\$ go test -count=1 -v -run 'Lumpiness' ./enforcement/split/"
-  $GO test -count=1 -v -run 'Lumpiness' ./enforcement/split/ 2>&1 | grep -E 'split_test.go|^(--- |ok|FAIL)' | sed 's/^ *//'
-  echo "\$ go test -run XXX -bench Record -benchmem ./enforcement/hotkeys/   # per-decision cost of the top-K, 10,000 keys churning"
-  $GO test -run XXX -bench Record -benchmem ./enforcement/hotkeys/ 2>&1 | grep -E '^Benchmark'
-  echo '```'
+  echo "| split N | burst of 200: first rejection after | admitted | steady at 90% of the limit: rejected early | the same through the Limiter (by the local tier) |"
+  echo "|---:|---:|---:|---:|---:|"
+  sed -n 's/^ *split_test.go:[0-9]*: //p' "$OUT/split.txt" | awk '
+    { n = $2; sub(/:$/, "", n); if (!(n in seen)) { seen[n] = 1; order[++k] = n } }
+    $3 == "first" { f[n] = $6 " of " $8; a[n] = $12 " of " $14 }
+    $7 == "limit:" { e[n] = $8 }
+    $7 == "limit," { t[n] = $11; l = $13; sub(/^\(/, "", l); t[n] = t[n] " (" l ")" }
+    END { for (i = 1; i <= k; i++) { n = order[i]
+      printf "| %s | %s | %s | %s | %s |\n", n, (n in f) ? f[n] : "–", (n in a) ? a[n] : "–", (n in e) ? e[n] : "–", (n in t) ? t[n] : "–" } }'
+  echo
+  grep -h -E '^(--- FAIL|FAIL)' "$OUT/lease.txt" "$OUT/split.txt" "$OUT/hotkeys.txt" | sed 's/^/**Failed:** /' || true
+  echo "Hot-key top-K per decision, 10,000 keys churning (\`go test -run XXX -bench Record -benchmem ./enforcement/hotkeys/\`): $(awk '/^BenchmarkRecord/ {print $3, $4 ", " $5, $6 ", " $7, $8; exit}' "$OUT/hotkeys.txt")."
   echo
 } >>"$S"
 
@@ -128,16 +129,11 @@ read -r flood_rps flood_p50 flood_p99 < <(wrk_run flood "http://127.0.0.1:$LPORT
 s2=$(scripts)
 flood_sources=$(curl -s "http://127.0.0.1:$LPORT/metrics" | awk '/^limiter_decisions_total/ {printf "%s %s; ", $1, $2}')
 {
-  echo "### POST /check under wrk (\`wrk -t2 -c32 -d${WRK_SECONDS}s --latency\`), one limiter process, REDIS_ADDRS=one server"
-  echo
-  echo "| run | req/s | p50 | p99 | Redis scripts during the run | target |"
-  echo "|---|---:|---:|---:|---:|---|"
-  echo "| bare net/http handler, fixed JSON (bench/barejson), bench/wrk/uniform.lua | $bare_rps | $bare_p50 | $bare_p99 | – | yardstick |"
-  echo "| /check allowed path, 10,000 keys (bench/wrk/uniform.lua) | $allow_rps | $allow_p50 | $allow_p99 | $((s1 - s0)) | ≥ 38,000 req/s |"
-  echo "| /check flood on flood_key (rate 10/s), bench/wrk/flood.lua | $flood_rps | $flood_p50 | $flood_p99 | $((s2 - s1)) | ≥ 90% of bare, Redis flat |"
-  echo
-  echo "Flood vs bare: $(awk -v a="$flood_rps" -v b="$bare_rps" 'BEGIN{printf "%.0f%%", 100*a/b}'); allowed path vs bare: $(awk -v a="$allow_rps" -v b="$bare_rps" 'BEGIN{printf "%.0f%%", 100*a/b}')."
-  echo "Redis scripts per flood request: $(awk -v a="$((s2 - s1))" -v b="$flood_rps" -v d="$WRK_SECONDS" 'BEGIN{printf "%.5f", a/(b*d)}')."
+  echo "**POST /check under wrk** (\`wrk -t2 -c32 -d${WRK_SECONDS}s --latency\`, one limiter process, REDIS_ADDRS=one server; req/s (p50, p99; Redis scripts"
+  echo "during the run; target)): bare net/http handler, fixed JSON (bench/barejson), bench/wrk/uniform.lua $bare_rps ($bare_p50, $bare_p99; yardstick);"
+  echo "/check allowed path, 10,000 keys (bench/wrk/uniform.lua) $allow_rps ($allow_p50, $allow_p99; $((s1 - s0)); ≥ 38,000 req/s);"
+  echo "/check flood on flood_key (rate 10/s), bench/wrk/flood.lua $flood_rps ($flood_p50, $flood_p99; $((s2 - s1)); ≥ 90% of bare, Redis flat)."
+  echo "Flood vs bare: $(awk -v a="$flood_rps" -v b="$bare_rps" 'BEGIN{printf "%.0f%%", 100*a/b}'); allowed path vs bare: $(awk -v a="$allow_rps" -v b="$bare_rps" 'BEGIN{printf "%.0f%%", 100*a/b}'). Redis scripts per flood request: $(awk -v a="$((s2 - s1))" -v b="$flood_rps" -v d="$WRK_SECONDS" 'BEGIN{printf "%.5f", a/(b*d)}')."
   echo "Decision counters after both runs: \`$flood_sources\`"
   echo
 } >>"$S"
@@ -147,22 +143,24 @@ echo "bench: loadgen distributions (${LG_SECONDS}s each)" >&2
 LPORT2=$(free_port)
 start_limiter "$LPORT2" 2
 {
-  echo "### /check per key distribution (cmd/loadgen, flat out, 32 connections, ${LG_SECONDS}s)"
+  echo "**/check per key distribution** (cmd/loadgen, flat out, 32 connections, ${LG_SECONDS}s):"
+  echo '`loadgen -url <limiter URLs> -dist D -duration '"${LG_SECONDS}"'s -conns 32 -keys 10000 -redis-stats <redis>` (leasing: LIMITER_LEASE_BLOCK=100);'
+  echo 'the Go load tool costs more CPU per request than wrk, so these req/s are lower than the wrk row.'
   echo
-  echo 'Command: `loadgen -url <limiter URLs> -dist D -duration '"${LG_SECONDS}"'s -conns 32 -keys 10000 -redis-stats <redis>`. The Go load tool'
-  echo 'shares the two cores with the limiters and Redis and costs more CPU per request than wrk, so these req/s are lower than the wrk row.'
-  echo
-  echo "| distribution | limiter processes | leasing | req/s | p50 µs | p99 µs | Redis scripts/s | hottest key share |"
-  echo "|---|---:|---|---:|---:|---:|---:|---:|"
+  echo "| distribution | leasing | 1 limiter: req/s | p50 µs | p99 µs | Redis scripts/s | 2 limiters: req/s | p50 µs | p99 µs | Redis scripts/s | hottest key share (1 / 2) |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 } >>"$S"
 if grep -q LIMITER_LEASE "$OUT/bin/limiter"; then LEASE_WIRED=1; else LEASE_WIRED=0; fi
+declare -A part hot # one table row per distribution: its runs side by side
 for dist in uniform zipf hot40; do
   for urls in "http://127.0.0.1:$LPORT/check" "http://127.0.0.1:$LPORT/check,http://127.0.0.1:$LPORT2/check"; do
     n=$(echo "$urls" | tr ',' '\n' | wc -l)
     "$OUT/bin/loadgen" -url "$urls" -dist "$dist" -duration "${LG_SECONDS}s" -conns 32 -keys 10000 \
       -redis-stats "127.0.0.1:$RPORT" -json "$OUT/http-$dist-$n.json" -label "http-$dist-$n" >"$OUT/http-$dist-$n.txt"
-    row "$OUT/http-$dist-$n.txt" "| $dist | $n | no | %rps | %p50 | %p99 | %scripts_per_s | %hot_share |" >>"$S"
+    part[$n]=$(row "$OUT/http-$dist-$n.txt" "%rps | %p50 | %p99 | %scripts_per_s")
+    hot[$n]=$(row "$OUT/http-$dist-$n.txt" "%hot_share")
   done
+  echo "| $dist | no | ${part[1]} | ${part[2]} | ${hot[1]} / ${hot[2]} |" >>"$S"
 done
 if [ "$LEASE_WIRED" = 1 ]; then
   # The names proposed to the integrator (issue 5 report): LIMITER_LEASE_BLOCK > 0 turns leasing on.
@@ -175,8 +173,10 @@ if [ "$LEASE_WIRED" = 1 ]; then
       n=$(echo "$urls" | tr ',' '\n' | wc -l)
       "$OUT/bin/loadgen" -url "$urls" -dist "$dist" -duration "${LG_SECONDS}s" -conns 32 -keys 10000 -key-prefix lease_ \
         -redis-stats "127.0.0.1:$RPORT" -json "$OUT/http-lease-$dist-$n.json" -label "http-lease-$dist-$n" >"$OUT/http-lease-$dist-$n.txt"
-      row "$OUT/http-lease-$dist-$n.txt" "| $dist | $n | yes | %rps | %p50 | %p99 | %scripts_per_s | %hot_share |" >>"$S"
+      part[$n]=$(row "$OUT/http-lease-$dist-$n.txt" "%rps | %p50 | %p99 | %scripts_per_s")
+      hot[$n]=$(row "$OUT/http-lease-$dist-$n.txt" "%hot_share")
     done
+    echo "| $dist | yes | ${part[1]} | ${part[2]} | ${hot[1]} / ${hot[2]} |" >>"$S"
   done
 fi
 {
@@ -189,22 +189,21 @@ fi
 
 # ---- 4. in-process: several independent limiter instances, with and without leasing ----
 {
-  echo "### Several limiter instances on one Redis, with and without token leasing (in-process, no HTTP)"
+  echo "**Several limiter instances on one Redis, with and without token leasing** (in-process, no HTTP):"
+  echo '`loadgen -redis <redis> -instances 4 [-lease -lease-hot 100] -dist D -duration '"${LG_SECONDS}"'s -conns 32 -limit-rate 1000000000 -limit-burst 1000000000`:'
+  echo 'four enforcement.Limiter instances in one process, each with its own go-redis pool and leases; "one" is a single hot key under its limit.'
   echo
-  echo 'Command: `loadgen -redis <redis> -instances 4 [-lease -lease-hot 100] -dist D -duration '"${LG_SECONDS}"'s -conns 32 -limit-rate 1000000000 -limit-burst 1000000000`:'
-  echo 'four enforcement.Limiter instances in one process, each with its own go-redis pool (and its own leases), the allowed path.'
-  echo '"one" sends every decision to a single key (the hot key under its limit): the round trips per decision that leasing saves.'
-  echo
-  echo "| distribution | leasing | decisions/s | p50 µs | p99 µs | Redis scripts/s | round trips per decision |"
-  echo "|---|---|---:|---:|---:|---:|---:|"
+  echo "| distribution | decisions/s | p50 µs | p99 µs | Redis scripts/s | round trips per decision | with leasing: decisions/s | p50 µs | p99 µs | Redis scripts/s | round trips per decision |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 } >>"$S"
 for dist in uniform zipf hot40 one; do
   for lease in "" "-lease -lease-hot 100"; do
     tag=$([ -n "$lease" ] && echo yes || echo no)
     "$OUT/bin/loadgen" -redis "127.0.0.1:$RPORT" -instances 4 $lease -dist "$dist" -duration "${LG_SECONDS}s" -conns 32 \
       -limit-rate 1000000000 -limit-burst 1000000000 -key-prefix "ip-$dist-$tag-" -json "$OUT/inproc-$dist-$tag.json" >"$OUT/inproc-$dist-$tag.txt"
-    row "$OUT/inproc-$dist-$tag.txt" "| $dist | $tag | %rps | %p50 | %p99 | %scripts_per_s | %trips |" >>"$S"
+    part[$tag]=$(row "$OUT/inproc-$dist-$tag.txt" "%rps | %p50 | %p99 | %scripts_per_s | %trips")
   done
+  echo "| $dist | ${part[no]} | ${part[yes]} |" >>"$S"
 done
 echo >>"$S"
 
@@ -224,19 +223,19 @@ for lease in "" "-lease -lease-hot 100"; do
     -duration "${LG_SECONDS}s" -conns 16 -limit-rate 1000 -limit-burst 1000 -label "acc-$tag-inproc" >"$OUT/acc-$tag.txt"
 done
 {
-  echo "### Accuracy: 4 limiters sharing one Redis, one key (rate 1000/s, burst 1000) driven at 2,000/s for ${LG_SECONDS}s"
+  echo "**Accuracy: 4 limiters sharing one Redis, one key (rate 1000/s, burst 1000) driven at 2,000/s for ${LG_SECONDS}s.**"
+  echo 'ratio = admitted ÷ cap (burst + rate × duration); target within 1% shared, within the bound of the reading below with leasing.'
+  echo "HTTP: \`loadgen -url <4 limiter processes, LIMITER_EXPECTED_INSTANCES=4> -dist one -key-prefix acc_ -rate 2000 -duration ${LG_SECONDS}s -limit-rate 1000 -limit-burst 1000\`;"
+  echo "in process: \`loadgen -redis <redis> -instances 4 [-lease -lease-hot 100 -lease-block 100] -dist one -rate 2000 -duration ${LG_SECONDS}s -limit-rate 1000 -limit-burst 1000\`."
   echo
-  echo 'admitted ÷ (burst + rate × duration); target within 1% in shared mode, within the documented bound with leasing'
-  echo '(admitted over any window ≤ burst + rate × window + instances × block, enforcement/lease).'
-  echo
-  echo '```'
-  echo "\$ loadgen -url <4 limiter processes, LIMITER_EXPECTED_INSTANCES=4> -dist one -key-prefix acc_ -rate 2000 -duration ${LG_SECONDS}s -limit-rate 1000 -limit-burst 1000"
-  cat "$OUT/acc-http.txt"
-  echo "\$ loadgen -redis <redis> -instances 4 -dist one -rate 2000 -duration ${LG_SECONDS}s -limit-rate 1000 -limit-burst 1000"
-  cat "$OUT/acc-shared.txt"
-  echo "\$ loadgen -redis <redis> -instances 4 -lease -lease-hot 100 -lease-block 100 -dist one -rate 2000 -duration ${LG_SECONDS}s -limit-rate 1000 -limit-burst 1000"
-  cat "$OUT/acc-lease.txt"
-  echo '```'
+  echo "| run | sent | admitted | cap | ratio | p50 µs | p99 µs | round trips per decision |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+  for run in "acc-http.txt|4 limiter processes over HTTP" "acc-shared.txt|4 instances in process" "acc-lease.txt|4 instances in process, leasing"; do
+    awk -v d="${run#*|}" '
+      /^  summary / { for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] } }
+      /^  key / && !k { k = 1; sent = $4; adm = $6; cap = $8; r = $10 }
+      END { printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", d, sent, adm, cap, r, v["p50"], v["p99"], v["trips"] }' "$OUT/${run%%|*}"
+  done
   echo
 } >>"$S"
 
@@ -262,35 +261,25 @@ p1=$(scripts)
 kill -TERM "$PROF2_PID"
 wait "$PROF2_PID" 2>/dev/null || true
 {
-  echo "### The allowed path with the auto-pipelined shared tier (bench/profile -pipeline, \`wrk -t2 -c32 -d${WRK_SECONDS}s\` uniform)"
-  echo
-  echo "| stack | req/s | p50 | p99 | Redis scripts during the run |"
-  echo "|---|---:|---:|---:|---:|"
-  echo "| /check, redisstore.Store (the plain store: one EVALSHA round trip per decision; profiled, below) | $prof_rps | – | – | – |"
-  echo "| /check, redisstore.Pipelined (what cmd/limiter runs) | $pipe_rps | $pipe_p50 | $pipe_p99 | $((p1 - p0)) |"
-  echo
-} >>"$S"
-{
-  echo "### What limits throughput: CPU profile of the /check stack (allowed path, wrk uniform, $prof_rps req/s while profiled)"
-  echo
-  echo "bench/profile serves POST /check with the plain store behind the guard (policy, guard, redisstore.Store, Limiter, httpapi; cmd/limiter runs redisstore.Pipelined, see bench/floor.sh's section for its figures) and writes a CPU profile."
-  echo
-  echo '```'
-  echo "\$ go tool pprof -top -nodecount=25 $OUT/bin/profile $OUT/cpu.pprof"
-  $GO tool pprof -top -nodecount=25 "$OUT/bin/profile" "$OUT/cpu.pprof" 2>/dev/null | sed -n '1,35p'
-  echo '```'
+  $GO tool pprof -top -nodecount=25 "$OUT/bin/profile" "$OUT/cpu.pprof" 2>/dev/null >"$OUT/cpu.top" || true
+  echo "**The allowed path through bench/profile** (policy, guard, store, Limiter, httpapi; \`wrk -t2 -c32 -d${WRK_SECONDS}s\` uniform): over"
+  echo "redisstore.Pipelined (what cmd/limiter runs) $pipe_rps req/s, p50 $pipe_p50, p99 $pipe_p99, $((p1 - p0)) Redis scripts; over the plain"
+  echo "redisstore.Store (one EVALSHA round trip per decision) $prof_rps req/s, CPU-profiled ($(grep -m1 '^Duration' "$OUT/cpu.top")): system"
+  echo "calls (\`Syscall6\`) $(awk '/syscall\/linux.Syscall6$/ {print $2; exit}' "$OUT/cpu.top") of the samples (\`go tool pprof -top $OUT/bin/profile $OUT/cpu.pprof\`)."
+  echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
 } >>"$S"
-
-echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)." >>"$S"
 cat bench/notes.md >>"$S"
 
 # ---- splice into BENCHMARKS.md ----
+# The section replaces the previous one where it stands; a file without it
+# gets it at the end.
 touch "$MD"
-awk '
-  /^## Hot keys and scale-out/ {skip=1; next}
-  skip && /^## / {skip=0}
-  !skip {print}' "$MD" >"$OUT/BENCHMARKS.rest"
-{ cat "$OUT/BENCHMARKS.rest"; echo; cat "$S"; } | cat -s | sed -e :a -e '/^\n*$/{$d;N;ba' -e '}' >"$OUT/BENCHMARKS.new"
+awk -v sec="$S" '
+  function put() { while ((getline line < sec) > 0) print line; print ""; done = 1 }
+  /^## Hot keys and scale-out/ { put(); skip = 1; next }
+  skip && /^## / { skip = 0 }
+  !skip { print }
+  END { if (!done) { print ""; put() } }' "$MD" | cat -s | sed -e :a -e '/^\n*$/{$d;N;ba' -e '}' >"$OUT/BENCHMARKS.new"
 cp "$OUT/BENCHMARKS.new" "$MD"
 echo "bench: wrote the section to $MD (raw outputs in $OUT)" >&2

@@ -50,6 +50,7 @@ var shardingKeys = map[string]string{
 	"shadow_hour":         "rand()",
 	"portal_token_events": "cityHash64(id)",
 	"webhook_deliveries":  "cityHash64(key)",
+	"kafka_epochs":        "kafka_partition",
 }
 
 var (

@@ -63,25 +63,11 @@ fi
 
 wants() { local x; for x in "${todo[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 
-# The embedded broker keeps nothing across restarts, and meter-consumer
-# resumes from the Kafka offsets recorded in ClickHouse (that is how it
-# counts every event exactly once). A fresh broker starts at offset 0, so the
-# recorded offsets would make the meter skip new events: a fresh broker
-# therefore gets a fresh ClickHouse data directory (the previous one is kept
-# in run/clickhouse.prev). With a real Kafka (deploy/) this never happens.
-if wants kafka-dev; then
-  for c in clickhouse meter-consumer limiter; do
-    if ! wants "$c"; then
-      die "kafka-dev is not running but $c is: the embedded broker lost its data; run 'make down' and 'make up' again"
-    fi
-  done
-  if [ -n "$(ls -A "$RUN_DIR/clickhouse/data" 2>/dev/null)" ]; then
-    say "fresh Kafka broker: moving the previous ClickHouse data to $RUN_DIR/clickhouse.prev"
-    rm -rf "$RUN_DIR/clickhouse.prev"
-    mv "$RUN_DIR/clickhouse" "$RUN_DIR/clickhouse.prev"
-    mkdir -p "$RUN_DIR/clickhouse"
-  fi
-fi
+# The embedded broker keeps nothing across restarts: a fresh one starts its
+# log again at offset 0. meter-consumer sees that the log is not the one its
+# ClickHouse progress belongs to and reads the new log as a new epoch
+# (README, "A log that starts over"), so the ClickHouse data, the dashboard's
+# history, stays across make down / make up.
 
 # --- 3. build -----------------------------------------------------------------
 if [ ${#todo[@]} -gt 0 ]; then

@@ -138,7 +138,7 @@ func TestUpDown(t *testing.T) {
 
 	// Traffic through /check shows up in the usage API.
 	admin := readSecret(t, filepath.Join(runDir, "secrets.env"), "USAGE_ADMIN_TOKEN")
-	checkTraffic(t, limiter, usageURL, admin)
+	before := checkTraffic(t, limiter, usageURL, admin)
 	// The printed portal token reads the demo key, whose demo traffic is there.
 	portal, err := os.ReadFile(filepath.Join(runDir, "portal-token"))
 	if err != nil {
@@ -167,14 +167,28 @@ func TestUpDown(t *testing.T) {
 		t.Errorf("a second make down should find nothing running")
 	}
 
-	// Up again after down: the fresh in-memory broker starts at offset 0,
-	// and new traffic must still be counted (up.sh starts a fresh ClickHouse
-	// directory with it, as the meter resumes from offsets kept there).
-	if out := makeRun("up"); !strings.Contains(out, "clickhouse.prev") {
-		t.Errorf("make up after make down did not move the old ClickHouse data aside")
-	}
+	// Up again after down: the fresh in-memory broker starts its log again
+	// at offset 0. The history stays (the ClickHouse data is kept, nothing
+	// is moved aside), and new traffic is counted: the meter reads the new
+	// log as a new epoch of each partition.
+	makeRun("up")
 	pids = readPids(t, runDir)
+	if _, err := os.Stat(filepath.Join(runDir, "clickhouse.prev")); !os.IsNotExist(err) {
+		t.Errorf("make up after make down moved the ClickHouse data aside (run/clickhouse.prev: %v)", err)
+	}
+	if got := usageOf(t, usageURL, admin, before.key); got != before.totals {
+		t.Errorf("usage of %s after make down; make up: %+v, want the history kept: %+v", before.key, got, before.totals)
+	}
 	checkTraffic(t, limiter, usageURL, admin)
+	if got := usageOf(t, usageURL, admin, before.key); got != before.totals {
+		t.Errorf("usage of %s after new traffic: %+v, want %+v", before.key, got, before.totals)
+	}
+	meter := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports["RW_METER_PORT"])
+	if st, _, b := do(t, "GET", meter, "", nil); st != 200 || sumSeries(string(b), "meter_log_epochs_total{", "") < 1 {
+		// restarted, or replaced when a partition's new log outgrew what
+		// was stored of it before the consumer looked.
+		t.Errorf("meter-consumer after make up on a fresh broker: want a new epoch (meter_log_epochs_total) in its metrics (%d):\n%s", st, grepLines(string(b), "meter_log_epochs_total"))
+	}
 	makeRun("down")
 	for name, pid := range pids {
 		if running(pid) {
@@ -183,9 +197,58 @@ func TestUpDown(t *testing.T) {
 	}
 }
 
-// checkTraffic sends 25 decisions of a new key and waits for the usage API
-// to report all of them.
-func checkTraffic(t *testing.T, limiter, usageURL, admin string) {
+type usageTotals struct{ Requests, Allowed, Rejected int }
+
+// recorded is a key's usage as the usage API reported it.
+type recorded struct {
+	key    string
+	totals usageTotals
+}
+
+// usageOf returns the usage API's totals of key (zero when it fails).
+func usageOf(t *testing.T, usageURL, admin, key string) usageTotals {
+	t.Helper()
+	q := url.Values{"key": {key}, "window": {"minute"}}
+	st, _, b := do(t, "GET", usageURL+"/v1/usage?"+q.Encode(), admin, nil)
+	var u struct {
+		Totals usageTotals `json:"totals"`
+	}
+	if st != 200 || json.Unmarshal(b, &u) != nil {
+		t.Errorf("usage of %s: %d %s", key, st, b)
+	}
+	return u.Totals
+}
+
+// sumSeries sums the values of the Prometheus text lines that start with
+// prefix and contain label.
+func sumSeries(text, prefix, label string) float64 {
+	var sum float64
+	for _, l := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(l, prefix) || !strings.Contains(l, label) {
+			continue
+		}
+		if i := strings.LastIndexByte(l, ' '); i > 0 {
+			if v, err := strconv.ParseFloat(l[i+1:], 64); err == nil {
+				sum += v
+			}
+		}
+	}
+	return sum
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// checkTraffic sends 25 decisions of a new key, waits for the usage API
+// to report all of them and returns what it reported.
+func checkTraffic(t *testing.T, limiter, usageURL, admin string) recorded {
 	t.Helper()
 	key := "uptest_" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	const n = 25
@@ -200,14 +263,14 @@ func checkTraffic(t *testing.T, limiter, usageURL, admin string) {
 		q := url.Values{"key": {key}, "window": {"minute"}}
 		st, _, b := do(t, "GET", usageURL+"/v1/usage?"+q.Encode(), admin, nil)
 		var u struct {
-			Totals struct{ Requests, Allowed, Rejected int } `json:"totals"`
+			Totals usageTotals `json:"totals"`
 		}
 		if st == 200 && json.Unmarshal(b, &u) == nil && u.Totals.Requests == n {
 			// Free tier: burst 20, 10/s; how many refill during the loop depends on its speed.
 			if u.Totals.Allowed < 20 || u.Totals.Allowed+u.Totals.Rejected != n {
 				t.Errorf("usage of %s: %+v, want at least 20 allowed (free tier, burst 20), the rest rejected", key, u.Totals)
 			}
-			break
+			return recorded{key, u.Totals}
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the usage API did not report %d requests of %s within 60s: %d %s", n, key, st, b)

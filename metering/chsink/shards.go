@@ -126,6 +126,33 @@ func (s *Sharded) RecentIDs(ctx context.Context, partition int, after int64, fn 
 	return r.RecentIDs(ctx, partition, after, fn)
 }
 
+// Epochs reads the partition's epochs from the replica Progress chose.
+func (s *Sharded) Epochs(ctx context.Context, partition int) ([]Epoch, error) {
+	r, err := s.replica(partition)
+	if err != nil {
+		return nil, err
+	}
+	return r.Epochs(ctx, partition)
+}
+
+// AddEpoch records an epoch on the replica Progress chose.
+func (s *Sharded) AddEpoch(ctx context.Context, partition int, e Epoch) error {
+	r, err := s.replica(partition)
+	if err != nil {
+		return err
+	}
+	return r.AddEpoch(ctx, partition, e)
+}
+
+// LastID reads from the replica Progress chose.
+func (s *Sharded) LastID(ctx context.Context, partition int, from, below int64) (string, int64, bool, error) {
+	r, err := s.replica(partition)
+	if err != nil {
+		return "", 0, false, err
+	}
+	return r.LastID(ctx, partition, from, below)
+}
+
 // Write writes the batch to the replica Progress chose. On error the
 // consumer reads Progress again, which may choose another replica.
 func (s *Sharded) Write(ctx context.Context, partition int, recs []Record, last int64, p *Progress) error {
@@ -149,7 +176,8 @@ func (s *Sharded) Write(ctx context.Context, partition int, recs []Record, last 
 func (s *Sink) caughtUp(ctx context.Context, within time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
-	var tables []string
+	// The tables of the consumer's progress, and its epochs.
+	tables := []string{"'" + epochsName + s.suffix + "'"}
 	for t := Table(0); t < numTables; t++ {
 		tables = append(tables, "'"+t.String()+s.suffix+"'")
 	}
@@ -182,8 +210,8 @@ func (s *Sink) caughtUp(ctx context.Context, within time.Duration) error {
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("catch up: %w", err)
 	}
-	if len(paths) != int(numTables) {
-		return fmt.Errorf("catch up: %d of %d replicated tables in %s (schema not applied in cluster form?)", len(paths), numTables, s.db)
+	if len(paths) != len(tables) {
+		return fmt.Errorf("catch up: %d of %d replicated tables in %s (schema not applied in cluster form?)", len(paths), len(tables), s.db)
 	}
 	for table, path := range paths {
 		var n uint64

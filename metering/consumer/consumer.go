@@ -10,7 +10,11 @@
 //
 //  1. reads the progress of every table from ClickHouse and starts at the
 //     lowest (chsink.Progress.Resume), never at a Kafka committed offset;
-//  2. reloads the deduplication window (event ids of the last offsets) from
+//  2. checks that the broker's log is the one that progress belongs to, by
+//     the event stored at the last offset, and records a new epoch when the
+//     log started over (epoch.go), so a fresh broker or a recreated topic is
+//     read from its start with the history kept; then reloads the
+//     deduplication window (event ids of the last positions) from
 //     decisions_raw;
 //  3. reads messages in offset order (fetch.go: its own fetcher, whose
 //     round trips have a deadline that allows for a slow broker, never
@@ -64,6 +68,10 @@ type Sink interface {
 	Progress(ctx context.Context, partition int) (chsink.Progress, error)
 	RecentIDs(ctx context.Context, partition int, after int64, fn func(id string, offset int64)) error
 	Write(ctx context.Context, partition int, recs []chsink.Record, last int64, p *chsink.Progress) error
+	// The incarnations of the partition's log (epoch.go).
+	Epochs(ctx context.Context, partition int) ([]chsink.Epoch, error)
+	AddEpoch(ctx context.Context, partition int, e chsink.Epoch) error
+	LastID(ctx context.Context, partition int, from, below int64) (id string, position int64, ok bool, err error)
 }
 
 // The decision times the tables can hold (DateTime: 1970 to 2105); events
@@ -336,6 +344,10 @@ func (c *Consumer) runPartition(runCtx, genCtx context.Context, gen *kafka.Gener
 	// A counter that exists from the start (at 0) lets increase() see the
 	// first stall; it is kept when the partition moves elsewhere.
 	c.m.stalls.WithLabelValues(label).Add(0)
+	c.m.gaps.WithLabelValues(label).Add(0)
+	for _, r := range []chsink.EpochReason{chsink.Restarted, chsink.Replaced, chsink.Truncated} {
+		c.m.epochs.WithLabelValues(label, string(r)).Add(0)
+	}
 	st := &partState{}
 	c.mu.Lock()
 	c.parts[p] = st
@@ -393,6 +405,20 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 	for _, v := range prog[1:] {
 		seenUpTo = max(seenUpTo, v)
 	}
+	lctx, cancel = context.WithTimeout(ctx, c.cfg.InsertTimeout)
+	eps, err := c.cfg.Sink.Epochs(lctx, p)
+	cancel()
+	if err != nil {
+		return err
+	}
+	// Which log, and where in it (epoch.go). Offsets in the tables, the
+	// batches and the deduplication window are positions (chsink/epochs.go);
+	// the fetcher, the committed offsets and the watchdog speak Kafka offsets
+	// of epoch ep.
+	ep, offset, err := c.locate(ctx, gen, p, eps, resume, seenUpTo)
+	if err != nil {
+		return err
+	}
 	dd := newDedup(c.seed, c.cfg.DedupWindow)
 	lctx, cancel = context.WithTimeout(ctx, c.cfg.InsertTimeout)
 	err = c.cfg.Sink.RecentIDs(lctx, p, resume-1-c.cfg.DedupWindow, func(id string, off int64) { dd.add(id, off) })
@@ -401,18 +427,18 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 		return err
 	}
 	c.clearFailing(p)
-	c.log.Debug("partition resumed", "partition", p, "offset", resume, "progress", prog[:])
-	st.start(resume, restart)
+	c.log.Debug("partition resumed", "partition", p, "offset", offset, "epoch", ep.Epoch, "position", ep.Position(offset), "progress", prog[:])
+	st.start(offset, restart)
 
-	f := startFetcher(ctx, c, p, resume)
+	f := startFetcher(ctx, c, p, offset)
 	defer f.stop()
 
 	var (
 		dec        metering.Decoder
 		batch      = make([]chsink.Record, 0, min(c.cfg.BatchSize, 65536))
-		n          int      // messages in the batch, duplicates and bad ones included
-		last       int64    // offset of the batch's last message
-		written    = resume // every offset below is in ClickHouse
+		n          int                   // messages in the batch, duplicates and bad ones included
+		last       int64                 // position of the batch's last message
+		written    = ep.Position(offset) // every position below is in ClickHouse
 		month      int
 		lastCommit time.Time
 		lagLabel   = strconv.Itoa(p)
@@ -434,11 +460,11 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 		// progress it read: both would count the same batches. Committing
 		// the progress so far first asks the coordinator, which refuses a
 		// member or generation that is no longer current.
-		if err := gen.CommitOffsets(map[string]map[int]int64{c.cfg.Topic: {p: written}}); err != nil {
+		if err := gen.CommitOffsets(map[string]map[int]int64{c.cfg.Topic: {p: ep.Offset(written)}}); err != nil {
 			if errors.Is(err, kafka.UnknownMemberId) || errors.Is(err, kafka.IllegalGeneration) || errors.Is(err, kafka.RebalanceInProgress) {
-				return fmt.Errorf("partition %d: offsets %d–%d not written: this member no longer owns the partition (%w)", p, written, last, err)
+				return fmt.Errorf("partition %d: offsets %d–%d not written: this member no longer owns the partition (%w)", p, ep.Offset(written), ep.Offset(last), err)
 			}
-			return fmt.Errorf("partition %d: offsets %d–%d not written: the group coordinator did not confirm that this member owns the partition: %w", p, written, last, err)
+			return fmt.Errorf("partition %d: offsets %d–%d not written: the group coordinator did not confirm that this member owns the partition: %w", p, ep.Offset(written), ep.Offset(last), err)
 		}
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
 		defer cancel()
@@ -456,12 +482,12 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 		for i := range batch {
 			c.m.delay.Observe(float64(nowMs-batch[i].Event.TS) / 1000)
 		}
-		if st.progress(last + 1) {
-			c.log.Info("partition makes progress again after a stall", "partition", p, "offset", last+1)
+		if st.progress(ep.Offset(last + 1)) {
+			c.log.Info("partition makes progress again after a stall", "partition", p, "offset", ep.Offset(last+1))
 		}
 		if now.Sub(lastCommit) >= time.Second {
 			// For lag tools only; the resume point is ClickHouse's.
-			if err := gen.CommitOffsets(map[string]map[int]int64{c.cfg.Topic: {p: last + 1}}); err != nil {
+			if err := gen.CommitOffsets(map[string]map[int]int64{c.cfg.Topic: {p: ep.Offset(last + 1)}}); err != nil {
 				c.log.Debug("commit offset (informational)", "partition", p, "err", err)
 			}
 			lastCommit = now
@@ -490,13 +516,14 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 		st.seen(res.hwm)
 		c.m.lag.WithLabelValues(lagLabel).Set(float64(max(res.hwm-res.next, 0)))
 		for _, msg := range res.msgs {
+			pos := ep.Position(msg.offset)
 			ev, err := dec.Decode(msg.value)
 			if err == nil && (ev.TS < minTS || ev.TS > maxTS) {
 				// DateTime cannot hold it: one such event would fail every
 				// INSERT of its batch forever.
 				err = fmt.Errorf("%w: ts %d out of range", metering.ErrBadEvent, ev.TS)
 			}
-			fresh := msg.offset > seenUpTo
+			fresh := pos > seenUpTo
 			if err != nil {
 				if fresh {
 					bad++
@@ -509,7 +536,7 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 						return err
 					}
 				}
-				if dd.add(ev.EventID, msg.offset) {
+				if dd.add(ev.EventID, pos) {
 					if fresh {
 						dups++
 					}
@@ -517,7 +544,7 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 					if len(batch) == 0 {
 						month = mo
 					}
-					batch = append(batch, chsink.Record{Offset: msg.offset, Event: ev})
+					batch = append(batch, chsink.Record{Offset: pos, Event: ev})
 				}
 			}
 			if n == 0 {
@@ -525,7 +552,7 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 				due = timer.C
 			}
 			n++
-			last = msg.offset
+			last = pos
 			if n >= c.cfg.BatchSize {
 				if err := flush(c.cfg.InsertTimeout); err != nil {
 					return err

@@ -143,7 +143,9 @@ func (f *fetcher) fetch(ctx context.Context, offset int64) (msgs []fetchedMsg, h
 	}
 	if resp.Error != nil {
 		if errors.Is(resp.Error, kafka.OffsetOutOfRange) {
-			return f.outOfRange(ctx, offset)
+			// Retention deleted it, or the log started over: the partition
+			// resumes, and resuming finds out which (epoch.go).
+			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: %w: the log no longer holds it; resuming checks which log this is", f.partition, offset, resp.Error)
 		}
 		return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: %w", f.partition, offset, resp.Error)
 	}
@@ -173,34 +175,4 @@ func (f *fetcher) fetch(ctx context.Context, offset int64) (msgs []fetchedMsg, h
 		next = rec.Offset + 1
 	}
 	return msgs, resp.HighWatermark, next, nil
-}
-
-// outOfRange handles an offset the log does not hold: below its start
-// (retention deleted messages before they were consumed) the fetcher skips
-// to the start and says so; past its end (Kafka lost messages ClickHouse
-// already has, or the topic was recreated) is an error, so the partition is
-// reported failing until the log reaches the offset.
-func (f *fetcher) outOfRange(ctx context.Context, offset int64) ([]fetchedMsg, int64, int64, error) {
-	res, err := f.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{
-		Topics: map[string][]kafka.OffsetRequest{f.topic: {kafka.FirstOffsetOf(f.partition), kafka.LastOffsetOf(f.partition)}},
-	})
-	if err != nil {
-		return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: out of range, and its bounds are unknown: %w", f.partition, offset, err)
-	}
-	for _, po := range res.Topics[f.topic] {
-		if po.Partition != f.partition {
-			continue
-		}
-		if po.Error != nil {
-			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: out of range, and its bounds are unknown: %w", f.partition, offset, po.Error)
-		}
-		if offset < po.FirstOffset {
-			f.log.Warn("messages deleted by retention before they were consumed; skipping them",
-				"partition", f.partition, "from", offset, "to", po.FirstOffset-1)
-			return nil, po.LastOffset, po.FirstOffset, nil
-		}
-		return nil, po.LastOffset, offset, fmt.Errorf("fetch partition %d: offset %d is past the end of the log (%d); Kafka lost messages ClickHouse has, or the topic was recreated",
-			f.partition, offset, po.LastOffset)
-	}
-	return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: out of range, and the broker did not list the partition's bounds", f.partition, offset)
 }

@@ -19,6 +19,8 @@ type metrics struct {
 	chUp        prometheus.Gauge
 	restarts    prometheus.Counter
 	stalls      *prometheus.CounterVec
+	epochs      *prometheus.CounterVec
+	gaps        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -56,8 +58,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		stalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meter_partition_stalls_total", Help: "Times a partition with messages to read wrote nothing to ClickHouse for METER_STALL_AFTER while nothing failed; each time its reader was restarted.",
 		}, []string{"partition"}),
+		epochs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meter_log_epochs_total", Help: "Times a partition's log started over (reason restarted: a fresh broker, a recreated topic, another cluster; replaced: recreated and grown past the stored offset; truncated: the same log lost its tail) and a new epoch was recorded; the new log is read from its start, history kept.",
+		}, []string{"partition", "reason"}),
+		gaps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meter_log_gap_messages_total", Help: "Messages deleted from the log (retention) before the consumer read them: never counted in the usage tables.",
+		}, []string{"partition"}),
 	}
-	for _, c := range []prometheus.Collector{m.lag, m.assigned, m.batchEvents, m.written, m.duplicates, m.bad, m.delay, m.chUp, m.restarts, m.stalls} {
+	for _, c := range []prometheus.Collector{m.lag, m.assigned, m.batchEvents, m.written, m.duplicates, m.bad, m.delay, m.chUp, m.restarts, m.stalls, m.epochs, m.gaps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
