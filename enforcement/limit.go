@@ -113,6 +113,33 @@ type Decision struct {
 	// Shadow is the verdict of the shadow limit evaluated beside this
 	// decision (Config.Shadow); zero when none applied. Never enforced.
 	Shadow ShadowVerdict
+	// Bucket and Quota report the token bucket and the calendar quota one
+	// by one, where Limit, Remaining and ResetAt report whichever binds:
+	// what a caller needs to advertise both (the RateLimit header fields).
+	Bucket BucketState
+	Quota  QuotaState
+}
+
+// BucketState is the token bucket that decided, after the decision: the
+// resolved one, or the tightened one when Source is SourceDegraded. Its
+// zero value means the decision never reached a bucket.
+type BucketState struct {
+	Rate      float64   // refill, tokens per second
+	Burst     int64     // capacity
+	Remaining int64     // whole tokens left
+	ResetAt   time.Time // when the bucket is full again
+}
+
+// QuotaState is the calendar quota of the limit, after the decision. Limit
+// 0 means the limit has none. Known is false when the local tier decided
+// before this instance had learned the window's spend: then Remaining and
+// ResetAt are zero.
+type QuotaState struct {
+	Limit     int64  // tokens per window
+	Period    Period // the calendar window
+	Known     bool
+	Remaining int64     // tokens left in the window
+	ResetAt   time.Time // the window's end
 }
 
 // Errors a caller branches on.

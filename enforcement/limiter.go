@@ -317,6 +317,10 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 	}
 	e.lastUse = nowUS
 	d.Limit, d.Policy, d.Tier, d.Cost, d.DryRun = res.Burst, res.Policy, res.Tier, cost, res.DryRun
+	d.Bucket.Rate, d.Bucket.Burst = res.Rate, res.Burst
+	if res.HasQuota() {
+		d.Quota.Limit, d.Quota.Period = res.QuotaLimit, res.QuotaPeriod
+	}
 	if cost > 0 {
 		if epoch := l.storeEpoch.Load(); e.epoch != epoch {
 			e.known, e.epoch = learned{}, epoch
@@ -334,6 +338,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 				reset = ceilUS(float64(res.Burst) / res.Rate) // nothing known: at most an empty bucket's refill
 			}
 			d.ResetAt = l.rejectionResetAt(&e.known, &lw, start, reset)
+			d.Bucket.Remaining, d.Bucket.ResetAt = d.Remaining, d.ResetAt
 			quotaUsed, quotaEnd, quotaLimit := e.known.quotaUsed, e.known.quotaEnd, res.QuotaLimit
 			e.mu.Unlock()
 			d.Source = SourceLocal
@@ -386,6 +391,7 @@ func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *en
 		d.Remaining = v.Remaining
 		d.RetryAfter = v.RetryAfter
 		d.ResetAt = v.Now.Add(v.ResetAfter)
+		d.Bucket.Remaining, d.Bucket.ResetAt = d.Remaining, d.ResetAt
 		d.Warning = v.Warning
 		if lim.HasQuota() {
 			_, end := lim.QuotaPeriod.Window(v.Now)
@@ -420,6 +426,7 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 	tight := l.tightened(lim, inst)
 	d.Source = SourceDegraded
 	d.Limit = tight.Burst
+	d.Bucket.Rate, d.Bucket.Burst = tight.Rate, tight.Burst
 
 	var q *quotaEntry
 	var quotaEndAt time.Time
@@ -470,6 +477,10 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 	d.WouldAllow = allowed
 	d.Remaining = wholeTokens(dr.Tokens)
 	d.ResetAt = wall.Add(time.Duration(dr.ResetAfterUS) * time.Microsecond)
+	d.Bucket.Remaining, d.Bucket.ResetAt = d.Remaining, d.ResetAt
+	if q != nil {
+		d.Quota.Known, d.Quota.Remaining, d.Quota.ResetAt = true, max(0, quotaLeft), quotaEndAt
+	}
 	if q != nil && quotaLeft < d.Remaining {
 		// This instance's share of the quota binds: report it.
 		d.Remaining, d.Limit, d.ResetAt = max(0, quotaLeft), lim.QuotaLimit, quotaEndAt
@@ -535,9 +546,11 @@ func (q *quotaEntry) degradedLeft(lim Limit, inst float64, end int64) int64 {
 // reset are then the quota's, so that a caller pacing itself on them (and
 // the RateLimit-* headers built from them) sees the constraint that will
 // reject it. used is the window's spend after this decision; end is when
-// the window resets.
+// the window resets. d.Quota records the quota's own state either way.
 func bindQuota(d *Decision, quotaLimit, used int64, end time.Time) {
-	if left := max(0, quotaLimit-used); left < d.Remaining {
+	left := max(0, quotaLimit-used)
+	d.Quota.Known, d.Quota.Remaining, d.Quota.ResetAt = true, left, end
+	if left < d.Remaining {
 		d.Remaining, d.Limit, d.ResetAt = left, quotaLimit, end
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
@@ -47,6 +48,9 @@ type config struct {
 
 	GRPCAddr          string // the Envoy rate limit service; empty = off
 	GRPCAddrIsDefault bool   // LIMITER_GRPC_ADDR unset: a taken port is a warning, not a failure
+
+	Headers      ratelimitheader.Mode // LIMITER_HEADERS: the fields of /check's "headers" object
+	EnvoyHeaders ratelimitheader.Mode // LIMITER_ENVOY_HEADERS: the Envoy answers' response_headers_to_add
 }
 
 // loadConfig reads the environment; every problem is reported at once, each
@@ -88,6 +92,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	c.GRPCAddr, c.GRPCAddrIsDefault = grpcAddrFrom(e)
 	c.ListenTLS = tlsconf.ServerFromEnv(e, "LIMITER_TLS_CERT_FILE", "LIMITER_TLS_KEY_FILE")
+	c.Headers = headerModeFrom(e, "LIMITER_HEADERS", "both")
+	c.EnvoyHeaders = headerModeFrom(e, "LIMITER_ENVOY_HEADERS", "legacy")
 	if c.LocalHeadroom < 1 {
 		e.Fail("LIMITER_LOCAL_HEADROOM", "must be ≥ 1")
 	}
@@ -95,4 +101,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 		e.Fail("LIMITER_DEGRADED_MAX_RATE", "and LIMITER_DEGRADED_MAX_BURST must be set together")
 	}
 	return c, e.Err()
+}
+
+// headerModeFrom reads a rate-limit header mode (legacy, draft, both, none).
+func headerModeFrom(e *envconfig.Reader, name, def string) ratelimitheader.Mode {
+	m, err := ratelimitheader.ParseMode(e.String(name, def))
+	if err != nil {
+		e.Fail(name, "%v", err)
+	}
+	return m
 }

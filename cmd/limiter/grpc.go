@@ -233,7 +233,9 @@ func startGRPC(cfg config, lim *enforcement.Limiter, reg prometheus.Registerer, 
 			return err
 		}),
 	)...)
-	registerRLS(srv, envoyrls.New(lim, m))
+	rls := envoyrls.New(lim, m)
+	rls.SetHeaderMode(cfg.EnvoyHeaders)
+	registerRLS(srv, rls)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

@@ -95,8 +95,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	defer stopReload()
 
 	mux := http.NewServeMux()
-	mux.Handle("POST /check", httpapi.NewCheckHandler(lim, cfg.AuthToken, log))
-	mux.Handle("/check", httpapi.NewCheckHandler(lim, cfg.AuthToken, log)) // 405 for other methods
+	check := httpapi.NewCheckHandler(lim, cfg.AuthToken, log)
+	check.SetHeaderMode(cfg.Headers)
+	mux.Handle("POST /check", check)
+	mux.Handle("/check", check) // 405 for other methods
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

@@ -37,6 +37,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
+	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
 	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/policy"
 )
@@ -100,15 +101,24 @@ type Observer interface {
 // Service implements rlsv3.RateLimitServiceServer.
 type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	lim Limiter
-	obs Observer
-	now func() time.Time
+	lim     Limiter
+	obs     Observer
+	now     func() time.Time
+	headers ratelimitheader.Mode
 }
 
-// New returns the service over lim. obs may be nil.
+// New returns the service over lim. obs may be nil. Its answers carry the
+// legacy headers only until SetHeaderMode says otherwise.
 func New(lim Limiter, obs Observer) *Service {
-	return &Service{lim: lim, obs: obs, now: time.Now}
+	return &Service{lim: lim, obs: obs, now: time.Now, headers: ratelimitheader.Legacy}
 }
+
+// SetHeaderMode selects the response_headers_to_add of every answer:
+// Legacy (the default: x-ratelimit-* and ratelimit-limit/-remaining/-reset),
+// Draft (the IETF draft's ratelimit-policy and ratelimit), Both, or None;
+// retry-after and the soft-limit warning are added in every mode. Call it
+// before serving.
+func (s *Service) SetHeaderMode(m ratelimitheader.Mode) { s.headers = m }
 
 // plan is one descriptor, validated and mapped, before anything is spent.
 type plan struct {
@@ -231,7 +241,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if bindSet {
 		// As the HTTP middleware does: the caller hears about its soft
 		// limit on the request itself.
-		resp.ResponseHeadersToAdd = a.headers(&bind, now, warn)
+		resp.ResponseHeadersToAdd = a.headers(&bind, now, warn, s.headers)
 	}
 	return resp, nil
 }
@@ -364,8 +374,10 @@ type answer struct {
 	moreDurs []durationpb.Duration
 }
 
-// maxHeaders is what headers adds at most: six RateLimit headers,
-// retry-after and the soft-limit warning.
+// maxHeaders is what headers adds at most in the answer's own arrays: six
+// legacy RateLimit headers, retry-after and the soft-limit warning. Mode
+// Both adds the draft's two and takes its arrays from the heap instead, so
+// that the default answer stays the size it was.
 const maxHeaders = 8
 
 func newAnswer(n int) *answer {
@@ -409,38 +421,59 @@ func (a *answer) duration(i int, d time.Duration) *durationpb.Duration {
 // middleware sets them: the limit, whole tokens left, whole seconds until
 // the bucket is full), on a rejection Retry-After (whole seconds, rounded
 // up), and with warn the soft-limit warning, for Envoy to add to the
-// client's response. The numbers share one string.
-func (a *answer) headers(d *enforcement.Decision, now time.Time, warn bool) []*corev3.HeaderValue {
-	var buf [4 * 20]byte
+// client's response; with mode Draft or Both the draft's RateLimit-Policy
+// and RateLimit (package ratelimitheader). The values share one string.
+func (a *answer) headers(d *enforcement.Decision, now time.Time, warn bool, mode ratelimitheader.Mode) []*corev3.HeaderValue {
+	var buf [256]byte
 	b := strconv.AppendInt(buf[:0], d.Limit, 10)
 	nLimit := len(b)
 	b = strconv.AppendInt(b, max(0, d.Remaining), 10)
 	nRemaining := len(b)
-	b = strconv.AppendInt(b, max(0, int64(math.Ceil(d.ResetAt.Sub(now).Seconds()))), 10)
+	b = strconv.AppendInt(b, ratelimitheader.ResetSeconds(d, now), 10)
 	nReset := len(b)
 	retry := !d.Allowed && d.RetryAfter > 0
 	if retry {
-		b = strconv.AppendInt(b, int64(math.Ceil(d.RetryAfter.Seconds())), 10)
+		b = strconv.AppendInt(b, ratelimitheader.RetryAfterSeconds(d), 10)
 	}
-	nums := string(b)
-	limit, remaining, reset := nums[:nLimit], nums[nLimit:nRemaining], nums[nRemaining:nReset]
-	hv := append(a.header[:0],
-		corev3.HeaderValue{Key: "x-ratelimit-limit", Value: limit},
-		corev3.HeaderValue{Key: "x-ratelimit-remaining", Value: remaining},
-		corev3.HeaderValue{Key: "x-ratelimit-reset", Value: reset},
-		corev3.HeaderValue{Key: "ratelimit-limit", Value: limit},
-		corev3.HeaderValue{Key: "ratelimit-remaining", Value: remaining},
-		corev3.HeaderValue{Key: "ratelimit-reset", Value: reset},
-	)
+	nRetry := len(b)
+	draft := mode.DraftFields() && ratelimitheader.HasPolicy(d)
+	nPolicy := nRetry
+	if draft {
+		b = ratelimitheader.AppendPolicy(b, d, now)
+		nPolicy = len(b)
+		b = ratelimitheader.AppendRateLimit(b, d, now)
+	}
+	vals := string(b)
+	limit, remaining, reset := vals[:nLimit], vals[nLimit:nRemaining], vals[nRemaining:nReset]
+	hv, ptrs := a.header[:0], a.headerP[:]
+	if mode == ratelimitheader.Both {
+		hv, ptrs = make([]corev3.HeaderValue, 0, maxHeaders+2), make([]*corev3.HeaderValue, maxHeaders+2)
+	}
+	if mode.LegacyFields() {
+		hv = append(hv,
+			corev3.HeaderValue{Key: "x-ratelimit-limit", Value: limit},
+			corev3.HeaderValue{Key: "x-ratelimit-remaining", Value: remaining},
+			corev3.HeaderValue{Key: "x-ratelimit-reset", Value: reset},
+			corev3.HeaderValue{Key: "ratelimit-limit", Value: limit},
+			corev3.HeaderValue{Key: "ratelimit-remaining", Value: remaining},
+			corev3.HeaderValue{Key: "ratelimit-reset", Value: reset},
+		)
+	}
+	if draft {
+		hv = append(hv,
+			corev3.HeaderValue{Key: "ratelimit-policy", Value: vals[nRetry:nPolicy]},
+			corev3.HeaderValue{Key: "ratelimit", Value: vals[nPolicy:]},
+		)
+	}
 	if retry {
-		hv = append(hv, corev3.HeaderValue{Key: "retry-after", Value: nums[nReset:]})
+		hv = append(hv, corev3.HeaderValue{Key: "retry-after", Value: vals[nReset:nRetry]})
 	}
 	if warn {
 		hv = append(hv, corev3.HeaderValue{Key: warningHeader, Value: httpapi.SoftLimitWarning})
 	}
-	out := a.headerP[:len(hv)]
+	out := ptrs[:len(hv)]
 	for i := range hv {
-		out[i] = &a.header[i]
+		out[i] = &hv[i]
 	}
 	return out
 }

@@ -8,7 +8,9 @@ import (
 )
 
 // Middleware rate-limits every request that reaches it with g: the
-// RateLimit-* headers on every response, 429 with Retry-After on rejection.
+// rate-limit header fields g.Headers selects on every response (the legacy
+// trio and the IETF draft's RateLimit-Policy and RateLimit by default), 429
+// with Retry-After on rejection.
 // When g.Scope is nil the scope is gin's route template (c.FullPath()).
 func Middleware(g *httpapi.Guard) gin.HandlerFunc {
 	guard := *g

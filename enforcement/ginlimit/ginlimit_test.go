@@ -56,6 +56,13 @@ func TestGinMiddleware(t *testing.T) {
 	if last.Header().Get("Retry-After") != "1" || last.Header().Get("RateLimit-Limit") != "2" || !strings.Contains(last.Body.String(), "rate_limited") {
 		t.Fatalf("429 response: %v %s", last.Header(), last.Body)
 	}
+	// The IETF draft's fields beside the legacy trio (mode both, the
+	// default), and the 429 as the draft's quota-exceeded problem.
+	if last.Header().Get("RateLimit-Policy") != `"free";q=2;w=2` || last.Header().Get("RateLimit") != `"free";r=0;t=1` ||
+		last.Header().Get("Content-Type") != "application/problem+json" ||
+		!strings.Contains(last.Body.String(), `"type":"https://iana.org/assignments/http-problem-types#quota-exceeded"`) {
+		t.Fatalf("429 draft fields: %v %s", last.Header(), last.Body)
+	}
 	if len(scopes) != 2 {
 		t.Fatalf("handler ran %d times, want 2 (the 429 must abort)", len(scopes))
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
 )
 
 // Checker decides; *enforcement.Limiter is one.
@@ -25,7 +26,12 @@ type CheckHandler struct {
 	checker   Checker
 	authToken []byte
 	log       *slog.Logger
+	headers   ratelimitheader.Mode
 }
+
+// SetHeaderMode selects the fields of each answer's "headers" object
+// (default Both; None leaves the object out). Call it before serving.
+func (h *CheckHandler) SetHeaderMode(m ratelimitheader.Mode) { h.headers = m }
 
 // NewCheckHandler returns the /check handler. With a non-empty authToken,
 // requests must carry "Authorization: Bearer <authToken>".
@@ -76,7 +82,7 @@ func (h *CheckHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, errorFor(err), "")
 		return
 	}
-	out := appendDecision((*bp)[:0], &d)
+	out := appendDecision((*bp)[:0], &d, h.headers)
 	*bp = out[:0]
 	// A shared, never-mutated value: no allocation per response. net/http
 	// sets Content-Length itself for a body this small.
@@ -134,7 +140,17 @@ func bearerMatches(header string, token []byte) bool {
 // WriteError writes the contract's error body. requestID is included when set.
 func WriteError(w http.ResponseWriter, e *Error, requestID string) {
 	b := make([]byte, 0, 128)
-	b = append(b, `{"error":{"code":`...)
+	b = append(b, '{')
+	b = appendErrorMember(b, e, requestID)
+	b = append(b, "}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(b)
+}
+
+// appendErrorMember appends the contract's "error" member.
+func appendErrorMember(b []byte, e *Error, requestID string) []byte {
+	b = append(b, `"error":{"code":`...)
 	b = strconv.AppendQuote(b, e.Code)
 	b = append(b, `,"message":`...)
 	b = appendJSONString(b, e.Message)
@@ -142,15 +158,12 @@ func WriteError(w http.ResponseWriter, e *Error, requestID string) {
 		b = append(b, `,"requestId":`...)
 		b = appendJSONString(b, requestID)
 	}
-	b = append(b, "}}\n"...)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(e.Status)
-	_, _ = w.Write(b)
+	return append(b, '}')
 }
 
 // appendDecision writes the /check response body without reflection: it is
 // on the hot path of every decision.
-func appendDecision(b []byte, d *enforcement.Decision) []byte {
+func appendDecision(b []byte, d *enforcement.Decision, mode ratelimitheader.Mode) []byte {
 	b = append(b, `{"allowed":`...)
 	b = strconv.AppendBool(b, d.Allowed)
 	b = append(b, `,"remaining":`...)
@@ -184,11 +197,56 @@ func appendDecision(b []byte, d *enforcement.Decision) []byte {
 		b = strconv.AppendBool(b, d.Shadow.WouldAllow)
 		b = append(b, '}')
 	}
+	if mode != ratelimitheader.None {
+		b = appendHeaders(b, d, time.Now(), mode)
+	}
 	return append(b, "}\n"...)
 }
 
+// appendHeaders writes the "headers" member: the response header fields
+// the middleware would set for d, ready for a caller to copy onto its own
+// response.
+func appendHeaders(b []byte, d *enforcement.Decision, now time.Time, mode ratelimitheader.Mode) []byte {
+	b = append(b, `,"headers":{`...)
+	n := len(b)
+	if mode.LegacyFields() {
+		b = append(b, `"`+ratelimitheader.LimitField+`":"`...)
+		b = strconv.AppendInt(b, d.Limit, 10)
+		b = append(b, `","`+ratelimitheader.RemainingField+`":"`...)
+		b = strconv.AppendInt(b, max(0, d.Remaining), 10)
+		b = append(b, `","`+ratelimitheader.ResetField+`":"`...)
+		b = strconv.AppendInt(b, ratelimitheader.ResetSeconds(d, now), 10)
+		b = append(b, '"')
+	}
+	if mode.DraftFields() && ratelimitheader.HasPolicy(d) {
+		var buf [192]byte // a field value, JSON-escaped below; grows on the heap only past it
+		if len(b) > n {
+			b = append(b, ',')
+		}
+		b = append(b, `"`+ratelimitheader.PolicyField+`":`...)
+		b = appendJSONString(b, ratelimitheader.AppendPolicy(buf[:0], d, now))
+		b = append(b, `,"`+ratelimitheader.RateLimitField+`":`...)
+		b = appendJSONString(b, ratelimitheader.AppendRateLimit(buf[:0], d, now))
+	}
+	if !d.Allowed {
+		if len(b) > n {
+			b = append(b, ',')
+		}
+		b = append(b, `"`+ratelimitheader.RetryAfter+`":"`...)
+		b = strconv.AppendInt(b, ratelimitheader.RetryAfterSeconds(d), 10)
+		b = append(b, '"')
+	}
+	if d.Warning {
+		if len(b) > n {
+			b = append(b, ',')
+		}
+		b = append(b, `"`+WarningHeader+`":"`+SoftLimitWarning+`"`...)
+	}
+	return append(b, '}')
+}
+
 // appendJSONString appends s as a JSON string (RFC 8259 escaping).
-func appendJSONString(b []byte, s string) []byte {
+func appendJSONString[T string | []byte](b []byte, s T) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
 	for i := 0; i < len(s); i++ {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
 )
 
 // KeyFunc returns the rate-limit key of a request, or "" when it has none.
@@ -67,6 +67,13 @@ type Guard struct {
 	Cost func(r *http.Request) (cost int64, ok bool)
 	// Log receives errors (default: discarded).
 	Log *slog.Logger
+	// Headers selects the rate-limit header fields (default Both: the
+	// legacy RateLimit-Limit/-Remaining/-Reset trio and the IETF draft's
+	// RateLimit-Policy and RateLimit). With Legacy, a 429 is answered as
+	// before (application/json, the error object only); otherwise as the
+	// draft's quota-exceeded problem (application/problem+json), which
+	// carries the same error object.
+	Headers ratelimitheader.Mode
 }
 
 // Allow decides r and writes the headers. It returns false after writing
@@ -93,15 +100,45 @@ func (g *Guard) Allow(w http.ResponseWriter, r *http.Request) bool {
 		WriteError(w, &Error{Status: http.StatusInternalServerError, Code: "limiter_error", Message: "the rate limiter could not decide this request"}, requestID(r))
 		return false
 	}
-	SetHeaders(w.Header(), &d)
+	now := time.Now()
+	setHeaders(w.Header(), &d, now, g.Headers)
 	if d.Allowed {
 		return true
 	}
-	secs := int64(math.Ceil(d.RetryAfter.Seconds()))
-	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	secs := ratelimitheader.RetryAfterSeconds(&d)
+	w.Header().Set(ratelimitheader.RetryAfter, strconv.FormatInt(secs, 10))
 	msg := fmt.Sprintf("Rate limit exceeded. Retry in about %d second%s.", secs, plural(secs))
-	WriteError(w, &Error{Status: http.StatusTooManyRequests, Code: "rate_limited", Message: msg}, requestID(r))
+	e := &Error{Status: http.StatusTooManyRequests, Code: "rate_limited", Message: msg}
+	if g.Headers == ratelimitheader.Legacy {
+		WriteError(w, e, requestID(r))
+	} else {
+		writeQuotaExceeded(w, e, &d, requestID(r))
+	}
 	return false
+}
+
+// QuotaExceededType is the problem type of a 429 (RFC 9457), as
+// draft-ietf-httpapi-ratelimit-headers-11 section 5.1 registers it.
+const QuotaExceededType = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+// writeQuotaExceeded answers a rejection as an RFC 9457 problem of the
+// draft's quota-exceeded type, with its "violated-policies" member (the
+// policy items of the RateLimit field that could not pay), and the
+// contract's error object beside it for the callers that read that.
+func writeQuotaExceeded(w http.ResponseWriter, e *Error, d *enforcement.Decision, requestID string) {
+	b := make([]byte, 0, 512)
+	b = append(b, `{"type":"`+QuotaExceededType+`","title":"Quota Exceeded","status":`...)
+	b = strconv.AppendInt(b, int64(e.Status), 10)
+	b = append(b, `,"detail":`...)
+	b = appendJSONString(b, e.Message)
+	b = append(b, `,"violated-policies":`...)
+	b = ratelimitheader.AppendViolated(b, d)
+	b = append(b, ',')
+	b = appendErrorMember(b, e, requestID)
+	b = append(b, "}\n"...)
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(b)
 }
 
 func plural(n int64) string {
@@ -133,12 +170,38 @@ const SoftLimitWarning = "soft-limit"
 
 // SetHeaders sets RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset
 // (whole seconds until the bucket is full, rounded up), and WarningHeader
-// when the decision reached the soft limit.
+// when the decision reached the soft limit: the legacy fields only (a
+// Guard sets the ones its Headers mode selects).
 func SetHeaders(h http.Header, d *enforcement.Decision) {
-	reset := int64(math.Ceil(time.Until(d.ResetAt).Seconds()))
-	h.Set("RateLimit-Limit", strconv.FormatInt(d.Limit, 10))
-	h.Set("RateLimit-Remaining", strconv.FormatInt(max(0, d.Remaining), 10))
-	h.Set("RateLimit-Reset", strconv.FormatInt(max(0, reset), 10))
+	setHeaders(h, d, time.Now(), ratelimitheader.Legacy)
+}
+
+// The draft's field names as http.Header keys them.
+const (
+	canonicalPolicyField    = "Ratelimit-Policy"
+	canonicalRateLimitField = "Ratelimit"
+)
+
+// setHeaders sets the fields mode selects, and WarningHeader.
+func setHeaders(h http.Header, d *enforcement.Decision, now time.Time, mode ratelimitheader.Mode) {
+	if mode.LegacyFields() {
+		h.Set(ratelimitheader.LimitField, strconv.FormatInt(d.Limit, 10))
+		h.Set(ratelimitheader.RemainingField, strconv.FormatInt(max(0, d.Remaining), 10))
+		h.Set(ratelimitheader.ResetField, strconv.FormatInt(ratelimitheader.ResetSeconds(d, now), 10))
+	}
+	if mode.DraftFields() && ratelimitheader.HasPolicy(d) {
+		// Both values share one string and one slice, set under their
+		// canonical keys directly: two allocations instead of six.
+		var buf [256]byte
+		b := ratelimitheader.AppendPolicy(buf[:0], d, now)
+		n := len(b)
+		b = ratelimitheader.AppendRateLimit(b, d, now)
+		both := string(b)
+		vals := make([]string, 2)
+		vals[0], vals[1] = both[:n], both[n:]
+		h[canonicalPolicyField] = vals[0:1:1]
+		h[canonicalRateLimitField] = vals[1:2:2]
+	}
 	if d.Warning {
 		h.Set(WarningHeader, SoftLimitWarning)
 	}
