@@ -105,6 +105,7 @@ func TestHostileFloodBesideNormalTraffic(t *testing.T) {
 	var fwg sync.WaitGroup
 	fc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
 	body := []byte(`{"key":"flood","scope":"api"}`)
+	floodBegan := time.Now()
 	for range 16 {
 		fwg.Add(1)
 		go func() {
@@ -134,19 +135,25 @@ func TestHostileFloodBesideNormalTraffic(t *testing.T) {
 	fails := duringFails()
 	close(floodStop)
 	fwg.Wait()
+	floodFor := time.Since(floodBegan)
 	t.Logf("normal keys alone:      %s", base)
 	t.Logf("normal keys, one flood: %s", during)
-	t.Logf("flood on one key: %d answered (%d allowed, limit rate 10/s burst 10), %d transport errors",
-		flooded.Load(), floodAllowed.Load(), floodErrors.Load())
+	t.Logf("flood on one key: %d answered in %v (%d allowed, limit rate 10/s burst 10), %d transport errors",
+		flooded.Load(), floodFor.Round(time.Millisecond), floodAllowed.Load(), floodErrors.Load())
 	if len(fails) > 0 {
 		t.Errorf("normal traffic beside the flood: %d+ failures: %q", len(fails), fails)
+	}
+	// The flood is limited as its tier says: burst + rate × time, measured
+	// here around the whole flood (an upper bound of the server's window).
+	if ceiling := 10 + 10*floodFor.Seconds(); float64(floodAllowed.Load()) > ceiling+1 {
+		t.Errorf("the flood got %d allowed in %v, more than burst + rate × time = %.0f", floodAllowed.Load(), floodFor, ceiling)
 	}
 	if flooded.Load() < 1000 {
 		t.Errorf("the flood sent only %d requests: not a flood", flooded.Load())
 	}
-	// A sanity bound only (the figures above are the result): ten times
-	// what a decision takes, beyond any loaded machine's scheduling delay.
-	if q := during.Quantile(0.99); q > 2*time.Second {
+	// A sanity bound only (the figures above are the result): far beyond
+	// any loaded machine's scheduling delay, below the client's timeout.
+	if q := during.Quantile(0.99); q > 5*time.Second {
 		t.Errorf("normal keys' p99 %v beside the flood", q)
 	}
 }
@@ -221,7 +228,9 @@ func TestHostileBodies(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	lat, fails := normalTraffic(p, 2, 1000, 10*time.Millisecond, stop)
-	var big, big413 atomic.Int64
+	var big, big413, bigReset atomic.Int64
+	var otherMu sync.Mutex
+	var other []string
 	var wg sync.WaitGroup
 	huge := padded(4 << 20)
 	for range 4 {
@@ -229,10 +238,17 @@ func TestHostileBodies(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 50 {
-				code, _ := post(bytes.NewReader(huge), -1)
+				code, b := post(bytes.NewReader(huge), -1)
 				big.Add(1)
-				if code == 413 {
+				switch code {
+				case 413:
 					big413.Add(1)
+				case 0: // the server closed while the client was still sending: refused too
+					bigReset.Add(1)
+				default:
+					otherMu.Lock()
+					other = append(other, fmt.Sprintf("%d %.200s", code, b))
+					otherMu.Unlock()
 				}
 			}
 		}()
@@ -240,9 +256,10 @@ func TestHostileBodies(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	f := fails()
-	t.Logf("%d chunked 4 MiB bodies, %d answered 413; normal traffic meanwhile: %s", big.Load(), big413.Load(), lat)
-	if big413.Load() != big.Load() {
-		t.Errorf("%d of %d oversized bodies answered 413", big413.Load(), big.Load())
+	t.Logf("%d chunked 4 MiB bodies: %d answered 413, %d cut off by the server mid-send; normal traffic meanwhile: %s",
+		big.Load(), big413.Load(), bigReset.Load(), lat)
+	if len(other) > 0 || big413.Load() == 0 {
+		t.Errorf("oversized bodies: %d answered 413, and otherwise %q", big413.Load(), other)
 	}
 	if len(f) > 0 {
 		t.Errorf("normal traffic beside the oversized bodies: %q", f)
