@@ -39,8 +39,10 @@ deps:
 	@for i in 1 2 3; do $(GO) mod download && exit 0; echo "go mod download failed (attempt $$i of 3)" >&2; sleep $$((i * 5)); done; exit 1
 
 # The fault and process tests, STRESS_RUNS times (default 5) while stress-ng
-# keeps every core busy; prints passed/runs per test and fails unless every
-# test passed every run (scripts/stress-test.sh; README, "Testing").
+# keeps every core busy, then the hostile-traffic tests (TestHostile*, with
+# RATEWARDEN_HOSTILE=1; STRESS_HOSTILE=0 leaves them out); prints
+# passed/runs per test and fails unless every test passed every run
+# (scripts/stress-test.sh; README, "Testing").
 stress-test:
 	@scripts/deps.sh test
 	@scripts/stress-test.sh

@@ -78,15 +78,21 @@ func loadConfig(getenv func(string) string) (config, error) {
 }
 
 func main() {
+	os.Exit(program().Main(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// serve sends the mix until SIGTERM or SIGINT and returns the exit code.
+func serve() int {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	cfg, err := loadConfig(os.Getenv)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo-traffic: invalid configuration:", err)
-		os.Exit(2)
+		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	run(ctx, cfg, log)
+	return 0
 }
 
 // run sends the mix at cfg.rps until ctx ends. Requests are sequential: one

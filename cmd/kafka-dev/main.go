@@ -35,16 +35,21 @@ import (
 )
 
 func main() {
+	os.Exit(program().Main(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// serve runs the broker until SIGTERM or SIGINT and returns the exit code.
+func serve() int {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	cfg, err := config(os.Getenv)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kafka-dev:", err)
-		os.Exit(2)
+		return 2
 	}
 	b, err := kafkadev.Start(cfg)
 	if err != nil {
 		log.Error("start broker", "err", err)
-		os.Exit(1)
+		return 1
 	}
 	log.Info("kafka-dev broker listening", "addr", b.Addr(), "topic", cfg.Topic, "partitions", cfg.Partitions,
 		"tls", cfg.TLS != nil, "sasl_users", fmt.Sprint(cfg.Users))
@@ -53,6 +58,7 @@ func main() {
 	<-sig
 	b.Close()
 	log.Info("kafka-dev broker stopped")
+	return 0
 }
 
 func config(getenv func(string) string) (kafkadev.Config, error) {

@@ -1,7 +1,8 @@
 // Command limiter answers POST /check for any service: a two-tier token
 // bucket with Redis (or Redis Cluster) as the authority. Configuration is
 // read from the environment (README.md, "Configuration"); `limiter policy
-// check|explain` are the operator's policy tools.
+// check|explain|replay` are the operator's policy tools, and `limiter help`
+// lists every command (commands.go).
 package main
 
 import (
@@ -16,20 +17,23 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "policy" {
-		os.Exit(policyCommand(os.Args[2:], os.Stdout, os.Stderr))
-	}
+	os.Exit(program().Main(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// serve runs the limiter until SIGTERM or SIGINT and returns the exit code.
+func serve() int {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	redislog.Use(log) // go-redis's own lines as JSON too, like every other log line
 	cfg, err := loadConfig(os.Getenv)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "limiter: invalid configuration: "+err.Error())
-		os.Exit(2)
+		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := run(ctx, cfg, log); err != nil {
 		log.Error("limiter stopped", "err", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }

@@ -1,104 +1,105 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
 
+	"github.com/ratewarden/ratewarden/internal/cli"
 	"github.com/ratewarden/ratewarden/policy"
 )
 
-const policyUsage = `usage:
-  limiter policy check FILE
-  limiter policy explain FILE --key K --scope S [--tier T]
-  limiter policy explain FILE --domain D --descriptor KEY=VALUE [--descriptor KEY=VALUE ...]
-  limiter policy replay FILE (--from T --to T | --since D) [--sample F] [--top N] [--json]`
+const (
+	checkUsage = `usage: limiter policy check FILE
+  Validates the policy FILE as the limiter loads it; prints its version,
+  tiers, rules, warnings and Envoy domain mappings. Exit 1 when refused.`
+	explainUsage = `usage: limiter policy explain FILE --key K --scope S [--tier T]
+       limiter policy explain FILE --domain D --descriptor KEY=VALUE [--descriptor KEY=VALUE ...]
+  Shows which rules match a key and scope (or what an Envoy descriptor maps
+  to) under the policy FILE, which one wins, and the limit that results.`
+)
 
-// policyCommand runs `limiter policy ...` and returns the exit code.
+// policyCommand runs `limiter policy ARGS...` through the limiter's command
+// table and returns the exit code.
 func policyCommand(args []string, stdout, stderr io.Writer) int {
-	if len(args) < 2 {
-		fmt.Fprintln(stderr, policyUsage)
-		return 2
+	return program().Main(append([]string{"policy"}, args...), stdout, stderr)
+}
+
+// policyCheck runs `limiter policy check`.
+func policyCheck(args []string, stdout, stderr io.Writer) int {
+	fs := cli.NewFlagSet("limiter policy check")
+	files, err := cli.Parse(fs, args)
+	if err != nil {
+		return cli.FlagExit(err, fs, checkUsage, stdout, stderr)
 	}
-	verb := args[0]
-	if verb == "replay" { // what the file would have done to recorded traffic (replay.go)
-		return replayCommand(args[1:], stdout, stderr)
+	if len(files) != 1 {
+		return cli.Refuse("one policy FILE is required", fs, checkUsage, stderr)
 	}
-	if verb != "check" && verb != "explain" {
-		fmt.Fprintln(stderr, policyUsage)
-		return 2
+	file := files[0]
+	p, ok := loadPolicy(file, stderr)
+	if !ok {
+		return cli.ExitFail
 	}
-	fs := flag.NewFlagSet(verb, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fmt.Fprintf(stdout, "ok: %s is valid (version %d, %d tiers, %d rules, sha256 %s)\n",
+		file, p.Version(), len(p.File().Tiers), len(p.File().Rules), p.Hash())
+	for _, w := range p.Warnings() {
+		fmt.Fprintln(stdout, "warning: "+w)
+	}
+	printDomains(stdout, p)
+	return cli.ExitOK
+}
+
+// policyExplain runs `limiter policy explain`.
+func policyExplain(args []string, stdout, stderr io.Writer) int {
+	fs := cli.NewFlagSet("limiter policy explain")
 	key := fs.String("key", "", "rate-limit key")
 	scope := fs.String("scope", "", "scope")
 	tier := fs.String("tier", "", "tier (default: the keys map, else default_tier)")
 	domain := fs.String("domain", "", "Envoy rate limit domain (with --descriptor)")
 	var entries descriptorFlag
 	fs.Var(&entries, "descriptor", "an entry KEY=VALUE of an Envoy descriptor, in order (repeat for each entry)")
-	// FILE may come before or after the flags.
-	rest := args[1:]
-	var files []string
-	for len(rest) > 0 {
-		if err := fs.Parse(rest); err != nil {
-			return 2
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		files = append(files, fs.Arg(0))
-		rest = fs.Args()[1:]
+	files, err := cli.Parse(fs, args)
+	if err != nil {
+		return cli.FlagExit(err, fs, explainUsage, stdout, stderr)
 	}
 	if len(files) != 1 {
-		fmt.Fprintln(stderr, "one policy FILE is required\n"+policyUsage)
-		return 2
+		return cli.Refuse("one policy FILE is required", fs, explainUsage, stderr)
 	}
-	if verb == "check" && (*key != "" || *scope != "" || *tier != "" || *domain != "" || len(entries) > 0) {
-		fmt.Fprintln(stderr, "check takes no flags\n"+policyUsage)
-		return 2
+	byDescriptor := *domain != "" || len(entries) > 0
+	switch {
+	case byDescriptor && (*domain == "" || len(entries) == 0 || *key != "" || *scope != "" || *tier != ""):
+		return cli.Refuse("explain takes either --domain with --descriptor, or --key and --scope", fs, explainUsage, stderr)
+	case !byDescriptor && (*key == "" || *scope == ""):
+		return cli.Refuse("explain needs --key and --scope", fs, explainUsage, stderr)
 	}
-	file := files[0]
+	p, ok := loadPolicy(files[0], stderr)
+	if !ok {
+		return cli.ExitFail
+	}
+	if byDescriptor {
+		fmt.Fprint(stdout, policy.ExplainDescriptor(p, *domain, entries))
+		return cli.ExitOK
+	}
+	if _, err := p.Resolve(*key, *scope, *tier); err != nil {
+		fmt.Fprintf(stderr, "cannot resolve: %v\n", err)
+		return cli.ExitFail
+	}
+	fmt.Fprint(stdout, policy.Explain(p, *key, *scope, *tier))
+	return cli.ExitOK
+}
+
+// loadPolicy loads file, or prints why it is refused, one problem a line.
+func loadPolicy(file string, stderr io.Writer) (*policy.Policy, bool) {
 	p, err := policy.Load(file)
 	if err != nil {
 		fmt.Fprintln(stderr, "policy refused:")
 		for _, line := range strings.Split(err.Error(), "\n") {
 			fmt.Fprintln(stderr, "  "+line)
 		}
-		return 1
+		return nil, false
 	}
-	switch verb {
-	case "check":
-		fmt.Fprintf(stdout, "ok: %s is valid (version %d, %d tiers, %d rules, sha256 %s)\n",
-			file, p.Version(), len(p.File().Tiers), len(p.File().Rules), p.Hash())
-		for _, w := range p.Warnings() {
-			fmt.Fprintln(stdout, "warning: "+w)
-		}
-		printDomains(stdout, p)
-		return 0
-	case "explain":
-		if *domain != "" || len(entries) > 0 {
-			if *domain == "" || len(entries) == 0 || *key != "" || *scope != "" || *tier != "" {
-				fmt.Fprintln(stderr, "explain takes either --domain with --descriptor, or --key and --scope\n"+policyUsage)
-				return 2
-			}
-			fmt.Fprint(stdout, policy.ExplainDescriptor(p, *domain, entries))
-			return 0
-		}
-		if *key == "" || *scope == "" {
-			fmt.Fprintln(stderr, "explain needs --key and --scope\n"+policyUsage)
-			return 2
-		}
-		if _, err := p.Resolve(*key, *scope, *tier); err != nil {
-			fmt.Fprintf(stderr, "cannot resolve: %v\n", err)
-			return 1
-		}
-		fmt.Fprint(stdout, policy.Explain(p, *key, *scope, *tier))
-		return 0
-	}
-	fmt.Fprintln(stderr, policyUsage)
-	return 2
+	return p, true
 }
 
 // descriptorFlag collects --descriptor KEY=VALUE entries, in order.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,13 +17,13 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement/replay"
 	"github.com/ratewarden/ratewarden/internal/chconn"
+	"github.com/ratewarden/ratewarden/internal/cli"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/metering/rawscan"
 	"github.com/ratewarden/ratewarden/policy"
 )
 
-const replayUsage = `usage:
-  limiter policy replay FILE (--from T --to T | --since D) [--sample F] [--top N] [--json]
+const replayUsage = `usage: limiter policy replay FILE (--from T --to T | --since D) [--sample F] [--top N] [--json]
       [--tolerance D] [--window D] [--clickhouse-addr A] [--database DB]
   Replays the decisions recorded in ClickHouse (decisions_raw) over [from, to)
   under the candidate policy FILE and reports what it would have rejected.
@@ -43,9 +44,11 @@ type replayArgs struct {
 	ch           chconn.Config // from CLICKHOUSE_*; --clickhouse-addr and --database override
 }
 
-func parseReplayArgs(args []string, getenv func(string) string, now time.Time, stderr io.Writer) (replayArgs, error) {
-	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// parseReplayArgs parses the words of `limiter policy replay`; an error
+// from cli.Parse (an unknown flag, --help) is returned as it is, for
+// cli.FlagExit.
+func parseReplayArgs(args []string, getenv func(string) string, now time.Time) (replayArgs, *flag.FlagSet, error) {
+	fs := cli.NewFlagSet("limiter policy replay")
 	a := replayArgs{}
 	from := fs.String("from", "", "start of the range, RFC 3339 (inclusive)")
 	to := fs.String("to", "", "end of the range, RFC 3339 (exclusive)")
@@ -60,22 +63,14 @@ func parseReplayArgs(args []string, getenv func(string) string, now time.Time, s
 	// (or its _FILE), TLS on the secure native port.
 	env := envconfig.New(getenv)
 	a.ch = chconn.FromEnv(env)
-	if err := env.Err(); err != nil {
-		return a, err
-	}
 	fs.StringVar(&a.ch.Addr, "clickhouse-addr", a.ch.Addr, "ClickHouse native address")
 	fs.StringVar(&a.ch.Database, "database", a.ch.Database, "ClickHouse database")
-	var files []string
-	rest := args
-	for len(rest) > 0 { // FILE may come before or after the flags
-		if err := fs.Parse(rest); err != nil {
-			return a, err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		files = append(files, fs.Arg(0))
-		rest = fs.Args()[1:]
+	files, err := cli.Parse(fs, args) // FILE may come before or after the flags
+	if err != nil {
+		return a, fs, err // a word refused, or --help: before the environment's problems
+	}
+	if err := env.Err(); err != nil {
+		return a, fs, err
 	}
 	var problems []string
 	if len(files) != 1 {
@@ -103,10 +98,16 @@ func parseReplayArgs(args []string, getenv func(string) string, now time.Time, s
 		problems = append(problems, fmt.Sprintf("--sample must be in (0, 1], got %v", a.sample))
 	}
 	if len(problems) > 0 {
-		return a, fmt.Errorf("%s", strings.Join(problems, "; "))
+		return a, fs, errReplayArgs{strings.Join(problems, "; ")}
 	}
-	return a, nil
+	return a, fs, nil
 }
+
+// errReplayArgs is a problem with well-formed words (a missing FILE, flags
+// that exclude each other).
+type errReplayArgs struct{ problem string }
+
+func (e errReplayArgs) Error() string { return e.problem }
 
 func orDefault(v, def string) string {
 	if v == "" {
@@ -117,10 +118,13 @@ func orDefault(v, def string) string {
 
 // replayCommand runs `limiter policy replay` and returns the exit code.
 func replayCommand(args []string, stdout, stderr io.Writer) int {
-	a, err := parseReplayArgs(args, os.Getenv, time.Now().UTC(), stderr)
-	if err != nil {
-		fmt.Fprintln(stderr, err.Error()+"\n"+replayUsage)
-		return 2
+	a, fs, err := parseReplayArgs(args, os.Getenv, time.Now().UTC())
+	var problem errReplayArgs
+	switch {
+	case errors.As(err, &problem):
+		return cli.Refuse(problem.problem, fs, replayUsage, stderr)
+	case err != nil:
+		return cli.FlagExit(err, fs, replayUsage, stdout, stderr)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

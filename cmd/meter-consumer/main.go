@@ -17,10 +17,15 @@ import (
 )
 
 func main() {
+	os.Exit(program().Main(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// serve runs the consumer until SIGTERM or SIGINT and returns the exit code.
+func serve() int {
 	cfg, err := loadConfig(os.Getenv)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "meter-consumer: invalid configuration:", err)
-		os.Exit(2)
+		return 2
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	redislog.Use(log) // go-redis's own lines (the quota reconciler's Redis) as JSON too, like every other log line
@@ -28,6 +33,7 @@ func main() {
 	defer stop()
 	if err := run(ctx, cfg, log); err != nil {
 		log.Error("meter-consumer failed", "err", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }

@@ -20,10 +20,15 @@ import (
 )
 
 func main() {
+	os.Exit(program().Main(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// serve runs the API until SIGTERM or SIGINT and returns the exit code.
+func serve() int {
 	cfg, err := loadConfig(os.Getenv)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "usage-api: invalid configuration:", err)
-		os.Exit(2)
+		return 2
 	}
 	gin.SetMode(gin.ReleaseMode)
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -32,6 +37,7 @@ func main() {
 	defer stop()
 	if err := run(ctx, cfg, log); err != nil {
 		log.Error("usage-api failed", "err", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }

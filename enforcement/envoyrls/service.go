@@ -306,6 +306,13 @@ func planOf(mapper *policy.Policy, domain string, requestHits uint32, d *ratelim
 	case len(p.mapped.Scope) > MaxScopeBytes:
 		return plan{}, fmt.Errorf("mapping %s makes a scope of %d bytes, at most %d", p.mapped.Name, len(p.mapped.Scope), MaxScopeBytes)
 	}
+	// /check's rule for the text of a key and scope (httpapi.TextProblem).
+	if prob := httpapi.TextProblem(p.mapped.Key); prob != "" {
+		return plan{}, fmt.Errorf("mapping %s makes a key that %s", p.mapped.Name, prob)
+	}
+	if prob := httpapi.TextProblem(p.mapped.Scope); prob != "" {
+		return plan{}, fmt.Errorf("mapping %s makes a scope that %s", p.mapped.Name, prob)
+	}
 	return p, nil
 }
 

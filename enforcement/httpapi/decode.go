@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/ratewarden/ratewarden/enforcement"
 )
@@ -44,8 +45,10 @@ type checkBody struct {
 }
 
 // DecodeCheck parses a /check body. Unknown fields are ignored; known fields
-// of the wrong type, missing or oversized fields and a cost that is not an
-// integer in [0, 1e9] are refused with a message that names the field.
+// of the wrong type, missing or oversized fields, a key, scope or tier that
+// is not valid UTF-8 or holds a control character (TextProblem) and a cost
+// that is not an integer in [0, 1e9] are refused with a message that names
+// the field.
 func DecodeCheck(body []byte) (enforcement.Request, *Error) {
 	b, ok := scanCheck(body) // the common, simple body without reflection
 	if !ok {
@@ -67,6 +70,30 @@ func decodeCheckJSON(body []byte, b *checkBody) *Error {
 		}
 		return invalid("body is not a JSON object: %v", err)
 	}
+	if !utf8.Valid(body) {
+		return invalidUTF8(body)
+	}
+	return nil
+}
+
+// invalidUTF8 names the member of a decoded body whose string held bytes
+// that are not UTF-8 (RFC 8259 requires UTF-8). encoding/json replaces them
+// with U+FFFD, which would make different keys one bucket and record a key
+// nobody sent; the raw member shows what was sent. Invalid bytes in a member
+// the limiter ignores are ignored with it.
+func invalidUTF8(body []byte) *Error {
+	var raw struct{ Key, Scope, Tier json.RawMessage }
+	if err := json.Unmarshal(body, &raw); err != nil {
+		return invalid("body is not a JSON object: %v", err)
+	}
+	for _, m := range []struct {
+		name string
+		v    json.RawMessage
+	}{{"key", raw.Key}, {"scope", raw.Scope}, {"tier", raw.Tier}} {
+		if !utf8.Valid(m.v) {
+			return invalid("%s is not valid UTF-8", m.name)
+		}
+	}
 	return nil
 }
 
@@ -84,6 +111,17 @@ func validateCheck(b *checkBody) (enforcement.Request, *Error) {
 		return req, invalid("scope is %d bytes, at most %d allowed", len(*b.Scope), MaxScopeLen)
 	case b.Tier != nil && len(*b.Tier) > MaxTierLen:
 		return req, invalid("tier is %d bytes, at most %d allowed", len(*b.Tier), MaxTierLen)
+	}
+	if p := TextProblem(*b.Key); p != "" {
+		return req, invalid("key %s", p)
+	}
+	if p := TextProblem(*b.Scope); p != "" {
+		return req, invalid("scope %s", p)
+	}
+	if b.Tier != nil {
+		if p := TextProblem(*b.Tier); p != "" {
+			return req, invalid("tier %s", p)
+		}
 	}
 	req.Key, req.Scope = *b.Key, *b.Scope
 	if b.Tier != nil {

@@ -19,6 +19,9 @@ func FuzzDecodeCheck(f *testing.F) {
 		if req.Key == "" || len(req.Key) > MaxKeyBytes || req.Scope == "" || len(req.Scope) > MaxScopeLen {
 			t.Fatalf("accepted out-of-bounds key/scope: %+v", req)
 		}
+		if p := TextProblem(req.Key) + TextProblem(req.Scope) + TextProblem(req.Tier); p != "" {
+			t.Fatalf("accepted a key, scope or tier that %s: %+v", p, req)
+		}
 		if req.HasCost && (req.Cost < 0 || req.Cost > MaxCost) {
 			t.Fatalf("accepted cost %d", req.Cost)
 		}
@@ -36,6 +39,7 @@ func FuzzScanAgreesWithJSON(f *testing.F) {
 		` { "cost" : 0 , "key":"k" , "scope" : "s" } `, `{"key":"k","scope":"s","cost":-1}`,
 		`{"key":"k","scope":"s","cost":01}`, `{"key":null,"scope":"s"}`, `{}`, `{"key":"é","scope":"s"}`,
 		`{"key":"k","key":"j","scope":"s"}`, `{"KEY":"k","scope":"s"}`, `{"key":"k","scope":"s"}x`,
+		"{\"key\":\"a\x7f\",\"scope\":\"s\"}", `{"key":"a\u0000","scope":"s"}`, "{\"key\":\"\xff\",\"scope\":\"s\"}",
 	} {
 		f.Add([]byte(s))
 	}

@@ -1,0 +1,16 @@
+package main
+
+import "github.com/ratewarden/ratewarden/internal/cli"
+
+// program is kafka-dev's words: none (it serves) or help; internal/cli
+// refuses any other word with usage and exit 2 before it listens.
+func program() cli.Program {
+	return cli.Program{
+		Name: "kafka-dev",
+		Doc: `Runs an in-memory Kafka-protocol broker on a loopback port with the
+decisions topic created, until SIGTERM or SIGINT. It takes no arguments:
+KAFKA_DEV_ADDR, KAFKA_TOPIC, KAFKA_DEV_PARTITIONS and the KAFKA_DEV_SASL_*
+and KAFKA_DEV_TLS_* variables configure it (see the package comment).`,
+		Serve: serve,
+	}
+}

@@ -1,0 +1,15 @@
+package main
+
+import "github.com/ratewarden/ratewarden/internal/cli"
+
+// program is the API's words: none (it serves) or help; internal/cli
+// refuses any other word with usage and exit 2 before anything starts.
+func program() cli.Program {
+	return cli.Program{
+		Name: "usage-api",
+		Doc: `Serves customers' usage from the ClickHouse rollups (JSON API and the
+dashboard at /) until SIGTERM or SIGINT. It takes no arguments: its
+configuration is read from the environment (CONTRACT.md, "usage-api").`,
+		Serve: serve,
+	}
+}
