@@ -12,12 +12,18 @@ type tableItem struct {
 	idle bool
 }
 
+// get is table.get for tests that never fill the table.
+func get(tb *table[tableItem], id bucketID, init func(*tableItem)) *tableItem {
+	v, _ := tb.get(id, 0, init)
+	return v
+}
+
 // TestTableAgreesWithAMap: random inserts, lookups and sweeps (which move
 // entries back along their probe sequences), checked step by step against
 // a Go map. The cap is above the 3,600 ids, so nothing is evicted.
 func TestTableAgreesWithAMap(t *testing.T) {
 	const maxEntries = 64 * 100
-	tb := newTable[tableItem](maxEntries)
+	tb := newTable(tableConfig[tableItem]{maxEntries: maxEntries})
 	ref := map[bucketID]*tableItem{}
 	rng := rand.New(rand.NewSource(1))
 	id := func() bucketID {
@@ -29,7 +35,7 @@ func TestTableAgreesWithAMap(t *testing.T) {
 		switch op := rng.Intn(100); {
 		case op < 98:
 			k := id()
-			got := tb.get(k, func(it *tableItem) { it.id = k })
+			got := get(tb, k, func(it *tableItem) { it.id = k })
 			if got.id != k {
 				t.Fatalf("step %d: get(%v) returned the entry of %v", step, k, got.id)
 			}
@@ -53,7 +59,7 @@ func TestTableAgreesWithAMap(t *testing.T) {
 		}
 	}
 	for k, it := range ref {
-		if got := tb.get(k, nil); got != it {
+		if got := get(tb, k, nil); got != it {
 			t.Fatalf("%v: the table lost its entry", k)
 		}
 	}
@@ -64,10 +70,10 @@ func TestTableAgreesWithAMap(t *testing.T) {
 
 // TestTableEvictsAtItsCap: a full shard makes room by evicting.
 func TestTableEvictsAtItsCap(t *testing.T) {
-	tb := newTable[tableItem](64 * 4)
+	tb := newTable(tableConfig[tableItem]{maxEntries: 64 * 4})
 	for i := 0; i < 10_000; i++ {
 		k := bucketID{"key" + strconv.Itoa(i), "s"}
-		if got := tb.get(k, func(it *tableItem) { it.id = k }); got.id != k {
+		if got := get(tb, k, func(it *tableItem) { it.id = k }); got.id != k {
 			t.Fatalf("get(%v) returned %v", k, got.id)
 		}
 	}
@@ -80,13 +86,13 @@ func TestTableEvictsAtItsCap(t *testing.T) {
 // inserts, growth and sweeps (run with -race). An id that is never swept
 // keeps one entry however the lookups interleave.
 func TestTableConcurrentReadersAndWriters(t *testing.T) {
-	tb := newTable[tableItem](1 << 20)
+	tb := newTable(tableConfig[tableItem]{maxEntries: 1 << 20})
 	const kept, churned = 2000, 2000
 	keptID := func(i int) bucketID { return bucketID{"kept" + strconv.Itoa(i), "s"} }
 	first := make([]*tableItem, kept)
 	for i := range first {
 		k := keptID(i)
-		first[i] = tb.get(k, func(it *tableItem) { it.id = k })
+		first[i] = get(tb, k, func(it *tableItem) { it.id = k })
 	}
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
@@ -104,7 +110,7 @@ func TestTableConcurrentReadersAndWriters(t *testing.T) {
 				}
 				if g%2 == 0 { // churn: new ids, marked idle for the sweeper
 					k := bucketID{"churn" + strconv.Itoa(rng.Intn(churned)), strconv.Itoa(g)}
-					it := tb.get(k, func(it *tableItem) { it.id = k; it.idle = true })
+					it := get(tb, k, func(it *tableItem) { it.id = k; it.idle = true })
 					if it.id != k {
 						errs <- "churned lookup returned another id's entry"
 						return
@@ -112,7 +118,7 @@ func TestTableConcurrentReadersAndWriters(t *testing.T) {
 					continue
 				}
 				i := rng.Intn(kept)
-				if it := tb.get(keptID(i), nil); it != first[i] {
+				if it := get(tb, keptID(i), nil); it != first[i] {
 					errs <- "a kept id got a second entry"
 					return
 				}
