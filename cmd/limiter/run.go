@@ -36,6 +36,7 @@ import (
 // run builds the limiter from cfg, serves until ctx ends, then shuts down
 // in reverse order within the grace period.
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
+	mem := applyMemoryLimit(log) // memlimit.go
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := limitmetrics.New(reg)
@@ -68,6 +69,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		LocalHeadroom:     cfg.LocalHeadroom,
 		DegradedCeiling:   enforcement.Limit{Rate: cfg.DegradedRate, Burst: cfg.DegradedBurst},
 		MaxKeys:           cfg.MaxKeys,
+		MaxBytes:          localMaxBytes(cfg.LocalMaxBytes, mem.Container),
 		Observer:          hotkeys.Observer{Tracker: hot, Next: metrics},
 		Recorder:          meter.rec,
 		Shadow:            sh,
@@ -75,6 +77,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	limitmetrics.RegisterLocal(reg, lim)
 	closeFleet, err := startFleet(auth, cfg, lim, metrics, log)
 	if err != nil {
 		return err
