@@ -89,7 +89,7 @@ func buildShadow(cfg config, a *authority, reg prometheus.Registerer, log *slog.
 		LocalHeadroom:     cfg.LocalHeadroom,
 		MaxKeys:           cfg.MaxKeys,
 		MaxBytes:          cfg.LocalMaxBytes, // 0: enforcement's default
-		Timeout:           time.Second, // the outer bound; the guard's deadline is the real one
+		Timeout:           time.Second,       // the outer bound; the guard's deadline is the real one
 		Observer:          limitmetrics.NewShadow(reg),
 	})
 	if err != nil {
