@@ -245,3 +245,18 @@ func TestAllocSize(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeSizes holds the local tier's nodes to the allocator's size
+// classes they were made to fit (BenchmarkHeapPerKey measures the rest):
+// a field more would move an entry from 112 to 128 bytes.
+func TestNodeSizes(t *testing.T) {
+	if n := allocSize(int(unsafe.Sizeof(node[entry]{}))); n > 112 {
+		t.Errorf("an entry's node takes %d bytes, want ≤ 112", n)
+	}
+	if n := allocSize(int(unsafe.Sizeof(node[quotaEntry]{}))); n > 64 {
+		t.Errorf("a quota share's node takes %d bytes, want ≤ 64", n)
+	}
+	if entryExtraBytes > 96 {
+		t.Errorf("an entry's extra takes %d bytes, want ≤ 96", entryExtraBytes)
+	}
+}
