@@ -72,13 +72,21 @@ type memQuota struct {
 // first, the oldest first, and never an empty bucket or a spent quota: a
 // new key is then decided without being kept.
 func NewMemoryAuthority(now func() time.Time, maxKeys int) *MemoryAuthority {
+	return NewMemoryAuthorityBytes(now, maxKeys, 0)
+}
+
+// NewMemoryAuthorityBytes is NewMemoryAuthority also bounded in heap:
+// maxBytes in all (0 = no bound in bytes), two thirds for buckets and one
+// third for quota windows, counted as Config.MaxBytes counts the local
+// tier's.
+func NewMemoryAuthorityBytes(now func() time.Time, maxKeys int, maxBytes int64) *MemoryAuthority {
 	if now == nil {
 		now = time.Now
 	}
 	return &MemoryAuthority{
 		now:     now,
-		buckets: newTable(tableConfig[memBucket]{maxEntries: maxKeys, rank: rankMemBucket}),
-		quotas:  newTable(tableConfig[memQuota]{maxEntries: maxKeys, rank: rankMemQuota}),
+		buckets: newTable(tableConfig[memBucket]{maxEntries: maxKeys, maxBytes: maxBytes / 3 * 2, rank: rankMemBucket}),
+		quotas:  newTable(tableConfig[memQuota]{maxEntries: maxKeys, maxBytes: maxBytes / 3, rank: rankMemQuota}),
 	}
 }
 
@@ -186,6 +194,10 @@ func (m *MemoryAuthority) Sweep(now time.Time) int {
 
 // Len is the number of buckets held.
 func (m *MemoryAuthority) Len() int { return m.buckets.len() }
+
+// Bytes is the heap its buckets and quota windows hold, as the bound
+// counts it.
+func (m *MemoryAuthority) Bytes() int64 { return m.buckets.stats().bytes + m.quotas.stats().bytes }
 
 func ceilDurationMS(d time.Duration) time.Duration {
 	if d <= 0 {

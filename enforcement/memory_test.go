@@ -119,3 +119,28 @@ func TestEvictionPrefersFullBuckets(t *testing.T) {
 		t.Fatalf("%d store calls for partly spent keys", n)
 	}
 }
+
+// TestMemoryAuthorityBoundInBytes: single-node mode's store under key
+// rotation stays within its bytes, and a key it rejects stays rejected.
+func TestMemoryAuthorityBoundInBytes(t *testing.T) {
+	now := time.Date(2026, 7, 31, 9, 0, 0, 0, time.UTC)
+	const bound = 1 << 20
+	m := enforcement.NewMemoryAuthorityBytes(func() time.Time { return now }, 1<<30, bound)
+	ctx := context.Background()
+	lim := enforcement.Limit{Rate: 0.001, Burst: 1, QuotaLimit: 1000, QuotaPeriod: enforcement.PeriodDay, QuotaID: "q"}
+	if v, _ := m.Take(ctx, "spent", "s", lim, 1); !v.Allowed {
+		t.Fatal("first take refused")
+	}
+	for i := 0; i < 50_000; i++ {
+		now = now.Add(time.Millisecond)
+		if _, err := m.Take(ctx, "fresh-"+strconv.Itoa(i), "s", lim, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b := m.Bytes(); b > bound || m.Len() < 1000 {
+		t.Fatalf("%d bytes for %d buckets, bound %d", b, m.Len(), bound)
+	}
+	if v, _ := m.Take(ctx, "spent", "s", lim, 1); v.Allowed {
+		t.Fatal("an empty bucket was forgotten under key rotation")
+	}
+}

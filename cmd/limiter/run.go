@@ -223,7 +223,7 @@ func (a *authority) close(ctx context.Context) error {
 func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*authority, error) {
 	if !cfg.Redis.Enabled() {
 		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")
-		mem, stopSweep := memoryAuthority(cfg.MaxKeys)
+		mem, stopSweep := memoryAuthority(cfg.MaxKeys, localMaxBytes(cfg.LocalMaxBytes, 0))
 		a := &authority{Authority: split.New(mem, nil), info: storeInfo{kind: "memory"}}
 		a.closers = append(a.closers, stopSweep)
 		return a, nil
@@ -413,9 +413,11 @@ func (g guardedStore) fleet(ctx context.Context, call func(context.Context) (int
 }
 
 // memoryAuthority is the in-process authority of single-node mode with its
-// sweeper; the returned func stops the sweeper.
-func memoryAuthority(maxKeys int) (*enforcement.MemoryAuthority, func(context.Context) error) {
-	mem := enforcement.NewMemoryAuthority(nil, maxKeys)
+// sweeper, bounded as the local tier is (LIMITER_MAX_KEYS and
+// LIMITER_LOCAL_MAX_BYTES, a bound of its own); the returned func stops the
+// sweeper.
+func memoryAuthority(maxKeys int, maxBytes int64) (*enforcement.MemoryAuthority, func(context.Context) error) {
+	mem := enforcement.NewMemoryAuthorityBytes(nil, maxKeys, maxBytes)
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
