@@ -63,21 +63,69 @@ type memQuota struct {
 	window int64 // unix seconds of the window start
 	end    int64 // unix seconds of the window end
 	used   int64
+	limit  int64 // the QuotaLimit of the last Take
 }
 
 // NewMemoryAuthority returns an in-process authority reading time from now
-// (time.Now when nil) and holding at most maxKeys buckets.
+// (time.Now when nil) and holding at most maxKeys buckets (and as many
+// quota windows). At the bound it forgets full buckets and ended windows
+// first, the oldest first, and never an empty bucket or a spent quota: a
+// new key is then decided without being kept.
 func NewMemoryAuthority(now func() time.Time, maxKeys int) *MemoryAuthority {
+	return NewMemoryAuthorityBytes(now, maxKeys, 0)
+}
+
+// NewMemoryAuthorityBytes is NewMemoryAuthority also bounded in heap:
+// maxBytes in all (0 = no bound in bytes), two thirds for buckets and one
+// third for quota windows, counted as Config.MaxBytes counts the local
+// tier's.
+func NewMemoryAuthorityBytes(now func() time.Time, maxKeys int, maxBytes int64) *MemoryAuthority {
 	if now == nil {
 		now = time.Now
 	}
-	return &MemoryAuthority{now: now, buckets: newTable[memBucket](maxKeys), quotas: newTable[memQuota](maxKeys)}
+	return &MemoryAuthority{
+		now:     now,
+		buckets: newTable(tableConfig[memBucket]{maxEntries: maxKeys, maxBytes: maxBytes / 3 * 2, rank: rankMemBucket}),
+		quotas:  newTable(tableConfig[memQuota]{maxEntries: maxKeys, maxBytes: maxBytes / 3, rank: rankMemQuota}),
+	}
+}
+
+// rankMemBucket ranks a bucket for eviction at now (µs): full ones first,
+// then partly spent ones, the oldest first; an empty one never.
+func rankMemBucket(b *memBucket, now int64) (uint64, bool) {
+	if !b.mu.TryLock() {
+		return 0, false
+	}
+	defer b.mu.Unlock()
+	if b.bucket.TS == 0 || b.bucket.Full(now, b.rate, b.burst) {
+		return rankFull | uint64(max(0, b.bucket.TS)), true
+	}
+	if b.bucket.refilled(now, b.rate, b.burst) < 1 {
+		return 0, false
+	}
+	return rankPartial | uint64(max(0, b.bucket.TS)), true
+}
+
+// rankMemQuota ranks a quota window for eviction at now (unix seconds):
+// ended ones first, then the least spent; a spent one never.
+func rankMemQuota(q *memQuota, now int64) (uint64, bool) {
+	if !q.mu.TryLock() {
+		return 0, false
+	}
+	defer q.mu.Unlock()
+	if now >= q.end {
+		return rankFull, true
+	}
+	if q.used >= q.limit {
+		return 0, false
+	}
+	return rankPartial | uint64(max(0, q.used)), true
 }
 
 // Take implements Authority.
 func (m *MemoryAuthority) Take(_ context.Context, key, scope string, lim Limit, cost int64) (Verdict, error) {
 	now := m.now()
-	b := m.buckets.get(bucketID{key, scope}, nil)
+	b, _ := m.buckets.get(bucketID{key, scope}, now.UnixMicro(), nil)
 	b.mu.Lock() // lock order: bucket, then quota
 	defer b.mu.Unlock()
 	b.rate, b.burst = lim.Rate, lim.Burst
@@ -85,9 +133,10 @@ func (m *MemoryAuthority) Take(_ context.Context, key, scope string, lim Limit, 
 	var q *memQuota
 	quotaOK, quotaWait := true, time.Duration(0)
 	if lim.HasQuota() {
-		q = m.quotas.get(bucketID{key, lim.QuotaID}, nil)
+		q, _ = m.quotas.get(bucketID{key, lim.QuotaID}, now.Unix(), nil)
 		q.mu.Lock()
 		defer q.mu.Unlock()
+		q.limit = lim.QuotaLimit
 		start, end := lim.QuotaPeriod.Window(now)
 		if q.window != start.Unix() {
 			q.window, q.end, q.used = start.Unix(), end.Unix(), 0
@@ -145,6 +194,10 @@ func (m *MemoryAuthority) Sweep(now time.Time) int {
 
 // Len is the number of buckets held.
 func (m *MemoryAuthority) Len() int { return m.buckets.len() }
+
+// Bytes is the heap its buckets and quota windows hold, as the bound
+// counts it.
+func (m *MemoryAuthority) Bytes() int64 { return m.buckets.stats().bytes + m.quotas.stats().bytes }
 
 func ceilDurationMS(d time.Duration) time.Duration {
 	if d <= 0 {

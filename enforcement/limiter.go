@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/ratewarden/ratewarden/limits"
 )
@@ -84,8 +85,17 @@ type Config struct {
 	// DegradedCeiling, when its Rate and Burst are positive, caps the
 	// tightened limit used while the authority is unavailable.
 	DegradedCeiling Limit
-	// MaxKeys bounds the local tier's entries (default 1,000,000).
+	// MaxKeys bounds the local tier's entries (default 1,000,000), and
+	// separately its quota shares.
 	MaxKeys int
+	// MaxBytes bounds the local tier's heap (default 64 MiB): two thirds
+	// for its (key, scope) entries, one third for the keys' quota shares,
+	// each counted with its table (LocalStats). A full table evicts first
+	// what would restart as it is (full buckets, the least recently used
+	// first), never an entry that is rejecting or knows its bucket empty;
+	// when only such entries are left, a new key is decided without being
+	// kept (by the shared store, as every new key is).
+	MaxBytes int64
 	// IdleAfter is how long an unused entry whose buckets are full is kept
 	// (default 1 minute).
 	IdleAfter time.Duration
@@ -124,36 +134,95 @@ type Limiter struct {
 	done                       chan struct{}
 }
 
-type policyBox struct{ p Policy }
-
-type entry struct {
-	mu       sync.Mutex
-	pol      *policyBox // the policy res was resolved under
-	tier     string     // the requested tier res was resolved for
-	res      Resolved
-	known    learned // what the shared store last said, trusted within one store epoch
-	epoch    uint64  // the store epoch known was learned in
-	local    Bucket
-	degraded Bucket
-	lastUse  int64 // µs on the limiter's clock
+// policyBox is one policy in force; a new box per SetPolicy. It interns
+// the limits resolved under it (refs), so that the entries of a million
+// keys of one tier share one copy of that tier's limit.
+type policyBox struct {
+	p     Policy
+	refs  sync.Map     // refKey → *resolvedRef
+	nrefs atomic.Int64 // len(refs)
 }
+
+// maxSharedRefs bounds a policy's interned limits. Policies resolve to few
+// distinct limits (one per tier and rule); past the bound a limit is
+// allocated for its entry alone and counted in the local tier's bytes.
+const maxSharedRefs = 1 << 16
+
+type refKey struct {
+	tier string
+	res  Resolved
+}
+
+// resolvedRef is a limit resolved under pol for a request naming tier.
+// Immutable once published.
+type resolvedRef struct {
+	pol  *policyBox
+	tier string // the requested tier res was resolved for
+	res  Resolved
+	own  bool // not interned: counted in the entry's bytes
+}
+
+var resolvedRefBytes = allocSize(int(unsafe.Sizeof(resolvedRef{})))
+
+// ref returns the interned resolvedRef for (tier, res).
+func (b *policyBox) ref(tier string, res Resolved) *resolvedRef {
+	k := refKey{tier, res}
+	if r, ok := b.refs.Load(k); ok {
+		return r.(*resolvedRef)
+	}
+	r := &resolvedRef{pol: b, tier: tier, res: res}
+	if b.nrefs.Load() >= maxSharedRefs {
+		r.own = true
+		return r
+	}
+	if got, loaded := b.refs.LoadOrStore(k, r); loaded {
+		return got.(*resolvedRef)
+	}
+	b.nrefs.Add(1)
+	return r
+}
+
+// entry is the local tier's state of one (key, scope). It is kept small
+// (its node is 112 bytes; BenchmarkHeapPerKey): the limit is a pointer to
+// one shared copy, and what only a rejecting or degraded entry needs lives
+// in x, allocated when first needed and dropped when no longer.
+type entry struct {
+	mu    sync.Mutex
+	epoch uint32 // the store epoch known was learned in (its low bits: a wrap needs 2³² failures between two uses)
+	gone  bool   // not in the table (removed, or never kept): x is not counted
+	res   *resolvedRef
+	known learned // what the shared store last said, trusted within one store epoch
+	local Bucket
+	// lastUse is µs on the limiter's clock.
+	lastUse int64
+	x       *entryExtra
+}
+
+// entryExtra is the state of an entry that rejects or decides degraded.
+type entryExtra struct {
+	rej      rejection
+	degraded Bucket
+}
+
+var entryExtraBytes = allocSize(int(unsafe.Sizeof(entryExtra{})))
 
 // quotaEntry is one key's quota allowance (key, QuotaID) as the degraded
 // path needs it. Limits of one key that share a QuotaID share it, as they
 // share one counter in the store. It outlives store epochs: the last count
 // the store reported is exactly what an outage must start from.
 type quotaEntry struct {
-	mu    sync.Mutex
-	limit int64 // the QuotaLimit the state below was learned under
-	seen  quotaSeen
-	dq    degradedQuota
+	mu sync.Mutex
+	// seenEnd and seenUsed are the store's last word on the key's quota
+	// window: when it ends (unix seconds; 0 = nothing known) and the tokens
+	// spent in it.
+	seenEnd  uint32
+	gone     bool  // not in the table: dq is not counted
+	limit    int64 // the QuotaLimit the state here was learned under
+	seenUsed int64
+	dq       *degradedQuota // nil until an outage decides for the key
 }
 
-// quotaSeen is the store's last word on a key's quota window.
-type quotaSeen struct {
-	used int64 // tokens spent in the window
-	end  int64 // unix seconds when the window ends; 0 = nothing known
-}
+var degradedQuotaBytes = allocSize(int(unsafe.Sizeof(degradedQuota{})))
 
 // degradedQuota is what this instance may spend of a quota while the store
 // cannot be asked. Spending while degraded is never recorded in the store,
@@ -170,14 +239,20 @@ type degradedQuota struct {
 // learned is what an entry knows of the shared state from its verdicts.
 // Each piece can only be pessimistic: the store refills at the known rate,
 // other instances only take, and quota use only grows within a window.
+// What a rejection adds is in the entry's extra (rejection).
 type learned struct {
-	shadow Bucket // the shared bucket as last reported; TS 0 = nothing known
+	shadow    Bucket // the shared bucket as last reported; TS 0 = nothing known
+	quotaUsed int64  // tokens spent in the quota window as last reported
+	quotaEnd  int64  // µs when that window ends; 0 = nothing known
+}
+
+// rejection is what an entry learned from rejections, kept with the entry's
+// extra and forgotten with learned.
+type rejection struct {
 	// notBefore and blockedCost: the store rejected blockedCost until
 	// notBefore (µs); a request costing as much is rejected locally.
 	notBefore   int64
 	blockedCost int64
-	quotaUsed   int64 // tokens spent in the quota window as last reported
-	quotaEnd    int64 // µs when that window ends; 0 = nothing known
 	// The last rejection of the pieces above, remembered so that a flood
 	// repeating it skips the arithmetic: a request costing rejectCost waits
 	// until rejectUntil (µs; 0 = none remembered). It stands because
@@ -192,6 +267,47 @@ type learned struct {
 	// (Limiter.rejectionResetAt).
 	rejectResetAt time.Time
 	rejectAnchor  *wallAnchor
+}
+
+// forget drops what the entry learned from the store. Called under e.mu.
+func (e *entry) forget() {
+	e.known = learned{}
+	if e.x != nil {
+		e.x.rej = rejection{}
+	}
+}
+
+// extra returns the entry's extra, allocating it. Called under e.mu.
+func (l *Limiter) extra(e *entry) *entryExtra {
+	if e.x == nil {
+		e.x = new(entryExtra)
+		if !e.gone {
+			l.entries.extra.Add(entryExtraBytes)
+		}
+	}
+	return e.x
+}
+
+// trimExtra drops the entry's extra once it holds nothing: no rejection
+// learned, and a degraded bucket that is full at now. Called under e.mu.
+func (l *Limiter) trimExtra(e *entry, now int64) {
+	x := e.x
+	if x == nil || x.rej.notBefore > now || x.rej.rejectUntil > now {
+		return
+	}
+	if x.degraded.TS != 0 {
+		if e.res == nil {
+			return
+		}
+		tight := l.tightened(e.res.res.Limit, l.instN())
+		if !x.degraded.Full(now, tight.Rate, tight.Burst) {
+			return
+		}
+	}
+	e.x = nil
+	if !e.gone {
+		l.entries.extra.Add(-entryExtraBytes)
+	}
 }
 
 // New returns a Limiter and starts its sweeper; Close stops it.
@@ -211,18 +327,31 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.MaxKeys <= 0 {
 		cfg.MaxKeys = 1_000_000
 	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = DefaultLocalMaxBytes
+	}
 	if cfg.IdleAfter <= 0 {
 		cfg.IdleAfter = time.Minute
 	}
 	l := &Limiter{
-		cfg:     cfg,
-		entries: newTable[entry](cfg.MaxKeys),
-		quotas:  newTable[quotaEntry](cfg.MaxKeys),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		cfg:  cfg,
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
 	}
+	l.entries = newTable(tableConfig[entry]{
+		maxEntries: cfg.MaxKeys,
+		maxBytes:   cfg.MaxBytes / 3 * 2,
+		rank:       l.rankEntry,
+		removed:    l.removedEntry,
+	})
+	l.quotas = newTable(tableConfig[quotaEntry]{
+		maxEntries: cfg.MaxKeys,
+		maxBytes:   cfg.MaxBytes / 3,
+		rank:       l.rankQuota,
+		removed:    l.removedQuota,
+	})
 	l.startClock()
-	l.policy.Store(&policyBox{cfg.Policy})
+	l.policy.Store(&policyBox{p: cfg.Policy})
 	l.instances.Store(int64(cfg.ExpectedInstances))
 	go l.sweepLoop()
 	return l, nil
@@ -230,7 +359,7 @@ func New(cfg Config) (*Limiter, error) {
 
 // SetPolicy swaps the policy. Decisions in flight finish under the policy
 // they started with; the next decision of each key re-resolves its limit.
-func (l *Limiter) SetPolicy(p Policy) { l.policy.Store(&policyBox{p}) }
+func (l *Limiter) SetPolicy(p Policy) { l.policy.Store(&policyBox{p: p}) }
 
 // SetInstances sets how many replicas share the load (the fleet's live
 // count). ExpectedInstances stays the floor: a count below it (an instance
@@ -291,22 +420,25 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 		return Decision{}, fmt.Errorf("%w: key and scope are required and cost must be ≥ 0", ErrInvalidRequest)
 	}
 	box := l.policy.Load()
-	e := l.entries.get(bucketID{req.Key, req.Scope}, nil)
 	nowUS := micros(start.off)
+	e, tracked := l.entries.get(bucketID{req.Key, req.Scope}, nowUS, nil)
+	if !tracked {
+		e.gone = true
+	}
 
 	e.mu.Lock()
-	if e.pol != box || e.tier != req.Tier {
+	if r := e.res; r == nil || r.pol != box || r.tier != req.Tier {
 		res, err := box.p.Resolve(req.Key, req.Scope, req.Tier)
 		if err != nil {
 			e.mu.Unlock()
 			return Decision{}, err
 		}
-		if res.Limit != e.res.Limit {
-			e.known = learned{} // learned under another limit
+		if r == nil || res.Limit != r.res.Limit {
+			e.forget() // learned under another limit
 		}
-		e.pol, e.tier, e.res = box, req.Tier, res
+		l.setRef(e, box.ref(req.Tier, res))
 	}
-	res := &e.res // read under e.mu; lim below is the copy used after unlocking
+	res := &e.res.res // read under e.mu; lim below is the copy used after unlocking
 	cost := res.Cost
 	if req.HasCost {
 		cost = req.Cost
@@ -322,8 +454,9 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 		d.Quota.Limit, d.Quota.Period = res.QuotaLimit, res.QuotaPeriod
 	}
 	if cost > 0 {
-		if epoch := l.storeEpoch.Load(); e.epoch != epoch {
-			e.known, e.epoch = learned{}, epoch
+		if epoch := uint32(l.storeEpoch.Load()); e.epoch != epoch {
+			e.forget()
+			e.epoch = epoch
 		}
 		// lw is filled through a pointer and read field by field: returning
 		// it by value cost a store-forwarding stall in the flood's profile.
@@ -337,7 +470,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 			} else {
 				reset = ceilUS(float64(res.Burst) / res.Rate) // nothing known: at most an empty bucket's refill
 			}
-			d.ResetAt = l.rejectionResetAt(&e.known, &lw, start, reset)
+			d.ResetAt = l.rejectionResetAt(e, &lw, start, reset)
 			d.Bucket.Remaining, d.Bucket.ResetAt = d.Remaining, d.ResetAt
 			quotaUsed, quotaEnd, quotaLimit := e.known.quotaUsed, e.known.quotaEnd, res.QuotaLimit
 			e.mu.Unlock()
@@ -376,8 +509,8 @@ func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *en
 			l.lastStoreOK.Store(now)
 		}
 		e.mu.Lock()
-		if e.res.Limit == lim { // not swapped for another limit meanwhile
-			e.learn(now, wall, lim, cost, &v)
+		if e.res != nil && e.res.res.Limit == lim { // not swapped for another limit meanwhile
+			l.learn(e, now, wall, lim, cost, &v)
 		}
 		e.mu.Unlock()
 		if lim.HasQuota() && lim.Split <= 1 {
@@ -433,12 +566,13 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 	var quotaUsed int64 // the window's spend as this instance knows it: the store's count and its own unrecorded spend
 	quotaLeft, quotaWait := int64(math.MaxInt64), time.Duration(0)
 	e.mu.Lock() // lock order: entry, then quota
+	x := l.extra(e)
 	if lim.HasQuota() {
-		q = l.quotas.get(bucketID{req.Key, lim.QuotaID}, nil)
+		q = l.quota(req.Key, lim.QuotaID, wall)
 		q.mu.Lock()
 		_, end := lim.QuotaPeriod.Window(wall)
 		quotaEndAt = end
-		quotaLeft = q.degradedLeft(lim, inst, end.Unix())
+		quotaLeft = l.degradedLeft(q, lim, inst, end.Unix())
 		if cost > quotaLeft {
 			quotaWait = ceilDurationMS(end.Sub(wall))
 		}
@@ -447,14 +581,14 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 	if quotaWait > 0 {
 		spend = 0 // a quota rejection spends no bucket tokens, as in the store
 	}
-	dr := e.degraded.Take(nowUS, tight.Rate, tight.Burst, spend)
+	dr := x.degraded.Take(nowUS, tight.Rate, tight.Burst, spend)
 	allowed := dr.Allowed && quotaWait == 0
 	var bucketWaitUS int64 // how long the bucket alone would make cost wait
 	switch {
 	case !dr.Allowed:
 		bucketWaitUS = dr.RetryAfterUS
 	case quotaWait > 0: // refused by the quota: would the bucket alone have allowed cost?
-		probe := e.degraded
+		probe := x.degraded
 		if r := probe.Take(nowUS, tight.Rate, tight.Burst, cost); !r.Allowed {
 			bucketWaitUS = r.RetryAfterUS
 		}
@@ -465,8 +599,8 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 			quotaLeft -= cost
 		}
 		quotaUsed = q.dq.unrecorded
-		if q.seen.end == q.dq.end {
-			quotaUsed += q.seen.used
+		if int64(q.seenEnd) == q.dq.end {
+			quotaUsed += q.seenUsed
 		}
 		q.mu.Unlock()
 	}
@@ -498,27 +632,38 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 // degraded path.
 func (l *Limiter) learnQuota(key string, lim Limit, v *Verdict) {
 	_, end := lim.QuotaPeriod.Window(v.Now)
-	q := l.quotas.get(bucketID{key, lim.QuotaID}, nil)
+	q := l.quota(key, lim.QuotaID, v.Now)
 	q.mu.Lock()
 	q.reset(lim.QuotaLimit)
-	q.seen = quotaSeen{used: v.QuotaUsed, end: end.Unix()}
-	q.dq.stale = true // the next outage starts from this count
+	q.seenUsed, q.seenEnd = v.QuotaUsed, uint32(end.Unix())
+	if q.dq != nil {
+		q.dq.stale = true // the next outage starts from this count
+	}
 	q.mu.Unlock()
 }
 
 // reset forgets what was learned under another quota limit. Called under q.mu.
 func (q *quotaEntry) reset(limit int64) {
 	if q.limit != limit {
-		q.limit, q.seen, q.dq = limit, quotaSeen{}, degradedQuota{}
+		q.limit, q.seenUsed, q.seenEnd = limit, 0, 0
+		if q.dq != nil {
+			*q.dq = degradedQuota{}
+		}
 	}
 }
 
 // degradedLeft is what this instance may still spend of the quota window
 // ending at end (unix seconds) while the store cannot be asked. Called
 // under q.mu.
-func (q *quotaEntry) degradedLeft(lim Limit, inst float64, end int64) int64 {
+func (l *Limiter) degradedLeft(q *quotaEntry, lim Limit, inst float64, end int64) int64 {
 	q.reset(lim.QuotaLimit)
-	dq := &q.dq
+	if q.dq == nil {
+		q.dq = new(degradedQuota)
+		if !q.gone {
+			l.quotas.extra.Add(degradedQuotaBytes)
+		}
+	}
+	dq := q.dq
 	if dq.end != end { // a new window: nothing spent unrecorded in it yet
 		*dq = degradedQuota{end: end, stale: true}
 	}
@@ -528,12 +673,12 @@ func (q *quotaEntry) degradedLeft(lim Limit, inst float64, end int64) int64 {
 		// window shares the whole quota, or gets nothing when the policy
 		// says so.
 		remaining := lim.QuotaLimit
-		if q.seen.end != end {
+		if int64(q.seenEnd) != end {
 			if lim.QuotaDenyUnknown {
 				remaining = 0
 			}
 		} else {
-			remaining -= q.seen.used
+			remaining -= q.seenUsed
 		}
 		dq.share = int64(math.Floor(float64(max(0, remaining)) / inst))
 		dq.stale = false
@@ -576,29 +721,32 @@ const shadowRoundingUS = 1000
 // localWait is the local tier: it fills v, which starts zero. Called
 // under e.mu.
 func (l *Limiter) localWait(e *entry, now, cost int64, v *localVerdict) {
-	k := &e.known
-	if now < k.rejectUntil-shadowRoundingUS && cost == k.rejectCost {
-		v.wait, v.remembered = k.rejectUntil-now, true
-		if k.shadow.TS != 0 {
-			v.shadowKnown = true
-			v.shadowTokens = k.shadow.refilled(now, e.res.Rate, e.res.Burst)
-			v.shadowResetUS = k.rejectFull - now
+	k, res := &e.known, &e.res.res
+	if x := e.x; x != nil {
+		r := &x.rej
+		if now < r.rejectUntil-shadowRoundingUS && cost == r.rejectCost {
+			v.wait, v.remembered = r.rejectUntil-now, true
+			if k.shadow.TS != 0 {
+				v.shadowKnown = true
+				v.shadowTokens = k.shadow.refilled(now, res.Rate, res.Burst)
+				v.shadowResetUS = r.rejectFull - now
+			}
+			return
 		}
-		return
+		if now < r.notBefore && cost >= r.blockedCost {
+			v.wait = r.notBefore - now
+		}
 	}
-	if now < k.notBefore && cost >= k.blockedCost {
-		v.wait = k.notBefore - now
-	}
-	if now < k.quotaEnd && k.quotaUsed+cost > e.res.QuotaLimit {
+	if now < k.quotaEnd && k.quotaUsed+cost > res.QuotaLimit {
 		v.wait = max(v.wait, k.quotaEnd-now)
 	}
 	probed := false
 	// The store's own retry time for this very cost needs no second opinion.
-	if k.shadow.TS != 0 && !(v.wait > 0 && cost == k.blockedCost) {
+	if k.shadow.TS != 0 && !(v.wait > 0 && e.x != nil && cost == e.x.rej.blockedCost) {
 		probe := k.shadow
 		// The shadow is rounded to the store's millisecond; within that
 		// rounding, let the store decide.
-		if r := probe.Take(now, e.res.Rate, e.res.Burst, cost); !r.Allowed {
+		if r := probe.Take(now, res.Rate, res.Burst, cost); !r.Allowed {
 			// Refused: nothing was spent, so r is the shadow refilled to now.
 			probed = true
 			v.shadowTokens, v.shadowResetUS = r.Tokens, r.ResetAfterUS
@@ -611,17 +759,18 @@ func (l *Limiter) localWait(e *entry, now, cost int64, v *localVerdict) {
 		if k.shadow.TS != 0 {
 			v.shadowKnown = true
 			if !probed {
-				v.shadowTokens = k.shadow.refilled(now, e.res.Rate, e.res.Burst)
-				v.shadowResetUS = ceilUS((float64(e.res.Burst) - v.shadowTokens) / e.res.Rate)
+				v.shadowTokens = k.shadow.refilled(now, res.Rate, res.Burst)
+				v.shadowResetUS = ceilUS((float64(res.Burst) - v.shadowTokens) / res.Rate)
 			}
 		}
-		k.rejectCost, k.rejectUntil = cost, now+v.wait
-		k.rejectFull = now + v.shadowResetUS
+		r := &l.extra(e).rej
+		r.rejectCost, r.rejectUntil = cost, now+v.wait
+		r.rejectFull = now + v.shadowResetUS
 		return
 	}
 	// The local bucket's rejections are not remembered: its rate follows
 	// the instance count, and the requests it allows spend from it.
-	if r := e.local.Take(now, l.localRate(e.res.Rate), e.res.Burst, cost); !r.Allowed {
+	if r := e.local.Take(now, l.localRate(res.Rate), res.Burst, cost); !r.Allowed {
 		v.wait = r.RetryAfterUS
 	}
 }
@@ -631,27 +780,30 @@ func (l *Limiter) localWait(e *entry, now, cost int64, v *localVerdict) {
 // fixed instant (the shadow refills at its rate and nothing is spent), so
 // its wall time is kept with the rejection and computed again only when the
 // clock's wall anchor has moved. Called under e.mu.
-func (l *Limiter) rejectionResetAt(k *learned, lw *localVerdict, start reading, reset int64) time.Time {
-	if !lw.shadowKnown || l.cfg.Now != nil {
+func (l *Limiter) rejectionResetAt(e *entry, lw *localVerdict, start reading, reset int64) time.Time {
+	if !lw.shadowKnown || l.cfg.Now != nil || e.x == nil {
 		return l.wallAfter(start, time.Duration(reset)*time.Microsecond)
 	}
-	if a := l.anchor.Load(); !lw.remembered || a != k.rejectAnchor {
-		k.rejectAnchor, k.rejectResetAt = a, l.wallAfter(start, time.Duration(reset)*time.Microsecond)
+	r := &e.x.rej
+	if a := l.anchor.Load(); !lw.remembered || a != r.rejectAnchor {
+		r.rejectAnchor, r.rejectResetAt = a, l.wallAfter(start, time.Duration(reset)*time.Microsecond)
 	}
-	return k.rejectResetAt
+	return r.rejectResetAt
 }
 
 // learn updates what the entry knows from a shared verdict. The store
 // reports when the bucket will be full again, so the tokens left are
 // burst − reset × rate (rounded down by the store's millisecond: never more
-// than are there).
-func (e *entry) learn(now int64, wall time.Time, lim Limit, cost int64, v *Verdict) {
+// than are there). Called under e.mu.
+func (l *Limiter) learn(e *entry, now int64, wall time.Time, lim Limit, cost int64, v *Verdict) {
 	if lim.Split > 1 {
 		// The verdict is one sub-bucket's; the others may well have room.
 		return
 	}
 	k := &e.known
-	k.rejectUntil = 0 // computed from what is replaced below
+	if e.x != nil {
+		e.x.rej.rejectUntil = 0 // computed from what is replaced below
+	}
 	tokens := float64(lim.Burst) - v.ResetAfter.Seconds()*lim.Rate
 	k.shadow = Bucket{Tokens: max(0, tokens), TS: now}
 	if lim.HasQuota() {
@@ -660,10 +812,174 @@ func (e *entry) learn(now int64, wall time.Time, lim Limit, cost int64, v *Verdi
 		k.quotaUsed, k.quotaEnd = v.QuotaUsed, now+end.Sub(wall).Microseconds()
 	}
 	if v.Allowed {
-		k.notBefore = 0
+		if e.x != nil {
+			e.x.rej.notBefore = 0
+			l.trimExtra(e, now)
+		}
 		return
 	}
-	k.notBefore, k.blockedCost = now+v.RetryAfter.Microseconds(), cost
+	r := &l.extra(e).rej
+	r.notBefore, r.blockedCost = now+v.RetryAfter.Microseconds(), cost
+}
+
+// setRef gives the entry its resolved limit, counting one of its own in
+// the entry's bytes. Called under e.mu.
+func (l *Limiter) setRef(e *entry, r *resolvedRef) {
+	if !e.gone {
+		if e.res != nil && e.res.own {
+			l.entries.extra.Add(-resolvedRefBytes)
+		}
+		if r.own {
+			l.entries.extra.Add(resolvedRefBytes)
+		}
+	}
+	e.res = r
+}
+
+// quota returns the quota share of (key, quotaID); wall is the time now.
+// One the table could not keep is new and kept nowhere: the degraded path
+// then knows nothing of the key's window, as after a restart.
+func (l *Limiter) quota(key, quotaID string, wall time.Time) *quotaEntry {
+	q, tracked := l.quotas.get(bucketID{key, quotaID}, wall.Unix(), nil)
+	if !tracked {
+		q.gone = true
+	}
+	return q
+}
+
+// Eviction ranks: the lower score goes first.
+const (
+	rankFull    = 0 << 62 // restarts as it is: the store forgot it too
+	rankPartial = 1 << 62 // restarts full: up to a burst more for its key
+)
+
+// rankEntry ranks an entry for eviction at now (µs): full buckets first,
+// then partly spent ones, the least recently used first within each; an
+// entry that knows its bucket empty (a remembered rejection, the store's
+// "not before", an exhausted quota, an empty shadow or local bucket) is
+// never evicted, since forgetting it is what a flood needs. Called under
+// the shard's mutex.
+func (l *Limiter) rankEntry(e *entry, now int64) (uint64, bool) {
+	if !e.mu.TryLock() {
+		return 0, false // in use right now
+	}
+	defer e.mu.Unlock()
+	age := uint64(max(0, e.lastUse)) // older (smaller) first
+	r := e.res
+	if r == nil {
+		return rankFull | age, true // never decided
+	}
+	lim := &r.res.Limit
+	rate, burst := lim.Rate, lim.Burst
+	trusted := e.epoch == uint32(l.storeEpoch.Load())
+	k := &e.known
+	if x := e.x; x != nil {
+		if trusted && (now < x.rej.rejectUntil || now < x.rej.notBefore) {
+			return 0, false
+		}
+		tight := l.tightened(*lim, l.instN())
+		if x.degraded.TS != 0 && x.degraded.refilled(now, tight.Rate, tight.Burst) < 1 {
+			return 0, false
+		}
+	}
+	if trusted && now < k.quotaEnd && k.quotaUsed >= lim.QuotaLimit && lim.HasQuota() {
+		return 0, false
+	}
+	if e.local.TS != 0 && e.local.refilled(now, l.localRate(rate), burst) < 1 {
+		return 0, false
+	}
+	full := e.local.Full(now, l.localRate(rate), burst)
+	if trusted && k.shadow.TS != 0 {
+		t := k.shadow.refilled(now, rate, burst)
+		if t < 1 {
+			return 0, false
+		}
+		full = full && t+epsilon >= float64(burst)
+	}
+	if e.x != nil && e.x.degraded.TS != 0 {
+		tight := l.tightened(*lim, l.instN())
+		full = full && e.x.degraded.Full(now, tight.Rate, tight.Burst)
+	}
+	if full {
+		return rankFull | age, true
+	}
+	return rankPartial | age, true
+}
+
+// removedEntry marks an entry the table dropped: what it still holds is no
+// longer counted. Called under the shard's mutex.
+func (l *Limiter) removedEntry(e *entry) {
+	e.mu.Lock()
+	e.gone = true
+	if e.x != nil {
+		l.entries.extra.Add(-entryExtraBytes)
+	}
+	if e.res != nil && e.res.own {
+		l.entries.extra.Add(-resolvedRefBytes)
+	}
+	e.mu.Unlock()
+}
+
+// rankQuota ranks a quota share for eviction at now (unix seconds): ended
+// windows first, then the least spent; a share that spent unrecorded while
+// degraded in its window, or that the store reported exhausted, is never
+// evicted (forgetting either would let this instance spend it again).
+func (l *Limiter) rankQuota(q *quotaEntry, now int64) (uint64, bool) {
+	if !q.mu.TryLock() {
+		return 0, false
+	}
+	defer q.mu.Unlock()
+	end := int64(q.seenEnd)
+	if q.dq != nil {
+		end = max(end, q.dq.end)
+		if q.dq.end > now && q.dq.unrecorded > 0 {
+			return 0, false
+		}
+	}
+	if end <= now {
+		return rankFull, true
+	}
+	if q.seenUsed >= q.limit {
+		return 0, false
+	}
+	return rankPartial | uint64(max(0, q.seenUsed)), true
+}
+
+// removedQuota is removedEntry's counterpart for quota shares.
+func (l *Limiter) removedQuota(q *quotaEntry) {
+	q.mu.Lock()
+	q.gone = true
+	if q.dq != nil {
+		l.quotas.extra.Add(-degradedQuotaBytes)
+	}
+	q.mu.Unlock()
+}
+
+// DefaultLocalMaxBytes is Config.MaxBytes's default: under a flood of new
+// keys (every request a new key) it keeps a limiter within 256 MiB resident
+// (BENCHMARKS.md, "Key rotation").
+const DefaultLocalMaxBytes = 64 << 20
+
+// LocalStats is what the local tier holds.
+type LocalStats struct {
+	Entries, QuotaEntries int   // (key, scope) entries; (key, quota) shares
+	Bytes, QuotaBytes     int64 // their heap, as the bound counts it
+	// Evictions and QuotaEvictions count entries removed to make room;
+	// Untracked and QuotaUntracked count new ones that were decided
+	// without being kept, every entry being one that protects.
+	Evictions, QuotaEvictions uint64
+	Untracked, QuotaUntracked uint64
+}
+
+// LocalStats returns what the local tier holds now.
+func (l *Limiter) LocalStats() LocalStats {
+	e, q := l.entries.stats(), l.quotas.stats()
+	return LocalStats{
+		Entries: e.entries, QuotaEntries: q.entries,
+		Bytes: e.bytes, QuotaBytes: q.bytes,
+		Evictions: e.evictions, QuotaEvictions: q.evictions,
+		Untracked: e.untracked, QuotaUntracked: q.untracked,
+	}
 }
 
 // finish applies dry run, evaluates the shadow limit, reports and records
@@ -745,7 +1061,11 @@ func (l *Limiter) Sweep() int {
 			return false
 		}
 		defer q.mu.Unlock()
-		return max(q.seen.end, q.dq.end) <= wall.Unix()
+		end := int64(q.seenEnd)
+		if q.dq != nil {
+			end = max(end, q.dq.end)
+		}
+		return end <= wall.Unix()
 	})
 	return l.entries.sweep(func(e *entry) bool {
 		if !e.mu.TryLock() {
@@ -755,8 +1075,16 @@ func (l *Limiter) Sweep() int {
 		if now-e.lastUse < idle {
 			return false
 		}
-		tight := l.tightened(e.res.Limit, l.instN())
-		return e.local.Full(now, l.localRate(e.res.Rate), e.res.Burst) &&
-			e.degraded.Full(now, tight.Rate, tight.Burst)
+		if e.res == nil {
+			return true
+		}
+		lim := &e.res.res.Limit
+		if e.x != nil {
+			tight := l.tightened(*lim, l.instN())
+			if !e.x.degraded.Full(now, tight.Rate, tight.Burst) {
+				return false
+			}
+		}
+		return e.local.Full(now, l.localRate(lim.Rate), lim.Burst)
 	})
 }

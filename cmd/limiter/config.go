@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
@@ -34,13 +35,16 @@ type config struct {
 	DegradedRate    float64
 	DegradedBurst   int64
 	MaxKeys         int
-	ShutdownGrace   time.Duration
-	EmitBuffer      int
-	LeaseBlock      int           // 0 = token leasing off
-	LeaseHotOps     float64       // decisions per second that make a key hot
-	LeaseMaxHold    time.Duration // leased tokens unused this long go back
-	FleetHeartbeat  time.Duration // period of the fleet heartbeat (live instance count)
-	Shadow          shadowConfig  // shadow limits beside enforcement (shadow.go)
+	// LocalMaxBytes is LIMITER_LOCAL_MAX_BYTES, the local tier's heap
+	// bound; 0 = localMaxBytes's default.
+	LocalMaxBytes  int64
+	ShutdownGrace  time.Duration
+	EmitBuffer     int
+	LeaseBlock     int           // 0 = token leasing off
+	LeaseHotOps    float64       // decisions per second that make a key hot
+	LeaseMaxHold   time.Duration // leased tokens unused this long go back
+	FleetHeartbeat time.Duration // period of the fleet heartbeat (live instance count)
+	Shadow         shadowConfig  // shadow limits beside enforcement (shadow.go)
 
 	// ListenTLS is the certificate of the HTTP and gRPC listeners
 	// (LIMITER_TLS_CERT_FILE, LIMITER_TLS_KEY_FILE); nil = plain text.
@@ -78,6 +82,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DegradedRate:      e.Float("LIMITER_DEGRADED_MAX_RATE", 0),
 		DegradedBurst:     e.Int("LIMITER_DEGRADED_MAX_BURST", 0, 0, 1<<50),
 		MaxKeys:           int(e.Int("LIMITER_MAX_KEYS", 1_000_000, 1000, 1<<30)),
+		LocalMaxBytes:     e.Int("LIMITER_LOCAL_MAX_BYTES", 0, 1<<20, 1<<40),
 		ShutdownGrace:     e.Duration("LIMITER_SHUTDOWN_GRACE", 8*s, 100*ms, 10*s),
 		EmitBuffer:        int(e.Int("LIMITER_EMIT_BUFFER", 65536, 16, 1<<24)),
 		LeaseBlock:        int(e.Int("LIMITER_LEASE_BLOCK", 0, 0, 1_000_000)),
@@ -110,4 +115,18 @@ func headerModeFrom(e *envconfig.Reader, name, def string) ratelimitheader.Mode 
 		e.Fail(name, "%v", err)
 	}
 	return m
+}
+
+// localMaxBytes is the local tier's heap bound: LIMITER_LOCAL_MAX_BYTES, or
+// by default enforcement's (64 MiB), lowered to a quarter of the
+// container's memory limit when that is smaller (container: 0 = none
+// visible), so that a small pod keeps room for everything else.
+func localMaxBytes(set, container int64) int64 {
+	if set > 0 {
+		return set
+	}
+	if container > 0 {
+		return max(1<<20, min(enforcement.DefaultLocalMaxBytes, container/4))
+	}
+	return enforcement.DefaultLocalMaxBytes
 }

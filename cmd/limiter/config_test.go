@@ -64,3 +64,26 @@ func TestPolicyCommands(t *testing.T) {
 		t.Fatalf("explain: %d %s", code, out.String())
 	}
 }
+
+func TestLocalMaxBytes(t *testing.T) {
+	c, err := loadConfig(func(k string) string { return map[string]string{"LIMITER_LOCAL_MAX_BYTES": "33554432"}[k] })
+	if err != nil || c.LocalMaxBytes != 32<<20 {
+		t.Fatalf("LIMITER_LOCAL_MAX_BYTES=33554432: %d, %v", c.LocalMaxBytes, err)
+	}
+	if _, err := loadConfig(func(k string) string { return map[string]string{"LIMITER_LOCAL_MAX_BYTES": "1000"}[k] }); err == nil ||
+		!strings.Contains(err.Error(), "LIMITER_LOCAL_MAX_BYTES") {
+		t.Fatalf("a bound below 1 MiB: %v", err)
+	}
+	for _, c := range []struct{ set, container, want int64 }{
+		{0, 0, 64 << 20},                // the default
+		{0, 512 << 20, 64 << 20},        // a pod of 512 MiB: the default fits
+		{0, 128 << 20, 32 << 20},        // a small pod: a quarter of it
+		{0, 2 << 20, 1 << 20},           // never below 1 MiB
+		{16 << 20, 128 << 20, 16 << 20}, // the operator's figure wins
+		{256 << 20, 128 << 20, 256 << 20},
+	} {
+		if got := localMaxBytes(c.set, c.container); got != c.want {
+			t.Errorf("localMaxBytes(%d, %d) = %d, want %d", c.set, c.container, got, c.want)
+		}
+	}
+}

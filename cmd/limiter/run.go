@@ -36,6 +36,7 @@ import (
 // run builds the limiter from cfg, serves until ctx ends, then shuts down
 // in reverse order within the grace period.
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
+	mem := applyMemoryLimit(log) // memlimit.go
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := limitmetrics.New(reg)
@@ -68,6 +69,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		LocalHeadroom:     cfg.LocalHeadroom,
 		DegradedCeiling:   enforcement.Limit{Rate: cfg.DegradedRate, Burst: cfg.DegradedBurst},
 		MaxKeys:           cfg.MaxKeys,
+		MaxBytes:          localMaxBytes(cfg.LocalMaxBytes, mem.Container),
 		Observer:          hotkeys.Observer{Tracker: hot, Next: metrics},
 		Recorder:          meter.rec,
 		Shadow:            sh,
@@ -75,6 +77,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	limitmetrics.RegisterLocal(reg, lim)
 	closeFleet, err := startFleet(auth, cfg, lim, metrics, log)
 	if err != nil {
 		return err
@@ -222,7 +225,7 @@ func (a *authority) close(ctx context.Context) error {
 func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*authority, error) {
 	if !cfg.Redis.Enabled() {
 		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")
-		mem, stopSweep := memoryAuthority(cfg.MaxKeys)
+		mem, stopSweep := memoryAuthority(cfg.MaxKeys, localMaxBytes(cfg.LocalMaxBytes, 0))
 		a := &authority{Authority: split.New(mem, nil), info: storeInfo{kind: "memory"}}
 		a.closers = append(a.closers, stopSweep)
 		return a, nil
@@ -412,9 +415,11 @@ func (g guardedStore) fleet(ctx context.Context, call func(context.Context) (int
 }
 
 // memoryAuthority is the in-process authority of single-node mode with its
-// sweeper; the returned func stops the sweeper.
-func memoryAuthority(maxKeys int) (*enforcement.MemoryAuthority, func(context.Context) error) {
-	mem := enforcement.NewMemoryAuthority(nil, maxKeys)
+// sweeper, bounded as the local tier is (LIMITER_MAX_KEYS and
+// LIMITER_LOCAL_MAX_BYTES, a bound of its own); the returned func stops the
+// sweeper.
+func memoryAuthority(maxKeys int, maxBytes int64) (*enforcement.MemoryAuthority, func(context.Context) error) {
+	mem := enforcement.NewMemoryAuthorityBytes(nil, maxKeys, maxBytes)
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)

@@ -70,7 +70,7 @@ func buildShadow(cfg config, a *authority, reg prometheus.Registerer, log *slog.
 	var closers []func(context.Context) error
 	if a.rdb == nil {
 		// Single-node mode: in-process buckets of their own.
-		mem, stopSweep := memoryAuthority(cfg.MaxKeys)
+		mem, stopSweep := memoryAuthority(cfg.MaxKeys, localMaxBytes(cfg.LocalMaxBytes, 0))
 		store = mem
 		closers = append(closers, stopSweep)
 	} else {
@@ -88,7 +88,8 @@ func buildShadow(cfg config, a *authority, reg prometheus.Registerer, log *slog.
 		ExpectedInstances: cfg.ExpectedInstances,
 		LocalHeadroom:     cfg.LocalHeadroom,
 		MaxKeys:           cfg.MaxKeys,
-		Timeout:           time.Second, // the outer bound; the guard's deadline is the real one
+		MaxBytes:          cfg.LocalMaxBytes, // 0: enforcement's default
+		Timeout:           time.Second,       // the outer bound; the guard's deadline is the real one
 		Observer:          limitmetrics.NewShadow(reg),
 	})
 	if err != nil {

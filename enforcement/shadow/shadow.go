@@ -66,11 +66,13 @@ type Config struct {
 	// enforced policy in force (followed across reloads). SetCandidate
 	// replaces it (a reload of the candidate file).
 	Candidate enforcement.Policy
-	// ExpectedInstances, LocalHeadroom and MaxKeys size the shadow's local
-	// tier as the enforced limiter's are sized (same defaults).
+	// ExpectedInstances, LocalHeadroom, MaxKeys and MaxBytes size the
+	// shadow's local tier as the enforced limiter's are sized (same
+	// defaults).
 	ExpectedInstances int
 	LocalHeadroom     float64
 	MaxKeys           int
+	MaxBytes          int64
 	// Timeout bounds one shadow decision end to end (default 50 ms); the
 	// authority's own deadline is normally much shorter.
 	Timeout time.Duration
@@ -137,6 +139,7 @@ func New(cfg Config) (*Evaluator, error) {
 		ExpectedInstances: cfg.ExpectedInstances,
 		LocalHeadroom:     cfg.LocalHeadroom,
 		MaxKeys:           cfg.MaxKeys,
+		MaxBytes:          cfg.MaxBytes,
 		Now:               cfg.Now,
 	})
 	if err != nil {

@@ -1,0 +1,41 @@
+package hotkeys
+
+import (
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+)
+
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// BenchmarkHeapOfTracker: the tracker's heap once every counter of both
+// windows holds a key (b.N decisions, each a new key, over two windows):
+// it is fixed by Shards × Capacity whatever the number of keys. Reports
+// the whole tracker (B/tracker) and per counter (B/counter).
+func BenchmarkHeapOfTracker(b *testing.B) {
+	now := int64(0)
+	before := heapInUse()
+	tr := New(Config{Now: func() time.Time { return epoch.Add(time.Duration(now)) }})
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i == b.N/2 {
+			now += int64(tr.cfg.Window) // the second window
+		}
+		tr.Record("ip:10."+strconv.Itoa(i>>16&255)+"."+strconv.Itoa(i>>8&255)+"."+strconv.Itoa(i&255), string([]byte("api")), true)
+	}
+	b.StopTimer()
+	after := heapInUse()
+	total := float64(int64(after) - int64(before))
+	b.ReportMetric(total, "B/tracker")
+	b.ReportMetric(total/float64(2*tr.cfg.Shards*tr.cfg.Capacity), "B/counter")
+	runtime.KeepAlive(tr)
+}
+
+var epoch = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
