@@ -20,15 +20,22 @@
 // The topic is compacted in production: for each log key (`policy`,
 // `override/<key>[/<scope>]`) only the latest record survives. Offsets
 // survive compaction, so a reader sees where records were removed (a gap
-// in offsets). Across a gap, a record whose parent is ahead of the head is
-// applied (its predecessors were superseded, not refused), so a compacted
-// log replays to the state of the full one; without a gap the strict rule
-// holds. A writer whose record was refused rewrites the current record of
-// the same log key (a restatement: same revision and content, applied only
-// where that key has nothing newer, a no-op on the full log), or a Kafka
-// tombstone when the key has none, so that compaction never keeps a refused
-// record in place of the one in force. A null value (a tombstone) changes
-// no state: on a compacted log the key it removes is simply absent.
+// in offsets). Once past a gap, a record whose parent is ahead of the head
+// is applied (its predecessors were superseded, not refused), so a
+// compacted log replays to the state of the full one; on a log without a
+// gap the strict rule holds. A writer whose record was refused rewrites the current record of
+// the same log key (a restatement: same revision and content, naming the
+// refused record; or "no override" when the key had none), so that
+// compaction never keeps a refused record in place of the one in force. A
+// restatement is a no-op on the full log; on a compacted one it puts back
+// the record in force where the key holds an older one or the refused one
+// (applied across a gap). A null value (a Kafka tombstone) changes no
+// state: on a compacted log the key it removes is simply absent.
+//
+// What remains: a writer that dies between its refused record and its
+// restatement leaves a record that a reader of a compacted log may apply
+// across a gap. Writers check content and the head before writing, so a
+// refusal needs two writers racing for one revision.
 package policylog
 
 import (
@@ -82,6 +89,13 @@ type Record struct {
 	// written after a refusal so that compaction keeps it (see the package
 	// comment); it never changes the state of a full log.
 	Restates bool `json:"restates,omitempty"`
+	// RefusedRevision and RefusedSHA256 name the refused record that made
+	// the writer restate: where a reader applied that record (across a
+	// compaction gap it cannot tell a loser from a winner), the
+	// restatement puts the record in force back. A restatement with
+	// Deleted says the key had no override.
+	RefusedRevision int64  `json:"refused_revision,omitempty"`
+	RefusedSHA256   string `json:"refused_sha256,omitempty"`
 }
 
 // OverrideLogKey is the log key of an override: "override/<key>" or

@@ -83,6 +83,7 @@ type State struct {
 
 type subject struct {
 	revision int64
+	sha      string
 	rec      *Record // nil unless the State keeps content
 }
 
@@ -170,8 +171,10 @@ func (s *State) Apply(e Entry) Outcome {
 	}
 	switch {
 	case rec.Parent == s.head:
-	case rec.Parent > s.head && gap:
-		// The records between were superseded by compaction.
+	case rec.Parent > s.head && s.compacted:
+		// Records before were superseded by compaction: the head read so
+		// far may be behind the one this record was written on. (On the
+		// full log a writer's parent is never ahead: it read the head.)
 	case rec.Parent > s.head:
 		return s.refuse(rec, CodeConflict, fmt.Sprintf("parent revision %d is ahead of the head %d", rec.Parent, s.head))
 	default:
@@ -198,19 +201,32 @@ func (s *State) refuse(rec Record, code, reason string) Outcome {
 	return Outcome{Result: Refused, Code: code, Reason: reason, Record: rec, Head: s.head}
 }
 
-// restate applies a restatement where its log key holds nothing newer
-// (a compacted log that lost the original); elsewhere it is a no-op.
+// restate applies a restatement where its log key holds an older record
+// or the refused one it names (see the package comment); elsewhere, and
+// always on the full log, it is a no-op.
 func (s *State) restate(rec Record) Outcome {
-	var current int64 = -1
+	lk := rec.LogKey()
+	var cur subject
+	ok := false
 	if rec.Kind == KindPolicy {
 		if s.doc != nil {
-			current = s.docRec.Revision
+			cur, ok = subject{revision: s.docRec.Revision, sha: s.docRec.SHA256}, true
 		}
-	} else if sub, ok := s.subjects[rec.LogKey()]; ok {
-		current = sub.revision
+	} else {
+		cur, ok = s.subjects[lk]
 	}
-	if current >= rec.Revision {
-		return Outcome{Result: Ignored, Record: rec, Head: s.head}
+	wrong := ok && rec.RefusedRevision != 0 && cur.revision == rec.RefusedRevision && cur.sha == rec.RefusedSHA256
+	ignored := Outcome{Result: Ignored, Record: rec, Head: s.head}
+	if rec.Deleted { // the key had no override
+		if !wrong {
+			return ignored
+		}
+		s.ov.Delete(policy.OverrideKey{Key: rec.Key, Scope: rec.Scope})
+		delete(s.subjects, lk)
+		return Outcome{Result: Applied, Record: rec, Head: s.head}
+	}
+	if ok && !wrong && cur.revision >= rec.Revision {
+		return ignored
 	}
 	if err := s.validate(&rec); err != nil {
 		return s.refuse(rec, CodeInvalid, err.Error())
@@ -278,7 +294,7 @@ func (s *State) install(rec Record) {
 			return
 		}
 		s.ov.Put(k, *rec.Override)
-		sub := subject{revision: rec.Revision}
+		sub := subject{revision: rec.Revision, sha: rec.SHA256}
 		if s.keep {
 			r := rec
 			sub.rec = &r

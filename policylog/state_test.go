@@ -126,8 +126,8 @@ func history() []policylog.Record {
 		doc(1, 0, docA, "alice"),
 		ovr(2, 1, "acct_1", "", pro),
 		ovr(3, 2, "acct_2", "", &policy.Override{Rate: 5, Burst: 9, Reason: "deal"}),
-		doc(3, 2, docB, "racer"),           // lost the race for 3
-		restated(doc(1, 0, docA, "alice")), // and restated the document in force, as Writer does
+		doc(3, 2, docB, "racer"),                                     // lost the race for 3
+		restated(doc(1, 0, docA, "alice"), doc(3, 2, docB, "racer")), // and restated the document in force, as Writer does
 		doc(4, 3, docB, "bob"),
 		ovr(5, 4, "acct_3", "s", &policy.Override{Tier: "gold", Reason: "trial"}),
 		ovr(6, 5, "acct_2", "", &policy.Override{Rate: 6, Burst: 9, Reason: "deal 2"}),
@@ -135,11 +135,22 @@ func history() []policylog.Record {
 		doc(8, 7, docA, "carol"), // drops gold, which acct_3 uses: refused
 		doc(8, 7, docB+"# same tiers\n", "carol"),
 		ovr(9, 8, "acct_4", "", pro),
+		ovr(9, 8, "acct_5", "", pro), // lost the race for 9
+		restated(absent("acct_5"), ovr(9, 8, "acct_5", "", pro)),
 	}
 }
 
-func restated(r policylog.Record) policylog.Record {
+// restated is r restated after refused was refused.
+func restated(r, refused policylog.Record) policylog.Record {
 	r.Restates = true
+	r.RefusedRevision, r.RefusedSHA256 = refused.Revision, refused.SHA256
+	return r
+}
+
+// absent is the restatement of a key without an override.
+func absent(key string) policylog.Record {
+	r := policylog.Record{Kind: policylog.KindOverride, Key: key, Deleted: true}
+	r.Seal()
 	return r
 }
 
@@ -171,7 +182,7 @@ func TestCompactedReplaysToSameState(t *testing.T) {
 		entries = append(entries, e)
 		full.Apply(e)
 	}
-	if o := full.Apply(entry(99, restated(doc(1, 0, docA, "alice")))); o.Result != policylog.Ignored {
+	if o := full.Apply(entry(99, restated(doc(1, 0, docA, "alice"), doc(3, 2, docB, "racer")))); o.Result != policylog.Ignored {
 		t.Fatalf("a restatement on the full log: %s %s", o.Result, o.Reason)
 	}
 	want := viewOf(full)
@@ -196,6 +207,20 @@ func TestCompactedReplaysToSameState(t *testing.T) {
 	}
 	if got := viewOf(compacted); !reflect.DeepEqual(got, want) {
 		t.Errorf("compacted log:\n got %+v\nwant %+v", got, want)
+	}
+
+	// Compaction leaves the head of the log (the active segment) as it is:
+	// every prefix compacted, the rest whole, replays to the same state.
+	for j := range entries {
+		partial := policylog.NewState(true)
+		for i, e := range entries {
+			if i >= j || last[e.Key] == i {
+				partial.Apply(e)
+			}
+		}
+		if got := viewOf(partial); !reflect.DeepEqual(got, want) {
+			t.Errorf("compacted before offset %d:\n got %+v\nwant %+v", j, got, want)
+		}
 	}
 
 	cached := policylog.NewState(true)
