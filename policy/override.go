@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sort"
 	"time"
 
 	"github.com/ratewarden/ratewarden/limits"
@@ -224,4 +225,24 @@ func (w *WithOverrides) ResolveAt(key, scope, tier string, now time.Time) (limit
 		res.Burst = min(res.Burst, cl.Burst)
 	}
 	return res, nil
+}
+
+// MissingTiers lists the overrides that name a tier p does not define, as
+// "override <key>[ scope <scope>] names tier <tier>", sorted.
+func (s *Overrides) MissingTiers(p *Policy) []string {
+	var out []string
+	for k, c := range s.m {
+		if c.tier == "" {
+			continue
+		}
+		if _, ok := p.tiers[c.tier]; !ok {
+			what := "override " + k.Key
+			if k.Scope != "" {
+				what += " scope " + k.Scope
+			}
+			out = append(out, fmt.Sprintf("%s names tier %q", what, c.tier))
+		}
+	}
+	sort.Strings(out)
+	return out
 }

@@ -35,7 +35,7 @@ func TestOverrideResolution(t *testing.T) {
 		{"acct_1", "api:search", "", 0, "override:acct_1", "free", 2, 30, 0},     // key and scope first; 120/min
 		{"acct_1", "api:search", "pro", 0, "override:acct_1", "pro", 2, 30, 0},   // the caller's tier, the override's limit
 		{"ip:1.2.3.4", "x", "", 0, "override:ip:1.2.3.4", "free", 1000, 1500, 0}, // capped by global_ceiling, ahead of the prefix rule
-		{"ip:8.8.8.8", "x", "", 0, "prefix", "free", 1, 5, 0},                   // no override: the rule
+		{"ip:8.8.8.8", "x", "", 0, "prefix", "free", 1, 5, 0},                    // no override: the rule
 		{"acct_2", "x", "", 59 * time.Minute, "override:acct_2", "ent", 1000, 1500, 1000000},
 		{"acct_2", "x", "", time.Hour, "free", "free", 10, 20, 0}, // expired at its instant
 		{"acct_3", "x", "", 0, "override:acct_3", "free", 10, 20, 500},

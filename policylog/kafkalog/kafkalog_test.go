@@ -135,8 +135,12 @@ func TestRacingWriters(t *testing.T) {
 	}
 	_, a := full.State().Document()
 	_, b := compacted.State().Document()
-	for _, h := range full.History() { t.Logf("full %d %s %s rev %d restates %v %s %s", h.Offset, h.Result, h.Code, h.Revision, h.Restates, h.SHA256[:8], h.Author) }
-	for _, h := range compacted.History() { t.Logf("comp %d %s %s rev %d restates %v %s", h.Offset, h.Result, h.Code, h.Revision, h.Restates, h.SHA256[:8]) }
+	for _, h := range full.History() {
+		t.Logf("full %d %s %s rev %d restates %v %s %s", h.Offset, h.Result, h.Code, h.Revision, h.Restates, h.SHA256[:8], h.Author)
+	}
+	for _, h := range compacted.History() {
+		t.Logf("comp %d %s %s rev %d restates %v %s", h.Offset, h.Result, h.Code, h.Revision, h.Restates, h.SHA256[:8])
+	}
 	if compacted.State().Head() != 6 || a.SHA256 != b.SHA256 {
 		t.Fatalf("after compaction: head %d doc %s; full log: head 6 doc %s", compacted.State().Head(), b.SHA256, a.SHA256)
 	}
