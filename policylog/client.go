@@ -22,6 +22,7 @@ type Log interface {
 // HistoryItem is one entry of the log and what became of it.
 type HistoryItem struct {
 	Offset int64
+	LogKey string
 	Result string // Applied, Refused or Ignored
 	Code   string
 	Reason string
@@ -71,7 +72,7 @@ func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {
 
 func (c *Client) apply(e Entry) Outcome {
 	o := c.st.Apply(e)
-	h := HistoryItem{Offset: e.Offset, Result: o.Result, Code: o.Code, Reason: o.Reason, Meta: metaOf(&o.Record), Restates: o.Record.Restates}
+	h := HistoryItem{Offset: e.Offset, LogKey: e.Key, Result: o.Result, Code: o.Code, Reason: o.Reason, Meta: metaOf(&o.Record), Restates: o.Record.Restates}
 	if o.Result == Applied && o.Record.Kind == KindPolicy {
 		h.Document = o.Record.Document
 	}

@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -18,6 +19,10 @@ import (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "policy" {
 		os.Exit(policyCommand(os.Args[2:], os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && (os.Args[1] == "override" || os.Args[1] == "fleet") { // policylog_cmd.go
+		cmd := map[string]func([]string, io.Writer, io.Writer) int{"override": overrideCommand, "fleet": fleetCommand}[os.Args[1]]
+		os.Exit(cmd(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	redislog.Use(log) // go-redis's own lines as JSON too, like every other log line

@@ -18,6 +18,9 @@ const policyUsage = `usage:
 
 // policyCommand runs `limiter policy ...` and returns the exit code.
 func policyCommand(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && isPolicyLogVerb(args[0]) { // the policy log's verbs (policylog_cmd.go)
+		return policyLogCommand(args, stdout, stderr)
+	}
 	if len(args) < 2 {
 		fmt.Fprintln(stderr, policyUsage)
 		return 2
