@@ -96,11 +96,11 @@ type OverrideKey struct {
 // compiledOverride is an Override reduced to what resolution needs, kept
 // small: a million of them must fit in a few hundred megabytes.
 type compiledOverride struct {
-	tier    string
-	rate    float64 // tokens per second; 0 = the tier's (or the rule's)
+	rate    float64 // tokens per second; 0 = the tier's
 	burst   int64
 	quota   int64
-	expires int64 // Unix nanoseconds; 0 = never
+	expires int64  // Unix nanoseconds; 0 = never
+	tier    uint16 // 1 + index in Overrides.tiers; 0 = none
 	qperiod limits.Period
 }
 
@@ -108,7 +108,8 @@ type compiledOverride struct {
 // with NewOverrides and Put; once handed to WithOverrides it must not be
 // changed (it is then read by concurrent decisions without a lock).
 type Overrides struct {
-	m map[OverrideKey]compiledOverride
+	m     map[OverrideKey]compiledOverride
+	tiers []string // the tier names overrides use, interned
 }
 
 // NewOverrides returns an empty set with room for n overrides.
@@ -116,12 +117,33 @@ func NewOverrides(n int) *Overrides {
 	return &Overrides{m: make(map[OverrideKey]compiledOverride, n)}
 }
 
+// tierIndex interns a tier name (1-based; 0 = none). Tiers are few.
+func (s *Overrides) tierIndex(name string) uint16 {
+	if name == "" {
+		return 0
+	}
+	for i, t := range s.tiers {
+		if t == name {
+			return uint16(i + 1)
+		}
+	}
+	s.tiers = append(s.tiers, name)
+	return uint16(len(s.tiers))
+}
+
+func (s *Overrides) tierName(i uint16) string {
+	if i == 0 {
+		return ""
+	}
+	return s.tiers[i-1]
+}
+
 // Len is the number of overrides in the set.
 func (s *Overrides) Len() int { return len(s.m) }
 
 // Put adds or replaces the override of k. o must be valid (Validate).
 func (s *Overrides) Put(k OverrideKey, o Override) {
-	c := compiledOverride{tier: o.Tier, burst: o.Burst, quota: o.Quota, qperiod: quotaPeriods[o.QuotaPeriod]}
+	c := compiledOverride{tier: s.tierIndex(o.Tier), burst: o.Burst, quota: o.Quota, qperiod: quotaPeriods[o.QuotaPeriod]}
 	if o.Rate > 0 {
 		c.rate = o.Rate / periodSeconds[o.Period]
 	}
@@ -136,7 +158,7 @@ func (s *Overrides) Delete(k OverrideKey) { delete(s.m, k) }
 
 // Clone returns a copy of s that can be changed without touching s.
 func (s *Overrides) Clone() *Overrides {
-	c := &Overrides{m: make(map[OverrideKey]compiledOverride, len(s.m))}
+	c := &Overrides{m: make(map[OverrideKey]compiledOverride, len(s.m)), tiers: append([]string(nil), s.tiers...)}
 	for k, v := range s.m {
 		c.m[k] = v
 	}
@@ -198,8 +220,8 @@ func (w *WithOverrides) ResolveAt(key, scope, tier string, now time.Time) (limit
 	if !ok {
 		return w.Policy.Resolve(key, scope, tier)
 	}
-	if c.tier != "" {
-		tier = c.tier
+	if c.tier != 0 {
+		tier = w.ov.tierName(c.tier)
 	} else if tier == "" {
 		tier = w.file.Keys[key]
 		if tier == "" {
@@ -232,15 +254,16 @@ func (w *WithOverrides) ResolveAt(key, scope, tier string, now time.Time) (limit
 func (s *Overrides) MissingTiers(p *Policy) []string {
 	var out []string
 	for k, c := range s.m {
-		if c.tier == "" {
+		name := s.tierName(c.tier)
+		if name == "" {
 			continue
 		}
-		if _, ok := p.tiers[c.tier]; !ok {
+		if _, ok := p.tiers[name]; !ok {
 			what := "override " + k.Key
 			if k.Scope != "" {
 				what += " scope " + k.Scope
 			}
-			out = append(out, fmt.Sprintf("%s names tier %q", what, c.tier))
+			out = append(out, fmt.Sprintf("%s names tier %q", what, name))
 		}
 	}
 	sort.Strings(out)
