@@ -15,6 +15,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/ratewarden/ratewarden/metering/usage"
+	"github.com/ratewarden/ratewarden/policylog/opsapi"
 )
 
 // apiDoc is an OpenAPI 3 document, decoded generically.
@@ -379,6 +380,12 @@ func checkOpenAPI(t *testing.T, s *stack) {
 			real[k] = true
 			if !doc[k] {
 				t.Errorf("usage API route %s is not in usage-api.yaml", k)
+			}
+		}
+		for _, k := range opsapi.Routes() { // the policy API beside the gin engine (cmd/usage-api/policyops.go)
+			real[k] = true
+			if !doc[k] {
+				t.Errorf("policy API route %s is not in usage-api.yaml", k)
 			}
 		}
 		for k := range doc {
