@@ -50,6 +50,7 @@ var shardingKeys = map[string]string{
 	"shadow_hour":         "rand()",
 	"portal_token_events": "cityHash64(id)",
 	"webhook_deliveries":  "cityHash64(key)",
+	"policy_audit":        "kafka_offset", // a record written twice lands on one shard, where FINAL collapses it
 }
 
 var (
