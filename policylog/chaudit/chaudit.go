@@ -30,6 +30,9 @@ type Config struct {
 	Registry prometheus.Registerer
 	// Timeout bounds one ClickHouse statement (default 10 s).
 	Timeout time.Duration
+	// Absent, when set, says an error means the log does not exist yet
+	// (no writer created it): nothing to audit, not a failure.
+	Absent func(error) bool
 }
 
 // Writer is the audit writer. Run does the work; Ready is safe from any
@@ -75,6 +78,15 @@ func (w *Writer) Run(ctx context.Context) error {
 		err := w.follow(ctx)
 		if ctx.Err() != nil {
 			break
+		}
+		if w.cfg.Absent != nil && w.cfg.Absent(err) {
+			ok := ""
+			w.status.Store(&ok)
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Second):
+			}
+			continue
 		}
 		w.errs.Inc()
 		msg := "policy audit: " + err.Error()

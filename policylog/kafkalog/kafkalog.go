@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/policylog"
@@ -183,4 +184,10 @@ func (l *Log) Fetch(ctx context.Context, from int64) ([]policylog.Entry, int64, 
 		out = append(out, e)
 	}
 	return out, res.HighWatermark, nil
+}
+
+// IsNoTopic reports whether err says the topic does not exist (no writer
+// has created it yet).
+func IsNoTopic(err error) bool {
+	return errors.Is(err, protocol.ErrNoTopic) || errors.Is(err, kafka.UnknownTopicOrPartition)
 }
