@@ -1,11 +1,15 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
+	"github.com/ratewarden/ratewarden/policylog/chaudit"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
 	"github.com/ratewarden/ratewarden/policylog/opsapi"
 )
@@ -33,9 +37,16 @@ func policyLogConfigFrom(e *envconfig.Reader, getenv func(string) string) policy
 
 // withPolicyAPI routes the operator's policy API (opsapi) beside next, the
 // usage API. The returned func releases the log's connections.
-func withPolicyAPI(cfg config, next http.Handler, log *slog.Logger) (http.Handler, func(), error) {
+func withPolicyAPI(cfg config, conn driver.Conn, next http.Handler, log *slog.Logger) (http.Handler, func(), error) {
 	oc := opsapi.Config{AdminToken: cfg.AdminToken,
-		Unavailable: "the policy API needs the policy log: set KAFKA_BROKERS on usage-api"}
+		Unavailable: "the policy API needs the policy log: set KAFKA_BROKERS on usage-api",
+		Audit: func(ctx context.Context, revision int64, limit int) (any, error) {
+			rows, err := chaudit.Query(ctx, conn, cfg.Database, revision, limit)
+			if rows == nil {
+				rows = []chaudit.Row{}
+			}
+			return rows, err
+		}}
 	closeLog := func() {}
 	if len(cfg.PolicyLog.Brokers) > 0 {
 		l, err := kafkalog.New(kafkalog.Config{Brokers: cfg.PolicyLog.Brokers, Topic: cfg.PolicyLog.Topic,

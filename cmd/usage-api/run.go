@@ -92,7 +92,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		go func() { defer wg.Done(); schema.ApplyUntilDone(ctx, conn, cfg.Database, log) }()
 	}
 
-	handler, closePolicyLog, err := withPolicyAPI(cfg, srv.Handler(), log) // policyops.go
+	handler, closePolicyLog, err := withPolicyAPI(cfg, conn, srv.Handler(), log) // policyops.go
 	if err != nil {
 		return err
 	}

@@ -34,6 +34,10 @@ type Config struct {
 	AdminToken string
 	// Timeout bounds one request's reads and writes of the log (default 30 s).
 	Timeout time.Duration
+	// Audit reads ClickHouse's policy_audit, newest first (revision > 0:
+	// only that revision's records); nil = GET /v1/admin/policy/audit
+	// answers 503.
+	Audit func(ctx context.Context, revision int64, limit int) (any, error)
 }
 
 // Handler serves the operator API. Safe for concurrent use: requests are
@@ -69,6 +73,7 @@ func New(cfg Config) (*Handler, error) {
 	h.mux.HandleFunc("PUT /v1/admin/policy", h.putPolicy)
 	h.mux.HandleFunc("GET /v1/admin/policy/history", h.getHistory)
 	h.mux.HandleFunc("POST /v1/admin/policy/rollback", h.postRollback)
+	h.mux.HandleFunc("GET /v1/admin/policy/audit", h.getAudit)
 	h.mux.HandleFunc("GET /v1/admin/overrides", h.listOverrides)
 	h.mux.HandleFunc("GET /v1/admin/overrides/{key}", h.getOverride)
 	h.mux.HandleFunc("PUT /v1/admin/overrides/{key}", h.putOverride)
@@ -80,7 +85,7 @@ func New(cfg Config) (*Handler, error) {
 // OpenAPI document's test.
 func Routes() []string {
 	return []string{
-		"GET /v1/admin/policy", "PUT /v1/admin/policy", "GET /v1/admin/policy/history", "POST /v1/admin/policy/rollback",
+		"GET /v1/admin/policy", "PUT /v1/admin/policy", "GET /v1/admin/policy/history", "POST /v1/admin/policy/rollback", "GET /v1/admin/policy/audit",
 		"GET /v1/admin/overrides", "GET /v1/admin/overrides/{key}", "PUT /v1/admin/overrides/{key}", "DELETE /v1/admin/overrides/{key}",
 	}
 }
@@ -97,6 +102,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	got := r.Header.Get("Authorization")
 	if subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+h.cfg.AdminToken)) != 1 {
 		fail(w, http.StatusUnauthorized, "unauthorized", "the operator's bearer token (USAGE_ADMIN_TOKEN) is required", nil)
+		return
+	}
+	if r.URL.Path == "/v1/admin/policy/audit" { // ClickHouse, not the log
+		h.mux.ServeHTTP(w, r)
 		return
 	}
 	if h.client == nil {
@@ -377,4 +386,39 @@ func (h *Handler) deleteOverride(w http.ResponseWriter, r *http.Request) {
 		o, err := c.DeleteOverride(ctx, key, q.Get("scope"), author, reason)
 		answer(w, o, err)
 	})
+}
+
+// getAudit serves policy_audit: every record, applied or refused, kept
+// for good (also those compaction removed from the log).
+func (h *Handler) getAudit(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.Audit == nil {
+		fail(w, http.StatusServiceUnavailable, "store_unavailable", "the policy audit is not configured", nil)
+		return
+	}
+	q := r.URL.Query()
+	limit, rev := 100, int64(0)
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10000 {
+			fail(w, http.StatusBadRequest, "invalid_request", "limit must be an integer from 1 to 10000", nil)
+			return
+		}
+		limit = n
+	}
+	if v := q.Get("revision"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			fail(w, http.StatusBadRequest, "invalid_request", "revision must be an integer ≥ 1", nil)
+			return
+		}
+		rev = n
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.Timeout)
+	defer cancel()
+	rows, err := h.cfg.Audit(ctx, rev, limit)
+	if err != nil {
+		fail(w, http.StatusServiceUnavailable, "store_unavailable", "cannot read policy_audit: "+err.Error(), nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"records": rows})
 }
