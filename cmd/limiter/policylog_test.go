@@ -60,7 +60,7 @@ func writeTemp(t *testing.T, name, content string) string {
 }
 
 // policyOf is /readyz's policy object.
-func (p *limiterProc) policyOf(t *testing.T) map[string]any {
+func (p *limiterProc) policyOf(t testing.TB) map[string]any {
 	pol, _ := p.readyz(t)["policy"].(map[string]any)
 	return pol
 }
