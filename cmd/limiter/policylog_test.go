@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
 )
 
@@ -231,5 +232,67 @@ func TestPolicyLogKafkaDownAtStart(t *testing.T) {
 	}
 	if d, _ := fromFile.check(t, "k", "x", 1); d.Limit != 3 {
 		t.Errorf("from the bootstrap file, the burst is %d, want 3", d.Limit)
+	}
+}
+
+// TestPolicyLogPushUnderLoad: revisions swap in between decisions; none
+// of a bounded stream of decisions fails while ten pushes land.
+func TestPolicyLogPushUnderLoad(t *testing.T) {
+	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
+	env := []string{"KAFKA_BROKERS=" + k.Addr()}
+	if out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "a.yaml", logDocA), "-m", "first"); code != 0 {
+		t.Fatalf("push: %q %q", out, errOut)
+	}
+	p := startLimiter(t, logBootstrap, append(env, "POLICY_SOURCE=kafka", "LIMITER_GRPC_ADDR=")...)
+	l, err := kafkalog.New(kafkalog.Config{Brokers: []string{k.Addr()}, Security: &kafkaconn.Security{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	w := policylog.NewClient(l, true)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	bad := map[int]int{}
+	total := 0
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 2000; i++ { // bounded; ends early once the pushes are done
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, code := p.check(t, fmt.Sprintf("k%d-%d", g, i%50), "x", 1)
+				mu.Lock()
+				total++
+				if code != 200 {
+					bad[code]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := range 10 {
+		doc := logDocA
+		if i%2 == 0 {
+			doc = strings.Replace(logDocA, "rate: 10, burst: 20", "rate: 12, burst: 24", 1)
+		}
+		if _, err := w.Push(ctx, doc+fmt.Sprintf("# %d\n", i), "load", "push under load", policylog.NoExpect); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitRevision(t, p, 11)
+	close(stop)
+	wg.Wait()
+	if len(bad) > 0 || total == 0 {
+		t.Fatalf("%d decisions, failed by status: %v", total, bad)
+	}
+	if d, _ := p.check(t, "fresh", "x", 1); d.Limit != 20 {
+		t.Errorf("after the last push (revision 11), burst %d, want 20", d.Limit)
 	}
 }
