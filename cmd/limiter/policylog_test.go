@@ -296,3 +296,58 @@ func TestPolicyLogPushUnderLoad(t *testing.T) {
 		t.Errorf("after the last push (revision 11), burst %d, want 20", d.Limit)
 	}
 }
+
+// TestPolicyLogCLIVerbs: show, diff, rollback, override get/list/delete,
+// and strict flags.
+func TestPolicyLogCLIVerbs(t *testing.T) {
+	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
+	env := []string{"KAFKA_BROKERS=" + k.Addr()}
+	docB := strings.Replace(logDocA, "rate: 10, burst: 20", "rate: 12, burst: 24", 1)
+	for i, doc := range []string{logDocA, docB} {
+		if out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "p.yaml", doc), "-m", fmt.Sprintf("doc %d", i)); code != 0 {
+			t.Fatalf("push %d: %q %q", i, out, errOut)
+		}
+	}
+	out, _, code := runCLI(t, env, "policy", "show", "1")
+	if code != 0 || !strings.Contains(out, "rate: 10, burst: 20") || !strings.Contains(out, "# revision 1") {
+		t.Errorf("show 1: %d %q", code, out)
+	}
+	out, _, code = runCLI(t, env, "policy", "diff", "1", "2")
+	if code != 0 || !strings.Contains(out, "-  free: { rate: 10, burst: 20 }") || !strings.Contains(out, "+  free: { rate: 12, burst: 24 }") {
+		t.Errorf("diff: %d %q", code, out)
+	}
+	out, errOut, code := runCLI(t, env, "policy", "rollback", "1", "-m", "back to 1")
+	if code != 0 || !strings.Contains(out, "applied: revision 3") {
+		t.Fatalf("rollback: %d %q %q", code, out, errOut)
+	}
+	if out, _, _ = runCLI(t, env, "policy", "show"); !strings.Contains(out, "rate: 10, burst: 20") || !strings.Contains(out, "# revision 3") {
+		t.Errorf("show after rollback: %q", out)
+	}
+	if out, errOut, code = runCLI(t, env, "override", "set", "acct_9", "--scope", "api:search", "--rate", "60", "--period", "minute", "--burst", "5", "--expires", "2h", "--reason", "launch"); code != 0 {
+		t.Fatalf("override set: %q %q", out, errOut)
+	}
+	out, _, code = runCLI(t, env, "override", "get", "acct_9", "--scope", "api:search", "--json")
+	if code != 0 || !strings.Contains(out, `"rate":60`) || !strings.Contains(out, `"expires"`) {
+		t.Errorf("override get: %d %q", code, out)
+	}
+	if out, _, code = runCLI(t, env, "override", "list"); code != 0 || !strings.Contains(out, "acct_9\tapi:search\trate 60/minute burst 5") {
+		t.Errorf("override list: %d %q", code, out)
+	}
+	if out, errOut, code = runCLI(t, env, "override", "delete", "acct_9", "--scope", "api:search", "--reason", "over"); code != 0 || !strings.Contains(out, "revision 5") {
+		t.Errorf("override delete: %d %q %q", code, out, errOut)
+	}
+	if _, _, code = runCLI(t, env, "override", "get", "acct_9", "--scope", "api:search"); code != 1 {
+		t.Errorf("get a deleted override: exit %d, want 1", code)
+	}
+	for _, args := range [][]string{
+		{"policy", "push", "f.yaml", "-m", "x", "--bogus"},
+		{"policy", "push", "f.yaml"},              // no -m
+		{"override", "set", "k", "--tier", "pro"}, // no --reason
+		{"policy", "history", "extra"},
+		{"fleet", "status"}, // no limiters
+	} {
+		if _, errOut, code := runCLI(t, append(env, "LIMITER_FLEET_URLS="), args...); code != 2 || !strings.Contains(errOut, "usage") {
+			t.Errorf("%v: exit %d, want 2 with the usage (%q)", args, code, errOut)
+		}
+	}
+}
