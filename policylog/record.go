@@ -39,13 +39,13 @@
 package policylog
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/ratewarden/ratewarden/policy"
@@ -169,7 +169,7 @@ func Decode(key string, value []byte) (Record, error) {
 	if len(value) > MaxRecord {
 		return r, fmt.Errorf("%w: %d bytes, more than %d", ErrGarbled, len(value), MaxRecord)
 	}
-	dec := json.NewDecoder(strings.NewReader(string(value)))
+	dec := json.NewDecoder(bytes.NewReader(value))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
 		return Record{}, fmt.Errorf("%w: %v", ErrGarbled, err)
