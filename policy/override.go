@@ -269,3 +269,19 @@ func (s *Overrides) MissingTiers(p *Policy) []string {
 	sort.Strings(out)
 	return out
 }
+
+// Each calls fn for every override of the set, in no order, as an Override
+// that Put would compile to the same entry (its rate per second, without
+// its reason).
+func (s *Overrides) Each(fn func(OverrideKey, Override)) {
+	for k, c := range s.m {
+		o := Override{Tier: s.tierName(c.tier), Rate: c.rate, Burst: c.burst, Quota: c.quota}
+		if c.qperiod != limits.PeriodNone {
+			o.QuotaPeriod = c.qperiod.String()
+		}
+		if c.expires != 0 {
+			o.Expires = time.Unix(0, c.expires).UTC()
+		}
+		fn(k, o)
+	}
+}

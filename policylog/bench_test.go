@@ -17,16 +17,23 @@ const benchOverrides = 1_000_000
 // overrides: each record encoded (as the log holds it), decoded, checked
 // (content hash, validation) and applied, then one Snapshot (what is
 // swapped in). It reports the seconds of the whole load and the live heap
-// per override of the State (which keeps every record, for the cache) and
-// of the snapshot.
+// per override of the State and of the snapshot, for a limiter (records
+// not kept) and a writer (records kept).
 func BenchmarkStateLoad1M(b *testing.B) {
+	b.Run("limiter", func(b *testing.B) { benchStateLoad(b, false) })
+	b.Run("writer", func(b *testing.B) { benchStateLoad(b, true) })
+}
+
+// benchStateLoad is BenchmarkStateLoad1M for a State that keeps records
+// (a writer) or not (a limiter).
+func benchStateLoad(b *testing.B, keep bool) {
 	n := benchOverrides
 	for range b.N {
 		runtime.GC()
 		var m0 runtime.MemStats
 		runtime.ReadMemStats(&m0)
 		start := time.Now()
-		s := policylog.NewState(true)
+		s := policylog.NewState(keep)
 		s.Apply(entry(0, doc(1, 0, docA, "alice")))
 		for i := range n {
 			o := &policy.Override{Tier: "pro", Reason: "negotiated deal"}

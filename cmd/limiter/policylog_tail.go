@@ -141,7 +141,9 @@ func newPolicyTail(cfg config, reg prometheus.Registerer, logger *slog.Logger) (
 }
 
 func (t *policyTail) newClient() *policylog.Client {
-	c := policylog.NewClient(t.log, true)
+	// Records are not kept: a limiter holds only what resolution needs
+	// (the cache is written from the compiled overrides).
+	c := policylog.NewClient(t.log, false)
 	c.OnApply = func(e policylog.Entry, o policylog.Outcome) {
 		t.metrics.records.WithLabelValues(o.Result, o.Code).Inc()
 		if o.Result == policylog.Refused {
@@ -190,8 +192,9 @@ func (t *policyTail) start(ctx context.Context) (enforcement.Policy, error) {
 	t.client = t.newClient() // what was read of an unfinished start is read again
 	t.logger.Error("policy log unreachable at start; starting from the last revision applied, else POLICY_FILE",
 		"topic", t.cfg.Topic, "err", err, "cache_dir", t.cfg.CacheDir)
-	if st, err := t.readCache(); err == nil {
-		return t.fromState(st, sourceCache), nil
+	if snap, info, err := t.readCache(); err == nil {
+		t.publish(info)
+		return snap, nil
 	} else if t.cfg.CacheDir != "" {
 		t.logger.Warn("no usable policy cache", "err", err)
 	}
@@ -273,19 +276,33 @@ func (t *policyTail) Run(ctx context.Context) error {
 const cacheFile = "policy-log-cache.json"
 
 type cacheBody struct {
-	Topic   string             `json:"topic"`
-	Head    int64              `json:"head"`
-	Records []policylog.Record `json:"records"`
+	Topic     string           `json:"topic"`
+	Head      int64            `json:"head"`
+	Document  policylog.Record `json:"document"`
+	Overrides []cachedOverride `json:"overrides"`
 }
 
-// writeCache writes the state as a compacted log (State.Records) to
-// POLICY_CACHE_DIR, atomically: a temporary file, synced, then renamed.
+type cachedOverride struct {
+	Key      string          `json:"key"`
+	Scope    string          `json:"scope,omitempty"`
+	Override policy.Override `json:"override"`
+}
+
+// writeCache writes the policy in force (the document's record and the
+// compiled overrides) to POLICY_CACHE_DIR, atomically: a temporary file,
+// synced, then renamed.
 func (t *policyTail) writeCache() {
 	if t.cfg.CacheDir == "" {
 		return
 	}
 	st := t.client.State()
-	b, err := json.Marshal(cacheBody{Topic: t.cfg.Topic, Head: st.Head(), Records: st.Records()})
+	_, doc := st.Document()
+	body := cacheBody{Topic: t.cfg.Topic, Head: st.Head(), Document: doc, Overrides: make([]cachedOverride, 0, st.Overrides())}
+	st.EachOverride(func(k policy.OverrideKey, o policy.Override) {
+		o.Reason = "cached"
+		body.Overrides = append(body.Overrides, cachedOverride{Key: k.Key, Scope: k.Scope, Override: o})
+	})
+	b, err := json.Marshal(body)
 	if err == nil {
 		err = writeFileAtomic(filepath.Join(t.cfg.CacheDir, cacheFile), b)
 	}
@@ -314,37 +331,43 @@ func writeFileAtomic(path string, b []byte) error {
 	return os.Rename(f.Name(), path)
 }
 
-// readCache rebuilds the state from the cache file by the apply rule (the
-// records restate themselves, as on a compacted log).
-func (t *policyTail) readCache() (*policylog.State, error) {
+// readCache rebuilds the policy in force from the cache file: the
+// document (its hash checked) and every override (validated against it).
+func (t *policyTail) readCache() (*policy.WithOverrides, policyInfo, error) {
 	if t.cfg.CacheDir == "" {
-		return nil, errors.New("POLICY_CACHE_DIR is not set")
+		return nil, policyInfo{}, errors.New("POLICY_CACHE_DIR is not set")
 	}
 	b, err := os.ReadFile(filepath.Join(t.cfg.CacheDir, cacheFile))
 	if err != nil {
-		return nil, err
+		return nil, policyInfo{}, err
 	}
 	var c cacheBody
 	if err := json.Unmarshal(b, &c); err != nil {
-		return nil, fmt.Errorf("policy cache: %w", err)
+		return nil, policyInfo{}, fmt.Errorf("policy cache: %w", err)
 	}
 	if c.Topic != t.cfg.Topic {
-		return nil, fmt.Errorf("policy cache is of topic %q, not %q", c.Topic, t.cfg.Topic)
+		return nil, policyInfo{}, fmt.Errorf("policy cache is of topic %q, not %q", c.Topic, t.cfg.Topic)
 	}
-	st := policylog.NewState(true)
-	for i, r := range c.Records {
-		v, err := r.Encode()
-		if err != nil {
-			return nil, err
+	v, err := c.Document.Encode()
+	if err != nil {
+		return nil, policyInfo{}, err
+	}
+	if _, err := policylog.Decode(policylog.DocumentKey, v); err != nil || c.Head < 1 {
+		return nil, policyInfo{}, fmt.Errorf("policy cache: the document: %v (head %d)", err, c.Head)
+	}
+	doc, err := policy.Parse([]byte(c.Document.Document))
+	if err != nil {
+		return nil, policyInfo{}, fmt.Errorf("policy cache: the document: %w", err)
+	}
+	ov := policy.NewOverrides(len(c.Overrides))
+	for _, o := range c.Overrides {
+		if err := o.Override.Validate(doc); err != nil {
+			return nil, policyInfo{}, fmt.Errorf("policy cache: override of %q: %w", o.Key, err)
 		}
-		if o := st.Apply(policylog.Entry{Offset: int64(2*i + 1), Key: r.LogKey(), Value: v}); o.Result != policylog.Applied {
-			return nil, fmt.Errorf("policy cache record %d refused: %s", i, o.Reason)
-		}
+		ov.Put(policy.OverrideKey{Key: o.Key, Scope: o.Scope}, o.Override)
 	}
-	if st.Head() != c.Head || st.Head() == 0 {
-		return nil, fmt.Errorf("policy cache rebuilds revision %d, says %d", st.Head(), c.Head)
-	}
-	return st, nil
+	info := policyInfo{Version: doc.Version(), Hash: doc.Hash(), Revision: c.Head, Source: sourceCache, Overrides: ov.Len(), Author: c.Document.Author}
+	return policy.NewWithOverrides(doc, ov, nil), info, nil
 }
 
 // startTail runs t.Run in a goroutine until the returned stop, which

@@ -206,9 +206,12 @@ func TestPolicyLogKafkaDownAtStart(t *testing.T) {
 	if out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "a.yaml", logDocA), "-m", "first"); code != 0 {
 		t.Fatalf("push: %q %q", out, errOut)
 	}
+	if out, errOut, code := runCLI(t, env, "override", "set", "acct_c", "--tier", "pro", "--expires", "24h", "--reason", "cached too"); code != 0 {
+		t.Fatalf("override: %q %q", out, errOut)
+	}
 	cache := t.TempDir()
 	first := startLimiter(t, logBootstrap, append(env, "POLICY_SOURCE=kafka", "POLICY_CACHE_DIR="+cache, "LIMITER_GRPC_ADDR=")...)
-	waitRevision(t, first, 1)
+	waitRevision(t, first, 2)
 	if _, err := os.Stat(filepath.Join(cache, cacheFile)); err != nil {
 		t.Fatalf("no cache written: %v", err)
 	}
@@ -217,7 +220,7 @@ func TestPolicyLogKafkaDownAtStart(t *testing.T) {
 
 	down := []string{"KAFKA_BROKERS=" + addr, "POLICY_SOURCE=kafka", "POLICY_START_WAIT=1s", "LIMITER_GRPC_ADDR="}
 	fromCache := startLimiter(t, logBootstrap, append(down, "POLICY_CACHE_DIR="+cache)...)
-	if pol := fromCache.policyOf(t); pol["source"] != "cache" || pol["revision"] != float64(1) {
+	if pol := fromCache.policyOf(t); pol["source"] != "cache" || pol["revision"] != float64(2) || pol["overrides"] != float64(1) {
 		t.Errorf("with a cache: %v", pol)
 	}
 	if n := fromCache.metric(t, `limiter_policy_source{source="cache"}`); n != 1 {
@@ -225,6 +228,9 @@ func TestPolicyLogKafkaDownAtStart(t *testing.T) {
 	}
 	if d, _ := fromCache.check(t, "k", "x", 1); d.Limit != 20 {
 		t.Errorf("from the cache, the free tier's burst is %d, want 20", d.Limit)
+	}
+	if d, _ := fromCache.check(t, "acct_c", "x", 1); d.Limit != 200 || d.Policy != "override:acct_c" {
+		t.Errorf("from the cache, the override: %+v", d)
 	}
 	fromFile := startLimiter(t, logBootstrap, append(down, "POLICY_CACHE_DIR="+t.TempDir())...)
 	if pol := fromFile.policyOf(t); pol["source"] != "bootstrap" || pol["revision"] != float64(0) {
