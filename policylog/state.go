@@ -84,7 +84,7 @@ type State struct {
 
 type subject struct {
 	revision int64
-	sha      uint64 // the first 64 bits of the record's SHA-256 (shaKey)
+	sha      uint64  // the first 64 bits of the record's SHA-256 (shaKey)
 	rec      *Record // nil unless the State keeps content
 }
 
