@@ -192,17 +192,20 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				return e, 0, false
 			}
 			e.Cost, err = strconv.ParseUint(string(n), 10, 64)
-		case "remaining", "limit":
+		case "remaining", "limit", "policy_revision":
 			n, g := num()
 			if !g {
 				return e, 0, false
 			}
 			var x int64
 			x, err = strconv.ParseInt(string(n), 10, 64)
-			if string(k) == "remaining" {
+			switch string(k) {
+			case "remaining":
 				bit, e.Remaining = 1<<10, x
-			} else {
+			case "limit":
 				bit, e.Limit = 1<<11, x
+			default:
+				bit, e.PolicyRevision = 1<<17, x
 			}
 		case "allowed", "dry_run", "warning", "shadow_rejected":
 			x, g := boolean()

@@ -71,5 +71,9 @@ func (e *Event) appendShadow(dst []byte) []byte {
 	if e.ShadowRejected {
 		dst = append(dst, `,"shadow_rejected":true`...)
 	}
+	if e.PolicyRevision != 0 {
+		dst = append(dst, `,"policy_revision":`...)
+		dst = strconv.AppendInt(dst, e.PolicyRevision, 10)
+	}
 	return dst
 }

@@ -42,6 +42,11 @@ type Event struct {
 	// version 1: decoders that do not know them ignore them.
 	Shadow         string `json:"shadow,omitempty"`
 	ShadowRejected bool   `json:"shadow_rejected,omitempty"`
+	// PolicyRevision is the revision of the policy log in force when the
+	// decision was recorded (a decision racing a swap may carry the next
+	// one); absent when the limiter reads its policy from a file. Added
+	// within version 1: decoders that do not know it ignore it.
+	PolicyRevision int64 `json:"policy_revision,omitempty"`
 }
 
 type wireEvent struct {

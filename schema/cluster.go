@@ -51,6 +51,7 @@ var shardingKeys = map[string]string{
 	"portal_token_events": "cityHash64(id)",
 	"webhook_deliveries":  "cityHash64(key)",
 	"kafka_epochs":        "kafka_partition",
+	"policy_audit":        "kafka_offset", // a record written twice lands on one shard, where FINAL collapses it
 }
 
 var (

@@ -1,6 +1,10 @@
 package main
 
-import "github.com/ratewarden/ratewarden/internal/cli"
+import (
+	"io"
+
+	"github.com/ratewarden/ratewarden/internal/cli"
+)
 
 // program is the limiter's words. With none it serves; every other word
 // must be in this table (internal/cli refuses the rest with usage and exit
@@ -20,8 +24,40 @@ service) with its configuration read from the environment: README.md,
 					Summary: "which rule limits a key and scope (or an Envoy descriptor), and why"},
 				{Name: "replay", Args: "FILE (--from T --to T | --since D) [flags]", Run: replayCommand,
 					Summary: "recorded decisions (ClickHouse) decided again under a candidate policy"},
+				{Name: "push", Args: "FILE -m MESSAGE [--author A] [--expect-revision N] [--json]", Run: verb(policyLogCommand, "push"),
+					Summary: "append a policy document to the policy log; exits 0 once it is applied"},
+				{Name: "rollback", Args: "REVISION -m MESSAGE [--author A] [--json]", Run: verb(policyLogCommand, "rollback"),
+					Summary: "put an earlier revision's document back in force, as a new revision"},
+				{Name: "history", Args: "[--limit N] [--json]", Run: verb(policyLogCommand, "history"),
+					Summary: "the policy log's records, applied and refused, newest first"},
+				{Name: "show", Args: "[REVISION]", Run: verb(policyLogCommand, "show"),
+					Summary: "the document in force (or at REVISION)"},
+				{Name: "diff", Args: "REVISION_A REVISION_B", Run: verb(policyLogCommand, "diff"),
+					Summary: "what changed between two revisions"},
+			}},
+			{Name: "override", Summary: "per-key overrides on the policy log", Sub: []cli.Command{
+				{Name: "set", Args: "KEY [--scope S] [--tier T | --rate R --burst B [--period P]] [flags] --reason TEXT", Run: verb(overrideCommand, "set"),
+					Summary: "set a key's (or key and scope's) override, ahead of every rule"},
+				{Name: "get", Args: "KEY [--scope S] [--json]", Run: verb(overrideCommand, "get"),
+					Summary: "the override in force for a key (and scope)"},
+				{Name: "list", Args: "[--json]", Run: verb(overrideCommand, "list"),
+					Summary: "every override in force"},
+				{Name: "delete", Args: "KEY [--scope S] --reason TEXT", Run: verb(overrideCommand, "delete"),
+					Summary: "remove an override (a tombstone on the log)"},
+			}},
+			{Name: "fleet", Summary: "the limiters that share the policy log", Sub: []cli.Command{
+				{Name: "status", Args: "[--limiters URL,URL...] [--json]", Run: verb(fleetCommand, "status"),
+					Summary: "the revision each limiter applied, beside the log's head"},
 			}},
 		},
 		Serve: serve,
+	}
+}
+
+// verb adapts a command that takes its verb as its first word to a table
+// entry, which is handed the words after the verb.
+func verb(run func(args []string, stdout, stderr io.Writer) int, name string) func([]string, io.Writer, io.Writer) int {
+	return func(args []string, stdout, stderr io.Writer) int {
+		return run(append([]string{name}, args...), stdout, stderr)
 	}
 }

@@ -19,6 +19,7 @@ type config struct {
 	Addr              string
 	Redis             redisclient.Config // every REDIS_* variable (internal/redisclient)
 	PolicyFile        string
+	PolicyLog         policyLogConfig // POLICY_SOURCE, POLICY_TOPIC, POLICY_CACHE_DIR (policylog_tail.go)
 	KafkaBrokers      []string
 	KafkaTopic        string
 	Kafka             *kafkaconn.Security // KAFKA_SASL_*, KAFKA_TLS*: how to reach the brokers
@@ -91,6 +92,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		FleetHeartbeat:    e.Duration("LIMITER_FLEET_HEARTBEAT", 2*s, 10*ms, time.Minute),
 	}
 	c.Shadow = shadowConfigFrom(e, c.StoreTimeout)
+	c.PolicyLog = policyLogConfigFrom(e, c.KafkaBrokers)
 	e.HostPort("LIMITER_ADDR", c.Addr)
 	for _, a := range c.KafkaBrokers {
 		e.HostPort("KAFKA_BROKERS", a)

@@ -37,7 +37,7 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 		return cli.Refuse("one policy FILE is required", fs, checkUsage, stderr)
 	}
 	file := files[0]
-	p, ok := loadPolicy(file, stderr)
+	p, ok := readPolicyFile(file, stderr)
 	if !ok {
 		return cli.ExitFail
 	}
@@ -73,7 +73,7 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 	case !byDescriptor && (*key == "" || *scope == ""):
 		return cli.Refuse("explain needs --key and --scope", fs, explainUsage, stderr)
 	}
-	p, ok := loadPolicy(files[0], stderr)
+	p, ok := readPolicyFile(files[0], stderr)
 	if !ok {
 		return cli.ExitFail
 	}
@@ -89,8 +89,8 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 	return cli.ExitOK
 }
 
-// loadPolicy loads file, or prints why it is refused, one problem a line.
-func loadPolicy(file string, stderr io.Writer) (*policy.Policy, bool) {
+// readPolicyFile loads file, or prints why it is refused, one problem a line.
+func readPolicyFile(file string, stderr io.Writer) (*policy.Policy, bool) {
 	p, err := policy.Load(file)
 	if err != nil {
 		fmt.Fprintln(stderr, "policy refused:")

@@ -51,7 +51,7 @@ type limiterProc struct {
 
 // startLimiter runs the limiter binary with env (on top of a free
 // LIMITER_ADDR) and waits until it answers /healthz.
-func startLimiter(t *testing.T, policyYAML string, env ...string) *limiterProc {
+func startLimiter(t testing.TB, policyYAML string, env ...string) *limiterProc {
 	t.Helper()
 	dir := t.TempDir()
 	policyPath := filepath.Join(dir, "policy.yaml")

@@ -23,6 +23,9 @@ type meteringRecorder struct {
 	sink     eventSink
 	ids      *metering.IDs
 	instance string
+	// revision is the policy log's revision in force (log mode); nil in
+	// file mode.
+	revision func() int64
 }
 
 func (m *meteringRecorder) Record(req enforcement.Request, d enforcement.Decision, at time.Time) {
@@ -45,7 +48,15 @@ func (m *meteringRecorder) Record(req enforcement.Request, d enforcement.Decisio
 		Shadow:         d.Shadow.Name,
 		ShadowRejected: d.Shadow.Name != "" && !d.Shadow.WouldAllow,
 		Domain:         req.Domain,
+		PolicyRevision: m.policyRevision(),
 	})
+}
+
+func (m *meteringRecorder) policyRevision() int64 {
+	if m.revision == nil {
+		return 0
+	}
+	return m.revision()
 }
 
 // meteringParts is the Kafka side of the limiter: the recorder that turns

@@ -33,6 +33,9 @@ type policyReloader struct {
 	results *prometheus.CounterVec
 	info    *prometheus.GaugeVec
 	lastOK  prometheus.Gauge
+	// source, when set (log mode), is the policy in force instead of the
+	// file's, and path is then empty: no file is watched or re-read.
+	source func() policyInfo
 	// alsoOnHUP run on SIGHUP after the policy is re-read (the one SIGHUP
 	// handler of the binary): re-reading rotated connection secrets.
 	alsoOnHUP []func()
@@ -70,16 +73,24 @@ func newFileReloader(what, metricPrefix, path string, target interface{ SetPolic
 
 // set records p as the policy in force (the limiter already has it).
 func (r *policyReloader) set(p *policy.Policy) {
-	info := &policyInfo{Version: p.Version(), Hash: p.Hash(), File: r.path}
+	info := &policyInfo{Version: p.Version(), Hash: p.Hash(), File: r.path, Source: sourceFile}
 	r.info.Reset()
 	r.info.WithLabelValues(strconv.Itoa(info.Version), info.Hash).Set(1)
 	r.active.Store(info)
 }
 
-func (r *policyReloader) current() policyInfo { return *r.active.Load() }
+func (r *policyReloader) current() policyInfo {
+	if r.source != nil {
+		return r.source()
+	}
+	return *r.active.Load()
+}
 
 // reload reads the file and swaps it in when it is valid and different.
 func (r *policyReloader) reload(why string) {
+	if r.path == "" {
+		return // log mode
+	}
 	p, err := policy.Load(r.path)
 	if err != nil {
 		r.results.WithLabelValues("refused").Inc()
@@ -119,10 +130,16 @@ func (r *policyReloader) start(ctx context.Context) (stop func()) {
 // run watches until ctx ends. Events are debounced: editors and ConfigMap
 // updates produce several events for one change.
 func (r *policyReloader) run(ctx context.Context, hup <-chan os.Signal) {
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
+	var w *fsnotify.Watcher
+	var err error
+	if r.path != "" { // log mode watches no file
+		w, err = fsnotify.NewWatcher()
+	}
+	switch {
+	case r.path == "":
+	case err != nil:
 		r.log.Error("cannot watch the "+r.what+" file; reload with SIGHUP", "err", err)
-	} else {
+	default:
 		defer w.Close()
 		if err := w.Add(filepath.Dir(r.path)); err != nil {
 			r.log.Error("cannot watch the "+r.what+" directory; reload with SIGHUP", "dir", filepath.Dir(r.path), "err", err)

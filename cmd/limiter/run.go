@@ -30,7 +30,6 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/shardguard"
 	"github.com/ratewarden/ratewarden/enforcement/split"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
-	"github.com/ratewarden/ratewarden/policy"
 )
 
 // run builds the limiter from cfg, serves until ctx ends, then shuts down
@@ -41,7 +40,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := limitmetrics.New(reg)
 
-	pol, err := policy.Load(cfg.PolicyFile)
+	// The file, or the policy log read to its end (policylog_tail.go).
+	pol, doc, tail, err := loadPolicy(ctx, cfg, reg, log)
 	if err != nil {
 		return err
 	}
@@ -84,7 +84,16 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 
 	reloader := newPolicyReloader(cfg.PolicyFile, lim, reg, log)
-	reloader.set(pol)
+	reloader.set(doc)
+	stopTail := func() {}
+	if tail != nil { // log mode: the file is only the bootstrap; SIGHUP still re-reads secrets
+		reloader.path, reloader.source = "", tail.current
+		if r, ok := meter.rec.(*meteringRecorder); ok {
+			r.revision = tail.revision
+		}
+		stopTail = startTail(ctx, tail, lim)
+	}
+	defer func() { stopTail() }()
 	// SIGHUP also re-reads the secrets of the connections that can rotate
 	// them without a restart.
 	reloader.alsoOnHUP = append(reloader.alsoOnHUP, meter.onHUP)
@@ -151,6 +160,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	// policy watcher, the limiter, and last the event buffer, which flushes.
 	err = errors.Join(srv.Shutdown(shutCtx), stopGRPC(shutCtx))
 	stopReload()
+	stopTail()
 	err = errors.Join(err, lim.Close(shutCtx), closeShadow(shutCtx), closeFleet(shutCtx), auth.close(shutCtx), meter.close(shutCtx))
 	return err
 }
@@ -464,6 +474,13 @@ type policyInfo struct {
 	Version int    `json:"version"`
 	Hash    string `json:"hash"`
 	File    string `json:"file"`
+	// Revision is the policy log's revision in force (0 in file mode, or
+	// from the bootstrap file); Source says where the policy came from:
+	// file, kafka, cache or bootstrap (policylog_tail.go).
+	Revision  int64  `json:"revision"`
+	Source    string `json:"source"`
+	Overrides int    `json:"overrides,omitempty"`
+	Author    string `json:"author,omitempty"`
 }
 
 // readinessCauseWait is how long /readyz waits for a fresh diagnosis.

@@ -134,6 +134,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 
 	components := []component{clickhouseComponent(conn, log), schemaComp, kafkaComp, meterComp}
+	audit, err := policyAuditComponent(cfg, conn, &schemaReady, reg, log) // policy_audit (policyaudit.go)
+	if err != nil {
+		return err
+	}
+	components = append(components, audit)
 	// The soft-limit notifier: its own consumer group ("notifier"), so a slow
 	// webhook receiver never delays metering (metering/notify).
 	if cfg.WebhookURL != "" {

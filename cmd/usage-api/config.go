@@ -31,6 +31,9 @@ type config struct {
 	// ListenTLS is the API's certificate (USAGE_API_TLS_CERT_FILE,
 	// USAGE_API_TLS_KEY_FILE; re-read on SIGHUP); nil = plain HTTP.
 	ListenTLS *tlsconf.ServerCert
+
+	// PolicyLog: the operator's policy API (policyops.go).
+	PolicyLog policyLogConfig
 }
 
 // minAdminToken is the shortest accepted USAGE_ADMIN_TOKEN, in bytes.
@@ -49,6 +52,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		QueryTimeout: e.Duration("USAGE_QUERY_TIMEOUT", 10*time.Second, 100*time.Millisecond, 5*time.Minute),
 		Redis:        redisclient.FromEnv(e),
 		Cluster:      chcluster.FromEnv(e),
+		PolicyLog:    policyLogConfigFrom(e, getenv),
 	}
 	e.HostPort("USAGE_API_ADDR", c.Addr)
 	c.ListenTLS = tlsconf.ServerFromEnv(e, "USAGE_API_TLS_CERT_FILE", "USAGE_API_TLS_KEY_FILE")

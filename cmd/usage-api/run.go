@@ -92,12 +92,18 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		go func() { defer wg.Done(); schema.ApplyUntilDone(ctx, conn, cfg.Database, log) }()
 	}
 
+	handler, closePolicyLog, err := withPolicyAPI(cfg, conn, srv.Handler(), log) // policyops.go
+	if err != nil {
+		return err
+	}
+	defer closePolicyLog()
+
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Addr, err)
 	}
 	hs := &http.Server{
-		Handler:           srv.Handler(),
+		Handler:           handler,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      cfg.QueryTimeout + 20*time.Second,

@@ -15,6 +15,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/ratewarden/ratewarden/metering/usage"
+	"github.com/ratewarden/ratewarden/policylog/opsapi"
 )
 
 // apiDoc is an OpenAPI 3 document, decoded generically.
@@ -207,8 +208,13 @@ var pathParam = regexp.MustCompile(`\{([^}]+)\}`)
 // examples, to the real server: it must answer a documented 2xx status
 // (never 404 or 405) with the documented fields; operations that need a
 // token must answer 401 without one.
-func (d apiDoc) exercise(t *testing.T, base, token string, pathValues map[string]string) {
+// prepare, when given, runs before each operation (to create what the
+// example reads or deletes).
+func (d apiDoc) exercise(t *testing.T, base, token string, pathValues map[string]string, prepare ...func(o operation)) {
 	for _, o := range d.operations() {
+		for _, p := range prepare {
+			p(o)
+		}
 		u := pathParam.ReplaceAllStringFunc(o.path, func(m string) string {
 			name := m[1 : len(m)-1]
 			if v, ok := pathValues[name]; ok {
@@ -332,7 +338,25 @@ func checkOpenAPI(t *testing.T, s *stack) {
 		}
 		// A real portal token id, so DELETE revokes something.
 		revokeID, _ := mint()
-		d.exercise(t, s.usage, s.admin, map[string]string{"id": revokeID})
+		// The policy log's document and override that the policy API's
+		// examples read, roll back and delete.
+		seed := func(o operation) {
+			switch o.method + " " + o.path {
+			case "DELETE /v1/admin/overrides/{key}", "GET /v1/admin/overrides/{key}", "GET /v1/admin/overrides", "GET /v1/admin/policy":
+				doc := map[string]any{"document": "version: 1\ndefault_tier: free\ntiers:\n  free: { rate: 10, burst: 20 }\n", "message": "seed", "author": "deploytest"}
+				ov := map[string]any{"tier": "free", "reason": "seed", "author": "deploytest"}
+				for _, w := range []struct {
+					path string
+					body map[string]any
+				}{{"/v1/admin/policy", doc}, {"/v1/admin/overrides/acct_deploytest", ov}} {
+					b, _ := json.Marshal(w.body)
+					if st, _, out := do(t, "PUT", s.usage+w.path, s.admin, b); st != 200 {
+						t.Fatalf("seed the policy log: PUT %s: %d %s", w.path, st, out)
+					}
+				}
+			}
+		}
+		d.exercise(t, s.usage, s.admin, map[string]string{"id": revokeID}, seed)
 		var tok struct{ ID, Token string }
 		tok.ID, tok.Token = mint()
 		// A portal token reads its own key and nothing else.
@@ -379,6 +403,12 @@ func checkOpenAPI(t *testing.T, s *stack) {
 			real[k] = true
 			if !doc[k] {
 				t.Errorf("usage API route %s is not in usage-api.yaml", k)
+			}
+		}
+		for _, k := range opsapi.Routes() { // the policy API beside the gin engine (cmd/usage-api/policyops.go)
+			real[k] = true
+			if !doc[k] {
+				t.Errorf("policy API route %s is not in usage-api.yaml", k)
 			}
 		}
 		for k := range doc {

@@ -52,7 +52,8 @@ func startStack(t *testing.T) *stack {
 		"WEBHOOK_URL="+hook.URL, "WEBHOOK_SECRET=whsec_ZGVwbG95dGVzdC1zZWNyZXQtMTIzNDU2Nzg5MA==")
 	usage := startBinary(t, bin, "usage-api", "USAGE_API_ADDR="+ua, "CLICKHOUSE_ADDR="+ch.Addr(),
 		"CLICKHOUSE_DATABASE="+db, "POLICY_FILE="+policyFile, "REDIS_ADDRS="+redis.Addr(),
-		"USAGE_ADMIN_TOKEN="+s.admin, "USAGE_TOKEN_SECRET=token-secret-for-deploytest")
+		"USAGE_ADMIN_TOKEN="+s.admin, "USAGE_TOKEN_SECRET=token-secret-for-deploytest",
+		"KAFKA_BROKERS="+kafka.Addr()) // the operator's policy API (the policy log)
 	waitStatus(t, lim, s.limiter+"/readyz", 200, 30*time.Second)
 	waitStatus(t, meter, s.meter+"/readyz", 200, 60*time.Second)
 	waitStatus(t, usage, s.usage+"/readyz", 200, 60*time.Second)

@@ -1,0 +1,606 @@
+package main
+
+// The writers' verbs of the policy log (CONTRACT.md, "Policy control
+// plane"): `limiter policy push|rollback|history|show|diff`, `limiter
+// override set|get|list|delete`, `limiter fleet status`. They reach Kafka
+// with the limiter's variables (KAFKA_BROKERS, KAFKA_SASL_*, KAFKA_TLS*,
+// POLICY_TOPIC). A write exits 0 only once it has read its own record back
+// as applied; a refused write exits 1 with the reason; a usage error
+// exits 2.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ratewarden/ratewarden/internal/cli"
+	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/kafkaconn"
+	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/policylog"
+	"github.com/ratewarden/ratewarden/policylog/kafkalog"
+)
+
+const policyLogUsage = `usage:
+  limiter policy push FILE -m MESSAGE [--author A] [--expect-revision N] [--json]
+  limiter policy rollback REVISION -m MESSAGE [--author A] [--json]
+  limiter policy history [--limit N] [--json]
+  limiter policy show [REVISION]
+  limiter policy diff REVISION_A REVISION_B`
+
+const overrideUsage = `usage:
+  limiter override set KEY [--scope S] [--tier T] [--rate R --burst B [--period P]] [--quota N --quota-period P] [--expires RFC3339|DURATION] --reason TEXT [--author A] [--store NAME] [--json]
+  limiter override get KEY [--scope S] [--json]
+  limiter override list [--json]
+  limiter override delete KEY [--scope S] --reason TEXT [--author A] [--json]`
+
+const fleetUsage = `usage:
+  limiter fleet status [--limiters URL,URL...] [--json]   (default: LIMITER_FLEET_URLS)`
+
+// cliTimeout bounds one CLI command, reads and writes included.
+const cliTimeout = 60 * time.Second
+
+// isPolicyLogVerb reports whether `limiter policy VERB` is a verb of the
+// policy log (the others are policycmd.go's file tools).
+func isPolicyLogVerb(verb string) bool {
+	switch verb {
+	case "push", "rollback", "history", "show", "diff":
+		return true
+	}
+	return false
+}
+
+// cliFlags is a strict flag set (internal/cli): -h/--help prints the usage
+// on stdout (exit 0), an unknown flag prints it on stderr (exit 2).
+// Positional arguments may come before or after flags.
+type cliFlags struct {
+	*flag.FlagSet
+	usage          string
+	args           []string
+	stdout, stderr io.Writer
+}
+
+func newCLIFlags(name, usage string, stdout, stderr io.Writer) *cliFlags {
+	return &cliFlags{FlagSet: cli.NewFlagSet(name), usage: usage, stdout: stdout, stderr: stderr}
+}
+
+// parse reads args; when it returns false the command exits with code.
+func (f *cliFlags) parse(args []string) (code int, ok bool) {
+	rest, err := cli.Parse(f.FlagSet, args)
+	if err != nil {
+		return cli.FlagExit(err, f.FlagSet, f.usage, f.stdout, f.stderr), false
+	}
+	f.args = rest
+	return 0, true
+}
+
+func defaultAuthor() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "unknown"
+}
+
+// openPolicyLog connects to the log from the environment.
+func openPolicyLog(getenv func(string) string) (*kafkalog.Log, error) {
+	e := envconfig.New(getenv)
+	brokers := e.List("KAFKA_BROKERS")
+	sec := kafkaconn.FromEnv(e, getenv)
+	topic := e.String("POLICY_TOPIC", kafkalog.DefaultTopic)
+	if len(brokers) == 0 {
+		e.Fail("KAFKA_BROKERS", "required: the policy log is on Kafka")
+	}
+	if err := e.Err(); err != nil {
+		return nil, err
+	}
+	return kafkalog.New(kafkalog.Config{Brokers: brokers, Topic: topic, Security: sec, ClientID: "limiter-cli", Wait: 100 * time.Millisecond})
+}
+
+// withLog runs fn with a client that has read the whole log.
+func withLog(stderr io.Writer, fn func(ctx context.Context, c *policylog.Client) int) int {
+	l, err := openPolicyLog(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, "limiter: invalid configuration: "+err.Error())
+		return 2
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), cliTimeout)
+	defer cancel()
+	if err := l.Ensure(ctx); err != nil {
+		fmt.Fprintln(stderr, "policy log: "+err.Error())
+		return 1
+	}
+	c := policylog.NewClient(l, true)
+	if err := c.Sync(ctx); err != nil {
+		fmt.Fprintln(stderr, "policy log: read: "+err.Error())
+		return 1
+	}
+	return fn(ctx, c)
+}
+
+// writeResult is the JSON of a write's outcome (--json, and usage-api's
+// answers have the same fields).
+type writeResult struct {
+	Result   string `json:"result"` // applied | refused
+	Revision int64  `json:"revision"`
+	Code     string `json:"code,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	SHA256   string `json:"sha256,omitempty"`
+	// TakenBy and TakenMessage: for a conflict, who wrote the revision
+	// asked for, and why.
+	TakenBy      string `json:"takenBy,omitempty"`
+	TakenMessage string `json:"takenMessage,omitempty"`
+}
+
+// report prints a write's outcome and returns the exit code.
+func report(o policylog.Outcome, err error, asJSON bool, stdout, stderr io.Writer) int {
+	var ref *policylog.Refusal
+	if err != nil && !errors.As(err, &ref) {
+		fmt.Fprintln(stderr, "policy log: "+err.Error())
+		return 1
+	}
+	res := writeResult{Result: policylog.Applied, Revision: o.Head, SHA256: o.Record.SHA256}
+	if ref != nil {
+		res = writeResult{Result: policylog.Refused, Revision: o.Head, Code: o.Code, Reason: o.Reason, TakenBy: o.Taken.Author, TakenMessage: o.Taken.Message}
+	}
+	if asJSON {
+		out := stdout
+		if ref != nil {
+			out = stderr
+		}
+		_ = json.NewEncoder(out).Encode(res)
+	} else if ref != nil {
+		fmt.Fprintf(stderr, "refused (%s):\n", o.Code)
+		for _, line := range strings.Split(o.Reason, "\n") {
+			fmt.Fprintln(stderr, "  "+line)
+		}
+	} else {
+		fmt.Fprintf(stdout, "applied: revision %d (%s, sha256 %s)\n", o.Head, o.Record.Subject(), o.Record.SHA256)
+	}
+	if ref != nil {
+		return 1
+	}
+	return 0
+}
+
+// policyLogCommand runs `limiter policy push|rollback|history|show|diff`.
+func policyLogCommand(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, policyLogUsage)
+		return 2
+	}
+	verb := args[0]
+	f := newCLIFlags("limiter policy "+verb, policyLogUsage, stdout, stderr)
+	var message, author *string
+	var expect, limit *int64
+	asJSON := new(bool)
+	switch verb {
+	case "push", "rollback":
+		message = f.String("m", "", "message (why; required)")
+		author = f.String("author", defaultAuthor(), "author")
+		f.BoolVar(asJSON, "json", false, "print the outcome as JSON")
+		if verb == "push" {
+			expect = f.Int64("expect-revision", policylog.NoExpect, "refuse unless the head is this revision")
+		}
+	case "history":
+		limit = f.Int64("limit", 20, "the last N entries")
+		f.BoolVar(asJSON, "json", false, "print JSON")
+	}
+	if code, ok := f.parse(args[1:]); !ok {
+		return code
+	}
+	need := map[string]int{"push": 1, "rollback": 1, "history": 0, "diff": 2}[verb]
+	if verb == "show" {
+		if len(f.args) > 1 {
+			fmt.Fprintln(stderr, policyLogUsage)
+			return 2
+		}
+	} else if len(f.args) != need {
+		fmt.Fprintln(stderr, policyLogUsage)
+		return 2
+	}
+	if message != nil && *message == "" {
+		fmt.Fprintln(stderr, "-m MESSAGE is required\n"+policyLogUsage)
+		return 2
+	}
+	revs := make([]int64, 0, 2)
+	for _, a := range f.args {
+		if verb == "push" {
+			break
+		}
+		n, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || n < 1 {
+			fmt.Fprintf(stderr, "%q is not a revision (1, 2, ...)\n%s\n", a, policyLogUsage)
+			return 2
+		}
+		revs = append(revs, n)
+	}
+	var doc []byte
+	if verb == "push" {
+		b, err := os.ReadFile(f.args[0])
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		if _, err := policy.Parse(b); err != nil { // every problem, before anything is written
+			fmt.Fprintln(stderr, "refused (invalid):")
+			for _, line := range strings.Split(err.Error(), "\n") {
+				fmt.Fprintln(stderr, "  "+line)
+			}
+			return 1
+		}
+		doc = b
+	}
+	return withLog(stderr, func(ctx context.Context, c *policylog.Client) int {
+		switch verb {
+		case "push":
+			o, err := c.Push(ctx, string(doc), *author, *message, *expect)
+			return report(o, err, *asJSON, stdout, stderr)
+		case "rollback":
+			o, err := c.Rollback(ctx, revs[0], *author, *message)
+			return report(o, err, *asJSON, stdout, stderr)
+		case "history":
+			return printHistory(c, int(*limit), *asJSON, stdout)
+		case "show":
+			rev := c.State().Head()
+			if len(revs) == 1 {
+				rev = revs[0]
+			}
+			h, ok := c.DocumentAt(rev)
+			if !ok {
+				fmt.Fprintf(stderr, "no document in force at revision %d\n", rev)
+				return 1
+			}
+			fmt.Fprintf(stdout, "# revision %d by %s at %s: %s\n# sha256 %s\n", h.Revision, h.Author, h.Time.Format(time.RFC3339), h.Message, h.SHA256)
+			fmt.Fprint(stdout, h.Document)
+			return 0
+		default: // diff
+			a, okA := c.DocumentAt(revs[0])
+			b, okB := c.DocumentAt(revs[1])
+			if !okA || !okB {
+				fmt.Fprintf(stderr, "no document in force at revision %d or %d\n", revs[0], revs[1])
+				return 1
+			}
+			fmt.Fprintf(stdout, "--- revision %d (document of revision %d)\n+++ revision %d (document of revision %d)\n", revs[0], a.Revision, revs[1], b.Revision)
+			fmt.Fprint(stdout, lineDiff(a.Document, b.Document))
+			return 0
+		}
+	})
+}
+
+type historyJSON struct {
+	Offset   int64     `json:"offset"`
+	LogKey   string    `json:"logKey"`
+	Result   string    `json:"result"`
+	Code     string    `json:"code,omitempty"`
+	Reason   string    `json:"reason,omitempty"`
+	Revision int64     `json:"revision"`
+	Kind     string    `json:"kind,omitempty"`
+	Subject  string    `json:"subject,omitempty"`
+	Author   string    `json:"author,omitempty"`
+	Message  string    `json:"message,omitempty"`
+	Time     time.Time `json:"time,omitzero"`
+	SHA256   string    `json:"sha256,omitempty"`
+}
+
+func printHistory(c *policylog.Client, limit int, asJSON bool, stdout io.Writer) int {
+	var items []policylog.HistoryItem
+	for _, h := range c.History() {
+		if h.Result != policylog.Ignored { // tombstones and restatements change nothing
+			items = append(items, h)
+		}
+	}
+	if limit > 0 && len(items) > limit {
+		items = items[len(items)-limit:]
+	}
+	if asJSON {
+		out := make([]historyJSON, 0, len(items))
+		for _, h := range items {
+			out = append(out, historyJSON{Offset: h.Offset, LogKey: h.LogKey, Result: h.Result, Code: h.Code, Reason: h.Reason, Revision: h.Revision,
+				Kind: h.Kind, Subject: h.Subject, Author: h.Author, Message: h.Message, Time: h.Time, SHA256: h.SHA256})
+		}
+		_ = json.NewEncoder(stdout).Encode(map[string]any{"head": c.State().Head(), "entries": out})
+		return 0
+	}
+	fmt.Fprintf(stdout, "head: revision %d\n", c.State().Head())
+	for _, h := range items {
+		what := h.Subject
+		if what == "" {
+			what = "log key " + h.LogKey
+		}
+		line := fmt.Sprintf("%6d  %-8s  %-20s  %-12s  %s  %q", h.Revision, h.Result, what, h.Author, h.Time.Format(time.RFC3339), h.Message)
+		if h.Result == policylog.Refused {
+			line += fmt.Sprintf("  (%s: %s)", h.Code, firstLine(h.Reason))
+		}
+		fmt.Fprintln(stdout, line)
+	}
+	return 0
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i] + " ..."
+	}
+	return s
+}
+
+// lineDiff is a line diff of a and b ("-", "+", " " prefixes), from the
+// longest common subsequence; documents beyond 4,000 lines are compared
+// only as different.
+func lineDiff(a, b string) string {
+	x, y := strings.SplitAfter(a, "\n"), strings.SplitAfter(b, "\n")
+	if len(x)*len(y) > 16_000_000 {
+		return "(documents too large to diff line by line)\n"
+	}
+	n, m := len(x), len(y)
+	lcs := make([][]int32, n+1)
+	for i := range lcs {
+		lcs[i] = make([]int32, m+1)
+	}
+	for i := n - 1; i >= 0; i-- {
+		for j := m - 1; j >= 0; j-- {
+			if x[i] == y[j] {
+				lcs[i][j] = lcs[i+1][j+1] + 1
+			} else {
+				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
+			}
+		}
+	}
+	var sb strings.Builder
+	line := func(p, s string) {
+		if s == "" {
+			return
+		}
+		sb.WriteString(p + strings.TrimSuffix(s, "\n") + "\n")
+	}
+	i, j := 0, 0
+	for i < n && j < m {
+		switch {
+		case x[i] == y[j]:
+			line(" ", x[i])
+			i++
+			j++
+		case lcs[i+1][j] >= lcs[i][j+1]:
+			line("-", x[i])
+			i++
+		default:
+			line("+", y[j])
+			j++
+		}
+	}
+	for ; i < n; i++ {
+		line("-", x[i])
+	}
+	for ; j < m; j++ {
+		line("+", y[j])
+	}
+	return sb.String()
+}
+
+// overrideCommand runs `limiter override set|get|list|delete`.
+func overrideCommand(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, overrideUsage)
+		return 2
+	}
+	verb := args[0]
+	f := newCLIFlags("limiter override "+verb, overrideUsage, stdout, stderr)
+	asJSON := f.Bool("json", false, "print JSON")
+	var scope, tier, period, quotaPeriod, expires, reason, author, store *string
+	var rate *float64
+	var burst, quota *int64
+	switch verb {
+	case "set":
+		tier = f.String("tier", "", "tier (instead of rate and burst)")
+		rate = f.Float64("rate", 0, "tokens per period")
+		burst = f.Int64("burst", 0, "bucket capacity")
+		period = f.String("period", "", "of rate: second (default), minute, hour, day")
+		quota = f.Int64("quota", 0, "calendar quota")
+		quotaPeriod = f.String("quota-period", "", "hour, day or month")
+		expires = f.String("expires", "", "RFC 3339 instant, or a duration from now (72h)")
+		store = f.String("store", "", "named store (dedicated capacity)")
+		fallthrough
+	case "delete":
+		reason = f.String("reason", "", "why (required)")
+		author = f.String("author", defaultAuthor(), "author")
+		fallthrough
+	case "get":
+		scope = f.String("scope", "", "scope (default: every scope of the key)")
+	case "list":
+	default:
+		fmt.Fprintln(stderr, overrideUsage)
+		return 2
+	}
+	if code, ok := f.parse(args[1:]); !ok {
+		return code
+	}
+	if want := map[string]int{"set": 1, "get": 1, "delete": 1, "list": 0}[verb]; len(f.args) != want {
+		fmt.Fprintln(stderr, overrideUsage)
+		return 2
+	}
+	if reason != nil && *reason == "" {
+		fmt.Fprintln(stderr, "--reason is required\n"+overrideUsage)
+		return 2
+	}
+	var o policy.Override
+	if verb == "set" {
+		o = policy.Override{Tier: *tier, Rate: *rate, Burst: *burst, Period: *period, Quota: *quota, QuotaPeriod: *quotaPeriod, Reason: *reason, Store: *store}
+		if *expires != "" {
+			t, err := parseExpiry(*expires, time.Now())
+			if err != nil {
+				fmt.Fprintln(stderr, err.Error()+"\n"+overrideUsage)
+				return 2
+			}
+			o.Expires = t
+		}
+	}
+	return withLog(stderr, func(ctx context.Context, c *policylog.Client) int {
+		switch verb {
+		case "set":
+			out, err := c.SetOverride(ctx, f.args[0], *scope, o, *author, "", policylog.NoExpect)
+			return report(out, err, *asJSON, stdout, stderr)
+		case "delete":
+			out, err := c.DeleteOverride(ctx, f.args[0], *scope, *author, *reason)
+			return report(out, err, *asJSON, stdout, stderr)
+		case "get":
+			r, ok := c.State().Override(f.args[0], *scope)
+			if !ok {
+				fmt.Fprintf(stderr, "no override of %s\n", (&policylog.Record{Kind: policylog.KindOverride, Key: f.args[0], Scope: *scope}).Subject())
+				return 1
+			}
+			printOverrides(stdout, []policylog.Record{r}, *asJSON)
+			return 0
+		default:
+			printOverrides(stdout, c.State().OverrideRecords(), *asJSON)
+			return 0
+		}
+	})
+}
+
+// parseExpiry reads --expires: an RFC 3339 instant, or a duration from now.
+func parseExpiry(s string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t.UTC(), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return time.Time{}, fmt.Errorf("--expires %q is neither an RFC 3339 instant nor a positive duration", s)
+	}
+	return now.Add(d).UTC().Truncate(time.Second), nil
+}
+
+// overrideJSON is an override as the CLI and usage-api print it.
+type overrideJSON struct {
+	Key      string          `json:"key"`
+	Scope    string          `json:"scope,omitempty"`
+	Revision int64           `json:"revision"`
+	Author   string          `json:"author"`
+	Time     time.Time       `json:"time"`
+	Override policy.Override `json:"override"`
+}
+
+func printOverrides(w io.Writer, recs []policylog.Record, asJSON bool) {
+	if asJSON {
+		out := make([]overrideJSON, 0, len(recs))
+		for _, r := range recs {
+			out = append(out, overrideJSON{Key: r.Key, Scope: r.Scope, Revision: r.Revision, Author: r.Author, Time: r.Time, Override: *r.Override})
+		}
+		_ = json.NewEncoder(w).Encode(out)
+		return
+	}
+	for _, r := range recs {
+		o := r.Override
+		var what []string
+		if o.Tier != "" {
+			what = append(what, "tier "+o.Tier)
+		}
+		if o.Rate > 0 {
+			p := o.Period
+			if p == "" {
+				p = "second"
+			}
+			what = append(what, fmt.Sprintf("rate %g/%s burst %d", o.Rate, p, o.Burst))
+		}
+		if o.Quota > 0 {
+			what = append(what, fmt.Sprintf("quota %d/%s", o.Quota, o.QuotaPeriod))
+		}
+		if !o.Expires.IsZero() {
+			what = append(what, "expires "+o.Expires.Format(time.RFC3339))
+		}
+		scope := r.Scope
+		if scope == "" {
+			scope = "*"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\trevision %d by %s: %q\n", r.Key, scope, strings.Join(what, ", "), r.Revision, r.Author, o.Reason)
+	}
+}
+
+// fleetCommand runs `limiter fleet status`: what each limiter says it
+// applied (its /readyz), beside the head of the log.
+func fleetCommand(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] != "status" {
+		fmt.Fprintln(stderr, fleetUsage)
+		return 2
+	}
+	f := newCLIFlags("limiter fleet status", fleetUsage, stdout, stderr)
+	urls := f.String("limiters", os.Getenv("LIMITER_FLEET_URLS"), "comma-separated base URLs of the limiters")
+	asJSON := f.Bool("json", false, "print JSON")
+	if code, ok := f.parse(args[1:]); !ok {
+		return code
+	}
+	if len(f.args) != 0 {
+		return cli.Refuse("fleet status takes no arguments", f.FlagSet, fleetUsage, stderr)
+	}
+	var targets []string
+	for _, u := range strings.Split(*urls, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			targets = append(targets, strings.TrimSuffix(u, "/"))
+		}
+	}
+	if len(targets) == 0 {
+		fmt.Fprintln(stderr, "no limiters: give --limiters or LIMITER_FLEET_URLS\n"+fleetUsage)
+		return 2
+	}
+	return withLog(stderr, func(ctx context.Context, c *policylog.Client) int {
+		head := c.State().Head()
+		type row struct {
+			URL      string `json:"url"`
+			Revision int64  `json:"revision"`
+			Source   string `json:"source,omitempty"`
+			Hash     string `json:"hash,omitempty"`
+			Error    string `json:"error,omitempty"`
+			Current  bool   `json:"current"`
+		}
+		rows := make([]row, 0, len(targets))
+		behind := 0
+		hc := &http.Client{Timeout: 5 * time.Second}
+		for _, u := range targets {
+			r := row{URL: u}
+			var body struct{ Policy policyInfo }
+			resp, err := hc.Get(u + "/readyz")
+			if err == nil {
+				err = json.NewDecoder(resp.Body).Decode(&body)
+				resp.Body.Close()
+			}
+			if err != nil {
+				r.Error = err.Error()
+			} else {
+				r.Revision, r.Source, r.Hash = body.Policy.Revision, body.Policy.Source, body.Policy.Hash
+				r.Current = r.Source == sourceKafka && r.Revision == head
+			}
+			if !r.Current {
+				behind++
+			}
+			rows = append(rows, r)
+		}
+		if *asJSON {
+			_ = json.NewEncoder(stdout).Encode(map[string]any{"head": head, "limiters": rows})
+		} else {
+			fmt.Fprintf(stdout, "log head: revision %d\n", head)
+			for _, r := range rows {
+				if r.Error != "" {
+					fmt.Fprintf(stdout, "%s\tunreachable: %s\n", r.URL, r.Error)
+					continue
+				}
+				mark := "current"
+				if !r.Current {
+					mark = "BEHIND"
+				}
+				fmt.Fprintf(stdout, "%s\trevision %d\tsource %s\t%s\n", r.URL, r.Revision, r.Source, mark)
+			}
+		}
+		if behind > 0 {
+			return 1
+		}
+		return 0
+	})
+}

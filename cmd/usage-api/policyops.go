@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/kafkaconn"
+	"github.com/ratewarden/ratewarden/policylog/chaudit"
+	"github.com/ratewarden/ratewarden/policylog/kafkalog"
+	"github.com/ratewarden/ratewarden/policylog/opsapi"
+)
+
+// policyLogConfig is how usage-api reaches the policy log for the
+// operator's policy API: KAFKA_BROKERS (optional: without it those routes
+// answer 503), KAFKA_SASL_*, KAFKA_TLS*, POLICY_TOPIC.
+type policyLogConfig struct {
+	Brokers  []string
+	Topic    string
+	Security *kafkaconn.Security
+}
+
+func policyLogConfigFrom(e *envconfig.Reader, getenv func(string) string) policyLogConfig {
+	c := policyLogConfig{
+		Brokers:  e.List("KAFKA_BROKERS"),
+		Topic:    e.String("POLICY_TOPIC", kafkalog.DefaultTopic),
+		Security: kafkaconn.FromEnv(e, getenv),
+	}
+	for _, a := range c.Brokers {
+		e.HostPort("KAFKA_BROKERS", a)
+	}
+	return c
+}
+
+// withPolicyAPI routes the operator's policy API (opsapi) beside next, the
+// usage API. The returned func releases the log's connections.
+func withPolicyAPI(cfg config, conn driver.Conn, next http.Handler, log *slog.Logger) (http.Handler, func(), error) {
+	oc := opsapi.Config{AdminToken: cfg.AdminToken,
+		Unavailable: "the policy API needs the policy log: set KAFKA_BROKERS on usage-api",
+		Audit: func(ctx context.Context, revision int64, limit int) (any, error) {
+			rows, err := chaudit.Query(ctx, conn, cfg.Database, revision, limit)
+			if rows == nil {
+				rows = []chaudit.Row{}
+			}
+			return rows, err
+		}}
+	closeLog := func() {}
+	if len(cfg.PolicyLog.Brokers) > 0 {
+		l, err := kafkalog.New(kafkalog.Config{Brokers: cfg.PolicyLog.Brokers, Topic: cfg.PolicyLog.Topic,
+			Security: cfg.PolicyLog.Security, ClientID: "usage-api-policy"})
+		if err != nil {
+			return nil, nil, err
+		}
+		oc.Log, closeLog = l, l.Close
+	} else {
+		log.Warn("KAFKA_BROKERS is empty: the operator's policy API (/v1/admin/policy, /v1/admin/overrides) answers 503")
+	}
+	ops, err := opsapi.New(oc)
+	if err != nil {
+		return nil, nil, err
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if opsapi.Owns(r.URL.Path) {
+			ops.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	}), closeLog, nil
+}

@@ -1,0 +1,249 @@
+package policylog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Log is what a reader and a writer need of the log: one totally ordered
+// partition. Implementations bound every call by a deadline.
+type Log interface {
+	// Append writes one record (value nil = a tombstone) and returns its
+	// offset.
+	Append(ctx context.Context, key string, value []byte) (offset int64, err error)
+	// Fetch returns entries from offset from on (possibly none, after a
+	// short wait for new ones) and the end of the log (the offset the next
+	// record will get).
+	Fetch(ctx context.Context, from int64) (entries []Entry, end int64, err error)
+}
+
+// HistoryItem is one entry of the log and what became of it.
+type HistoryItem struct {
+	Offset int64
+	LogKey string
+	Result string // Applied, Refused or Ignored
+	Code   string
+	Reason string
+	Meta
+	Restates bool
+	// Document is the policy file of an applied document record.
+	Document string
+}
+
+// Client reads the log into a State and writes records to it. It is used
+// by one goroutine at a time.
+type Client struct {
+	log     Log
+	st      *State
+	history []HistoryItem
+	// OnApply, when set, is told of every entry applied (for metrics).
+	OnApply func(Entry, Outcome)
+}
+
+// NewClient returns a client that has read nothing yet; keep is passed to
+// NewState.
+func NewClient(log Log, keep bool) *Client {
+	return &Client{log: log, st: NewState(keep)}
+}
+
+// State is the state read so far. The caller must not change it.
+func (c *Client) State() *State { return c.st }
+
+// History is every entry read so far, in log order.
+func (c *Client) History() []HistoryItem { return c.history }
+
+// Poll fetches once from where the client stands and applies what came;
+// it reports whether the client has reached the end of the log.
+func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {
+	entries, end, err := c.log.Fetch(ctx, c.st.NextOffset())
+	if err != nil {
+		return false, err
+	}
+	for _, e := range entries {
+		if e.Offset < c.st.NextOffset() {
+			continue // a batch may start before the offset asked for
+		}
+		c.apply(e)
+	}
+	return c.st.NextOffset() >= end, nil
+}
+
+func (c *Client) apply(e Entry) Outcome {
+	o := c.st.Apply(e)
+	h := HistoryItem{Offset: e.Offset, LogKey: e.Key, Result: o.Result, Code: o.Code, Reason: o.Reason, Meta: metaOf(&o.Record), Restates: o.Record.Restates}
+	if o.Result == Applied && o.Record.Kind == KindPolicy {
+		h.Document = o.Record.Document
+	}
+	c.history = append(c.history, h)
+	if c.OnApply != nil {
+		c.OnApply(e, o)
+	}
+	return o
+}
+
+// Sync reads to the end of the log as it is now.
+func (c *Client) Sync(ctx context.Context) error {
+	for {
+		done, err := c.Poll(ctx)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// ErrRefused is wrapped by the error Write returns for a refused record.
+var ErrRefused = errors.New("refused")
+
+// Refusal is a refused write: the outcome says why.
+type Refusal struct{ Outcome Outcome }
+
+func (r *Refusal) Error() string {
+	return fmt.Sprintf("%s (%s): %s", ErrRefused, r.Outcome.Code, r.Outcome.Reason)
+}
+
+func (r *Refusal) Unwrap() error { return ErrRefused }
+
+// NoExpect makes Write use the head it reads as the parent.
+const NoExpect = -1
+
+// Write appends rec as the next revision and waits until it has read it
+// back: it returns the outcome when applied, a *Refusal when refused. The
+// parent is expect (NoExpect = the head after a Sync); a record that would
+// be refused (a stale expect, invalid content) is refused without writing.
+// Author, Message and the content are the caller's; Time is set when zero.
+func (c *Client) Write(ctx context.Context, rec Record, expect int64) (Outcome, error) {
+	if err := c.Sync(ctx); err != nil {
+		return Outcome{}, fmt.Errorf("read the policy log: %w", err)
+	}
+	head := c.st.Head()
+	rec.Parent = head
+	if expect != NoExpect {
+		rec.Parent = expect
+	}
+	rec.Revision = rec.Parent + 1
+	if rec.Time.IsZero() {
+		rec.Time = time.Now().UTC()
+	}
+	rec.Restates = false
+	rec.Seal()
+	if rec.Parent != head {
+		o := c.st.refuse(rec, CodeConflict, "")
+		o.Taken, _ = c.st.Taken(rec.Parent + 1)
+		o.Reason = fmt.Sprintf("expected revision %d, but the head is %d", expect, head)
+		if o.Taken.Revision != 0 {
+			o.Reason = fmt.Sprintf("expected revision %d, but revision %d was written meanwhile by %s (%s: %q); head is %d",
+				expect, rec.Parent+1, o.Taken.Author, o.Taken.Subject, o.Taken.Message, head)
+		}
+		return o, &Refusal{o}
+	}
+	if err := c.st.validate(&rec); err != nil {
+		o := c.st.refuse(rec, CodeInvalid, err.Error())
+		return o, &Refusal{o}
+	}
+	o, err := c.append(ctx, rec)
+	if err != nil {
+		return o, err
+	}
+	if o.Result != Applied {
+		// Another writer took the revision first: keep compaction from
+		// leaving this refused record in place of the one in force.
+		if err := c.restate(ctx, rec); err != nil {
+			return o, fmt.Errorf("%w (and restating %s failed: %v)", &Refusal{o}, rec.LogKey(), err)
+		}
+		return o, &Refusal{o}
+	}
+	return o, nil
+}
+
+// append writes rec and reads the log up to it.
+func (c *Client) append(ctx context.Context, rec Record) (Outcome, error) {
+	b, err := rec.Encode()
+	if err != nil {
+		return Outcome{}, err
+	}
+	off, err := c.log.Append(ctx, rec.LogKey(), b)
+	if err != nil {
+		return Outcome{}, fmt.Errorf("write to the policy log: %w", err)
+	}
+	return c.readUpTo(ctx, off)
+}
+
+// readUpTo reads the log until the entry at off has been applied and
+// returns its outcome.
+func (c *Client) readUpTo(ctx context.Context, off int64) (Outcome, error) {
+	for c.st.NextOffset() <= off {
+		entries, _, err := c.log.Fetch(ctx, c.st.NextOffset())
+		if err != nil {
+			return Outcome{}, fmt.Errorf("read back from the policy log: %w", err)
+		}
+		for _, e := range entries {
+			if e.Offset < c.st.NextOffset() {
+				continue
+			}
+			o := c.apply(e)
+			if e.Offset == off {
+				return o, nil
+			}
+		}
+	}
+	return Outcome{}, fmt.Errorf("offset %d of the policy log was not read back (compacted meanwhile?)", off)
+}
+
+// maxRestates bounds how often a writer rewrites a record that another
+// writer superseded while it wrote.
+const maxRestates = 5
+
+// restate rewrites the record in force of the refused record's log key
+// (or "no override" when there is none), naming the refused record, until
+// nothing of that key was applied while it wrote.
+func (c *Client) restate(ctx context.Context, refused Record) error {
+	logKey := refused.LogKey()
+	for range maxRestates {
+		cur, ok := c.recordOf(logKey)
+		rev := int64(-1)
+		if ok {
+			rev = cur.Revision
+		} else {
+			cur = Record{Kind: refused.Kind, Key: refused.Key, Scope: refused.Scope, Deleted: true, Author: refused.Author,
+				Message: "restated: no override", Time: time.Now().UTC()}
+			cur.Seal()
+		}
+		cur.Restates = true
+		cur.RefusedRevision, cur.RefusedSHA256 = refused.Revision, refused.SHA256
+		b, err := cur.Encode()
+		if err != nil {
+			return err
+		}
+		off, err := c.log.Append(ctx, logKey, b)
+		if err != nil {
+			return err
+		}
+		if _, err := c.readUpTo(ctx, off); err != nil {
+			return err
+		}
+		now := int64(-1)
+		if cur, ok := c.recordOf(logKey); ok {
+			now = cur.Revision
+		}
+		if now == rev {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s kept changing while it was restated", logKey)
+}
+
+func (c *Client) recordOf(logKey string) (Record, bool) {
+	if logKey == DocumentKey {
+		if c.st.doc == nil {
+			return Record{}, false
+		}
+		return c.st.docRec, true
+	}
+	sub, ok := c.st.subjects[logKey]
+	if !ok || sub.rec == nil {
+		return Record{}, false
+	}
+	return *sub.rec, true
+}

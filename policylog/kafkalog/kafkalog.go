@@ -1,0 +1,193 @@
+// Package kafkalog is the policy log on Kafka (kafka-go): one topic of one
+// partition, so that every record has one place in one total order,
+// created compacted when missing.
+package kafkalog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+
+	"github.com/ratewarden/ratewarden/internal/kafkaconn"
+	"github.com/ratewarden/ratewarden/policylog"
+)
+
+// DefaultTopic is POLICY_TOPIC's default.
+const DefaultTopic = "ratelimit.policy"
+
+// Config says where the log is. Zero durations take the defaults.
+type Config struct {
+	Brokers  []string            // required
+	Topic    string              // default DefaultTopic
+	Security *kafkaconn.Security // required (the environment's KAFKA_SASL_*, KAFKA_TLS*)
+	ClientID string              // default "ratewarden-policy"
+	// Timeout bounds every request (default 10 s); Wait is how long a
+	// Fetch waits at the broker for new records (default 500 ms).
+	Timeout time.Duration
+	Wait    time.Duration
+}
+
+// Log is the policy log on Kafka. Safe for concurrent use.
+type Log struct {
+	cfg       Config
+	client    *kafka.Client
+	transport *kafka.Transport
+}
+
+var _ policylog.Log = (*Log)(nil)
+
+// New returns the log; it connects on first use.
+func New(cfg Config) (*Log, error) {
+	if len(cfg.Brokers) == 0 || cfg.Security == nil {
+		return nil, errors.New("kafkalog: Brokers and Security are required")
+	}
+	if cfg.Topic == "" {
+		cfg.Topic = DefaultTopic
+	}
+	if cfg.ClientID == "" {
+		cfg.ClientID = "ratewarden-policy"
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.Wait <= 0 {
+		cfg.Wait = 500 * time.Millisecond
+	}
+	tr := cfg.Security.Transport(cfg.ClientID, cfg.Timeout)
+	tr.MetadataTTL = 5 * time.Second
+	return &Log{cfg: cfg, transport: tr, client: &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Timeout: cfg.Timeout, Transport: tr}}, nil
+}
+
+// Topic is the log's topic.
+func (l *Log) Topic() string { return l.cfg.Topic }
+
+// Close releases the connections.
+func (l *Log) Close() { l.transport.CloseIdleConnections() }
+
+// Ensure creates the topic when it is missing: one partition,
+// cleanup.policy=compact, and room for a document of
+// policy.MaxFileSize. An existing topic of more than one partition is an
+// error (the log has no total order across partitions).
+func (l *Log) Ensure(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	defer cancel()
+	res, err := l.client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: l.cfg.Topic, NumPartitions: 1, ReplicationFactor: -1,
+		ConfigEntries: []kafka.ConfigEntry{
+			{ConfigName: "cleanup.policy", ConfigValue: "compact"},
+			{ConfigName: "max.message.bytes", ConfigValue: fmt.Sprint(policylog.MaxRecord + 1<<20)},
+		},
+	}}})
+	if err != nil {
+		return fmt.Errorf("create topic %s: %w", l.cfg.Topic, err)
+	}
+	if err := res.Errors[l.cfg.Topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+		return fmt.Errorf("create topic %s: %w", l.cfg.Topic, err)
+	}
+	md, err := l.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{l.cfg.Topic}})
+	if err != nil {
+		return fmt.Errorf("metadata of %s: %w", l.cfg.Topic, err)
+	}
+	for _, t := range md.Topics {
+		if t.Name != l.cfg.Topic {
+			continue
+		}
+		if t.Error != nil {
+			return fmt.Errorf("topic %s: %w", l.cfg.Topic, t.Error)
+		}
+		if len(t.Partitions) != 1 {
+			return fmt.Errorf("topic %s has %d partitions; the policy log needs exactly one (a total order)", l.cfg.Topic, len(t.Partitions))
+		}
+		return nil
+	}
+	return fmt.Errorf("topic %s: not in the broker's metadata", l.cfg.Topic)
+}
+
+// Append writes one record to partition 0, acknowledged by every in-sync
+// replica, and returns its offset.
+func (l *Log) Append(ctx context.Context, key string, value []byte) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	defer cancel()
+	rec := kafka.Record{Key: kafka.NewBytes([]byte(key)), Time: time.Now()}
+	if value != nil {
+		rec.Value = kafka.NewBytes(value)
+	}
+	res, err := l.client.Produce(ctx, &kafka.ProduceRequest{
+		Topic: l.cfg.Topic, Partition: 0, RequiredAcks: kafka.RequireAll,
+		Records: kafka.NewRecordReader(rec),
+	})
+	if err != nil {
+		return 0, err
+	}
+	if res.Error != nil {
+		return 0, res.Error
+	}
+	return res.BaseOffset, nil
+}
+
+// Fetch reads from offset from on, waiting up to Wait for a first record.
+// An offset before the log's start (records removed by retention) reads
+// from the start.
+func (l *Log) Fetch(ctx context.Context, from int64) ([]policylog.Entry, int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout+l.cfg.Wait)
+	defer cancel()
+	res, err := l.client.Fetch(ctx, &kafka.FetchRequest{
+		Topic: l.cfg.Topic, Partition: 0, Offset: from,
+		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: l.cfg.Wait,
+	})
+	if err == nil && errors.Is(res.Error, kafka.OffsetOutOfRange) {
+		// Before the start: read from the first offset there is. (After
+		// the end cannot happen to a reader that only moves forward.)
+		res, err = l.client.Fetch(ctx, &kafka.FetchRequest{
+			Topic: l.cfg.Topic, Partition: 0, Offset: kafka.FirstOffset,
+			MinBytes: 1, MaxBytes: 16 << 20, MaxWait: l.cfg.Wait,
+		})
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	if res.Error != nil {
+		return nil, 0, res.Error
+	}
+	var out []policylog.Entry
+	for {
+		r, err := res.Records.ReadRecord()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return nil, 0, err
+		}
+		e := policylog.Entry{Offset: r.Offset}
+		if r.Key != nil {
+			k, err := io.ReadAll(r.Key)
+			if err != nil {
+				return nil, 0, err
+			}
+			e.Key = string(k)
+		}
+		if r.Value != nil {
+			v, err := io.ReadAll(io.LimitReader(r.Value, policylog.MaxRecord+1))
+			if err != nil {
+				return nil, 0, err
+			}
+			e.Value = v
+			if e.Value == nil {
+				e.Value = []byte{}
+			}
+		}
+		out = append(out, e)
+	}
+	return out, res.HighWatermark, nil
+}
+
+// IsNoTopic reports whether err says the topic does not exist (no writer
+// has created it yet).
+func IsNoTopic(err error) bool {
+	return errors.Is(err, protocol.ErrNoTopic) || errors.Is(err, kafka.UnknownTopicOrPartition)
+}

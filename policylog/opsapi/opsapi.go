@@ -1,0 +1,424 @@
+// Package opsapi is the operator's HTTP API of the policy log (CONTRACT.md,
+// "Policy control plane"), served by usage-api: the revision in force, the
+// history, pushes and rollbacks of the document, and overrides. It writes
+// through policylog.Client, as the limiter's CLI does, so an answer of 200
+// means the record was read back as applied; 409 is a conflict (which
+// revision was written meanwhile, by whom), 400 lists every validation
+// error. Only the operator's bearer token is accepted.
+package opsapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/policylog"
+)
+
+// Config configures a Handler.
+type Config struct {
+	// Log is the policy log; nil = not configured: every route answers 503
+	// with Unavailable as the reason.
+	Log         policylog.Log
+	Unavailable string
+	// AdminToken is the operator's bearer token (required).
+	AdminToken string
+	// Timeout bounds one request's reads and writes of the log (default 30 s).
+	Timeout time.Duration
+	// Audit reads ClickHouse's policy_audit, newest first (revision > 0:
+	// only that revision's records); nil = GET /v1/admin/policy/audit
+	// answers 503.
+	Audit func(ctx context.Context, revision int64, limit int) (any, error)
+}
+
+// Handler serves the operator API. Safe for concurrent use: requests are
+// served one at a time against one client that has read the log so far
+// (each request first reads what was appended since).
+type Handler struct {
+	cfg Config
+	mux *http.ServeMux
+
+	mu      sync.Mutex
+	client  *policylog.Client
+	ensured bool // the topic exists (Ensure succeeded once)
+}
+
+// ensurer is a Log that can create its topic (kafkalog.Log).
+type ensurer interface {
+	Ensure(ctx context.Context) error
+}
+
+// New returns the handler.
+func New(cfg Config) (*Handler, error) {
+	if cfg.AdminToken == "" {
+		return nil, errors.New("opsapi: AdminToken is required")
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	h := &Handler{cfg: cfg, mux: http.NewServeMux()}
+	if cfg.Log != nil {
+		h.client = policylog.NewClient(cfg.Log, true)
+	}
+	h.mux.HandleFunc("GET /v1/admin/policy", h.getPolicy)
+	h.mux.HandleFunc("PUT /v1/admin/policy", h.putPolicy)
+	h.mux.HandleFunc("GET /v1/admin/policy/history", h.getHistory)
+	h.mux.HandleFunc("POST /v1/admin/policy/rollback", h.postRollback)
+	h.mux.HandleFunc("GET /v1/admin/policy/audit", h.getAudit)
+	h.mux.HandleFunc("GET /v1/admin/overrides", h.listOverrides)
+	h.mux.HandleFunc("GET /v1/admin/overrides/{key}", h.getOverride)
+	h.mux.HandleFunc("PUT /v1/admin/overrides/{key}", h.putOverride)
+	h.mux.HandleFunc("DELETE /v1/admin/overrides/{key}", h.deleteOverride)
+	return h, nil
+}
+
+// Routes lists the routes served ("METHOD /path/{param}"), for the
+// OpenAPI document's test.
+func Routes() []string {
+	return []string{
+		"GET /v1/admin/policy", "PUT /v1/admin/policy", "GET /v1/admin/policy/history", "POST /v1/admin/policy/rollback", "GET /v1/admin/policy/audit",
+		"GET /v1/admin/overrides", "GET /v1/admin/overrides/{key}", "PUT /v1/admin/overrides/{key}", "DELETE /v1/admin/overrides/{key}",
+	}
+}
+
+// Owns reports whether path is one of this API's (for the binary's
+// router, which sends everything else to the usage API).
+func Owns(path string) bool {
+	return path == "/v1/admin/policy" || strings.HasPrefix(path, "/v1/admin/policy/") ||
+		path == "/v1/admin/overrides" || strings.HasPrefix(path, "/v1/admin/overrides/")
+}
+
+// ServeHTTP checks the operator's token, then routes.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	got := r.Header.Get("Authorization")
+	if subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+h.cfg.AdminToken)) != 1 {
+		fail(w, http.StatusUnauthorized, "unauthorized", "the operator's bearer token (USAGE_ADMIN_TOKEN) is required", nil)
+		return
+	}
+	if r.URL.Path == "/v1/admin/policy/audit" { // ClickHouse, not the log
+		h.mux.ServeHTTP(w, r)
+		return
+	}
+	if h.client == nil {
+		fail(w, http.StatusServiceUnavailable, "policy_log_unavailable", h.cfg.Unavailable, nil)
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// with runs fn on the client after reading the log to its end.
+func (h *Handler) with(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, c *policylog.Client)) {
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.Timeout)
+	defer cancel()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e, ok := h.cfg.Log.(ensurer); ok && !h.ensured {
+		if err := e.Ensure(ctx); err != nil {
+			fail(w, http.StatusServiceUnavailable, "policy_log_unavailable", "cannot reach the policy log: "+err.Error(), nil)
+			return
+		}
+		h.ensured = true
+	}
+	if err := h.client.Sync(ctx); err != nil {
+		fail(w, http.StatusServiceUnavailable, "policy_log_unavailable", "cannot read the policy log: "+err.Error(), nil)
+		return
+	}
+	fn(ctx, h.client)
+}
+
+// Result is the answer to a write.
+type Result struct {
+	Revision int64  `json:"revision"`
+	Result   string `json:"result"` // applied | refused
+	SHA256   string `json:"sha256,omitempty"`
+	Subject  string `json:"subject,omitempty"`
+}
+
+type errorBody struct {
+	Error struct {
+		Code    string   `json:"code"`
+		Message string   `json:"message"`
+		Errors  []string `json:"errors,omitempty"` // every validation error
+		// Revision is the head; TakenBy and TakenMessage say who wrote the
+		// revision a conflicting write asked for, and why.
+		Revision     int64  `json:"revision,omitempty"`
+		TakenBy      string `json:"takenBy,omitempty"`
+		TakenMessage string `json:"takenMessage,omitempty"`
+	} `json:"error"`
+}
+
+func fail(w http.ResponseWriter, status int, code, msg string, errs []string) {
+	var b errorBody
+	b.Error.Code, b.Error.Message, b.Error.Errors = code, msg, errs
+	writeJSON(w, status, b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// answer maps a write's outcome to the response: 200, 409 (conflict),
+// 400 (every validation error), 503 (the log could not be reached).
+func answer(w http.ResponseWriter, o policylog.Outcome, err error) {
+	var ref *policylog.Refusal
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, Result{Revision: o.Head, Result: policylog.Applied, SHA256: o.Record.SHA256, Subject: o.Record.Subject()})
+	case errors.As(err, &ref):
+		var b errorBody
+		b.Error.Code, b.Error.Message, b.Error.Revision = o.Code, o.Reason, o.Head
+		status := http.StatusBadRequest
+		if o.Code == policylog.CodeConflict {
+			status = http.StatusConflict
+			b.Error.TakenBy, b.Error.TakenMessage = o.Taken.Author, o.Taken.Message
+		} else {
+			b.Error.Errors = strings.Split(o.Reason, "\n")
+		}
+		writeJSON(w, status, b)
+	default:
+		fail(w, http.StatusServiceUnavailable, "policy_log_unavailable", err.Error(), nil)
+	}
+}
+
+// decode reads a JSON body of at most max bytes, refusing unknown fields.
+func decode(w http.ResponseWriter, r *http.Request, max int64, v any) bool {
+	dec := json.NewDecoder(io.LimitReader(r.Body, max+1))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		fail(w, http.StatusBadRequest, "invalid_request", "body: "+err.Error(), nil)
+		return false
+	}
+	return true
+}
+
+func (h *Handler) getPolicy(w http.ResponseWriter, r *http.Request) {
+	h.with(w, r, func(_ context.Context, c *policylog.Client) {
+		doc, rec := c.State().Document()
+		if doc == nil {
+			fail(w, http.StatusNotFound, "no_policy", "the policy log holds no document yet", nil)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{
+			"revision": c.State().Head(), "documentRevision": rec.Revision, "hash": doc.Hash(), "sha256": rec.SHA256,
+			"author": rec.Author, "message": rec.Message, "time": rec.Time, "document": rec.Document,
+			"overrides": c.State().Overrides(),
+		})
+	})
+}
+
+type putPolicyBody struct {
+	Document       string `json:"document"`
+	Message        string `json:"message"`
+	Author         string `json:"author"`
+	ExpectRevision *int64 `json:"expectRevision"`
+}
+
+func (h *Handler) putPolicy(w http.ResponseWriter, r *http.Request) {
+	var b putPolicyBody
+	if !decode(w, r, policylog.MaxRecord, &b) {
+		return
+	}
+	if b.Message == "" || b.Author == "" {
+		fail(w, http.StatusBadRequest, "invalid_request", "message and author are required", nil)
+		return
+	}
+	if _, err := policy.Parse([]byte(b.Document)); err != nil {
+		fail(w, http.StatusBadRequest, policylog.CodeInvalid, "the document is refused", strings.Split(err.Error(), "\n"))
+		return
+	}
+	expect := int64(policylog.NoExpect)
+	if b.ExpectRevision != nil {
+		expect = *b.ExpectRevision
+	}
+	h.with(w, r, func(ctx context.Context, c *policylog.Client) {
+		o, err := c.Push(ctx, b.Document, b.Author, b.Message, expect)
+		answer(w, o, err)
+	})
+}
+
+func (h *Handler) getHistory(w http.ResponseWriter, r *http.Request) {
+	limit := 100
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10000 {
+			fail(w, http.StatusBadRequest, "invalid_request", "limit must be an integer from 1 to 10000", nil)
+			return
+		}
+		limit = n
+	}
+	h.with(w, r, func(_ context.Context, c *policylog.Client) {
+		type entry struct {
+			Offset   int64     `json:"offset"`
+			LogKey   string    `json:"logKey"`
+			Result   string    `json:"result"`
+			Code     string    `json:"code,omitempty"`
+			Reason   string    `json:"reason,omitempty"`
+			Revision int64     `json:"revision"`
+			Kind     string    `json:"kind,omitempty"`
+			Subject  string    `json:"subject,omitempty"`
+			Author   string    `json:"author,omitempty"`
+			Message  string    `json:"message,omitempty"`
+			Time     time.Time `json:"time,omitzero"`
+			SHA256   string    `json:"sha256,omitempty"`
+		}
+		var out []entry
+		for _, it := range c.History() {
+			if it.Result == policylog.Ignored {
+				continue
+			}
+			out = append(out, entry{it.Offset, it.LogKey, it.Result, it.Code, it.Reason, it.Revision, it.Kind, it.Subject, it.Author, it.Message, it.Time, it.SHA256})
+		}
+		if len(out) > limit {
+			out = out[len(out)-limit:]
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"revision": c.State().Head(), "entries": out})
+	})
+}
+
+type rollbackBody struct {
+	Revision int64  `json:"revision"`
+	Message  string `json:"message"`
+	Author   string `json:"author"`
+}
+
+func (h *Handler) postRollback(w http.ResponseWriter, r *http.Request) {
+	var b rollbackBody
+	if !decode(w, r, 64<<10, &b) {
+		return
+	}
+	if b.Revision < 1 || b.Message == "" || b.Author == "" {
+		fail(w, http.StatusBadRequest, "invalid_request", "revision (≥ 1), message and author are required", nil)
+		return
+	}
+	h.with(w, r, func(ctx context.Context, c *policylog.Client) {
+		if _, ok := c.DocumentAt(b.Revision); !ok {
+			fail(w, http.StatusBadRequest, "invalid_request", fmt.Sprintf("no document in force at revision %d in the log", b.Revision), nil)
+			return
+		}
+		o, err := c.Rollback(ctx, b.Revision, b.Author, b.Message)
+		answer(w, o, err)
+	})
+}
+
+// Override is an override as the API shows it.
+type Override struct {
+	Key      string          `json:"key"`
+	Scope    string          `json:"scope,omitempty"`
+	Revision int64           `json:"revision"`
+	Author   string          `json:"author"`
+	Message  string          `json:"message"`
+	Time     time.Time       `json:"time"`
+	Override policy.Override `json:"override"`
+}
+
+func overrideOf(r policylog.Record) Override {
+	return Override{Key: r.Key, Scope: r.Scope, Revision: r.Revision, Author: r.Author, Message: r.Message, Time: r.Time, Override: *r.Override}
+}
+
+func (h *Handler) listOverrides(w http.ResponseWriter, r *http.Request) {
+	h.with(w, r, func(_ context.Context, c *policylog.Client) {
+		out := []Override{}
+		for _, rec := range c.State().OverrideRecords() {
+			out = append(out, overrideOf(rec))
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"revision": c.State().Head(), "overrides": out})
+	})
+}
+
+func (h *Handler) getOverride(w http.ResponseWriter, r *http.Request) {
+	key, scope := r.PathValue("key"), r.URL.Query().Get("scope")
+	h.with(w, r, func(_ context.Context, c *policylog.Client) {
+		rec, ok := c.State().Override(key, scope)
+		if !ok {
+			fail(w, http.StatusNotFound, "not_found", "no override of this key and scope", nil)
+			return
+		}
+		writeJSON(w, http.StatusOK, overrideOf(rec))
+	})
+}
+
+type putOverrideBody struct {
+	policy.Override
+	Author         string `json:"author"`
+	Message        string `json:"message"`
+	ExpectRevision *int64 `json:"expectRevision"`
+}
+
+func (h *Handler) putOverride(w http.ResponseWriter, r *http.Request) {
+	key, scope := r.PathValue("key"), r.URL.Query().Get("scope")
+	var b putOverrideBody
+	if !decode(w, r, 64<<10, &b) {
+		return
+	}
+	if b.Author == "" || key == "" || len(key) > 256 || len(scope) > 128 {
+		fail(w, http.StatusBadRequest, "invalid_request", "author is required; key 1-256 bytes, scope at most 128", nil)
+		return
+	}
+	expect := int64(policylog.NoExpect)
+	if b.ExpectRevision != nil {
+		expect = *b.ExpectRevision
+	}
+	h.with(w, r, func(ctx context.Context, c *policylog.Client) {
+		o, err := c.SetOverride(ctx, key, scope, b.Override, b.Author, b.Message, expect)
+		answer(w, o, err)
+	})
+}
+
+func (h *Handler) deleteOverride(w http.ResponseWriter, r *http.Request) {
+	key, q := r.PathValue("key"), r.URL.Query()
+	reason, author := q.Get("reason"), q.Get("author")
+	if reason == "" || author == "" {
+		fail(w, http.StatusBadRequest, "invalid_request", "reason and author are required (query parameters)", nil)
+		return
+	}
+	h.with(w, r, func(ctx context.Context, c *policylog.Client) {
+		o, err := c.DeleteOverride(ctx, key, q.Get("scope"), author, reason)
+		answer(w, o, err)
+	})
+}
+
+// getAudit serves policy_audit: every record, applied or refused, kept
+// for good (also those compaction removed from the log).
+func (h *Handler) getAudit(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.Audit == nil {
+		fail(w, http.StatusServiceUnavailable, "store_unavailable", "the policy audit is not configured", nil)
+		return
+	}
+	q := r.URL.Query()
+	limit, rev := 100, int64(0)
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10000 {
+			fail(w, http.StatusBadRequest, "invalid_request", "limit must be an integer from 1 to 10000", nil)
+			return
+		}
+		limit = n
+	}
+	if v := q.Get("revision"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			fail(w, http.StatusBadRequest, "invalid_request", "revision must be an integer ≥ 1", nil)
+			return
+		}
+		rev = n
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.Timeout)
+	defer cancel()
+	rows, err := h.cfg.Audit(ctx, rev, limit)
+	if err != nil {
+		fail(w, http.StatusServiceUnavailable, "store_unavailable", "cannot read policy_audit: "+err.Error(), nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"records": rows})
+}

@@ -1,0 +1,337 @@
+package policylog
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ratewarden/ratewarden/policy"
+)
+
+// Entry is one record of the log as read: its offset, log key and value
+// (nil = a Kafka tombstone).
+type Entry struct {
+	Offset int64
+	Key    string
+	Value  []byte
+}
+
+// Results of applying an entry.
+const (
+	Applied = "applied"
+	Refused = "refused"
+	Ignored = "ignored" // a tombstone or a restatement: no change
+)
+
+// Refusal codes.
+const (
+	CodeConflict = "conflict" // the parent is not the head
+	CodeInvalid  = "invalid"  // the content fails validation
+	CodeGarbled  = "garbled"  // not a well-formed record
+)
+
+// Outcome is what the apply rule decided about one entry.
+type Outcome struct {
+	Result string // Applied, Refused or Ignored
+	Code   string // for Refused: CodeConflict, CodeInvalid or CodeGarbled
+	Reason string // for Refused: why, in words (every validation error)
+	Record Record // as decoded (zero for a tombstone or a garbled value)
+	// Head is the revision in force after the entry.
+	Head int64
+	// Taken is, for a conflict, the applied record that holds the revision
+	// the refused one asked for (zero when it is no longer known).
+	Taken Meta
+}
+
+// Meta is what history and conflicts say about an applied record.
+type Meta struct {
+	Revision int64
+	Kind     string
+	Subject  string
+	Author   string
+	Message  string
+	Time     time.Time
+	SHA256   string
+}
+
+func metaOf(r *Record) Meta {
+	return Meta{Revision: r.Revision, Kind: r.Kind, Subject: r.Subject(), Author: r.Author, Message: r.Message, Time: r.Time, SHA256: r.SHA256}
+}
+
+// recentKept is how many applied records a State remembers for the
+// reasons of conflicts.
+const recentKept = 1024
+
+// State is the policy log applied up to an offset: the head revision, the
+// document in force and the overrides. Not safe for concurrent use: one
+// reader owns it; Snapshot hands out immutable copies.
+type State struct {
+	head       int64
+	lastOffset int64 // -1 before the first entry
+	doc        *policy.Policy
+	docRec     Record
+	ov         *policy.Overrides
+	// subjects: per override log key, the revision of its record in force
+	// (and the record itself when keep is set).
+	subjects map[string]subject
+	keep     bool
+	recent   map[int64]Meta
+	// compacted: a gap in offsets was seen (see validate).
+	compacted bool
+}
+
+type subject struct {
+	revision int64
+	sha      uint64  // the first 64 bits of the record's SHA-256 (shaKey)
+	rec      *Record // nil unless the State keeps content
+}
+
+// NewState returns an empty state. keep makes it hold every override's
+// record (for writers, which print them and restate them); a limiter
+// keeps only what resolution needs.
+func NewState(keep bool) *State {
+	return &State{lastOffset: -1, ov: policy.NewOverrides(0), subjects: map[string]subject{}, keep: keep, recent: map[int64]Meta{}}
+}
+
+// Head is the revision in force (0 = nothing applied yet).
+func (s *State) Head() int64 { return s.head }
+
+// NextOffset is the offset after the last entry applied.
+func (s *State) NextOffset() int64 { return s.lastOffset + 1 }
+
+// Document is the document in force and its record (nil before one).
+func (s *State) Document() (*policy.Policy, Record) { return s.doc, s.docRec }
+
+// Overrides is the number of overrides in force.
+func (s *State) Overrides() int { return s.ov.Len() }
+
+// Override is the record in force of the override of (key, scope), when
+// the State keeps content.
+func (s *State) Override(key, scope string) (Record, bool) {
+	sub, ok := s.subjects[OverrideLogKey(key, scope)]
+	if !ok || sub.rec == nil {
+		return Record{}, false
+	}
+	return *sub.rec, true
+}
+
+// OverrideRecords lists the overrides in force by key and scope, when the
+// State keeps content.
+func (s *State) OverrideRecords() []Record {
+	out := make([]Record, 0, len(s.subjects))
+	for _, sub := range s.subjects {
+		if sub.rec != nil {
+			out = append(out, *sub.rec)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Key != out[j].Key {
+			return out[i].Key < out[j].Key
+		}
+		return out[i].Scope < out[j].Scope
+	})
+	return out
+}
+
+// Taken is the applied record of revision rev, when still remembered.
+func (s *State) Taken(rev int64) (Meta, bool) {
+	m, ok := s.recent[rev]
+	return m, ok
+}
+
+// Snapshot is the policy in force as an immutable value for the limiter
+// (nil before a document is applied); now is the clock of expiry.
+func (s *State) Snapshot(now func() time.Time) *policy.WithOverrides {
+	if s.doc == nil {
+		return nil
+	}
+	return policy.NewWithOverrides(s.doc, s.ov.Clone(), now)
+}
+
+// shaKey is the first 64 bits of a hex SHA-256: enough to tell one
+// record of a log key from another, in 8 bytes instead of 80.
+func shaKey(hexSum string) uint64 {
+	if len(hexSum) < 16 {
+		return 0
+	}
+	v, _ := strconv.ParseUint(hexSum[:16], 16, 64)
+	return v
+}
+
+// Apply applies one entry in log order and says what became of it. It
+// never fails: whatever the entry holds, the outcome is the same for every
+// reader.
+func (s *State) Apply(e Entry) Outcome {
+	gap := e.Offset != s.lastOffset+1 // records were compacted away before this one
+	s.lastOffset = e.Offset
+	s.compacted = s.compacted || gap
+	if e.Value == nil {
+		return Outcome{Result: Ignored, Head: s.head}
+	}
+	rec, err := Decode(e.Key, e.Value)
+	if err != nil {
+		return s.refuse(Record{}, CodeGarbled, err.Error())
+	}
+	if rec.Restates {
+		return s.restate(rec)
+	}
+	if rec.Revision != rec.Parent+1 {
+		return s.refuse(rec, CodeGarbled, fmt.Sprintf("revision %d does not follow its parent %d", rec.Revision, rec.Parent))
+	}
+	switch {
+	case rec.Parent == s.head:
+	case rec.Parent > s.head && s.compacted:
+		// Records before were superseded by compaction: the head read so
+		// far may be behind the one this record was written on. (On the
+		// full log a writer's parent is never ahead: it read the head.)
+	case rec.Parent > s.head:
+		return s.refuse(rec, CodeConflict, fmt.Sprintf("parent revision %d is ahead of the head %d", rec.Parent, s.head))
+	default:
+		o := s.refuse(rec, CodeConflict, "")
+		o.Taken, _ = s.Taken(rec.Parent + 1)
+		o.Reason = fmt.Sprintf("revision %d was written meanwhile (head is %d)", rec.Parent+1, s.head)
+		if o.Taken.Revision != 0 {
+			o.Reason = fmt.Sprintf("revision %d was written meanwhile by %s (%s: %q); head is %d",
+				rec.Parent+1, o.Taken.Author, o.Taken.Subject, o.Taken.Message, s.head)
+		}
+		return o
+	}
+	if err := s.validate(&rec); err != nil {
+		return s.refuse(rec, CodeInvalid, err.Error())
+	}
+	s.install(rec)
+	s.head = rec.Revision
+	s.recent[rec.Revision] = metaOf(&rec)
+	delete(s.recent, rec.Revision-recentKept)
+	return Outcome{Result: Applied, Record: rec, Head: s.head}
+}
+
+func (s *State) refuse(rec Record, code, reason string) Outcome {
+	return Outcome{Result: Refused, Code: code, Reason: reason, Record: rec, Head: s.head}
+}
+
+// restate applies a restatement where its log key holds an older record
+// or the refused one it names (see the package comment); elsewhere, and
+// always on the full log, it is a no-op.
+func (s *State) restate(rec Record) Outcome {
+	lk := rec.LogKey()
+	var cur subject
+	ok := false
+	if rec.Kind == KindPolicy {
+		if s.doc != nil {
+			cur, ok = subject{revision: s.docRec.Revision, sha: shaKey(s.docRec.SHA256)}, true
+		}
+	} else {
+		cur, ok = s.subjects[lk]
+	}
+	wrong := ok && rec.RefusedRevision != 0 && cur.revision == rec.RefusedRevision && cur.sha == shaKey(rec.RefusedSHA256)
+	ignored := Outcome{Result: Ignored, Record: rec, Head: s.head}
+	if rec.Deleted { // the key had no override
+		if !wrong {
+			return ignored
+		}
+		s.ov.Delete(policy.OverrideKey{Key: rec.Key, Scope: rec.Scope})
+		delete(s.subjects, lk)
+		return Outcome{Result: Applied, Record: rec, Head: s.head}
+	}
+	if ok && !wrong && cur.revision >= rec.Revision {
+		return ignored
+	}
+	if err := s.validate(&rec); err != nil {
+		return s.refuse(rec, CodeInvalid, err.Error())
+	}
+	s.install(rec)
+	s.head = max(s.head, rec.Revision)
+	return Outcome{Result: Applied, Record: rec, Head: s.head}
+}
+
+// validate checks the content against the state in force. On a log that
+// compaction has thinned (a gap seen), what is present is exactly what was
+// in force at this point of the full log (each log key's latest record),
+// but an absence proves nothing: the document or override a record was
+// checked against may be superseded by a record further on. So checks of
+// absence (no document yet, nothing to delete) are then skipped; the full
+// log judged them.
+func (s *State) validate(rec *Record) error {
+	switch rec.Kind {
+	case KindPolicy:
+		p, err := policy.Parse([]byte(rec.Document))
+		if err != nil {
+			return err
+		}
+		return s.strands(p)
+	case KindOverride:
+		if rec.Deleted {
+			if _, ok := s.subjects[rec.LogKey()]; !ok && !s.compacted {
+				return fmt.Errorf("no override of %s to delete", rec.Subject())
+			}
+			return nil
+		}
+		if rec.Override == nil {
+			return fmt.Errorf("an override record without an override")
+		}
+		if s.doc == nil && !s.compacted {
+			return fmt.Errorf("no policy document yet: push one before overrides")
+		}
+		return rec.Override.Validate(s.doc) // nil: the tier is not checked
+	}
+	return nil
+}
+
+// strands refuses a document that drops a tier some override names: the
+// override would otherwise resolve to nothing.
+func (s *State) strands(p *policy.Policy) error {
+	missing := s.ov.MissingTiers(p)
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("the document drops tiers that overrides use: %s", strings.Join(missing, "; "))
+}
+
+// install makes rec the record in force of its log key.
+func (s *State) install(rec Record) {
+	switch rec.Kind {
+	case KindPolicy:
+		s.doc, _ = policy.Parse([]byte(rec.Document)) // validated just before
+		s.docRec = rec
+	case KindOverride:
+		k := policy.OverrideKey{Key: rec.Key, Scope: rec.Scope}
+		lk := rec.LogKey()
+		if rec.Deleted {
+			s.ov.Delete(k)
+			delete(s.subjects, lk)
+			return
+		}
+		s.ov.Put(k, *rec.Override)
+		sub := subject{revision: rec.Revision, sha: shaKey(rec.SHA256)}
+		if s.keep {
+			r := rec
+			sub.rec = &r
+		}
+		s.subjects[lk] = sub
+	}
+}
+
+// Records is the state as a compacted log: the document's record, then
+// every override's in revision order, each restating itself. Applying
+// them to an empty State rebuilds this one (the limiter's cache file).
+// It needs a State that keeps content, or returns the document only.
+func (s *State) Records() []Record {
+	var out []Record
+	if s.doc != nil {
+		out = append(out, s.docRec) // first: the overrides are checked against it
+	}
+	ov := s.OverrideRecords()
+	sort.SliceStable(ov, func(i, j int) bool { return ov[i].Revision < ov[j].Revision })
+	out = append(out, ov...)
+	for i := range out {
+		out[i].Restates = true
+	}
+	return out
+}
+
+// EachOverride calls fn for every override in force, in no order, in its
+// compiled form (policy.Overrides.Each).
+func (s *State) EachOverride(fn func(policy.OverrideKey, policy.Override)) { s.ov.Each(fn) }
