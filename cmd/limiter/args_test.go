@@ -22,7 +22,12 @@ func TestStrictWords(t *testing.T) {
 	refused := func(out string, args ...string) clitest.Case { return clitest.Case{Args: args, Code: 2, Out: out} }
 	help := func(out string, args ...string) clitest.Case { return clitest.Case{Args: args, Code: 0, Out: out} }
 	clitest.RunCases(t, limiterBin, env, addrs, []clitest.Case{
-		refused(`unknown command "override"`, "override", "set", "x"),
+		refused(`unknown command "overide"`, "overide", "set", "x"),
+		refused("--reason is required", "override", "set", "x"),
+		refused("flag provided but not defined: -bogus", "override", "list", "--bogus"),
+		refused("flag provided but not defined: -bogus", "policy", "push", "--bogus"),
+		refused("fleet status takes no arguments", "fleet", "status", "x"),
+		refused(`unknown command "state"`, "fleet", "state"),
 		refused(`unknown flag "--polcy"`, "--polcy", "x"),
 		refused(`unknown command "frobnicate"`, "frobnicate"),
 		refused(`unknown flag "-x"`, "-x"),
@@ -42,6 +47,10 @@ func TestStrictWords(t *testing.T) {
 		help("usage: limiter policy explain FILE", "policy", "explain", "-h"),
 		help("-descriptor value", "help", "policy", "explain"),
 		help("usage: limiter policy replay FILE", "policy", "replay", "--help"),
+		help("limiter policy push FILE -m MESSAGE", "policy", "push", "--help"),
+		help("limiter override set KEY", "override", "set", "-h"),
+		help("limiter fleet status", "fleet", "status", "--help"),
+		help("usage: limiter override COMMAND", "override", "--help"),
 	})
 	if !clitest.Serves(t, limiterBin, env, addr) {
 		t.Fatalf("the control failed: with no words the limiter did not listen on %s, so the cases above prove nothing", addr)
