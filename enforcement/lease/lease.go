@@ -49,6 +49,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // Store leases and returns tokens of the shared bucket atomically;
@@ -466,11 +467,10 @@ func lessHeld(reset time.Duration, held int64, rate float64) time.Duration {
 	return max(0, d.Round(time.Millisecond))
 }
 
+// softLimit is the bucket's soft-limit warning for whole tokens remaining
+// (a leased decision has no quota: keys with one are not leased).
 func softLimit(lim enforcement.Limit, remaining int64) bool {
-	if lim.SoftLimitPercent <= 0 {
-		return false
-	}
-	return float64(lim.Burst-remaining)/float64(lim.Burst)*100+1e-9 >= lim.SoftLimitPercent
+	return limits.SoftLimitReached(float64(lim.Burst-remaining), float64(lim.Burst), lim.SoftLimitPercent)
 }
 
 func (a *Authority) giveBack(key, scope string, lim enforcement.Limit, n int64) {

@@ -158,7 +158,7 @@ func (s *Server) getQuota(c *gin.Context) {
 	}
 	if view.SoftLimitPercent > 0 || lastHour.Warnings > 0 {
 		resp.SoftLimit.State = "ok"
-		if lastHour.Warnings > 0 || (resp.Quota != nil && view.SoftLimitPercent > 0 && resp.Quota.PercentUsed >= view.SoftLimitPercent) {
+		if lastHour.Warnings > 0 || (resp.Quota != nil && limits.SoftLimitReached(float64(resp.Quota.Used), float64(resp.Quota.Limit), view.SoftLimitPercent)) {
 			resp.SoftLimit.State = "warning"
 		}
 	}

@@ -30,7 +30,7 @@ type Config struct {
 	// Redis is the limiters' Redis or Cluster, read for what the quota
 	// counters say is left; nil = the quota view shows the record only.
 	Redis        redis.UniversalClient
-	KeyPrefix    string        // REDIS_KEY_PREFIX of the limiters; "" = "rl"
+	KeyPrefix    string        // REDIS_KEY_PREFIX of the limiters; "" = limits.DefaultKeyPrefix
 	RedisTimeout time.Duration // bound on the Redis read of one request; 0 = 1 s
 	Logger       *slog.Logger  // nil = discard
 	// Registry receives the server's metrics and is served on /metrics;
