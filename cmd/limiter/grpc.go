@@ -27,13 +27,15 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/vtcodec"
+
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // defaultGRPCAddr is LIMITER_GRPC_ADDR's default (CONTRACT.md).
 const defaultGRPCAddr = "127.0.0.1:8083"
 
 // grpcMaxMessage bounds a gRPC request, as /check bounds its body.
-const grpcMaxMessage = 64 << 10
+const grpcMaxMessage = limits.MaxRequestBytes
 
 // grpcStreamWorkers is the number of goroutines that serve calls. A call
 // that finds every worker busy gets a goroutine of its own, whose stack

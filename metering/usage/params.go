@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // Window is the width of one bucket of a usage series.
@@ -28,8 +30,8 @@ const (
 	// MaxPoints caps the rows (buckets × scopes) of one response.
 	MaxPoints = 5000
 	// MaxKeyLen and MaxScopeLen mirror the limits of POST /check.
-	MaxKeyLen   = 256
-	MaxScopeLen = 128
+	MaxKeyLen   = limits.MaxKeyBytes
+	MaxScopeLen = limits.MaxScopeBytes
 	// MaxTopKeys caps limit= of GET /v1/admin/top-keys.
 	MaxTopKeys = 1000
 )
