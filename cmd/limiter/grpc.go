@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,6 +28,8 @@ import (
 	"github.com/ratewarden/ratewarden/internal/vtcodec"
 
 	"github.com/ratewarden/ratewarden/limits"
+
+	"github.com/ratewarden/ratewarden/internal/bearer"
 )
 
 // defaultGRPCAddr is LIMITER_GRPC_ADDR's default (CONTRACT.md).
@@ -149,28 +150,23 @@ func (m *grpcMetrics) observe(method string, mm *methodMetrics, start time.Time,
 // grpcAuth checks the bearer token (metadata "authorization: Bearer
 // <token>") on every call but the health service's, as /check requires it
 // and /healthz does not.
-type grpcAuth struct{ token []byte }
+type grpcAuth struct {
+	open  bool // no token configured
+	token bearer.Checker
+}
 
 func (a grpcAuth) check(ctx context.Context, method string) error {
-	if a.token == nil || strings.HasPrefix(method, "/grpc.health.v1.Health/") {
+	if a.open || strings.HasPrefix(method, "/grpc.health.v1.Health/") {
 		return nil
 	}
 	// ValueFromIncomingContext copies one key's values, where
 	// FromIncomingContext would copy every header of the call.
 	for _, v := range metadata.ValueFromIncomingContext(ctx, "authorization") {
-		if bearerOK(v, a.token) {
+		if a.token.Allows(v) {
 			return nil
 		}
 	}
 	return status.Error(codes.Unauthenticated, "a valid bearer token is required (metadata authorization: Bearer <token>)")
-}
-
-func bearerOK(header string, token []byte) bool {
-	const prefix = "Bearer "
-	if len(header) < len(prefix) || !strings.EqualFold(header[:len(prefix)], prefix) {
-		return false
-	}
-	return subtle.ConstantTimeCompare([]byte(header[len(prefix):]), token) == 1
 }
 
 // startGRPC serves the Envoy rate limit service, the gRPC health service
@@ -194,10 +190,7 @@ func startGRPC(cfg config, lim *enforcement.Limiter, reg prometheus.Registerer, 
 		return nil, fmt.Errorf("listen on LIMITER_GRPC_ADDR %s: %w", cfg.GRPCAddr, err)
 	}
 	m := newGRPCMetrics(reg)
-	auth := grpcAuth{}
-	if cfg.AuthToken != "" {
-		auth.token = []byte(cfg.AuthToken)
-	}
+	auth := grpcAuth{open: cfg.AuthToken == "", token: bearer.NewChecker(cfg.AuthToken)}
 	opts := []grpc.ServerOption{
 		grpc.Creds(grpcCreds(cfg.ListenTLS)), // plain text unless LIMITER_TLS_CERT_FILE (listentls.go)
 		grpc.MaxRecvMsgSize(grpcMaxMessage),

@@ -2,17 +2,17 @@ package httpapi
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+
+	"github.com/ratewarden/ratewarden/internal/bearer"
 )
 
 // Checker decides; *enforcement.Limiter is one.
@@ -22,9 +22,10 @@ type Checker interface {
 
 // CheckHandler serves POST /check. It is safe for concurrent use.
 type CheckHandler struct {
-	checker   Checker
-	authToken []byte
-	log       *slog.Logger
+	checker Checker
+	auth    bearer.Checker // zero: no token required
+	open    bool
+	log     *slog.Logger
 }
 
 // NewCheckHandler returns the /check handler. With a non-empty authToken,
@@ -33,11 +34,7 @@ func NewCheckHandler(c Checker, authToken string, log *slog.Logger) *CheckHandle
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h := &CheckHandler{checker: c, log: log}
-	if authToken != "" {
-		h.authToken = []byte(authToken)
-	}
-	return h
+	return &CheckHandler{checker: c, auth: bearer.NewChecker(authToken), open: authToken == "", log: log}
 }
 
 var jsonContentType = []string{"application/json"}
@@ -50,7 +47,7 @@ func (h *CheckHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, &Error{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Message: "use POST"}, "")
 		return
 	}
-	if h.authToken != nil && !bearerMatches(r.Header.Get("Authorization"), h.authToken) {
+	if !h.open && !h.auth.Allows(r.Header.Get("Authorization")) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="limiter"`)
 		WriteError(w, &Error{Status: http.StatusUnauthorized, Code: "unauthorized", Message: "a valid bearer token is required"}, "")
 		return
@@ -121,14 +118,6 @@ func errorFor(err error) *Error {
 		return &Error{Status: http.StatusBadRequest, Code: "invalid_request", Message: err.Error()}
 	}
 	return &Error{Status: http.StatusInternalServerError, Code: "internal", Message: err.Error()}
-}
-
-func bearerMatches(header string, token []byte) bool {
-	const prefix = "Bearer "
-	if len(header) < len(prefix) || !strings.EqualFold(header[:len(prefix)], prefix) {
-		return false
-	}
-	return subtle.ConstantTimeCompare([]byte(header[len(prefix):]), token) == 1
 }
 
 // WriteError writes the contract's error body. requestID is included when set.
