@@ -13,6 +13,8 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 
 	"github.com/ratewarden/ratewarden/internal/bearer"
+
+	"github.com/ratewarden/ratewarden/internal/jsonstr"
 )
 
 // Checker decides; *enforcement.Limiter is one.
@@ -126,10 +128,10 @@ func WriteError(w http.ResponseWriter, e *Error, requestID string) {
 	b = append(b, `{"error":{"code":`...)
 	b = strconv.AppendQuote(b, e.Code)
 	b = append(b, `,"message":`...)
-	b = appendJSONString(b, e.Message)
+	b = jsonstr.Append(b, e.Message)
 	if requestID != "" {
 		b = append(b, `,"requestId":`...)
-		b = appendJSONString(b, requestID)
+		b = jsonstr.Append(b, requestID)
 	}
 	b = append(b, "}}\n"...)
 	w.Header().Set("Content-Type", "application/json")
@@ -153,9 +155,9 @@ func appendDecision(b []byte, d *enforcement.Decision) []byte {
 	b = append(b, `,"source":"`...)
 	b = append(b, d.Source.String()...)
 	b = append(b, `","policy":`...)
-	b = appendJSONString(b, d.Policy)
+	b = jsonstr.Append(b, d.Policy)
 	b = append(b, `,"tier":`...)
-	b = appendJSONString(b, d.Tier)
+	b = jsonstr.Append(b, d.Tier)
 	b = append(b, `,"cost":`...)
 	b = strconv.AppendInt(b, d.Cost, 10)
 	b = append(b, `,"dryRun":`...)
@@ -168,30 +170,12 @@ func appendDecision(b []byte, d *enforcement.Decision) []byte {
 		// Present only when a shadow limit was evaluated: responses of a
 		// policy without shadow limits are unchanged, byte for byte.
 		b = append(b, `,"shadow":{"name":`...)
-		b = appendJSONString(b, d.Shadow.Name)
+		b = jsonstr.Append(b, d.Shadow.Name)
 		b = append(b, `,"wouldAllow":`...)
 		b = strconv.AppendBool(b, d.Shadow.WouldAllow)
 		b = append(b, '}')
 	}
 	return append(b, "}\n"...)
-}
-
-// appendJSONString appends s as a JSON string (RFC 8259 escaping).
-func appendJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			b = append(b, c)
-		}
-	}
-	return append(b, '"')
 }
 
 // ceilSecond rounds t up to a whole second in UTC: a reset time is never
