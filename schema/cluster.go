@@ -43,13 +43,13 @@ const LocalSuffix = "_local"
 // kafka_partition (with equal weights the same shard as chsink.ShardOf,
 // partition mod shards). A migration creating a new table must add it here.
 var shardingKeys = map[string]string{
-	"decisions_raw":       "kafka_partition",
-	"usage_minute":        "rand()",
-	"usage_hour":          "rand()",
-	"usage_day":           "rand()",
-	"shadow_hour":         "rand()",
-	"portal_token_events": "cityHash64(id)",
-	"webhook_deliveries":  "cityHash64(key)",
+	DecisionsRaw:      "kafka_partition",
+	UsageMinute:       "rand()",
+	UsageHour:         "rand()",
+	UsageDay:          "rand()",
+	ShadowHour:        "rand()",
+	PortalTokenEvents: "cityHash64(id)",
+	WebhookDeliveries: "cityHash64(key)",
 }
 
 var (
