@@ -65,12 +65,11 @@ down:
 up-test:
 	$(GO) test -count=1 -v -run 'TestUpDown' ./deploy/deploytest/
 
-# The benchmarks. First /check against the HTTP floor (issue 15,
-# bench/floor.sh: throughput and fixed-rate latency interleaved with the
-# floor, the local tier's rejection; prints the ratios in one table and
-# writes "## /check against the HTTP floor" of BENCHMARKS.md), then hot keys
-# and scale-out (issue 5, bench/run.sh: "## Hot keys and scale-out"). Each
-# starts its own redis-server, limiter and floor processes on free loopback
+# The benchmarks. First /check against the HTTP floor (bench/floor.sh:
+# throughput and fixed-rate latency interleaved with the floor, the local
+# tier's rejection; prints the ratios in one table and writes "## /check
+# against the HTTP floor" of BENCHMARKS.md), then hot keys and scale-out
+# (bench/run.sh: "## Hot keys and scale-out"). Each starts its own redis-server, limiter and floor processes on free loopback
 # ports. WRK_SECONDS / LAT_SECONDS / LG_SECONDS shorten them for a smoke run.
 .PHONY: bench-floor
 bench: bench-floor

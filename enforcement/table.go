@@ -15,7 +15,7 @@ import (
 // that entry restarts full — the same thing an idle entry would do.
 //
 // The table is its own rather than a map per shard because a lookup is on
-// the local tier's rejection path, where a flood is answered (issue 15):
+// the local tier's rejection path, where a flood is answered:
 // the maps hashed the key twice (once to pick the shard, once inside the
 // map with the scope) and every lookup wrote the shard's RWMutex reader
 // count, a cache line that the cores deciding for one flooded key fought

@@ -41,9 +41,9 @@ const grpcMaxMessage = limits.MaxRequestBytes
 // grpcStreamWorkers is the number of goroutines that serve calls. A call
 // that finds every worker busy gets a goroutine of its own, whose stack
 // then grows through grpc-go, the service, the guard and go-redis on every
-// call (runtime.copystack was 12-17% of the server's CPU under
-// bench/envoy.sh with GOMAXPROCS workers: a worker waits for Redis, so
-// nearly every call overflowed). Workers keep their grown stacks, so there
+// call (with GOMAXPROCS workers nearly every call overflowed, because a
+// worker waits for Redis, and stack copying became a large share of the
+// server's CPU). Workers keep their grown stacks, so there
 // must be about as many as calls in flight (a decision waits for a Redis
 // round trip): 128 covers Envoy's usual few connections with dozens of
 // concurrent streams for a few MB of stacks; beyond it calls still run,
