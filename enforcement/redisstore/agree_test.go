@@ -53,7 +53,7 @@ local r = { lease(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumb
 // reset time (at index resetAt) less at most the time the call took, when
 // the bucket is held; -2 when it is gone (full). It returns the function's
 // own values.
-func runAt(t *testing.T, ctx context.Context, c *redis.Client, script *redis.Script, keys []string, resetAt int, args ...any) []int64 {
+func runAt(t testing.TB, ctx context.Context, c *redis.Client, script *redis.Script, keys []string, resetAt int, args ...any) []int64 {
 	t.Helper()
 	res, err := script.Run(ctx, c, keys, args...).Int64Slice()
 	if err != nil {
@@ -158,65 +158,81 @@ func randomStep(rng *rand.Rand, lim enforcement.Limit, lastRetry time.Duration, 
 // through the same sequences, give the same verdicts.
 func TestDecideAgreesWithGo(t *testing.T) {
 	c := agreeClient(t)
-	ctx := context.Background()
 	s := New(c, "agree")
-	const sequences, steps = 400, 40
-	for seq := range sequences {
-		rng := rand.New(rand.NewPCG(uint64(seq), 26))
-		quota := seq%3 == 0
-		lim := randomLimit(rng, quota)
-		// Start on today's clock: the quota counter's PEXPIREAT is on
-		// Redis's clock, and a window ended long ago would expire at once.
-		// The steps only go forward where there is a quota: the Go
-		// authority starts a window afresh when the clock steps back into
-		// the previous one, and Redis finds the counter it kept.
-		now := time.Now().UnixMicro()
-		var clock time.Time
-		var latest int64
-		mem := enforcement.NewMemoryAuthority(func() time.Time { return clock }, 1<<10)
-		key := fmt.Sprintf("k%d", seq)
-		var last enforcement.Verdict
-		last.Remaining = lim.Burst
-		for step := range steps {
-			now += randomStep(rng, lim, last.RetryAfter, !quota)
-			clock = time.UnixMicro(now)
-			cost := randomCost(rng, lim, last.Remaining)
+	for seq := range 400 {
+		decideSequence(t, c, s, uint64(seq), seq%3 == 0, 40)
+	}
+}
 
-			want, err := mem.Take(ctx, key, "s", lim, cost)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// Redis forgets a bucket as soon as it is full (its TTL
-			// ends, or the script deletes it), the Go authority at its
-			// next Sweep: sweep now, at the bucket's last update (the
-			// latest time it has seen: a clock that stepped back leaves
-			// it there).
-			latest = max(latest, now)
-			if mem.Sweep(time.UnixMicro(latest)) > 0 {
-				latest = 0
-			}
-			bkey, qkey, qend := s.BucketKey(key, "s"), s.BucketKey(key, "s"), int64(0)
-			if lim.HasQuota() {
-				start, end := lim.QuotaPeriod.Window(clock)
-				qkey, qend = s.QuotaKey(key, lim.QuotaID, start), end.UnixMilli()
-			}
-			res := runAt(t, ctx, c, decideAtScript, []string{bkey, qkey}, 3,
-				lim.Rate, lim.Burst, cost, lim.QuotaLimit, qend, lim.SoftLimitPercent, now)
-			got, err := verdictOf(bkey, res, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			where := fmt.Sprintf("sequence %d step %d (%+v, cost %d, now %d)", seq, step, lim, cost, now)
-			compareVerdicts(t, where, got, want)
-			last = want
+// FuzzDecideAgreesWithGo is TestDecideAgreesWithGo with the fuzzer choosing
+// the sequence (go test -fuzz FuzzDecideAgreesWithGo ./enforcement/redisstore).
+func FuzzDecideAgreesWithGo(f *testing.F) {
+	c := agreeClient(f)
+	s := New(c, "agreefuzz")
+	f.Add(uint64(1), false, uint8(40))
+	f.Add(uint64(48), true, uint8(40))
+	f.Fuzz(func(t *testing.T, seed uint64, quota bool, steps uint8) {
+		decideSequence(t, c, s, seed, quota, int(steps))
+	})
+}
+
+// decideSequence drives decide.lua and MemoryAuthority through one random
+// sequence of steps decisions on one key, chosen by seed.
+func decideSequence(t *testing.T, c *redis.Client, s *Store, seed uint64, quota bool, steps int) {
+	t.Helper()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, 26))
+	lim := randomLimit(rng, quota)
+	// Start on today's clock: the quota counter's PEXPIREAT is on Redis's
+	// clock, and a window ended long ago would expire at once. The steps
+	// only go forward where there is a quota: the Go authority starts a
+	// window afresh when the clock steps back into the previous one, and
+	// Redis finds the counter it kept.
+	now := time.Now().UnixMicro()
+	var clock time.Time
+	var latest int64
+	mem := enforcement.NewMemoryAuthority(func() time.Time { return clock }, 1<<10)
+	key := fmt.Sprintf("k%d-%v-%d", seed, quota, now) // fresh keys: a fuzzer repeats seeds
+	var last enforcement.Verdict
+	last.Remaining = lim.Burst
+	for step := range steps {
+		now += randomStep(rng, lim, last.RetryAfter, !quota)
+		clock = time.UnixMicro(now)
+		cost := randomCost(rng, lim, last.Remaining)
+
+		want, err := mem.Take(ctx, key, "s", lim, cost)
+		if err != nil {
+			t.Fatal(err)
 		}
+		// Redis forgets a bucket as soon as it is full (its TTL ends, or
+		// the script deletes it), the Go authority at its next Sweep:
+		// sweep now, at the bucket's last update (the latest time it has
+		// seen: a clock that stepped back leaves it there).
+		latest = max(latest, now)
+		if mem.Sweep(time.UnixMicro(latest)) > 0 {
+			latest = 0
+		}
+		bkey, qkey, qend := s.BucketKey(key, "s"), s.BucketKey(key, "s"), int64(0)
+		if lim.HasQuota() {
+			start, end := lim.QuotaPeriod.Window(clock)
+			qkey, qend = s.QuotaKey(key, lim.QuotaID, start), end.UnixMilli()
+		}
+		res := runAt(t, ctx, c, decideAtScript, []string{bkey, qkey}, 3,
+			lim.Rate, lim.Burst, cost, lim.QuotaLimit, qend, lim.SoftLimitPercent, now)
+		got, err := verdictOf(bkey, res, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		where := fmt.Sprintf("seed %d quota %v step %d (%+v, cost %d, now %d)", seed, quota, step, lim, cost, now)
+		compareVerdicts(t, where, got, want)
+		last = want
 	}
 }
 
 // compareVerdicts fails unless the Lua verdict got is the Go verdict want.
 // The script's times are whole ms; the Go authority's reset time is µs, so
 // it is compared rounded up to ms, as the script rounds it.
-func compareVerdicts(t *testing.T, where string, got, want enforcement.Verdict) {
+func compareVerdicts(t testing.TB, where string, got, want enforcement.Verdict) {
 	t.Helper()
 	wantReset := (want.ResetAfter + time.Millisecond - 1).Truncate(time.Millisecond)
 	if got.Allowed != want.Allowed || got.Remaining != want.Remaining || got.RetryAfter != want.RetryAfter ||
@@ -334,9 +350,9 @@ func TestLeaseAgreesWithGo(t *testing.T) {
 // bucket at, which the test reads back, so the Go bucket decides at the
 // very same µs. A bucket the script found full is gone, as is one whose
 // TTL (its time to refill) ended before the test read it; its now is then
-// only known to lie between the Redis times read before and after, and the
-// answer must lie between the Go bucket's at those two. The next step
-// starts that bucket afresh.
+// only known to lie between the Redis times read before and after (and in
+// the ms it answered), and the Go bucket must give the same answer at some
+// µs of that span. The next step starts that bucket afresh.
 func TestStoreAgreesWithGoOnRedisTime(t *testing.T) {
 	c := agreeClient(t)
 	ctx := context.Background()
@@ -381,15 +397,9 @@ func TestStoreAgreesWithGoOnRedisTime(t *testing.T) {
 							got.RetryAfter != msOf(r.RetryAfterUS) || got.ResetAfter != msOf(r.ResetAfterUS) || stored != b {
 							t.Fatalf("%s at %d:\n Lua %+v stored %+v\n  Go %+v %+v", where, stored.TS, got, stored, r, b)
 						}
+					} else if !agreesWithin(b, lim, cost, got, max(before, got.Now.UnixMicro()), min(after, got.Now.UnixMicro()+999)) {
+						t.Fatalf("%s, bucket gone: Lua %+v, and no time in [%d, %d] (Redis, and the ms it answered) gives that in Go", where, got, before, after)
 					} else {
-						lo, hi := b, b
-						rlo, rhi := lo.Take(before, lim.Rate, lim.Burst, cost), hi.Take(after, lim.Rate, lim.Burst, cost)
-						if got.Allowed != rlo.Allowed && got.Allowed != rhi.Allowed ||
-							got.Remaining < int64(math.Floor(rlo.Tokens+1e-9)) || got.Remaining > int64(math.Floor(rhi.Tokens+1e-9)) ||
-							got.ResetAfter < msOf(rhi.ResetAfterUS) || got.ResetAfter > msOf(rlo.ResetAfterUS) ||
-							got.RetryAfter < msOf(rhi.RetryAfterUS) || got.RetryAfter > msOf(rlo.RetryAfterUS) {
-							t.Fatalf("%s, bucket gone, Redis time in [%d, %d]:\n Lua %+v\n  Go %+v .. %+v", where, before, after, got, rlo, rhi)
-						}
 						b = enforcement.Bucket{}
 					}
 					last = got
@@ -397,6 +407,20 @@ func TestStoreAgreesWithGoOnRedisTime(t *testing.T) {
 			}
 		})
 	}
+}
+
+// agreesWithin reports whether the Go bucket b, deciding cost at some µs in
+// [from, to], answers got.
+func agreesWithin(b enforcement.Bucket, lim enforcement.Limit, cost int64, got enforcement.Verdict, from, to int64) bool {
+	for now := from; now <= to; now++ {
+		bb := b
+		r := bb.Take(now, lim.Rate, lim.Burst, cost)
+		if got.Allowed == r.Allowed && got.Remaining == int64(math.Floor(r.Tokens+1e-9)) &&
+			got.RetryAfter == msOf(r.RetryAfterUS) && got.ResetAfter == msOf(r.ResetAfterUS) {
+			return true
+		}
+	}
+	return false
 }
 
 // redisNow is Redis's clock, µs.
