@@ -375,15 +375,7 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 		now = a.now()
 		st.left, st.leftAt = g.Left, now
 		if g.Granted == 0 {
-			v := enforcement.Verdict{
-				Allowed:    false,
-				Remaining:  g.Left + st.held,
-				RetryAfter: g.RetryAfter,
-				ResetAfter: lessHeld(g.ResetAfter, st.held, lim.Rate),
-				Now:        g.Now,
-				ClockBack:  g.ClockBack,
-			}
-			v.Warning = softLimit(lim, v.Remaining)
+			v := grantVerdict(false, g, st.held, lim)
 			st.mu.Unlock()
 			return v, nil
 		}
@@ -391,14 +383,7 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 			st.leasedAt = now
 		}
 		st.held += g.Granted - cost
-		v := enforcement.Verdict{
-			Allowed:    true,
-			Remaining:  g.Left + st.held,
-			ResetAfter: lessHeld(g.ResetAfter, st.held, lim.Rate),
-			Now:        g.Now,
-			ClockBack:  g.ClockBack,
-		}
-		v.Warning = softLimit(lim, v.Remaining)
+		v := grantVerdict(true, g, st.held, lim)
 		st.mu.Unlock()
 		return v, nil
 	}
@@ -458,6 +443,24 @@ func (a *Authority) localVerdict(st *state, now int64) enforcement.Verdict {
 		Warning:    softLimit(lim, remaining),
 		InProcess:  true,
 	}
+}
+
+// grantVerdict is the verdict of a refresh that got g while this instance
+// holds held tokens: allowed (the grant covered the request) or not (it
+// took nothing; g says when it could).
+func grantVerdict(allowed bool, g redisstore.Grant, held int64, lim enforcement.Limit) enforcement.Verdict {
+	v := enforcement.Verdict{
+		Allowed:    allowed,
+		Remaining:  g.Left + held,
+		ResetAfter: lessHeld(g.ResetAfter, held, lim.Rate),
+		Now:        g.Now,
+		ClockBack:  g.ClockBack,
+	}
+	if !allowed {
+		v.RetryAfter = g.RetryAfter
+	}
+	v.Warning = softLimit(lim, v.Remaining)
+	return v
 }
 
 // lessHeld shortens the bucket's time to full by what this instance holds:
