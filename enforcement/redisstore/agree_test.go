@@ -140,8 +140,12 @@ func randomStep(rng *rand.Rand, lim enforcement.Limit, lastRetry time.Duration, 
 		return 1000 * (1 + rng.Int64N(500))
 	case 2, 3:
 		return int64(rng.Float64() * perToken * 3)
-	case 4:
-		return lastRetry.Microseconds() + rng.Int64N(3) - 1
+	case 4: // what the last retry said, give or take a µs
+		step := lastRetry.Microseconds() + rng.Int64N(3) - 1
+		if !back {
+			step = max(0, step)
+		}
+		return step
 	case 5: // up to a whole refill, at most ten days
 		return int64(rng.Float64() * min(float64(lim.Burst)*perToken, 10*24*3600e6))
 	case 6:
@@ -431,4 +435,37 @@ func redisNow(t *testing.T, c *redis.Client) int64 {
 		t.Fatal(err)
 	}
 	return now.UnixMicro()
+}
+
+// TestQuotaWaitAfterClockStepsBack: a quota rejection's wait runs to the
+// window's end from the store's clock, not from the bucket's last update,
+// which is later when the clock stepped back (the wait would be early by
+// the step).
+func TestQuotaWaitAfterClockStepsBack(t *testing.T) {
+	c := agreeClient(t)
+	ctx := context.Background()
+	s := New(c, "agreeback")
+	lim := enforcement.Limit{Rate: 10, Burst: 1, QuotaLimit: 1, QuotaPeriod: enforcement.PeriodDay, QuotaID: "q"}
+	start, end := lim.QuotaPeriod.Window(time.Now())
+	var clock time.Time
+	mem := enforcement.NewMemoryAuthority(func() time.Time { return clock }, 16)
+	bkey, qkey := s.BucketKey("k", "s"), s.QuotaKey("k", "q", start)
+	now := start.Add(time.Hour).UnixMicro()
+	for i, step := range []int64{0, 50_000, -2_500, 0} { // the third decision's clock is 2.5 ms behind the second's
+		now += step
+		clock = time.UnixMicro(now)
+		want, err := mem.Take(ctx, "k", "s", lim, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := runAt(t, ctx, c, decideAtScript, []string{bkey, qkey}, 3, lim.Rate, lim.Burst, 1, lim.QuotaLimit, end.UnixMilli(), 0, now)
+		got, err := verdictOf(bkey, res, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		compareVerdicts(t, fmt.Sprintf("decision %d at %d", i, now), got, want)
+		if i == 2 && (!got.ClockBack || got.Allowed) {
+			t.Fatalf("decision 2: %+v, want a quota rejection with the clock behind", got)
+		}
+	}
 }

@@ -17,6 +17,9 @@
 --
 -- Returns allowed, remaining, retry_ms, reset_ms, now_ms, warning, quota_used, clock_back.
 local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
+  -- clock: the store's time, for the quota window; now becomes the bucket's
+  -- (the later of the two when the clock stepped back).
+  local clock = now
   local tokens, back, existed
   tokens, now, back, existed = refill(bkey, rate, burst, now)
 
@@ -40,7 +43,7 @@ local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
       retry_ms = wait_ms(cost - tokens, rate)
     end
     if not quota_ok then
-      retry_ms = math.max(retry_ms, math.ceil(qend - now / 1000))
+      retry_ms = math.max(retry_ms, math.ceil(qend - clock / 1000))
     end
   end
 
