@@ -140,8 +140,8 @@ func randomStep(rng *rand.Rand, lim enforcement.Limit, lastRetry time.Duration, 
 		return 1000 * (1 + rng.Int64N(500))
 	case 2, 3:
 		return int64(rng.Float64() * perToken * 3)
-	case 4: // what the last retry said, give or take a µs
-		step := lastRetry.Microseconds() + rng.Int64N(3) - 1
+	case 4: // what the last retry said (at most ten days), give or take a µs
+		step := min(lastRetry, 10*24*time.Hour).Microseconds() + rng.Int64N(3) - 1
 		if !back {
 			step = max(0, step)
 		}
