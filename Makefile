@@ -23,12 +23,14 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet $(PKGS)
 	GOFLAGS= $(GO) vet ./internal/vtcodec ./cmd/limiter
+	cd bench && $(GO) vet ./...
 
 # Every test, against real redis-server / clickhouse-server processes and an
 # in-process Kafka-protocol broker that the harness starts on free loopback ports.
 # `deps` first, so that on a fresh Debian machine (as root) this is all it takes.
 test: deps vet
 	$(GO) test -race -count=1 -timeout 25m $(PKGS)
+	cd bench && $(GO) test -race -count=1 ./...
 
 # The Debian packages the tests need (scripts/deps.sh installs the missing
 # ones with apt-get), and the Go modules, fetched up front with a few retries:
@@ -36,7 +38,7 @@ test: deps vet
 # build error in the middle of the test run.
 deps:
 	@scripts/deps.sh test
-	@for i in 1 2 3; do $(GO) mod download && exit 0; echo "go mod download failed (attempt $$i of 3)" >&2; sleep $$((i * 5)); done; exit 1
+	@for i in 1 2 3; do $(GO) mod download && (cd bench && $(GO) mod download) && exit 0; echo "go mod download failed (attempt $$i of 3)" >&2; sleep $$((i * 5)); done; exit 1
 
 # The fault and process tests, STRESS_RUNS times (default 5) while stress-ng
 # keeps every core busy, then the hostile-traffic tests (TestHostile*, with
@@ -65,12 +67,11 @@ down:
 up-test:
 	$(GO) test -count=1 -v -run 'TestUpDown' ./deploy/deploytest/
 
-# The benchmarks. First /check against the HTTP floor (issue 15,
-# bench/floor.sh: throughput and fixed-rate latency interleaved with the
-# floor, the local tier's rejection; prints the ratios in one table and
-# writes "## /check against the HTTP floor" of BENCHMARKS.md), then hot keys
-# and scale-out (issue 5, bench/run.sh: "## Hot keys and scale-out"). Each
-# starts its own redis-server, limiter and floor processes on free loopback
+# The benchmarks. First /check against the HTTP floor (bench/floor.sh:
+# throughput and fixed-rate latency interleaved with the floor, the local
+# tier's rejection; prints the ratios in one table and writes "## /check
+# against the HTTP floor" of BENCHMARKS.md), then hot keys and scale-out
+# (bench/run.sh: "## Hot keys and scale-out"). Each starts its own redis-server, limiter and floor processes on free loopback
 # ports. WRK_SECONDS / LAT_SECONDS / LG_SECONDS shorten them for a smoke run.
 .PHONY: bench-floor
 bench: bench-floor

@@ -46,7 +46,8 @@ mkdir -p "$OUT/bin"
 source bench/lib.sh
 require_tools redis-server wrk h2load curl
 echo "bench: building the limiter and ghz $GHZ_VERSION into $OUT/bin" >&2
-$GO build -tags vtprotobuf -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/envoydata ./bench/grpcload # the tag as in the Makefile and the Dockerfile
+$GO build -tags vtprotobuf -o "$OUT/bin/" ./cmd/limiter # the tag as in the Makefile and the Dockerfile
+$GO build -C bench -tags vtprotobuf -o "$(realpath -m "$OUT")/bin/" ./loadgen ./envoydata ./grpcload # the tools' own module (bench/go.mod)
 LIMITER=${LIMITER_BIN:-$OUT/bin/limiter}
 (cd "$OUT" && GOBIN="$OUT/bin" GOFLAGS= $GO install "github.com/bojand/ghz/cmd/ghz@$GHZ_VERSION")
 

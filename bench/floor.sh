@@ -33,7 +33,8 @@ mkdir -p "$OUT/bin"
 source bench/lib.sh
 require_tools redis-server redis-cli wrk curl
 echo "bench: building into $OUT/bin" >&2
-$GO build -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/barejson
+$GO build -o "$OUT/bin/" ./cmd/limiter
+$GO build -C bench -o "$(realpath -m "$OUT")/bin/" ./loadgen ./barejson # the tools' own module (bench/go.mod)
 
 load() { cut -d' ' -f1 /proc/loadavg; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }

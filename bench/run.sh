@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make bench: the hot-key and scale-out benchmarks of issue 5, side by side
 # in one run on this machine. Starts its own redis-server and limiter
-# processes on free loopback ports, drives them with wrk and cmd/loadgen,
+# processes on free loopback ports, drives them with wrk and bench/loadgen,
 # and writes the section "## Hot keys and scale-out" of BENCHMARKS.md
 # (replacing the previous one; other sections are left alone).
 #
@@ -23,7 +23,8 @@ source bench/lib.sh
 require_tools redis-server redis-cli redis-benchmark wrk
 
 echo "bench: building into $OUT/bin" >&2
-$GO build -o "$OUT/bin/" ./cmd/limiter ./cmd/loadgen ./bench/barejson ./bench/profile
+$GO build -o "$OUT/bin/" ./cmd/limiter
+$GO build -C bench -o "$(realpath -m "$OUT")/bin/" ./loadgen ./barejson ./profile # the tools' own module (bench/go.mod)
 
 scripts() { # EVALSHA + EVAL calls so far
   redis-cli -p "$RPORT" info commandstats | tr -d '\r' |
@@ -143,7 +144,7 @@ echo "bench: loadgen distributions (${LG_SECONDS}s each)" >&2
 LPORT2=$(free_port)
 start_limiter "$LPORT2" 2
 {
-  echo "**/check per key distribution** (cmd/loadgen, flat out, 32 connections, ${LG_SECONDS}s):"
+  echo "**/check per key distribution** (bench/loadgen, flat out, 32 connections, ${LG_SECONDS}s):"
   echo '`loadgen -url <limiter URLs> -dist D -duration '"${LG_SECONDS}"'s -conns 32 -keys 10000 -redis-stats <redis>` (leasing: LIMITER_LEASE_BLOCK=100);'
   echo 'the Go load tool costs more CPU per request than wrk, so these req/s are lower than the wrk row.'
   echo

@@ -29,19 +29,6 @@ type Verdict struct {
 	InProcess bool
 }
 
-// softLimitReached is the soft-limit comparison of the in-process authority;
-// the Redis script makes the same one in Lua.
-func softLimitReached(lim *Limit, tokensLeft float64, quotaUsed int64) bool {
-	if lim.SoftLimitPercent <= 0 {
-		return false
-	}
-	used := (float64(lim.Burst) - tokensLeft) / float64(lim.Burst) * 100
-	if used+epsilon >= lim.SoftLimitPercent {
-		return true
-	}
-	return lim.HasQuota() && float64(quotaUsed)/float64(lim.QuotaLimit)*100+epsilon >= lim.SoftLimitPercent
-}
-
 // MemoryAuthority is the in-process authority of single-node mode: the same
 // semantics as the Redis script, correct for one limiter instance only. It is
 // safe for concurrent use. The zero value is not usable; use NewMemoryAuthority.
@@ -171,7 +158,7 @@ func (m *MemoryAuthority) Take(_ context.Context, key, scope string, lim Limit, 
 	if q != nil {
 		v.QuotaUsed = q.used
 	}
-	v.Warning = softLimitReached(&lim, r.Tokens, v.QuotaUsed)
+	v.Warning = lim.SoftLimitReached(r.Tokens, v.QuotaUsed)
 	return v, nil
 }
 

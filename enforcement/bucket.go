@@ -10,8 +10,9 @@ const epsilon = 1e-9
 // they were counted at. The zero value is "never seen", which starts full.
 // A Bucket is not safe for concurrent use; its owner serialises access.
 //
-// The arithmetic here is the same as the Lua script's in redisstore: both are
-// checked against each other by a fuzz test.
+// The arithmetic here is the same as redisstore's state.lua, which every
+// script that touches a bucket shares; redisstore's agree_test.go drives
+// both through the same random sequences on a real redis-server.
 type Bucket struct {
 	Tokens float64
 	TS     int64 // µs on the caller's clock; 0 = never seen

@@ -2,36 +2,30 @@ package enforcement
 
 import "time"
 
-// Design (issue 15): the limiter's clock. Every decision reads it once, and
-// on the local tier's rejection path (a flood) the read was a quarter of the
-// decision's cost: time.Now reads two clocks, the wall clock and the
-// monotonic one. The buckets need only elapsed time, which the monotonic
-// clock alone gives: time.Since of a time carrying a monotonic reading is
-// one read (about a third of time.Now's cost on the benchmark VM,
-// BENCHMARKS.md). The wall times a decision reports (ResetAt, the time a
-// decision is recorded and evaluated at) are that monotonic reading placed
-// on an anchor, a (wall, monotonic) pair the limiter's own goroutine re-reads
-// every anchorEvery, so a step of the machine's wall clock shows in them
-// within that period; between re-reads both clocks advance at the same
+// Design: the limiter's clock. Every decision reads it once, and on the
+// local tier's rejection path (a flood) that read is a large part of the
+// decision's cost. time.Now reads two clocks, the wall clock and the
+// monotonic one; the buckets need only elapsed time, which the monotonic
+// clock alone gives (time.Since of a time carrying a monotonic reading is one
+// read). The wall times a decision reports (ResetAt, the time a decision is
+// recorded and evaluated at) are that monotonic reading placed on an anchor,
+// a (wall, monotonic) pair the limiter's own goroutine re-reads every
+// anchorEvery, so a step of the machine's wall clock shows in them within
+// that period; between re-reads both clocks advance at the same
 // (NTP-disciplined) rate.
 //
-// Nothing is stale: every decision still reads the clock exactly, so a
-// retry time is never later than the truth. A coarse clock (an atomic
-// advanced by a ticker goroutine) was measured too and rejected: it reads in
-// about 1 ns, but it is behind by up to a tick, and on a loaded machine by
-// however long the ticker goroutine waits for a CPU beyond that, which makes
-// a local rejection's retry time late by as much and can reject a request
-// that the true time would allow. Reading the CPU's time-stamp counter
-// directly was measured as well (2026-11-30, this VM: RDTSC about 14 ns,
-// RDTSCP 34, time.Since 42, time.Now 150): it would save about 25 ns a
-// decision, but it is not the kernel's clock. Its rate would be our own
-// calibration, blind to NTP's slewing, and a VM migration can step it.
-// Then a retry time could be early or late with nothing to detect it.
-// The monotonic read stays: what a local rejection costs beyond it is the
-// table lookup and the decision itself (limiter.go, table.go).
+// Every decision still reads the clock exactly, so a retry time is never
+// later than the truth. Two cheaper clocks are ruled out on purpose. A
+// coarse clock (an atomic advanced by a ticker goroutine) is behind by up to
+// a tick, and on a loaded machine by however long the ticker waits for a CPU,
+// which makes a local rejection's retry time late and can reject a request
+// the true time would allow. The CPU's time-stamp counter is not the
+// kernel's clock: its rate would be our own calibration, blind to NTP's
+// slewing, and a VM migration can step it, so a retry time could be early or
+// late with nothing to detect it.
 //
 // An injected Config.Now (tests stepping time, including backwards) is read
-// on every decision as before and its readings are the wall times.
+// on every decision and its readings are the wall times.
 
 // anchorEvery is how often the default clock's wall anchor is re-read.
 const anchorEvery = time.Second

@@ -466,7 +466,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 			reset := lw.shadowResetUS
 			if lw.shadowKnown {
 				d.Remaining = wholeTokens(lw.shadowTokens)
-				d.Warning = softLimitReached(&res.Limit, lw.shadowTokens, e.known.quotaUsed)
+				d.Warning = res.Limit.SoftLimitReached(lw.shadowTokens, e.known.quotaUsed)
 			} else {
 				reset = ceilUS(float64(res.Burst) / res.Rate) // nothing known: at most an empty bucket's refill
 			}
@@ -622,8 +622,8 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 	if !allowed {
 		d.RetryAfter = max(time.Duration(ceilMS(bucketWaitUS))*time.Millisecond, quotaWait)
 	}
-	d.Warning = softLimitReached(&Limit{Burst: tight.Burst, SoftLimitPercent: lim.SoftLimitPercent,
-		QuotaLimit: lim.QuotaLimit, QuotaPeriod: lim.QuotaPeriod}, dr.Tokens, quotaUsed)
+	soft := Limit{Burst: tight.Burst, SoftLimitPercent: lim.SoftLimitPercent, QuotaLimit: lim.QuotaLimit, QuotaPeriod: lim.QuotaPeriod}
+	d.Warning = soft.SoftLimitReached(dr.Tokens, quotaUsed)
 	l.finish(req, &d, start)
 	return d
 }

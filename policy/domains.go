@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // Domain maps the descriptors of one Envoy rate limit domain (the `domain`
@@ -151,8 +153,8 @@ func (m *compiledMap) expand(segs []segment, literal int, entries []Entry) strin
 
 // Limits of a mapping's templates: what /check accepts.
 const (
-	maxKeyBytes   = 256
-	maxScopeBytes = 128
+	maxKeyBytes   = limits.MaxKeyBytes
+	maxScopeBytes = limits.MaxScopeBytes
 )
 
 // domains validates and compiles the domains section.

@@ -460,8 +460,8 @@ func (v *validator) compile(f File) *Policy {
 		}
 	}
 	for scope, cost := range f.Costs {
-		if cost < 0 || cost > 1_000_000_000 {
-			v.fail("costs."+scope, "must be between 0 and 1000000000, got %d", cost)
+		if cost < 0 || cost > limits.MaxCost {
+			v.fail("costs."+scope, "must be between 0 and %d, got %d", limits.MaxCost, cost)
 		}
 	}
 	if c := f.GlobalCeiling; c != nil {

@@ -9,7 +9,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
-// Cluster mode (issue 16; docs/operations.md, "ClickHouse cluster mode").
+// Cluster mode (docs/operations.md, "ClickHouse cluster mode").
 //
 // The same migration files describe both modes. In cluster mode every table
 // NAME of a file becomes two tables on every node:
@@ -43,15 +43,15 @@ const LocalSuffix = "_local"
 // kafka_partition (with equal weights the same shard as chsink.ShardOf,
 // partition mod shards). A migration creating a new table must add it here.
 var shardingKeys = map[string]string{
-	"decisions_raw":       "kafka_partition",
-	"usage_minute":        "rand()",
-	"usage_hour":          "rand()",
-	"usage_day":           "rand()",
-	"shadow_hour":         "rand()",
-	"portal_token_events": "cityHash64(id)",
-	"webhook_deliveries":  "cityHash64(key)",
-	"kafka_epochs":        "kafka_partition",
-	"policy_audit":        "kafka_offset", // a record written twice lands on one shard, where FINAL collapses it
+	DecisionsRaw:      "kafka_partition",
+	UsageMinute:       "rand()",
+	UsageHour:         "rand()",
+	UsageDay:          "rand()",
+	ShadowHour:        "rand()",
+	PortalTokenEvents: "cityHash64(id)",
+	WebhookDeliveries: "cityHash64(key)",
+	KafkaEpochs:       "kafka_partition",
+	PolicyAudit:       "kafka_offset", // a record written twice lands on one shard, where FINAL collapses it
 }
 
 var (

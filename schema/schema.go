@@ -42,9 +42,12 @@ var fileName = regexp.MustCompile(`^(\d{4})_[a-z0-9_]+\.sql$`)
 // the table and the column.
 var addColumn = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+\$\{DB\}\.([a-z0-9_]+)\s+ADD\s+COLUMN\s+([a-z0-9_]+)\s`)
 
-// ValidDatabase matches the database names Apply accepts: an identifier that
-// can be written into DDL without quoting.
-var ValidDatabase = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+// validDatabase matches the database names Apply accepts (ValidDatabase).
+var validDatabase = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+
+// ValidDatabase reports whether name may be a database of Apply: an
+// identifier that can be written into DDL and SQL without quoting.
+func ValidDatabase(name string) bool { return validDatabase.MatchString(name) }
 
 // Migrations returns the embedded migrations in version order.
 func Migrations() ([]Migration, error) {
@@ -135,7 +138,7 @@ func apply(ctx context.Context, conn driver.Conn, database string, form func(stm
 // begin creates the database and schema_migrations if missing and returns
 // the migrations and the versions already applied.
 func begin(ctx context.Context, conn driver.Conn, database string) ([]Migration, map[uint32]bool, error) {
-	if !ValidDatabase.MatchString(database) {
+	if !ValidDatabase(database) {
 		return nil, nil, fmt.Errorf("schema: invalid database name %q", database)
 	}
 	migs, err := Migrations()
@@ -212,7 +215,7 @@ func columnExists(ctx context.Context, conn driver.Conn, database, stmt string) 
 // Version returns the highest migration version recorded in database, 0 when
 // none is.
 func Version(ctx context.Context, conn driver.Conn, database string) (uint32, error) {
-	if !ValidDatabase.MatchString(database) {
+	if !ValidDatabase(database) {
 		return 0, fmt.Errorf("schema: invalid database name %q", database)
 	}
 	applied, err := appliedVersions(ctx, conn, database)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,20 +26,24 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/vtcodec"
+
+	"github.com/ratewarden/ratewarden/limits"
+
+	"github.com/ratewarden/ratewarden/internal/bearer"
 )
 
 // defaultGRPCAddr is LIMITER_GRPC_ADDR's default (CONTRACT.md).
 const defaultGRPCAddr = "127.0.0.1:8083"
 
 // grpcMaxMessage bounds a gRPC request, as /check bounds its body.
-const grpcMaxMessage = 64 << 10
+const grpcMaxMessage = limits.MaxRequestBytes
 
 // grpcStreamWorkers is the number of goroutines that serve calls. A call
 // that finds every worker busy gets a goroutine of its own, whose stack
 // then grows through grpc-go, the service, the guard and go-redis on every
-// call (runtime.copystack was 12-17% of the server's CPU under
-// bench/envoy.sh with GOMAXPROCS workers: a worker waits for Redis, so
-// nearly every call overflowed). Workers keep their grown stacks, so there
+// call (with GOMAXPROCS workers nearly every call overflowed, because a
+// worker waits for Redis, and stack copying became a large share of the
+// server's CPU). Workers keep their grown stacks, so there
 // must be about as many as calls in flight (a decision waits for a Redis
 // round trip): 128 covers Envoy's usual few connections with dozens of
 // concurrent streams for a few MB of stacks; beyond it calls still run,
@@ -147,28 +150,23 @@ func (m *grpcMetrics) observe(method string, mm *methodMetrics, start time.Time,
 // grpcAuth checks the bearer token (metadata "authorization: Bearer
 // <token>") on every call but the health service's, as /check requires it
 // and /healthz does not.
-type grpcAuth struct{ token []byte }
+type grpcAuth struct {
+	open  bool // no token configured
+	token bearer.Checker
+}
 
 func (a grpcAuth) check(ctx context.Context, method string) error {
-	if a.token == nil || strings.HasPrefix(method, "/grpc.health.v1.Health/") {
+	if a.open || strings.HasPrefix(method, "/grpc.health.v1.Health/") {
 		return nil
 	}
 	// ValueFromIncomingContext copies one key's values, where
 	// FromIncomingContext would copy every header of the call.
 	for _, v := range metadata.ValueFromIncomingContext(ctx, "authorization") {
-		if bearerOK(v, a.token) {
+		if a.token.Allows(v) {
 			return nil
 		}
 	}
 	return status.Error(codes.Unauthenticated, "a valid bearer token is required (metadata authorization: Bearer <token>)")
-}
-
-func bearerOK(header string, token []byte) bool {
-	const prefix = "Bearer "
-	if len(header) < len(prefix) || !strings.EqualFold(header[:len(prefix)], prefix) {
-		return false
-	}
-	return subtle.ConstantTimeCompare([]byte(header[len(prefix):]), token) == 1
 }
 
 // startGRPC serves the Envoy rate limit service, the gRPC health service
@@ -192,10 +190,7 @@ func startGRPC(cfg config, lim *enforcement.Limiter, reg prometheus.Registerer, 
 		return nil, fmt.Errorf("listen on LIMITER_GRPC_ADDR %s: %w", cfg.GRPCAddr, err)
 	}
 	m := newGRPCMetrics(reg)
-	auth := grpcAuth{}
-	if cfg.AuthToken != "" {
-		auth.token = []byte(cfg.AuthToken)
-	}
+	auth := grpcAuth{open: cfg.AuthToken == "", token: bearer.NewChecker(cfg.AuthToken)}
 	opts := []grpc.ServerOption{
 		grpc.Creds(grpcCreds(cfg.ListenTLS)), // plain text unless LIMITER_TLS_CERT_FILE (listentls.go)
 		grpc.MaxRecvMsgSize(grpcMaxMessage),

@@ -249,7 +249,7 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 				if err != nil {
 					return false
 				}
-				for _, table := range testenv.RollupTables {
+				for _, table := range testenv.RollupTables() {
 					r, err := localQuery(t, n, "SELECT sum(requests) FROM "+db+"."+table+"_local WHERE key != ''")
 					if err != nil {
 						return false

@@ -48,9 +48,9 @@ const (
 	MaxDescriptors = 64
 	MaxEntries     = 32
 	MaxEntryBytes  = 4096 // an entry's key or value
-	MaxKeyBytes    = 256
-	MaxScopeBytes  = 128
-	MaxCost        = 1_000_000_000
+	MaxKeyBytes    = limits.MaxKeyBytes
+	MaxScopeBytes  = limits.MaxScopeBytes
+	MaxCost        = limits.MaxCost
 )
 
 // Limiter is what the service needs of *enforcement.Limiter.

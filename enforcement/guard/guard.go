@@ -17,9 +17,9 @@
 // against the breaker and as store errors; a caller that gave up (its
 // context canceled or its own deadline passed) is nobody's failure.
 //
-// The call's context is the guard's own, not a child of the caller's
-// (issue 15: a child made net/http's request context allocate on every
-// request): it carries the caller's values and the earlier of the
+// The call's context is the guard's own, not a child of the caller's (a
+// child made net/http's request context allocate on every request): it
+// carries the caller's values and the earlier of the
 // caller's deadline and MaxWait, and is canceled by the judge, which also
 // ends the call when it finds the caller gone — at Timeout (then at each
 // re-judgement) or at the caller's own deadline, whichever comes first.
@@ -243,7 +243,7 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 		}
 		return v, nil
 	}
-	// The hot path (issue 15): next.Take in this goroutine, under a reused
+	// The hot path: next.Take in this goroutine, under a reused
 	// watch, with no closure or result that escapes to the heap.
 	if err := ctx.Err(); err != nil {
 		return enforcement.Verdict{}, &callerError{err}
@@ -348,7 +348,7 @@ func (a *Authority) begin(parent context.Context, reuse bool) *watch {
 	}
 	// Not context.WithCancel(parent): registering with the caller's
 	// context made net/http's request context allocate a map of children
-	// on every request, and a cancelCtx and its channel besides (issue 15).
+	// on every request, and a cancelCtx and its channel besides.
 	// The caller's end is seen by the judge instead, within Timeout (or at
 	// the caller's deadline), which is when a store call is late anyway.
 	w.mu.Lock()

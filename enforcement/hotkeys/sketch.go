@@ -39,7 +39,7 @@ func (s *sketch) add(k id, shared bool) {
 	}
 	// Copy the strings: the caller's may point into a reused request
 	// buffer. One copy holds both: over many keys nearly every decision
-	// takes over a counter, and this was 2 of its allocations (issue 15).
+	// takes over a counter, and two copies were two allocations each time.
 	k = cloneID(k)
 	if len(s.heap) < s.capacity {
 		c := &counter{id: k, count: 1, shared: sh, idx: len(s.heap)}

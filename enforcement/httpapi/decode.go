@@ -13,15 +13,17 @@ import (
 	"unicode/utf8"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+
+	"github.com/ratewarden/ratewarden/limits"
 )
 
-// Limits of a /check request, from the contract.
+// Limits of a /check request, from the contract (package limits).
 const (
-	MaxBodyBytes = 64 << 10
-	MaxKeyBytes  = 256
-	MaxScopeLen  = 128
-	MaxTierLen   = 64
-	MaxCost      = 1_000_000_000
+	MaxBodyBytes = limits.MaxRequestBytes
+	MaxKeyBytes  = limits.MaxKeyBytes
+	MaxScopeLen  = limits.MaxScopeBytes
+	MaxTierLen   = limits.MaxTierBytes
+	MaxCost      = limits.MaxCost
 )
 
 // Error is an API error with its HTTP status and contract code.

@@ -2,18 +2,18 @@ package httpapi
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
+	"github.com/ratewarden/ratewarden/internal/bearer"
+	"github.com/ratewarden/ratewarden/internal/jsonstr"
 )
 
 // Checker decides; *enforcement.Limiter is one.
@@ -23,10 +23,11 @@ type Checker interface {
 
 // CheckHandler serves POST /check. It is safe for concurrent use.
 type CheckHandler struct {
-	checker   Checker
-	authToken []byte
-	log       *slog.Logger
-	headers   ratelimitheader.Mode
+	checker Checker
+	auth    bearer.Checker // zero: no token required
+	open    bool
+	log     *slog.Logger
+	headers ratelimitheader.Mode
 }
 
 // SetHeaderMode selects the fields of each answer's "headers" object
@@ -39,11 +40,7 @@ func NewCheckHandler(c Checker, authToken string, log *slog.Logger) *CheckHandle
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h := &CheckHandler{checker: c, log: log}
-	if authToken != "" {
-		h.authToken = []byte(authToken)
-	}
-	return h
+	return &CheckHandler{checker: c, auth: bearer.NewChecker(authToken), open: authToken == "", log: log}
 }
 
 var jsonContentType = []string{"application/json"}
@@ -56,7 +53,7 @@ func (h *CheckHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, &Error{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Message: "use POST"}, "")
 		return
 	}
-	if h.authToken != nil && !bearerMatches(r.Header.Get("Authorization"), h.authToken) {
+	if !h.open && !h.auth.Allows(r.Header.Get("Authorization")) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="limiter"`)
 		WriteError(w, &Error{Status: http.StatusUnauthorized, Code: "unauthorized", Message: "a valid bearer token is required"}, "")
 		return
@@ -129,14 +126,6 @@ func errorFor(err error) *Error {
 	return &Error{Status: http.StatusInternalServerError, Code: "internal", Message: err.Error()}
 }
 
-func bearerMatches(header string, token []byte) bool {
-	const prefix = "Bearer "
-	if len(header) < len(prefix) || !strings.EqualFold(header[:len(prefix)], prefix) {
-		return false
-	}
-	return subtle.ConstantTimeCompare([]byte(header[len(prefix):]), token) == 1
-}
-
 // WriteError writes the contract's error body. requestID is included when set.
 func WriteError(w http.ResponseWriter, e *Error, requestID string) {
 	b := make([]byte, 0, 128)
@@ -153,10 +142,10 @@ func appendErrorMember(b []byte, e *Error, requestID string) []byte {
 	b = append(b, `"error":{"code":`...)
 	b = strconv.AppendQuote(b, e.Code)
 	b = append(b, `,"message":`...)
-	b = appendJSONString(b, e.Message)
+	b = jsonstr.Append(b, e.Message)
 	if requestID != "" {
 		b = append(b, `,"requestId":`...)
-		b = appendJSONString(b, requestID)
+		b = jsonstr.Append(b, requestID)
 	}
 	return append(b, '}')
 }
@@ -177,9 +166,9 @@ func appendDecision(b []byte, d *enforcement.Decision, mode ratelimitheader.Mode
 	b = append(b, `,"source":"`...)
 	b = append(b, d.Source.String()...)
 	b = append(b, `","policy":`...)
-	b = appendJSONString(b, d.Policy)
+	b = jsonstr.Append(b, d.Policy)
 	b = append(b, `,"tier":`...)
-	b = appendJSONString(b, d.Tier)
+	b = jsonstr.Append(b, d.Tier)
 	b = append(b, `,"cost":`...)
 	b = strconv.AppendInt(b, d.Cost, 10)
 	b = append(b, `,"dryRun":`...)
@@ -192,7 +181,7 @@ func appendDecision(b []byte, d *enforcement.Decision, mode ratelimitheader.Mode
 		// Present only when a shadow limit was evaluated: responses of a
 		// policy without shadow limits are unchanged, byte for byte.
 		b = append(b, `,"shadow":{"name":`...)
-		b = appendJSONString(b, d.Shadow.Name)
+		b = jsonstr.Append(b, d.Shadow.Name)
 		b = append(b, `,"wouldAllow":`...)
 		b = strconv.AppendBool(b, d.Shadow.WouldAllow)
 		b = append(b, '}')
@@ -224,9 +213,9 @@ func appendHeaders(b []byte, d *enforcement.Decision, now time.Time, mode rateli
 			b = append(b, ',')
 		}
 		b = append(b, `"`+ratelimitheader.PolicyField+`":`...)
-		b = appendJSONString(b, ratelimitheader.AppendPolicy(buf[:0], d, now))
+		b = jsonstr.Append(b, ratelimitheader.AppendPolicy(buf[:0], d, now))
 		b = append(b, `,"`+ratelimitheader.RateLimitField+`":`...)
-		b = appendJSONString(b, ratelimitheader.AppendRateLimit(buf[:0], d, now))
+		b = jsonstr.Append(b, ratelimitheader.AppendRateLimit(buf[:0], d, now))
 	}
 	if !d.Allowed {
 		if len(b) > n {
@@ -243,24 +232,6 @@ func appendHeaders(b []byte, d *enforcement.Decision, now time.Time, mode rateli
 		b = append(b, `"`+WarningHeader+`":"`+SoftLimitWarning+`"`...)
 	}
 	return append(b, '}')
-}
-
-// appendJSONString appends s as a JSON string (RFC 8259 escaping).
-func appendJSONString[T string | []byte](b []byte, s T) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			b = append(b, c)
-		}
-	}
-	return append(b, '"')
 }
 
 // ceilSecond rounds t up to a whole second in UTC: a reset time is never

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
+	"github.com/ratewarden/ratewarden/internal/jsonstr"
 )
 
 // KeyFunc returns the rate-limit key of a request, or "" when it has none.
@@ -130,7 +131,7 @@ func writeQuotaExceeded(w http.ResponseWriter, e *Error, d *enforcement.Decision
 	b = append(b, `{"type":"`+QuotaExceededType+`","title":"Quota Exceeded","status":`...)
 	b = strconv.AppendInt(b, int64(e.Status), 10)
 	b = append(b, `,"detail":`...)
-	b = appendJSONString(b, e.Message)
+	b = jsonstr.Append(b, e.Message)
 	b = append(b, `,"violated-policies":`...)
 	b = ratelimitheader.AppendViolated(b, d)
 	b = append(b, ',')

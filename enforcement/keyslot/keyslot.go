@@ -3,6 +3,8 @@
 // without asking Redis.
 package keyslot
 
+import "github.com/ratewarden/ratewarden/limits"
+
 // Slot is the Redis Cluster hash slot (0–16383) of a Redis key: CRC16
 // (XMODEM) of the key's hash tag — the part between the first "{" and the
 // next "}", when that is not empty — or of the whole key, modulo 16384.
@@ -60,14 +62,14 @@ func BucketKey(prefix, key, scope string) string {
 }
 
 // KeySlot is the hash slot of the bucket of (key, scope) (BucketKey, with
-// the default prefix "rl"): the hash tag is the rate-limit key up to its
+// limits.DefaultKeyPrefix): the hash tag is the rate-limit key up to its
 // first "}" (the whole Redis key when that leaves the tag empty). It does
 // not allocate.
 func KeySlot(key, scope string) uint16 {
 	for i := 0; i < len(key); i++ {
 		if key[i] == '}' {
 			if i == 0 {
-				return Slot(BucketKey("rl", key, scope))
+				return Slot(BucketKey(limits.DefaultKeyPrefix, key, scope))
 			}
 			return crc16(key[:i]) % Count
 		}

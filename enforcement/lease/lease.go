@@ -49,6 +49,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // Store leases and returns tokens of the shared bucket atomically;
@@ -374,15 +375,7 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 		now = a.now()
 		st.left, st.leftAt = g.Left, now
 		if g.Granted == 0 {
-			v := enforcement.Verdict{
-				Allowed:    false,
-				Remaining:  g.Left + st.held,
-				RetryAfter: g.RetryAfter,
-				ResetAfter: lessHeld(g.ResetAfter, st.held, lim.Rate),
-				Now:        g.Now,
-				ClockBack:  g.ClockBack,
-			}
-			v.Warning = softLimit(lim, v.Remaining)
+			v := grantVerdict(false, g, st.held, lim)
 			st.mu.Unlock()
 			return v, nil
 		}
@@ -390,14 +383,7 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 			st.leasedAt = now
 		}
 		st.held += g.Granted - cost
-		v := enforcement.Verdict{
-			Allowed:    true,
-			Remaining:  g.Left + st.held,
-			ResetAfter: lessHeld(g.ResetAfter, st.held, lim.Rate),
-			Now:        g.Now,
-			ClockBack:  g.ClockBack,
-		}
-		v.Warning = softLimit(lim, v.Remaining)
+		v := grantVerdict(true, g, st.held, lim)
 		st.mu.Unlock()
 		return v, nil
 	}
@@ -459,6 +445,24 @@ func (a *Authority) localVerdict(st *state, now int64) enforcement.Verdict {
 	}
 }
 
+// grantVerdict is the verdict of a refresh that got g while this instance
+// holds held tokens: allowed (the grant covered the request) or not (it
+// took nothing; g says when it could).
+func grantVerdict(allowed bool, g redisstore.Grant, held int64, lim enforcement.Limit) enforcement.Verdict {
+	v := enforcement.Verdict{
+		Allowed:    allowed,
+		Remaining:  g.Left + held,
+		ResetAfter: lessHeld(g.ResetAfter, held, lim.Rate),
+		Now:        g.Now,
+		ClockBack:  g.ClockBack,
+	}
+	if !allowed {
+		v.RetryAfter = g.RetryAfter
+	}
+	v.Warning = softLimit(lim, v.Remaining)
+	return v
+}
+
 // lessHeld shortens the bucket's time to full by what this instance holds:
 // the limiter learns "tokens there for me" from it.
 func lessHeld(reset time.Duration, held int64, rate float64) time.Duration {
@@ -466,11 +470,10 @@ func lessHeld(reset time.Duration, held int64, rate float64) time.Duration {
 	return max(0, d.Round(time.Millisecond))
 }
 
+// softLimit is the bucket's soft-limit warning for whole tokens remaining
+// (a leased decision has no quota: keys with one are not leased).
 func softLimit(lim enforcement.Limit, remaining int64) bool {
-	if lim.SoftLimitPercent <= 0 {
-		return false
-	}
-	return float64(lim.Burst-remaining)/float64(lim.Burst)*100+1e-9 >= lim.SoftLimitPercent
+	return limits.SoftLimitReached(float64(lim.Burst-remaining), float64(lim.Burst), lim.SoftLimitPercent)
 }
 
 func (a *Authority) giveBack(key, scope string, lim enforcement.Limit, n int64) {

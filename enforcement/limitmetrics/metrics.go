@@ -50,7 +50,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "limiter_decision_duration_seconds",
 			Help: "The limiter's own decision latency, from request to verdict, separate from any endpoint's.",
-			// 750 µs, 1.5 ms and 2 ms: the 1 ms objective (issue 15) sits
+			// 750 µs, 1.5 ms and 2 ms: the 1 ms objective sits
 			// between them, so a p99 near it is read from its neighbours
 			// rather than interpolated across 1 ms to 2.5 ms.
 			Buckets: []float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 750e-6, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3},

@@ -1,9 +1,9 @@
 -- The token-bucket decision (with an optional calendar quota) that both
 -- bucket.lua (one decision per call) and batch.lua (many per call) run: it
--- is prepended to each, after state.lua (the bucket's stored form). Redis
--- runs a script without interleaving any other command, so the read, the
--- decision and the write below are one step: the check-then-act race between
--- replicas cannot happen.
+-- is prepended to each, after state.lua (the bucket's stored form and
+-- arithmetic). Redis runs a script without interleaving any other command,
+-- so the read, the decision and the write below are one step: the
+-- check-then-act race between replicas cannot happen.
 --
 -- bkey     the bucket (state.lua: tokens and µs of the last update)
 -- qkey     quota counter of the current window (same hash tag as bkey)
@@ -17,28 +17,18 @@
 --
 -- Returns allowed, remaining, retry_ms, reset_ms, now_ms, warning, quota_used, clock_back.
 local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
-  local eps = 1e-9
-  local tokens, ts = load_bucket(bkey)
-  local existed = tokens ~= nil
-  local back = 0
-  if not existed then
-    tokens = burst                     -- a key never seen starts full
-  else
-    local elapsed = now - ts
-    if elapsed < 0 then                -- the store's clock stepped back: never remove tokens
-      elapsed = 0
-      back = 1
-      now = ts
-    end
-    tokens = math.min(burst, tokens + elapsed * rate / 1e6)
-  end
+  -- clock: the store's time, for the quota window; now becomes the bucket's
+  -- (the later of the two when the clock stepped back).
+  local clock = now
+  local tokens, back, existed
+  tokens, now, back, existed = refill(bkey, rate, burst, now)
 
   local qused = 0
   if qlimit > 0 then
     qused = tonumber(redis.call('GET', qkey) or '0')
   end
 
-  local bucket_ok = tokens + eps >= cost
+  local bucket_ok = tokens + EPS >= cost
   local quota_ok = qlimit == 0 or qused + cost <= qlimit
   local allowed = bucket_ok and quota_ok
   local retry_ms = 0
@@ -50,24 +40,25 @@ local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
     end
   else
     if not bucket_ok then
-      retry_ms = math.ceil((cost - tokens) / rate * 1000 - eps)
+      retry_ms = wait_ms(cost - tokens, rate)
     end
     if not quota_ok then
-      retry_ms = math.max(retry_ms, math.ceil(qend - now / 1000))
+      retry_ms = math.max(retry_ms, math.ceil(qend - clock / 1000))
     end
   end
 
-  local reset_ms = math.max(0, math.ceil((burst - tokens) / rate * 1000 - eps))
-  save_bucket(bkey, tokens, now, reset_ms, existed)
+  local reset_ms = save_bucket(bkey, tokens, now, rate, burst, existed)
 
+  -- limits.SoftLimitReached in Go: consumption of the bucket, or of the
+  -- quota, at or above soft percent.
   local warning = 0
   if soft > 0 then
-    if (burst - tokens) / burst * 100 + eps >= soft then
+    if (burst - tokens) / burst * 100 + EPS >= soft then
       warning = 1
-    elseif qlimit > 0 and qused / qlimit * 100 + eps >= soft then
+    elseif qlimit > 0 and qused / qlimit * 100 + EPS >= soft then
       warning = 1
     end
   end
 
-  return allowed and 1 or 0, math.floor(tokens + eps), retry_ms, reset_ms, math.floor(now / 1000), warning, qused, back
+  return allowed and 1 or 0, whole(tokens), retry_ms, reset_ms, math.floor(now / 1000), warning, qused, back
 end

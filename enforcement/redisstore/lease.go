@@ -11,10 +11,16 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 )
 
-//go:embed lease.lua
-var leaseLua string
+// The lease is lease.lua, one Lua function on state.lua's bucket;
+// leasecall.lua runs it once per call.
+var (
+	//go:embed lease.lua
+	leaseLua string
+	//go:embed leasecall.lua
+	leaseCallLua string
 
-var leaseScript = redis.NewScript(stateLua + leaseLua)
+	leaseScript = redis.NewScript(stateLua + leaseLua + leaseCallLua)
+)
 
 // Grant is the answer to a lease or a return.
 type Grant struct {

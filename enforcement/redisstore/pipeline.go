@@ -27,8 +27,8 @@ package redisstore
 // batch is one EVALSHA of batch.lua: Redis parses one command, enters Lua
 // once and reads TIME once for all of its decisions, and the numbers go
 // both ways as packed doubles instead of text that go-redis boxes one value
-// at a time (Redis's CPU per decision was the largest cost of the allowed
-// path on a shared machine, and go-redis allocated 19 times per EVALSHA).
+// at a time (Redis's CPU per decision is the largest cost of the allowed
+// path on a shared machine, and go-redis's EVALSHA allocates per value).
 // Over a Cluster, where one script may only touch one slot, each decision
 // is its own EVALSHA of batch.lua, in a pipeline to the lane's master.
 // Callers' call records and their wake-up channels are reused
@@ -223,20 +223,13 @@ func (p *Pipelined) laneOf(ctx context.Context, bucketKey string) *lane {
 // scripts one at a time, so a second batch on the wire would only wait in
 // its socket; what it costs is per-batch work on both sides (a write, a
 // read, a wake-up of Redis and of the worker, Redis parsing a command and
-// entering Lua). Measured with the real binary under the wrk allowed-path
-// load (3 interleaved rounds of 10 s, load 3.2-3.9, issue 15): one worker
-// made batches of 9.7-10.1 decisions instead of 3.2-3.4 with four, Redis
-// spent 11.4-17.8 µs per decision instead of 16.9-26.6 and the limiter
-// 43.8-69.7 instead of 51.6-95.8, each round faster; at 5,000 decisions/s
-// the decision latency was unchanged (2 rounds each). On a starved
-// machine it held too: TestHealthyStoreOnAStarvedMachineNeverFails passed 4
-// of 4 under stress-ng, and TestMeasureDegradedDecisions found no degraded
-// decision with one or with four at a load of 3.6-8.5 (BENCHMARKS.md).
-// What one batch on the wire gives up is overlap: over a link whose round
+// entering Lua). So one worker makes larger batches, and both Redis and the
+// limiter spend less per decision, without a later answer at a fixed rate
+// or on a starved machine (BENCHMARKS.md). What one batch on the wire gives up is overlap: over a link whose round
 // trip is long next to Redis's time per batch, a decision may wait up to
 // one round trip for the batch ahead of it; and with nothing but decisions
 // on the cores (BenchmarkSharedTier, 128 callers in process) four batches
-// answered 0-30% more. Raise Workers there (cmd/limiter:
+// answer more. Raise Workers there (cmd/limiter:
 // LIMITER_STORE_BATCHES_IN_FLIGHT).
 //
 // Over a Cluster, four to each master (a lane per master, see the design
@@ -541,8 +534,8 @@ func (p *Pipelined) exec(ctx context.Context, b *batchBuf, batch []*call, retry 
 // server, below go-redis's Script.EvalSha: the argument list is the
 // worker's, reused, and the keys go in as pointers to the call records'
 // strings (go-redis writes a *string as the string), so that boxing them
-// allocates nothing (EvalSha boxed every key and built a new list per
-// batch: 2 allocations per decision, issue 15).
+// allocates nothing (EvalSha boxes every key and builds a new list per
+// batch).
 func (p *Pipelined) wholeCmd(ctx context.Context, b *batchBuf, batch []*call) *redis.Cmd {
 	b.nkeys = 2 * len(batch)
 	args := append(b.cmdArgs[:0], "evalsha", batchHash, &b.nkeys)

@@ -45,13 +45,13 @@ type Store struct {
 
 var _ enforcement.Authority = (*Store)(nil)
 
-// New returns a store whose keys start with prefix ("rl" when empty; tests
-// use their own prefix to stay isolated on a shared server). rdb is any
-// go-redis client that runs scripts: a *redis.Client, *redis.ClusterClient
-// or *redis.Ring.
+// New returns a store whose keys start with prefix (limits.DefaultKeyPrefix
+// when empty; tests use their own prefix to stay isolated on a shared
+// server). rdb is any go-redis client that runs scripts: a *redis.Client,
+// *redis.ClusterClient or *redis.Ring.
 func New(rdb redis.Scripter, prefix string) *Store {
 	if prefix == "" {
-		prefix = "rl"
+		prefix = limits.DefaultKeyPrefix
 	}
 	return &Store{rdb: rdb, prefix: prefix}
 }

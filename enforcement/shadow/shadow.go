@@ -17,7 +17,7 @@
 // rejects are rejected by the shadow's own local tier with no store call.
 //
 // The cost: decisions no shadow limit covers pay one pointer check (no
-// shadow rules) or one resolution (~0.3 µs); covered ones pay a shadow
+// shadow rules) or one policy resolution; covered ones pay a shadow
 // decision, at most one store round trip bounded by its deadline, and none
 // when the shadow limit equals the enforced one (the enforced verdict is
 // mirrored: the two buckets would be the same bucket).

@@ -46,7 +46,7 @@ func FromEnv(e *envconfig.Reader) Config {
 		TLS:      tlsconf.ClientFromEnv(e, "CLICKHOUSE"),
 	}
 	e.HostPort("CLICKHOUSE_ADDR", c.Addr)
-	if !schema.ValidDatabase.MatchString(c.Database) {
+	if !schema.ValidDatabase(c.Database) {
 		e.Fail("CLICKHOUSE_DATABASE", "%q is not an identifier ([A-Za-z_][A-Za-z0-9_]*)", c.Database)
 	}
 	return c

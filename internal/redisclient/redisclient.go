@@ -28,6 +28,8 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
+
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // Kinds of deployment, as Config.Kind reports them (and the limiter's
@@ -49,7 +51,7 @@ type secrets struct {
 // it with FromEnv; the zero value means "no Redis" (Enabled is false).
 type Config struct {
 	Addrs     []string // REDIS_ADDRS: one = standalone, several = Cluster seeds, or the sentinels
-	KeyPrefix string   // REDIS_KEY_PREFIX (default "rl"), the limiters' key namespace
+	KeyPrefix string   // REDIS_KEY_PREFIX (default limits.DefaultKeyPrefix), the limiters' key namespace
 	Username  string   // REDIS_USERNAME: ACL user; "" = the default user
 
 	SentinelMaster   string // REDIS_SENTINEL_MASTER: set = Addrs are sentinels
@@ -90,7 +92,7 @@ func (c Config) Kind() string {
 func FromEnv(e *envconfig.Reader) Config {
 	c := Config{
 		Addrs:            e.List("REDIS_ADDRS"),
-		KeyPrefix:        e.String("REDIS_KEY_PREFIX", "rl"),
+		KeyPrefix:        e.String("REDIS_KEY_PREFIX", limits.DefaultKeyPrefix),
 		Username:         e.String("REDIS_USERNAME", ""),
 		SentinelMaster:   e.String("REDIS_SENTINEL_MASTER", ""),
 		SentinelUsername: e.String("REDIS_SENTINEL_USERNAME", ""),

@@ -11,6 +11,8 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/ratewarden/ratewarden/metering"
+
+	"github.com/ratewarden/ratewarden/schema"
 )
 
 // UsageKey names one series of the rollup tables.
@@ -20,7 +22,7 @@ type UsageKey struct{ Key, Scope string }
 type UsageTotal struct{ Requests, Allowed, Rejected, Cost, Warnings uint64 }
 
 // RollupTables are the tables WaitUsageTotals compares.
-var RollupTables = []string{"usage_minute", "usage_hour", "usage_day"}
+func RollupTables() []string { return schema.RollupTables() }
 
 // UsageTotals reads the totals per key and scope from one rollup table of
 // database (the consumer's markers, whose key is empty, excluded).
@@ -54,7 +56,7 @@ func WaitUsageTotals(tb testing.TB, conn driver.Conn, database string, want map[
 	for {
 		diff = ""
 		over := false
-		for _, table := range RollupTables {
+		for _, table := range RollupTables() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			got, err := UsageTotals(ctx, conn, database, table)
 			cancel()

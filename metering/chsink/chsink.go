@@ -49,7 +49,7 @@ const (
 	numTables
 )
 
-var tableNames = [numTables]string{"decisions_raw", "usage_minute", "usage_hour", "usage_day", "shadow_hour"}
+var tableNames = [numTables]string{schema.DecisionsRaw, schema.UsageMinute, schema.UsageHour, schema.UsageDay, schema.ShadowHour}
 
 // addedLater marks tables created by a later migration than the others: until
 // such a table holds a marker of a partition, it does not pull that
@@ -104,7 +104,7 @@ func (s *Sink) table(t Table) string { return s.db + "." + t.String() + s.suffix
 // New returns a sink writing into database (already migrated with
 // schema.Apply). observe may be nil.
 func New(conn driver.Conn, database string, observe Observer) (*Sink, error) {
-	if !schema.ValidDatabase.MatchString(database) {
+	if !schema.ValidDatabase(database) {
 		return nil, fmt.Errorf("chsink: invalid database name %q", database)
 	}
 	if observe == nil {

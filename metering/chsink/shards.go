@@ -14,7 +14,7 @@ import (
 	"github.com/ratewarden/ratewarden/schema"
 )
 
-// Cluster mode (issue 16): the tables are replicated, sharded and read
+// Cluster mode: the tables are replicated, sharded and read
 // through Distributed tables (schema/cluster.go). The consumer writes
 // Kafka partition p into the _local tables of shard ShardOf(p, shards) —
 // one fixed shard per partition, so its progress markers and its

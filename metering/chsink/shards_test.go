@@ -128,7 +128,7 @@ func TestShardedWritesEachPartitionToItsShard(t *testing.T) {
 	}
 	for _, n := range c.Nodes() {
 		waitQuery(t, n, "SELECT count() FROM "+db+".decisions_raw", "406", "rows through the Distributed decisions_raw")
-		for _, table := range testenv.RollupTables {
+		for _, table := range testenv.RollupTables() {
 			waitQuery(t, n, "SELECT sum(requests) FROM "+db+"."+table+" WHERE key != ''", "406", "requests through the Distributed "+table)
 		}
 	}

@@ -18,8 +18,8 @@ import (
 // MaxWait to deliver a response makes every fetch time out; the Reader
 // then retries the same offset forever, reports it only to its optional
 // ErrorLogger and never to FetchMessage, and the partition stops without a
-// trace (issue 11: with a 100 ms MaxWait, a catch-up fetch after a
-// rebalance on a busy machine never completed). Here the broker is asked to
+// trace (a catch-up fetch after a rebalance on a busy machine can take
+// longer than a short MaxWait). Here the broker is asked to
 // wait MaxWait, the round trip is given MaxWait plus FetchTimeout, and any
 // failure ends the fetcher with an error the consumer logs and recovers
 // from.

@@ -13,8 +13,8 @@ import (
 
 // The stall watchdog. Errors are loud (a WARN line, a restart, /readyz 503);
 // a stall is the failure that is not: a partition with messages to read
-// whose progress stops while nothing fails (issue 11: a reader retrying one
-// fetch forever). The watchdog does not trust the reading path to say so: it
+// whose progress stops while nothing fails (a reader retrying one fetch
+// forever). The watchdog does not trust the reading path to say so: it
 // asks the broker for each owned partition's high watermark itself, and
 // compares it with what reached ClickHouse. A partition that has lag and has
 // written nothing for StallAfter while it is running (not failing or backing

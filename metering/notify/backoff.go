@@ -19,13 +19,16 @@ type Schedule struct {
 	Attempts int // total attempts, including the first
 }
 
-// DefaultSchedule: 8 attempts; waits of 1–2 s, 2–4 s, 4–8 s, 8–16 s,
-// 16–32 s, 32–64 s, 64–128 s between them (at most about 4 min 14 s in all).
-var DefaultSchedule = Schedule{Base: 2 * time.Second, Max: 5 * time.Minute, Attempts: 8}
+// DefaultSchedule is the schedule of the zero Schedule: 8 attempts; waits
+// of 1–2 s, 2–4 s, 4–8 s, 8–16 s, 16–32 s, 32–64 s, 64–128 s between them
+// (at most about 4 min 14 s in all).
+func DefaultSchedule() Schedule {
+	return Schedule{Base: 2 * time.Second, Max: 5 * time.Minute, Attempts: 8}
+}
 
 func (s Schedule) orDefault() Schedule {
 	if s == (Schedule{}) {
-		return DefaultSchedule
+		return DefaultSchedule()
 	}
 	return s
 }

@@ -31,7 +31,7 @@ func ExampleVerify() {
 // The wait after each failed attempt of the default schedule, without and
 // with full jitter.
 func ExampleSchedule_Wait() {
-	s := notify.DefaultSchedule
+	s := notify.DefaultSchedule()
 	for n := 1; n < s.Attempts; n++ {
 		fmt.Printf("after attempt %d: %s to %s\n", n, s.Wait(n, 0), s.Wait(n, 1))
 	}

@@ -348,7 +348,7 @@ func (n *Notifier) Run(ctx context.Context) error {
 // catch-up fetch on a loaded machine (a large answer the broker or the
 // machine cannot deliver within 500 ms) timed out on every try, at the same
 // offset, told only to the unset ErrorLogger: the meter consumer stalled
-// exactly so (issue 11, metering/consumer/fetch.go). Here a fetch with data
+// exactly so (metering/consumer/fetch.go). Here a fetch with data
 // to return has readerMaxWait to arrive, an idle one 1 s beyond the
 // broker's wait (missing that is a logged, counted retry, not a stall: the
 // next fetch finds the data), answers are at most readerMaxBytes, and every

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/ratewarden/ratewarden/schema"
 )
 
 // Attempt is one recorded delivery attempt (a row of webhook_deliveries).
@@ -104,7 +106,7 @@ func (r *recorder) run(ctx context.Context) {
 func (r *recorder) insert(ctx context.Context, rows []Attempt) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	b, err := r.conn.PrepareBatch(ctx, "INSERT INTO "+r.db+".webhook_deliveries (delivery_id, attempt, key, scope, tier, url, event_id, event_ts, attempted_at, attempted_ms, status_code, error, duration_ms, outcome)")
+	b, err := r.conn.PrepareBatch(ctx, "INSERT INTO "+r.db+"."+schema.WebhookDeliveries+" (delivery_id, attempt, key, scope, tier, url, event_id, event_ts, attempted_at, attempted_ms, status_code, error, duration_ms, outcome)")
 	if err != nil {
 		return fmt.Errorf("prepare: %w", err)
 	}
@@ -125,7 +127,7 @@ func (r *recorder) insert(ctx context.Context, rows []Attempt) error {
 // a notification first attempted within since: the cool-downs to restore
 // after a restart.
 func recentDeliveries(ctx context.Context, conn driver.Conn, db string, since time.Time) (map[string]int64, error) {
-	rows, err := conn.Query(ctx, "SELECT key, scope, max(event_ts) FROM "+db+".webhook_deliveries WHERE attempt = 1 AND attempted_at >= toDateTime(?) GROUP BY key, scope", since.Unix())
+	rows, err := conn.Query(ctx, "SELECT key, scope, max(event_ts) FROM "+db+"."+schema.WebhookDeliveries+" WHERE attempt = 1 AND attempted_at >= toDateTime(?) GROUP BY key, scope", since.Unix())
 	if err != nil {
 		return nil, fmt.Errorf("recent deliveries: %w", err)
 	}

@@ -59,7 +59,7 @@ func TestVerify(t *testing.T) {
 }
 
 func TestScheduleWait(t *testing.T) {
-	s := DefaultSchedule
+	s := DefaultSchedule()
 	for _, tc := range []struct {
 		n        int
 		min, max time.Duration
@@ -75,7 +75,7 @@ func TestScheduleWait(t *testing.T) {
 			t.Errorf("wait after attempt %d: [%s, %s], want [%s, %s]", tc.n, lo, hi, tc.min, tc.max)
 		}
 	}
-	if (Schedule{}).orDefault() != DefaultSchedule || (Schedule{Base: time.Second, Max: time.Millisecond, Attempts: 1}).validate() == nil {
+	if (Schedule{}).orDefault() != DefaultSchedule() || (Schedule{Base: time.Second, Max: time.Millisecond, Attempts: 1}).validate() == nil {
 		t.Fatal("defaults or validation wrong")
 	}
 }

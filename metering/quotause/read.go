@@ -25,7 +25,7 @@ func NewReader(conn driver.Conn, db string) (*Reader, error) {
 	if conn == nil {
 		return nil, errors.New("quotause: nil ClickHouse connection")
 	}
-	if !schema.ValidDatabase.MatchString(db) {
+	if !schema.ValidDatabase(db) {
 		return nil, fmt.Errorf("quotause: invalid database name %q", db)
 	}
 	return &Reader{conn: conn, db: db}, nil
@@ -55,8 +55,8 @@ func (r *Reader) Rows(ctx context.Context, now time.Time, key string) ([]Row, er
 	// Rows with key = '' are the consumer's progress markers; their
 	// counters are 0 but they are not customers.
 	q := fmt.Sprintf("SELECT key, scope, tier, sumIf(cost, start >= toDateTime(?)) AS day_cost, sum(cost) AS month_cost"+
-		" FROM %s.usage_day WHERE start >= toDateTime(?) AND start < toDateTime(?) AND key != ''%s"+
-		" GROUP BY key, scope, tier", r.db, filter)
+		" FROM %s.%s WHERE start >= toDateTime(?) AND start < toDateTime(?) AND key != ''%s"+
+		" GROUP BY key, scope, tier", r.db, schema.UsageDay, filter)
 	rows, err := r.conn.Query(ctx, q, append([]any{day.Unix(), month.Unix(), month.AddDate(0, 1, 0).Unix()}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("read usage_day of %s for quotas: %w", r.db, err)
@@ -76,8 +76,8 @@ func (r *Reader) Rows(ctx context.Context, now time.Time, key string) ([]Row, er
 	}
 
 	q = fmt.Sprintf("SELECT key, scope, tier, sum(cost) AS hour_cost"+
-		" FROM %s.usage_hour WHERE start = toDateTime(?) AND key != ''%s"+
-		" GROUP BY key, scope, tier", r.db, filter)
+		" FROM %s.%s WHERE start = toDateTime(?) AND key != ''%s"+
+		" GROUP BY key, scope, tier", r.db, schema.UsageHour, filter)
 	rows, err = r.conn.Query(ctx, q, append([]any{hour.Unix()}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("read usage_hour of %s for quotas: %w", r.db, err)

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/ratewarden/ratewarden/schema"
 )
 
 // Row is one recorded decision, as replay needs it.
@@ -52,8 +54,8 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // them in. event_time bounds the scan to the partitions (months) of the
 // range; ts bounds it to the millisecond.
 func (q Query) toSQL(from, to time.Time) (string, []any) {
-	sql := "SELECT ts, key, scope, tier, cost, allowed, source, policy, dry_run FROM " + q.Database +
-		".decisions_raw WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?"
+	sql := "SELECT ts, key, scope, tier, cost, allowed, source, policy, dry_run FROM " + q.Database + "." + schema.DecisionsRaw +
+		" WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?"
 	args := []any{uint32(from.Unix()), uint32(to.Unix()), uint64(from.UnixMilli()), uint64(to.UnixMilli())}
 	if s := q.Sample; s > 0 && s < 1 {
 		sql += " AND cityHash64(key) % ? < ?"

@@ -46,7 +46,7 @@ type Rows interface {
 // documented.
 type Config struct {
 	Redis     redis.UniversalClient // required: standalone, Sentinel or Cluster
-	KeyPrefix string                // REDIS_KEY_PREFIX of the limiters; "" = "rl"
+	KeyPrefix string                // REDIS_KEY_PREFIX of the limiters; "" = limits.DefaultKeyPrefix
 	Rows      Rows                  // required
 	// Policy returns the policy in force (the limiter's file, re-read when
 	// it changes: *policy.Current's Get). Required.

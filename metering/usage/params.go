@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // Window is the width of one bucket of a usage series.
@@ -28,17 +30,24 @@ const (
 	// MaxPoints caps the rows (buckets × scopes) of one response.
 	MaxPoints = 5000
 	// MaxKeyLen and MaxScopeLen mirror the limits of POST /check.
-	MaxKeyLen   = 256
-	MaxScopeLen = 128
+	MaxKeyLen   = limits.MaxKeyBytes
+	MaxScopeLen = limits.MaxScopeBytes
 	// MaxTopKeys caps limit= of GET /v1/admin/top-keys.
 	MaxTopKeys = 1000
 )
 
-// MaxRange is the longest from..to span accepted per window.
-var MaxRange = map[Window]time.Duration{
-	Minute: 48 * time.Hour,
-	Hour:   93 * 24 * time.Hour,
-	Day:    3700 * 24 * time.Hour,
+// MaxRange is the longest from..to span accepted for window w (0 for a
+// window that is not Minute, Hour or Day).
+func MaxRange(w Window) time.Duration {
+	switch w {
+	case Minute:
+		return 48 * time.Hour
+	case Hour:
+		return 93 * 24 * time.Hour
+	case Day:
+		return 3700 * 24 * time.Hour
+	}
+	return 0
 }
 
 // defaultSpan is the range used when from is absent.
@@ -130,7 +139,7 @@ func ParseUsageParams(q url.Values, now time.Time) (UsageParams, error) {
 	if ok {
 		out.From = bucketFloor(from, out.Window, out.Loc)
 		out.To = bucketCeil(to, out.Window, out.Loc)
-		if max := MaxRange[out.Window]; out.To.Sub(out.From) > max {
+		if max := MaxRange(out.Window); out.To.Sub(out.From) > max {
 			p.add("range too long for window=%s: at most %s (ask for a wider window)", out.Window, human(max))
 		}
 	}

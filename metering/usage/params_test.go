@@ -150,7 +150,7 @@ func FuzzParseUsageParams(f *testing.F) {
 			}
 			return
 		}
-		if !p.From.Before(p.To) || p.To.Sub(p.From) > MaxRange[p.Window] {
+		if !p.From.Before(p.To) || p.To.Sub(p.From) > MaxRange(p.Window) {
 			t.Fatalf("%q: range %s..%s for %s", raw, p.From, p.To, p.Window)
 		}
 		if checkText(p.Scope, MaxScopeLen) != "" && p.Scope != "" {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/ratewarden/ratewarden/schema"
 )
 
 // Query builders: one small struct per query, rendered by toSQL into SQL text
@@ -37,21 +39,21 @@ func planUsage(db string, p UsageParams, key string) usageQuery {
 	allZero, wholeHours := zoneOffsets(p.Loc, p.From, p.To)
 	switch p.Window {
 	case Minute:
-		q.table = "usage_minute"
+		q.table = schema.UsageMinute
 	case Hour:
 		if wholeHours {
-			q.table = "usage_hour"
+			q.table = schema.UsageHour
 		} else {
-			q.table, q.rebin = "usage_minute", "toStartOfHour"
+			q.table, q.rebin = schema.UsageMinute, "toStartOfHour"
 		}
 	default:
 		switch {
 		case allZero:
-			q.table = "usage_day"
+			q.table = schema.UsageDay
 		case wholeHours:
-			q.table, q.rebin = "usage_hour", "toStartOfDay"
+			q.table, q.rebin = schema.UsageHour, "toStartOfDay"
 		default:
-			q.table, q.rebin = "usage_minute", "toStartOfDay"
+			q.table, q.rebin = schema.UsageMinute, "toStartOfDay"
 		}
 	}
 	return q
@@ -103,11 +105,11 @@ func planTopKeys(db string, p TopKeysParams) topKeysQuery {
 	q := topKeysQuery{db: db, from: p.From, to: p.To, limit: p.Limit}
 	switch {
 	case aligned(p.From, 24*time.Hour) && aligned(p.To, 24*time.Hour):
-		q.table = "usage_day"
+		q.table = schema.UsageDay
 	case aligned(p.From, time.Hour) && aligned(p.To, time.Hour):
-		q.table = "usage_hour"
+		q.table = schema.UsageHour
 	default:
-		q.table = "usage_minute"
+		q.table = schema.UsageMinute
 	}
 	return q
 }
@@ -148,7 +150,7 @@ type deliveriesQuery struct {
 func (q deliveriesQuery) toSQL() (string, []any) {
 	var b strings.Builder
 	var args []any
-	fmt.Fprintf(&b, "SELECT delivery_id, attempt, key, scope, tier, url, event_id, attempted_ms, status_code, error, duration_ms, outcome FROM %s.webhook_deliveries", q.db)
+	fmt.Fprintf(&b, "SELECT delivery_id, attempt, key, scope, tier, url, event_id, attempted_ms, status_code, error, duration_ms, outcome FROM %s.%s", q.db, schema.WebhookDeliveries)
 	var conds []string
 	if q.key != "" {
 		conds = append(conds, "key = ?")

@@ -15,6 +15,8 @@ import (
 	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/metering/quotause"
 	"github.com/ratewarden/ratewarden/policy"
+
+	"github.com/ratewarden/ratewarden/schema"
 )
 
 // The quota view (GET /v1/quota) reads the policy through package policy —
@@ -125,7 +127,7 @@ func (s *Server) getQuota(c *gin.Context) {
 	defer cancel()
 	resp := quotaResponse{Key: key, Tier: view.Tier, Scope: scope, Quotas: []quotaInfo{},
 		SoftLimit: softLimit{Percent: view.SoftLimitPercent, State: "none"}}
-	lastHour, err := s.cfg.Store.totals(ctx, totalsQuery{db: s.cfg.Store.db, table: "usage_minute", key: key,
+	lastHour, err := s.cfg.Store.totals(ctx, totalsQuery{db: s.cfg.Store.db, table: schema.UsageMinute, key: key,
 		from: now.Add(-time.Hour).Truncate(time.Minute), to: now.Truncate(time.Minute).Add(time.Minute)})
 	if err != nil {
 		s.storeFail(c, err)
@@ -158,7 +160,7 @@ func (s *Server) getQuota(c *gin.Context) {
 	}
 	if view.SoftLimitPercent > 0 || lastHour.Warnings > 0 {
 		resp.SoftLimit.State = "ok"
-		if lastHour.Warnings > 0 || (resp.Quota != nil && view.SoftLimitPercent > 0 && resp.Quota.PercentUsed >= view.SoftLimitPercent) {
+		if lastHour.Warnings > 0 || (resp.Quota != nil && limits.SoftLimitReached(float64(resp.Quota.Used), float64(resp.Quota.Limit), view.SoftLimitPercent)) {
 			resp.SoftLimit.State = "warning"
 		}
 	}

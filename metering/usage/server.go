@@ -19,6 +19,8 @@ import (
 
 	"github.com/ratewarden/ratewarden/metering/quotause"
 	"github.com/ratewarden/ratewarden/policy"
+
+	"github.com/ratewarden/ratewarden/internal/bearer"
 )
 
 // Config configures a Server. Zero values of optional fields are documented.
@@ -30,7 +32,7 @@ type Config struct {
 	// Redis is the limiters' Redis or Cluster, read for what the quota
 	// counters say is left; nil = the quota view shows the record only.
 	Redis        redis.UniversalClient
-	KeyPrefix    string        // REDIS_KEY_PREFIX of the limiters; "" = "rl"
+	KeyPrefix    string        // REDIS_KEY_PREFIX of the limiters; "" = limits.DefaultKeyPrefix
 	RedisTimeout time.Duration // bound on the Redis read of one request; 0 = 1 s
 	Logger       *slog.Logger  // nil = discard
 	// Registry receives the server's metrics and is served on /metrics;
@@ -50,6 +52,7 @@ type Server struct {
 	log     *slog.Logger
 	now     func() time.Time
 	handler http.Handler
+	admin   bearer.Checker // Config.AdminToken
 
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
@@ -91,7 +94,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.RedisTimeout == 0 {
 		cfg.RedisTimeout = time.Second
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, now: cfg.Now}
+	s := &Server{cfg: cfg, log: cfg.Logger, now: cfg.Now, admin: bearer.NewChecker(cfg.AdminToken)}
 	s.policy = newPolicy(cfg.PolicyPath, s)
 	rows, err := quotause.NewReader(cfg.Store.conn, cfg.Store.db)
 	if err != nil {
@@ -205,14 +208,12 @@ const identityKey = "usage.identity"
 // token only; others accept it or a valid, unexpired, unrevoked portal token.
 func (s *Server) auth(adminOnly bool) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		h := c.GetHeader("Authorization")
-		tok, ok := strings.CutPrefix(h, "Bearer ")
-		tok = strings.TrimSpace(tok)
-		if !ok || tok == "" {
+		tok, ok := bearer.Token(c.GetHeader("Authorization"))
+		if !ok {
 			fail(c, http.StatusUnauthorized, "unauthorized", "missing bearer token (Authorization: Bearer <token>)")
 			return
 		}
-		if equalSecret(tok, s.cfg.AdminToken) {
+		if s.admin.Equal(tok) {
 			c.Set(identityKey, identity{admin: true})
 			return
 		}

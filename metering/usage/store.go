@@ -4,23 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/ratewarden/ratewarden/schema"
 )
 
 // ErrUnavailable marks a store error that is the store's fault (unreachable,
 // timed out, overloaded): the API answers 503 and the caller may retry.
 var ErrUnavailable = errors.New("usage store unavailable")
 
-var dbName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
-
 // ValidDatabaseName reports whether name may be used as the ClickHouse
-// database (it becomes SQL text, so it is checked once at start).
-func ValidDatabaseName(name string) bool { return dbName.MatchString(name) }
+// database (it becomes SQL text, so it is checked once at start):
+// schema.ValidDatabase, the rule of the migrations.
+func ValidDatabaseName(name string) bool { return schema.ValidDatabase(name) }
 
 // Store reads usage and keeps portal-token revocations in ClickHouse. It is
 // safe for concurrent use.
@@ -192,7 +192,7 @@ func (s *Store) insertTokenEvent(ctx context.Context, id, key, event string, at,
 	// default: a revocation must be on its shard (and so visible to every
 	// usage API) before it is acknowledged. Without effect on a MergeTree.
 	ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
-	b, err := s.conn.PrepareBatch(ctx, fmt.Sprintf("INSERT INTO %s.portal_token_events (id, key, event, at, expires_at)", s.db))
+	b, err := s.conn.PrepareBatch(ctx, fmt.Sprintf("INSERT INTO %s.%s (id, key, event, at, expires_at)", s.db, schema.PortalTokenEvents))
 	if err != nil {
 		return wrap("prepare token event", err)
 	}
@@ -216,7 +216,7 @@ func (s *Store) RecordIssued(ctx context.Context, c Claims, at time.Time) error 
 func (s *Store) Revoke(ctx context.Context, id string, at time.Time) (bool, error) {
 	var key string
 	var expires time.Time
-	q := fmt.Sprintf("SELECT key, expires_at FROM %s.portal_token_events WHERE id = ? AND event = 'issued' LIMIT 1", s.db)
+	q := fmt.Sprintf("SELECT key, expires_at FROM %s.%s WHERE id = ? AND event = 'issued' LIMIT 1", s.db, schema.PortalTokenEvents)
 	rows, err := s.conn.Query(ctx, q, id)
 	if err != nil {
 		return false, wrap("find token", err)
@@ -260,7 +260,7 @@ func (s *Store) IsRevoked(ctx context.Context, id string, now time.Time) (bool, 
 	s.mu.Unlock()
 
 	var n uint64
-	q := fmt.Sprintf("SELECT count() FROM %s.portal_token_events WHERE id = ? AND event = 'revoked'", s.db)
+	q := fmt.Sprintf("SELECT count() FROM %s.%s WHERE id = ? AND event = 'revoked'", s.db, schema.PortalTokenEvents)
 	if err := s.conn.QueryRow(ctx, q, id).Scan(&n); err != nil {
 		return false, wrap("revocation check", err)
 	}
@@ -284,7 +284,8 @@ func (s *Store) Ready(ctx context.Context) error {
 		return wrap("ping clickhouse", err)
 	}
 	var n uint64
-	err := s.conn.QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = ? AND name IN ('usage_minute', 'usage_hour', 'usage_day', 'portal_token_events', 'webhook_deliveries')", s.db).Scan(&n)
+	err := s.conn.QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = ? AND name IN (?, ?, ?, ?, ?)", s.db,
+		schema.UsageMinute, schema.UsageHour, schema.UsageDay, schema.PortalTokenEvents, schema.WebhookDeliveries).Scan(&n)
 	if err != nil {
 		return wrap("list tables", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -130,12 +129,4 @@ func (s *Signer) Verify(tok string, now time.Time) (Claims, error) {
 		return Claims{}, ErrTokenExpired
 	}
 	return c, nil
-}
-
-// equalSecret compares a presented secret with the expected one in time that
-// depends on neither's content nor length.
-func equalSecret(presented, expected string) bool {
-	a := sha256.Sum256([]byte(presented))
-	b := sha256.Sum256([]byte(expected))
-	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
 }

@@ -1,0 +1,18 @@
+package limits
+
+// The bounds of a decision request (CONTRACT.md, POST /check), the one
+// place they are written: /check, the gRPC and Envoy rate limit service,
+// the policy's descriptor mappings and the usage API's key and scope
+// parameters all enforce these.
+const (
+	// MaxRequestBytes bounds a /check body and a gRPC request message.
+	MaxRequestBytes = 64 << 10
+	// MaxKeyBytes bounds a rate-limit key (1 to 256 bytes).
+	MaxKeyBytes = 256
+	// MaxScopeBytes bounds a scope (1 to 128 bytes).
+	MaxScopeBytes = 128
+	// MaxTierBytes bounds a tier's name.
+	MaxTierBytes = 64
+	// MaxCost is the largest cost one request may ask for.
+	MaxCost = 1_000_000_000
+)

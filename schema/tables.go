@@ -1,0 +1,26 @@
+package schema
+
+// The tables the migrations create, named once for the Go code that reads
+// and writes them (TestTableNamesAreCreated ties each to its migration).
+const (
+	// DecisionsRaw holds one row per decision event (0001).
+	DecisionsRaw = "decisions_raw"
+	// UsageMinute, UsageHour and UsageDay are the rollups of decisions_raw
+	// by key, scope and tier (0002).
+	UsageMinute = "usage_minute"
+	UsageHour   = "usage_hour"
+	UsageDay    = "usage_day"
+	// ShadowHour is the hourly rollup of shadow-limit verdicts (0004).
+	ShadowHour = "shadow_hour"
+	// PortalTokenEvents records portal tokens issued and revoked (0050).
+	PortalTokenEvents = "portal_token_events"
+	// WebhookDeliveries records every soft-limit webhook attempt (0051).
+	WebhookDeliveries = "webhook_deliveries"
+	// KafkaEpochs records each new incarnation of a partition's log (0052).
+	KafkaEpochs = "kafka_epochs"
+	// PolicyAudit keeps every policy log record, applied or refused (0053).
+	PolicyAudit = "policy_audit"
+)
+
+// RollupTables are the usage rollups, finest first.
+func RollupTables() []string { return []string{UsageMinute, UsageHour, UsageDay} }
