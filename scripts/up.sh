@@ -66,7 +66,7 @@ wants() { local x; for x in "${todo[@]}"; do [ "$x" = "$1" ] && return 0; done; 
 # The embedded broker keeps nothing across restarts: a fresh one starts its
 # log again at offset 0. meter-consumer sees that the log is not the one its
 # ClickHouse progress belongs to and reads the new log as a new epoch
-# (README, "A log that starts over"), so the ClickHouse data, the dashboard's
+# (docs/operations.md, "When the Kafka log starts over"), so the ClickHouse data, the dashboard's
 # history, stays across make down / make up.
 
 # --- 3. build -----------------------------------------------------------------
