@@ -42,6 +42,11 @@ type Event struct {
 	// version 1: decoders that do not know them ignore them.
 	Shadow         string `json:"shadow,omitempty"`
 	ShadowRejected bool   `json:"shadow_rejected,omitempty"`
+	// TraceID is the W3C trace id (32 lowercase hex digits) of the sampled
+	// trace the decision was made in; absent when it was not traced
+	// (docs/tracing.md). Added within version 1: decoders that do not know
+	// it ignore it.
+	TraceID string `json:"trace_id,omitempty"`
 }
 
 type wireEvent struct {

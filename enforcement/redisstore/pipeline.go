@@ -102,6 +102,7 @@ type call struct {
 	// for the worker, while the call is in its batch
 	bucketKey, quotaKey string
 	quotaEnd            int64
+	batch               int // decisions in the batch the call rode in
 }
 
 // calls recycles call records: a caller that received its answer is the
@@ -204,6 +205,7 @@ func (p *Pipelined) Take(ctx context.Context, key, scope string, lim enforcement
 	select {
 	case <-c.done:
 		v, err := c.v, c.err
+		reportBatch(ctx, c.batch)
 		c.recycle()
 		return v, err
 	case <-p.drained: // enqueued as Close drained the queue
@@ -361,6 +363,7 @@ func (b *batchBuf) pack(s *Store, batch []*call) {
 	b.keys, b.args = b.keys[:0], b.args[:0]
 	for _, c := range batch {
 		c.bucketKey, c.quotaKey, c.quotaEnd = s.callKeys(c.key, c.scope, c.lim)
+		c.batch = len(batch)
 		b.keys = append(b.keys, c.bucketKey, c.quotaKey)
 		for _, f := range [6]float64{c.lim.Rate, float64(c.lim.Burst), float64(c.cost), float64(c.lim.QuotaLimit), float64(c.quotaEnd), c.lim.SoftLimitPercent} {
 			b.args = binary.LittleEndian.AppendUint64(b.args, math.Float64bits(f))

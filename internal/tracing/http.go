@@ -1,0 +1,65 @@
+package tracing
+
+import (
+	"net/http"
+
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Handler serves h inside a server span named route (e.g. "POST /check"),
+// child of the W3C traceparent the request carries, if any. When tracing
+// is off it returns h itself: nothing is added to a request.
+//
+// It is kept smaller than otelhttp on purpose: it wraps the
+// ResponseWriter (for the status code) only for sampled requests, so an
+// unsampled /check pays for a propagator lookup, a non-recording span and
+// the request's new context, and nothing else.
+func (p *Provider) Handler(route string, h http.Handler) http.Handler {
+	if !p.Enabled() {
+		return h
+	}
+	tracer, prop := p.tracer, p.prop
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		ctx, span := tracer.Start(ctx, route, trace.WithSpanKind(trace.SpanKindServer))
+		if !span.IsRecording() {
+			h.ServeHTTP(w, r.WithContext(ctx))
+			span.End()
+			return
+		}
+		span.SetAttributes(semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(route), semconv.URLPath(r.URL.Path))
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		h.ServeHTTP(sw, r.WithContext(ctx))
+		span.SetAttributes(semconv.HTTPResponseStatusCode(sw.status))
+		if sw.status >= 500 {
+			span.SetStatus(codes.Error, http.StatusText(sw.status))
+		}
+		span.End()
+	})
+}
+
+// statusWriter remembers the status code written.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.status, w.wrote = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer
+// (flushing, deadlines) through the wrapper.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
