@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/shardguard"
 	"github.com/ratewarden/ratewarden/enforcement/split"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/policy"
 )
 
@@ -39,6 +41,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := limitmetrics.New(reg)
+	// OpenTelemetry, off unless an OTLP endpoint is set (internal/tracing).
+	tr, err := tracing.New(os.Getenv, "limiter")
+	if err != nil {
+		return err
+	}
 
 	pol, err := policy.Load(cfg.PolicyFile)
 	if err != nil {
@@ -62,7 +69,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 
 	lim, err := enforcement.New(enforcement.Config{
-		Authority:         auth,
+		Authority:         traced(tr, auth), // a span per store call when tracing is on (tracing.go)
 		Policy:            pol,
 		ExpectedInstances: cfg.ExpectedInstances,
 		LocalHeadroom:     cfg.LocalHeadroom,
@@ -95,8 +102,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	defer stopReload()
 
 	mux := http.NewServeMux()
-	mux.Handle("POST /check", httpapi.NewCheckHandler(lim, cfg.AuthToken, log))
-	mux.Handle("/check", httpapi.NewCheckHandler(lim, cfg.AuthToken, log)) // 405 for other methods
+	chk := tracedCheck(tr, lim) // lim itself when tracing is off
+	mux.Handle("POST /check", tr.Handler("POST /check", httpapi.NewCheckHandler(chk, cfg.AuthToken, log)))
+	mux.Handle("/check", httpapi.NewCheckHandler(chk, cfg.AuthToken, log)) // 405 for other methods
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -104,7 +112,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		writeJSON(w, http.StatusOK, readiness(r.Context(), auth.info, lim.StoreFailing(), reloader.current(), meter.ready))
 	})
 	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot)))
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 
 	srv := &http.Server{
 		Addr:              cfg.Addr,
@@ -114,7 +122,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		WriteTimeout:      10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
-	stopGRPC, err := startGRPC(cfg, lim, reg, log) // the Envoy rate limit service (grpc.go)
+	stopGRPC, err := startGRPC(cfg, chk, reg, log, grpcTracing(tr)...) // the Envoy rate limit service (grpc.go)
 	if err != nil {
 		return err
 	}
@@ -143,11 +151,12 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	defer cancel()
 	// Reverse order: stop taking requests on both doors, HTTP and gRPC
 	// (in-flight ones finish), then the
-	// policy watcher, the limiter, and last the event buffer, which flushes.
+	// policy watcher, the limiter, the event buffer, which flushes, and
+	// last the spans (those of the final requests included).
 	err = errors.Join(srv.Shutdown(shutCtx), stopGRPC(shutCtx))
 	stopReload()
 	err = errors.Join(err, lim.Close(shutCtx), closeShadow(shutCtx), closeFleet(shutCtx), auth.close(shutCtx), meter.close(shutCtx))
-	return err
+	return errors.Join(err, tr.Shutdown(shutCtx))
 }
 
 // secretReloader is a SIGHUP action that re-reads what rotates (a
