@@ -9,9 +9,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Handler serves h inside a server span named route (e.g. "POST /check"),
-// child of the W3C traceparent the request carries, if any. When tracing
-// is off it returns h itself: nothing is added to a request.
+// Handler serves h inside a server span named route (e.g. "POST /check";
+// "" names it by the method alone, for a handler whose routes are its
+// own), child of the W3C traceparent the request carries, if any. When
+// tracing is off it returns h itself: nothing is added to a request.
 //
 // It is kept smaller than otelhttp on purpose: it wraps the
 // ResponseWriter (for the status code) only for sampled requests, so an
@@ -24,13 +25,20 @@ func (p *Provider) Handler(route string, h http.Handler) http.Handler {
 	tracer, prop := p.tracer, p.prop
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		ctx, span := tracer.Start(ctx, route, trace.WithSpanKind(trace.SpanKindServer))
+		name := route
+		if name == "" {
+			name = r.Method
+		}
+		ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer))
 		if !span.IsRecording() {
 			h.ServeHTTP(w, r.WithContext(ctx))
 			span.End()
 			return
 		}
-		span.SetAttributes(semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(route), semconv.URLPath(r.URL.Path))
+		span.SetAttributes(semconv.HTTPRequestMethodKey.String(r.Method), semconv.URLPath(r.URL.Path))
+		if route != "" {
+			span.SetAttributes(semconv.HTTPRoute(route))
+		}
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		h.ServeHTTP(sw, r.WithContext(ctx))
 		span.SetAttributes(semconv.HTTPResponseStatusCode(sw.status))
