@@ -14,24 +14,35 @@ import (
 // own), child of the W3C traceparent the request carries, if any. When
 // tracing is off it returns h itself: nothing is added to a request.
 //
-// It is kept smaller than otelhttp on purpose: it wraps the
-// ResponseWriter (for the status code) only for sampled requests, so an
-// unsampled /check pays for a propagator lookup, a non-recording span and
-// the request's new context, and nothing else.
+// It is kept smaller than otelhttp on purpose, for the decision path: a
+// request without a traceparent skips the propagator; an unsampled one is
+// served with its own *http.Request (nothing downstream of the limiter
+// would use the span's context: it makes no child span and propagates
+// nothing), so it pays for the sampler's verdict and a non-recording span
+// only; the ResponseWriter is wrapped (for the status code) only when the
+// request is sampled.
 func (p *Provider) Handler(route string, h http.Handler) http.Handler {
 	if !p.Enabled() {
 		return h
 	}
 	tracer, prop := p.tracer, p.prop
+	// Built once: an option, and the variadic slice of a call through an
+	// interface, are each an allocation.
+	server := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		ctx := r.Context()
+		// net/http canonicalises incoming header names: a map lookup finds
+		// the field without the allocation of Header.Get's canonicalising.
+		if _, ok := r.Header["Traceparent"]; ok {
+			ctx = prop.Extract(ctx, propagation.HeaderCarrier(r.Header))
+		}
 		name := route
 		if name == "" {
 			name = r.Method
 		}
-		ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer))
+		ctx, span := tracer.Start(ctx, name, server...)
 		if !span.IsRecording() {
-			h.ServeHTTP(w, r.WithContext(ctx))
+			h.ServeHTTP(w, r)
 			span.End()
 			return
 		}
