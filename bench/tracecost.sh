@@ -60,7 +60,12 @@ PORT[floor]=$FPORT; PID[floor]=$FPID
 echo "load at start: $(cut -d' ' -f1-3 /proc/loadavg); raw outputs: $OUT"
 for round in $(seq 1 "$ROUNDS"); do
   floor_rps=
-  for name in "${RUNS[@]}"; do
+  # The floor first, then the limiters in an order rotated each round, so
+  # that no configuration always runs right after another.
+  order=(floor)
+  n=$((${#RUNS[@]} - 1))
+  for i in $(seq 0 $((n - 1))); do order+=("${RUNS[$((1 + (i + round) % n))]}"); done
+  for name in "${order[@]}"; do
     l=$(cut -d' ' -f1 /proc/loadavg)
     t0=$(ticks "${PID[$name]}")
     wrk -t2 -c32 -d"${WRK_SECONDS}s" -s bench/wrk/uniform.lua "http://127.0.0.1:${PORT[$name]}/check" >"$OUT/$name$round.wrk" 2>&1
