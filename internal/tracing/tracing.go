@@ -60,8 +60,7 @@ type Provider struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
 	lazy   *lazyProcessor // nil when off
-	// Protocol is "http/protobuf" or "grpc"; empty when off.
-	Protocol string
+	proto  string         // "http/protobuf" or "grpc"; "" when off
 }
 
 // New reads the tracing variables through getenv (os.Getenv in the
@@ -119,11 +118,15 @@ func New(getenv func(string) string, service string) (*Provider, error) {
 		sdktrace.WithResource(res),
 		sdktrace.WithSpanProcessor(lazy),
 	)
-	return &Provider{tp: sdk, sdk: sdk, tracer: sdk.Tracer(Scope), prop: prop, lazy: lazy, Protocol: protocol}, nil
+	return &Provider{tp: sdk, sdk: sdk, tracer: sdk.Tracer(Scope), prop: prop, lazy: lazy, proto: protocol}, nil
 }
 
 // Enabled reports whether spans are exported (an endpoint is set).
 func (p *Provider) Enabled() bool { return p.sdk != nil }
+
+// Protocol is the OTLP protocol spans are exported with, "http/protobuf"
+// or "grpc"; "" when tracing is off.
+func (p *Provider) Protocol() string { return p.proto }
 
 // TracerProvider is the provider to hand to instrumentation (otelgrpc).
 func (p *Provider) TracerProvider() trace.TracerProvider { return p.tp }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -96,8 +97,8 @@ func TestHandlerContinuesTheCallersTrace(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !p.Enabled() || p.Protocol != protocol {
-				t.Fatalf("enabled %v protocol %q", p.Enabled(), p.Protocol)
+			if !p.Enabled() || p.Protocol() != protocol {
+				t.Fatalf("enabled %v protocol %q", p.Enabled(), p.Protocol())
 			}
 			h := p.Handler("POST /check", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				w.WriteHeader(http.StatusTooManyRequests)
@@ -125,5 +126,26 @@ func TestHandlerContinuesTheCallersTrace(t *testing.T) {
 				t.Fatalf("span %+v: service or attributes", s)
 			}
 		})
+	}
+}
+
+// New starts nothing: no goroutine until a sampled span ends, and a
+// Provider shut down before any span never contacts the collector.
+func TestNewStartsNothing(t *testing.T) {
+	rcv := otlptest.StartHTTP(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.Endpoint())
+	before := runtime.NumGoroutine()
+	p, err := tracing.New(os.Getenv, "limiter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := runtime.NumGoroutine(); after != before {
+		t.Fatalf("New started %d goroutines", after-before)
+	}
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := rcv.Requests(); n != 0 {
+		t.Fatalf("%d export requests without a span", n)
 	}
 }
