@@ -55,6 +55,11 @@ type Request struct {
 	// for /check and the middleware). It plays no part in the decision; it
 	// is recorded with it.
 	Domain string
+	// TraceID is the W3C trace id of the sampled trace the request rode in
+	// (set by the transport; zero when none or not sampled). It plays no
+	// part in the decision: the recorder puts it in the decision's event,
+	// and the metrics link a latency bucket to it.
+	TraceID [16]byte
 }
 
 // Keys of traffic with no identity. The seed's check that forwarded headers

@@ -166,7 +166,7 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				return e, 0, false
 			}
 			e.Key = d.str(s, false)
-		case "scope", "tier", "source", "policy", "instance", "shadow":
+		case "scope", "tier", "source", "policy", "instance", "shadow", "trace_id":
 			s, g := str()
 			if !g {
 				return e, 0, false
@@ -184,6 +184,8 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				bit, e.Instance = 1<<8, d.str(s, true)
 			case "shadow":
 				bit, e.Shadow = 1<<15, d.str(s, true)
+			case "trace_id":
+				bit, e.TraceID = 1<<17, d.str(s, false) // one per trace: never interned
 			}
 		case "cost":
 			bit = 1 << 9
@@ -205,7 +207,7 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 			case "limit":
 				bit, e.Limit = 1<<11, x
 			default:
-				bit, e.PolicyRevision = 1<<17, x
+				bit, e.PolicyRevision = 1<<18, x
 			}
 		case "allowed", "dry_run", "warning", "shadow_rejected":
 			x, g := boolean()

@@ -42,6 +42,10 @@ func (e *Event) AppendEncode(dst []byte) []byte {
 	dst = append(dst, `,"instance":`...)
 	dst = jsonstr.Append(dst, e.Instance)
 	dst = e.appendShadow(dst)
+	if e.TraceID != "" {
+		dst = append(dst, `,"trace_id":`...)
+		dst = jsonstr.Append(dst, e.TraceID)
+	}
 	return append(dst, '}')
 }
 

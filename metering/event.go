@@ -47,6 +47,11 @@ type Event struct {
 	// one); absent when the limiter reads its policy from a file. Added
 	// within version 1: decoders that do not know it ignore it.
 	PolicyRevision int64 `json:"policy_revision,omitempty"`
+	// TraceID is the W3C trace id (32 lowercase hex digits) of the sampled
+	// trace the decision was made in; absent when it was not traced
+	// (docs/tracing.md). Added within version 1: decoders that do not know
+	// it ignore it.
+	TraceID string `json:"trace_id,omitempty"`
 }
 
 type wireEvent struct {

@@ -22,7 +22,6 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/vtcodec"
@@ -172,8 +171,9 @@ func (a grpcAuth) check(ctx context.Context, method string) error {
 // startGRPC serves the Envoy rate limit service, the gRPC health service
 // and reflection on LIMITER_GRPC_ADDR. The returned func stops it
 // gracefully: health turns NOT_SERVING, new calls are refused, calls in
-// flight finish (until ctx ends; then they are cut).
-func startGRPC(cfg config, lim *enforcement.Limiter, reg prometheus.Registerer, log *slog.Logger) (func(context.Context) error, error) {
+// flight finish (until ctx ends; then they are cut). extra are more
+// server options (the tracing stats handler).
+func startGRPC(cfg config, lim checker, reg prometheus.Registerer, log *slog.Logger, extra ...grpc.ServerOption) (func(context.Context) error, error) {
 	noop := func(context.Context) error { return nil }
 	if cfg.GRPCAddr == "" {
 		log.Info("LIMITER_GRPC_ADDR is empty: the Envoy rate limit service (gRPC) is off")
@@ -200,6 +200,7 @@ func startGRPC(cfg config, lim *enforcement.Limiter, reg prometheus.Registerer, 
 	// Generated marshalers for the answers when built with the vtprotobuf
 	// tag (the Makefile's and the Dockerfile's builds); none otherwise.
 	opts = append(opts, vtcodec.ServerOptions()...)
+	opts = append(opts, extra...)
 	srv := grpc.NewServer(append(opts,
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 			start := time.Now()

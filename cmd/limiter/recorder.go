@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"log/slog"
 	"time"
 
@@ -29,6 +30,10 @@ type meteringRecorder struct {
 }
 
 func (m *meteringRecorder) Record(req enforcement.Request, d enforcement.Decision, at time.Time) {
+	var traceID string // only sampled decisions carry one (tracing.go)
+	if req.TraceID != ([16]byte{}) {
+		traceID = hex.EncodeToString(req.TraceID[:])
+	}
 	m.sink.Emit(metering.Event{
 		EventID:   m.ids.Next(at),
 		TS:        at.UnixMilli(),
@@ -49,6 +54,7 @@ func (m *meteringRecorder) Record(req enforcement.Request, d enforcement.Decisio
 		ShadowRejected: d.Shadow.Name != "" && !d.Shadow.WouldAllow,
 		Domain:         req.Domain,
 		PolicyRevision: m.policyRevision(),
+		TraceID:        traceID,
 	})
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -28,8 +29,9 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/enforcement/shardguard"
 	"github.com/ratewarden/ratewarden/enforcement/split"
-	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/bearer"
+	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/internal/tracing"
 )
 
 // run builds the limiter from cfg, serves until ctx ends, then shuts down
@@ -39,6 +41,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := limitmetrics.New(reg)
+	// OpenTelemetry, off unless an OTLP endpoint is set (internal/tracing).
+	tr, err := tracing.New(os.Getenv, "limiter")
+	if err != nil {
+		return err
+	}
 
 	// The file, or the policy log read to its end (policylog_tail.go).
 	pol, doc, tail, err := loadPolicy(ctx, cfg, reg, log)
@@ -63,7 +70,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 
 	lim, err := enforcement.New(enforcement.Config{
-		Authority:         auth,
+		Authority:         traced(tr, auth), // a span per store call when tracing is on (tracing.go)
 		Policy:            pol,
 		ExpectedInstances: cfg.ExpectedInstances,
 		LocalHeadroom:     cfg.LocalHeadroom,
@@ -107,9 +114,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	defer stopReload()
 
 	mux := http.NewServeMux()
-	check := httpapi.NewCheckHandler(lim, cfg.AuthToken, log)
+	chk := tracedCheck(tr, lim) // lim itself when tracing is off
+	check := httpapi.NewCheckHandler(chk, cfg.AuthToken, log)
 	check.SetHeaderMode(cfg.Headers)
-	mux.Handle("POST /check", check)
+	mux.Handle("POST /check", tr.Handler("POST /check", check))
 	mux.Handle("/check", check) // 405 for other methods
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -118,7 +126,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		writeJSON(w, http.StatusOK, readiness(r.Context(), auth.info, lim.StoreFailing(), reloader.current(), meter.ready))
 	})
 	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot)))
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 
 	srv := &http.Server{
 		Addr:              cfg.Addr,
@@ -128,7 +136,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		WriteTimeout:      10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
-	stopGRPC, err := startGRPC(cfg, lim, reg, log) // the Envoy rate limit service (grpc.go)
+	stopGRPC, err := startGRPC(cfg, chk, reg, log, grpcTracing(tr)...) // the Envoy rate limit service (grpc.go)
 	if err != nil {
 		return err
 	}
@@ -157,12 +165,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	defer cancel()
 	// Reverse order: stop taking requests on both doors, HTTP and gRPC
 	// (in-flight ones finish), then the
-	// policy watcher, the limiter, and last the event buffer, which flushes.
+	// policy watcher, the limiter, the event buffer, which flushes, and
+	// last the spans (those of the final requests included).
 	err = errors.Join(srv.Shutdown(shutCtx), stopGRPC(shutCtx))
 	stopReload()
 	stopTail()
 	err = errors.Join(err, lim.Close(shutCtx), closeShadow(shutCtx), closeFleet(shutCtx), auth.close(shutCtx), meter.close(shutCtx))
-	return err
+	return errors.Join(err, tr.Shutdown(shutCtx))
 }
 
 // secretReloader is a SIGHUP action that re-reads what rotates (a

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/metering/consumer"
 	"github.com/ratewarden/ratewarden/metering/notify"
 	"github.com/ratewarden/ratewarden/metering/quotause"
@@ -49,6 +50,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	defer conn.Close()
+	// OpenTelemetry, off unless an OTLP endpoint is set: a span per batch
+	// written, with its INSERTs (tracing.go).
+	tr, err := tracing.New(os.Getenv, "meter-consumer")
+	if err != nil {
+		return err
+	}
+	conn = tr.ClickHouse(conn)
 	store, err := buildStore(cfg, conn, log)
 	if err != nil {
 		return err
@@ -83,7 +91,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		Brokers:        cfg.KafkaBrokers,
 		Topic:          cfg.KafkaTopic,
 		GroupID:        "meter",
-		Sink:           sink,
+		Sink:           tracedConsumerSink(tr, sink),
 		Ping:           store.ping,
 		BatchSize:      cfg.BatchSize,
 		BatchWait:      cfg.BatchWait,
@@ -214,6 +222,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	sctx, scancel := context.WithTimeout(context.Background(), time.Second)
 	defer scancel()
 	_ = srv.Shutdown(sctx)
+	fctx, fcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer fcancel()
+	if err := tr.Shutdown(fctx); err != nil { // the last batches' spans
+		log.Warn("flushing traces at shutdown", "err", err)
+	}
 	log.Info("meter-consumer stopped")
 	return runErr
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/metering/usage"
 	"github.com/ratewarden/ratewarden/schema"
 )
@@ -34,8 +35,14 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	defer conn.Close()
+	// OpenTelemetry, off unless an OTLP endpoint is set: a span per request
+	// and per query made in a traced one (internal/tracing).
+	tr, err := tracing.New(os.Getenv, "usage-api")
+	if err != nil {
+		return err
+	}
 
-	store, err := usage.NewStore(conn, cfg.Database)
+	store, err := usage.NewStore(tr.ClickHouse(conn), cfg.Database)
 	if err != nil {
 		return err
 	}
@@ -103,7 +110,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return fmt.Errorf("listen %s: %w", cfg.Addr, err)
 	}
 	hs := &http.Server{
-		Handler:           handler,
+		Handler:           tr.Handler("", handler),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      cfg.QueryTimeout + 20*time.Second,
@@ -135,6 +142,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	defer cancel()
 	err = hs.Shutdown(sctx)
 	wg.Wait()
+	if terr := tr.Shutdown(sctx); terr != nil { // the spans of the last requests
+		log.Warn("flushing traces at shutdown", "err", terr)
+	}
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shutdown: %w", err)
 	}

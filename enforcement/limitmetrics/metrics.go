@@ -108,7 +108,11 @@ func (m *Metrics) Decided(req enforcement.Request, d enforcement.Decision, took 
 	if enforcement.IsAnonymous(req.Key) {
 		m.anon[a].Inc()
 	}
-	m.latency.Observe(took.Seconds())
+	if req.TraceID != ([16]byte{}) {
+		observeTraced(m.latency, took.Seconds(), req.TraceID)
+	} else {
+		m.latency.Observe(took.Seconds())
+	}
 	pc := m.policy(d.Policy)
 	switch {
 	case d.WouldAllow:

@@ -136,6 +136,7 @@ type call struct {
 	// else by the worker; quotaKey and quotaEnd by the worker, for its batch.
 	bucketKey, quotaKey string
 	quotaEnd            int64
+	batch               int // decisions in the batch the call rode in
 }
 
 // calls recycles call records: a caller that received its answer is the
@@ -279,6 +280,7 @@ func (p *Pipelined) Take(ctx context.Context, key, scope string, lim enforcement
 	select {
 	case <-c.done:
 		v, err := c.v, c.err
+		reportBatch(ctx, c.batch)
 		c.recycle()
 		return v, err
 	case <-p.drained: // enqueued as Close drained the queue
@@ -487,6 +489,7 @@ func (b *batchBuf) pack(s *Store, batch []*call) {
 			c.bucketKey = s.BucketKey(c.key, c.scope)
 		}
 		c.quotaKey, c.quotaEnd = s.quotaOf(c.bucketKey, c.key, c.lim)
+		c.batch = len(batch)
 		b.keys = append(b.keys, c.bucketKey, c.quotaKey)
 		for _, f := range [6]float64{c.lim.Rate, float64(c.lim.Burst), float64(c.cost), float64(c.lim.QuotaLimit), float64(c.quotaEnd), c.lim.SoftLimitPercent} {
 			b.args = binary.LittleEndian.AppendUint64(b.args, math.Float64bits(f))

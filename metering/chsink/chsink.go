@@ -244,6 +244,7 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 		allowed, dry, warn, shadowRejected                     = make([]uint8, n), make([]uint8, n), make([]uint8, n), make([]uint8, n)
 		remaining, limits                                      = make([]int64, n), make([]int64, n)
 		parts                                                  = make([]uint32, n)
+		traces                                                 = make([]*string, n) // NULL: not traced
 	)
 	for i := range recs {
 		e := &recs[i].Event
@@ -255,9 +256,12 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 		remaining[i], limits[i] = e.Remaining, e.Limit
 		domains[i], shadows[i], shadowRejected[i] = e.Domain, e.Shadow, b2u(e.ShadowRejected)
 		parts[i] = uint32(partition)
+		if e.TraceID != "" {
+			traces[i] = &e.TraceID
+		}
 	}
-	if err := s.insert(ctx, Raw, "event_id, ts, event_time, key, scope, tier, cost, allowed, source, remaining, limit_value, policy, dry_run, warning, instance, kafka_partition, kafka_offset, domain, shadow, shadow_rejected",
-		[]any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets, domains, shadows, shadowRejected}); err != nil {
+	if err := s.insert(ctx, Raw, "event_id, ts, event_time, key, scope, tier, cost, allowed, source, remaining, limit_value, policy, dry_run, warning, instance, kafka_partition, kafka_offset, domain, shadow, shadow_rejected, trace_id",
+		[]any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets, domains, shadows, shadowRejected, traces}); err != nil {
 		return 0, err
 	}
 	return n, nil

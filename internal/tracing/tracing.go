@@ -1,0 +1,268 @@
+// Package tracing is the binaries' OpenTelemetry setup: one Provider per
+// process, configured only by the standard OTEL_* variables, exporting
+// over OTLP with the official SDK and exporters (docs/tracing.md).
+//
+// Off unless OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+// is set (and OTEL_SDK_DISABLED is not true): the Provider is then the
+// API's no-op, Handler and the binaries' wrappers return what they wrap,
+// and a decision pays nothing for tracing.
+//
+// Lifecycle: New starts nothing (no goroutine, no connection). The SDK's
+// batch processor, and the exporter under it, start with the first sampled
+// span that ends; Shutdown flushes what is queued and stops them, and is
+// the last step of a binary's shutdown, after its servers have drained (so
+// the spans of the last requests are in the flush).
+package tracing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// Scope is the instrumentation scope of the product's spans.
+const Scope = "github.com/ratewarden/ratewarden"
+
+// The variables read here. The exporters read their own (endpoint,
+// headers, timeout, compression, TLS: the OTEL_EXPORTER_OTLP_* family) and
+// the resource reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, all
+// from the process environment.
+const (
+	envEndpoint       = "OTEL_EXPORTER_OTLP_ENDPOINT"
+	envTracesEndpoint = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+	envProtocol       = "OTEL_EXPORTER_OTLP_PROTOCOL"
+	envTracesProtocol = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+	envSampler        = "OTEL_TRACES_SAMPLER"
+	envSamplerArg     = "OTEL_TRACES_SAMPLER_ARG"
+	envDisabled       = "OTEL_SDK_DISABLED"
+)
+
+// Provider is a process's tracing: a TracerProvider and the W3C
+// propagator. The zero value is not usable; New returns one. Safe for
+// concurrent use.
+type Provider struct {
+	tp     trace.TracerProvider
+	sdk    *sdktrace.TracerProvider // nil when off
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+	lazy   *lazyProcessor // nil when off
+	proto  string         // "http/protobuf" or "grpc"; "" when off
+}
+
+// New reads the tracing variables through getenv (os.Getenv in the
+// binaries) and returns the Provider of a process whose default service
+// name is service (OTEL_SERVICE_NAME overrides it). Every bad value is
+// reported at once. It starts nothing.
+func New(getenv func(string) string, service string) (*Provider, error) {
+	prop := propagation.TraceContext{}
+	off := &Provider{tp: noop.NewTracerProvider(), prop: prop}
+	off.tracer = off.tp.Tracer(Scope)
+	var errs []error
+	disabled := false
+	if v := strings.TrimSpace(getenv(envDisabled)); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: want true or false", envDisabled, v))
+		}
+		disabled = b
+	}
+	endpoint := strings.TrimSpace(getenv(envTracesEndpoint))
+	endpointVar := envTracesEndpoint
+	if endpoint == "" {
+		endpoint, endpointVar = strings.TrimSpace(getenv(envEndpoint)), envEndpoint
+	}
+	protocol, err := protocolFrom(getenv)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	sampler, err := SamplerFrom(getenv)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if endpoint != "" {
+		if u, err := url.Parse(endpoint); err != nil || u.Host == "" {
+			errs = append(errs, fmt.Errorf("%s=%q: want a URL such as http://127.0.0.1:4318", endpointVar, endpoint))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if disabled || endpoint == "" {
+		return off, nil
+	}
+	res, err := resource.New(context.Background(),
+		resource.WithAttributes(attribute.String("service.name", service)),
+		resource.WithFromEnv(), // OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME: after, so they win
+		resource.WithTelemetrySDK(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
+	}
+	lazy := &lazyProcessor{newExporter: func() (sdktrace.SpanExporter, error) { return newExporter(protocol) }}
+	sdk := sdktrace.NewTracerProvider(
+		sdktrace.WithSampler(sampler),
+		sdktrace.WithResource(res),
+		sdktrace.WithSpanProcessor(lazy),
+	)
+	return &Provider{tp: sdk, sdk: sdk, tracer: sdk.Tracer(Scope), prop: prop, lazy: lazy, proto: protocol}, nil
+}
+
+// Enabled reports whether spans are exported (an endpoint is set).
+func (p *Provider) Enabled() bool { return p.sdk != nil }
+
+// Protocol is the OTLP protocol spans are exported with, "http/protobuf"
+// or "grpc"; "" when tracing is off.
+func (p *Provider) Protocol() string { return p.proto }
+
+// TracerProvider is the provider to hand to instrumentation (otelgrpc).
+func (p *Provider) TracerProvider() trace.TracerProvider { return p.tp }
+
+// Tracer is the product's tracer.
+func (p *Provider) Tracer() trace.Tracer { return p.tracer }
+
+// Propagator is the W3C trace context propagator (traceparent, tracestate).
+func (p *Provider) Propagator() propagation.TextMapPropagator { return p.prop }
+
+// Shutdown flushes the spans ended so far and stops the exporter, within
+// ctx. Call it last in the shutdown order; spans ended after it are
+// dropped. Idempotent; a no-op when tracing is off.
+func (p *Provider) Shutdown(ctx context.Context) error {
+	if p.sdk == nil {
+		return nil
+	}
+	return p.sdk.Shutdown(ctx)
+}
+
+func protocolFrom(getenv func(string) string) (string, error) {
+	name, v := envTracesProtocol, strings.TrimSpace(getenv(envTracesProtocol))
+	if v == "" {
+		name, v = envProtocol, strings.TrimSpace(getenv(envProtocol))
+	}
+	switch v {
+	case "", "http/protobuf":
+		return "http/protobuf", nil // the specification's default
+	case "grpc":
+		return "grpc", nil
+	}
+	return "", fmt.Errorf("%s=%q: want http/protobuf or grpc", name, v)
+}
+
+// SamplerFrom is the sampler of OTEL_TRACES_SAMPLER and
+// OTEL_TRACES_SAMPLER_ARG, read here rather than by the SDK so that a bad
+// value stops the binary at start instead of being logged and replaced.
+// Unset: parentbased_always_on, the specification's default.
+func SamplerFrom(getenv func(string) string) (sdktrace.Sampler, error) {
+	name := strings.ToLower(strings.TrimSpace(getenv(envSampler)))
+	arg := strings.TrimSpace(getenv(envSamplerArg))
+	ratio := func() (sdktrace.Sampler, error) {
+		if arg == "" {
+			return sdktrace.TraceIDRatioBased(1), nil
+		}
+		f, err := strconv.ParseFloat(arg, 64)
+		if err != nil || f < 0 || f > 1 {
+			return nil, fmt.Errorf("%s=%q: want a ratio in [0, 1]", envSamplerArg, arg)
+		}
+		return sdktrace.TraceIDRatioBased(f), nil
+	}
+	switch name {
+	case "", "parentbased_always_on":
+		return sdktrace.ParentBased(sdktrace.AlwaysSample()), nil
+	case "always_on":
+		return sdktrace.AlwaysSample(), nil
+	case "always_off":
+		return sdktrace.NeverSample(), nil
+	case "parentbased_always_off":
+		return sdktrace.ParentBased(sdktrace.NeverSample()), nil
+	case "traceidratio":
+		return ratio()
+	case "parentbased_traceidratio":
+		s, err := ratio()
+		if err != nil {
+			return nil, err
+		}
+		return sdktrace.ParentBased(s), nil
+	}
+	return nil, fmt.Errorf("%s=%q: want always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio", envSampler, name)
+}
+
+// newExporter builds the OTLP exporter of protocol; it reads its endpoint
+// and the rest of its settings from the OTEL_EXPORTER_OTLP_* variables.
+// Neither constructor connects: the first export does.
+func newExporter(protocol string) (sdktrace.SpanExporter, error) {
+	if protocol == "grpc" {
+		return otlptracegrpc.New(context.Background())
+	}
+	return otlptracehttp.New(context.Background())
+}
+
+// lazyProcessor is the SDK's batch span processor, created with the first
+// span that ends: the batch processor starts its goroutine when it is
+// built, and a constructor must start nothing. Only sampled spans reach a
+// processor, so the lock is taken at the sampling rate, not per decision.
+type lazyProcessor struct {
+	newExporter func() (sdktrace.SpanExporter, error)
+	mu          sync.Mutex
+	bsp         sdktrace.SpanProcessor // nil until the first span ends, or after a failed start
+	closed      bool
+	failed      bool
+}
+
+var _ sdktrace.SpanProcessor = (*lazyProcessor)(nil)
+
+func (l *lazyProcessor) get() sdktrace.SpanProcessor {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bsp == nil && !l.closed && !l.failed {
+		exp, err := l.newExporter()
+		if err != nil {
+			l.failed = true // reported once; spans are dropped
+			otel.Handle(fmt.Errorf("tracing: OTLP exporter: %w", err))
+			return nil
+		}
+		l.bsp = sdktrace.NewBatchSpanProcessor(exp)
+	}
+	return l.bsp
+}
+
+func (l *lazyProcessor) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+
+func (l *lazyProcessor) OnEnd(s sdktrace.ReadOnlySpan) {
+	if b := l.get(); b != nil {
+		b.OnEnd(s)
+	}
+}
+
+func (l *lazyProcessor) Shutdown(ctx context.Context) error {
+	l.mu.Lock()
+	l.closed = true
+	b := l.bsp
+	l.mu.Unlock()
+	if b == nil {
+		return nil
+	}
+	return b.Shutdown(ctx)
+}
+
+func (l *lazyProcessor) ForceFlush(ctx context.Context) error {
+	l.mu.Lock()
+	b := l.bsp
+	l.mu.Unlock()
+	if b == nil {
+		return nil
+	}
+	return b.ForceFlush(ctx)
+}

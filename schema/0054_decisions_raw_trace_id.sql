@@ -1,0 +1,11 @@
+-- decisions_raw gains trace_id, added to the event within version 1: the
+-- W3C trace id (32 lowercase hex digits) of the sampled trace a decision
+-- was made in, NULL when it was not traced (most decisions: sampling), so
+-- an operator goes from a trace to its usage row and back
+-- (docs/tracing.md). Nullable(String) rather than FixedString(32): a
+-- malformed id from some producer is stored as it is instead of failing
+-- the whole batch's INSERT.
+--
+-- 18.16 has no ADD COLUMN IF NOT EXISTS: Apply skips an ADD COLUMN whose
+-- column system.columns already lists, which keeps this file idempotent.
+ALTER TABLE ${DB}.decisions_raw ADD COLUMN trace_id Nullable(String)
