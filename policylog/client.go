@@ -54,6 +54,41 @@ func (c *Client) State() *State { return c.st }
 // History is every entry read so far, in log order.
 func (c *Client) History() []HistoryItem { return c.history }
 
+// HistoryEntry is one record of the log as operators see it (the CLI's
+// `policy history --json` and the operator API's history answer).
+type HistoryEntry struct {
+	Offset   int64     `json:"offset"`
+	LogKey   string    `json:"logKey"`
+	Result   string    `json:"result"`
+	Code     string    `json:"code,omitempty"`
+	Reason   string    `json:"reason,omitempty"`
+	Revision int64     `json:"revision"`
+	Kind     string    `json:"kind,omitempty"`
+	Subject  string    `json:"subject,omitempty"`
+	Author   string    `json:"author,omitempty"`
+	Message  string    `json:"message,omitempty"`
+	Time     time.Time `json:"time,omitzero"`
+	SHA256   string    `json:"sha256,omitempty"`
+}
+
+// RecentHistory is the last limit records that changed or were refused,
+// oldest first (limit <= 0: all); tombstones and restatements, which change
+// nothing, are left out.
+func (c *Client) RecentHistory(limit int) []HistoryEntry {
+	var out []HistoryEntry
+	for _, h := range c.history {
+		if h.Result == Ignored {
+			continue
+		}
+		out = append(out, HistoryEntry{Offset: h.Offset, LogKey: h.LogKey, Result: h.Result, Code: h.Code, Reason: h.Reason,
+			Revision: h.Revision, Kind: h.Kind, Subject: h.Subject, Author: h.Author, Message: h.Message, Time: h.Time, SHA256: h.SHA256})
+	}
+	if limit > 0 && len(out) > limit {
+		out = out[len(out)-limit:]
+	}
+	return out
+}
+
 // Poll fetches once from where the client stands and applies what came;
 // it reports whether the client has reached the end of the log.
 func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {

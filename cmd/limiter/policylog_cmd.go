@@ -277,38 +277,10 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 	})
 }
 
-type historyJSON struct {
-	Offset   int64     `json:"offset"`
-	LogKey   string    `json:"logKey"`
-	Result   string    `json:"result"`
-	Code     string    `json:"code,omitempty"`
-	Reason   string    `json:"reason,omitempty"`
-	Revision int64     `json:"revision"`
-	Kind     string    `json:"kind,omitempty"`
-	Subject  string    `json:"subject,omitempty"`
-	Author   string    `json:"author,omitempty"`
-	Message  string    `json:"message,omitempty"`
-	Time     time.Time `json:"time,omitzero"`
-	SHA256   string    `json:"sha256,omitempty"`
-}
-
 func printHistory(c *policylog.Client, limit int, asJSON bool, stdout io.Writer) int {
-	var items []policylog.HistoryItem
-	for _, h := range c.History() {
-		if h.Result != policylog.Ignored { // tombstones and restatements change nothing
-			items = append(items, h)
-		}
-	}
-	if limit > 0 && len(items) > limit {
-		items = items[len(items)-limit:]
-	}
+	items := c.RecentHistory(limit)
 	if asJSON {
-		out := make([]historyJSON, 0, len(items))
-		for _, h := range items {
-			out = append(out, historyJSON{Offset: h.Offset, LogKey: h.LogKey, Result: h.Result, Code: h.Code, Reason: h.Reason, Revision: h.Revision,
-				Kind: h.Kind, Subject: h.Subject, Author: h.Author, Message: h.Message, Time: h.Time, SHA256: h.SHA256})
-		}
-		_ = json.NewEncoder(stdout).Encode(map[string]any{"head": c.State().Head(), "entries": out})
+		_ = json.NewEncoder(stdout).Encode(map[string]any{"head": c.State().Head(), "entries": items})
 		return 0
 	}
 	fmt.Fprintf(stdout, "head: revision %d\n", c.State().Head())

@@ -258,30 +258,7 @@ func (h *Handler) getHistory(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	h.with(w, r, func(_ context.Context, c *policylog.Client) {
-		type entry struct {
-			Offset   int64     `json:"offset"`
-			LogKey   string    `json:"logKey"`
-			Result   string    `json:"result"`
-			Code     string    `json:"code,omitempty"`
-			Reason   string    `json:"reason,omitempty"`
-			Revision int64     `json:"revision"`
-			Kind     string    `json:"kind,omitempty"`
-			Subject  string    `json:"subject,omitempty"`
-			Author   string    `json:"author,omitempty"`
-			Message  string    `json:"message,omitempty"`
-			Time     time.Time `json:"time,omitzero"`
-			SHA256   string    `json:"sha256,omitempty"`
-		}
-		var out []entry
-		for _, it := range c.History() {
-			if it.Result == policylog.Ignored {
-				continue
-			}
-			out = append(out, entry{it.Offset, it.LogKey, it.Result, it.Code, it.Reason, it.Revision, it.Kind, it.Subject, it.Author, it.Message, it.Time, it.SHA256})
-		}
-		if len(out) > limit {
-			out = out[len(out)-limit:]
-		}
+		out := c.RecentHistory(limit)
 		writeJSON(w, http.StatusOK, map[string]any{"revision": c.State().Head(), "entries": out})
 	})
 }
