@@ -11,26 +11,41 @@ package redisstore
 // only the transport differs. The workers are owned by the Pipelined
 // store: Close stops them.
 //
+// A queue and its workers are a lane. Over one server there is one. Over
+// a Cluster there is one per master, chosen in Take by the master the
+// cluster client routes the decision's key to (laneOf), so that a batch
+// never spans masters and a master that does not answer holds only its own
+// lane: a batch waits for its slowest node, and a worker waits for its
+// batch, which on a dead master lasts until the batch's deadline (the
+// cluster client redials and retries it meanwhile). With one queue and
+// workers for all masters, the batches of a dead master's keys took every
+// worker while their callers had long given up, and the live masters'
+// decisions queued behind them until their own deadline passed: answered
+// degraded, and counted against their own shard's breaker.
+//
 // Over one Redis server (a *redis.Client: standalone or Sentinel) a whole
 // batch is one EVALSHA of batch.lua: Redis parses one command, enters Lua
 // once and reads TIME once for all of its decisions, and the numbers go
 // both ways as packed doubles instead of text that go-redis boxes one value
-// at a time (issue 15: Redis's CPU per decision was the largest cost of the
-// allowed path on a shared machine, and go-redis allocated 19 times per
-// EVALSHA). Over a Cluster, where one script may only touch one slot, each
-// decision is its own EVALSHA of batch.lua in a pipeline that go-redis
-// splits by node. Callers' call records and their wake-up channels are
-// reused (sync.Pool); what a decision still allocates here is its bucket
-// key and go-redis's boxing of its two keys.
+// at a time (Redis's CPU per decision was the largest cost of the allowed
+// path on a shared machine, and go-redis allocated 19 times per EVALSHA).
+// Over a Cluster, where one script may only touch one slot, each decision
+// is its own EVALSHA of batch.lua, in a pipeline to the lane's master.
+// Callers' call records and their wake-up channels are reused
+// (sync.Pool); what a decision still allocates here is its bucket key and
+// go-redis's boxing of its two keys.
 
 import (
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -48,8 +63,9 @@ type PipelineClient interface {
 // PipelineConfig tunes auto-pipelining. The zero value of each field is its
 // documented default.
 type PipelineConfig struct {
-	// Workers is how many batches may be on the wire at once (default: 1
-	// over one server, 4 over a Cluster; see defaultWorkers).
+	// Workers is how many batches may be on the wire at once to one
+	// server (default: 1 over one server, 4 to each master of a Cluster;
+	// see defaultWorkers).
 	Workers int
 	// MaxBatch is the most decisions in one pipeline (default 256).
 	MaxBatch int
@@ -57,8 +73,8 @@ type PipelineConfig struct {
 	// waits up to MaxDelay for more (default 0: never wait).
 	MinBatch int
 	MaxDelay time.Duration
-	// Queue is the queue's capacity (default 4096); a full queue makes
-	// Take wait (bounded by its context).
+	// Queue is the capacity of a lane's queue (default 4096); a full
+	// queue makes Take wait (bounded by its context).
 	Queue int
 	// Timeout bounds one pipeline round trip (default 1s), unless the
 	// latest deadline among the batch's callers' contexts is later: a
@@ -77,14 +93,31 @@ type Pipelined struct {
 	// server); client is then rdb as a *redis.Client.
 	whole  bool
 	client *redis.Client
-	cfg    PipelineConfig
-	queue  chan *call
+	// cluster is rdb as a *redis.ClusterClient, or nil: then every
+	// decision takes lane one.
+	cluster *redis.ClusterClient
+	// routable: a batch over the Cluster has been answered, so the cluster
+	// client holds a slot map and finds a key's master without a network
+	// call (it never drops the map once loaded). Until then every decision
+	// takes lane one, whose batch loads the map.
+	routable atomic.Bool
+	cfg      PipelineConfig
+	one      *lane // over one server; over a Cluster, decisions whose master is unknown
+
+	mu     sync.Mutex
+	closed bool                             // Close has begun: no new lane
+	lanes  atomic.Pointer[map[string]*lane] // by master's address; copied on write
 
 	stop      chan struct{}
 	stopOnce  sync.Once
-	drained   chan struct{} // closed when Close has answered the queue
+	drained   chan struct{} // closed when Close has answered the queues
 	drainOnce sync.Once
 	wg        sync.WaitGroup
+}
+
+// lane is one queue and the workers that send its batches.
+type lane struct {
+	queue chan *call
 }
 
 var _ enforcement.Authority = (*Pipelined)(nil)
@@ -99,7 +132,8 @@ type call struct {
 	// done receives one value when v and err are set (buffered: the
 	// worker never waits for the caller).
 	done chan struct{}
-	// for the worker, while the call is in its batch
+	// bucketKey is set by Take when it chose a Cluster master's lane,
+	// else by the worker; quotaKey and quotaEnd by the worker, for its batch.
 	bucketKey, quotaKey string
 	quotaEnd            int64
 }
@@ -118,9 +152,11 @@ func (c *call) answer(v enforcement.Verdict, err error) {
 var ErrClosed = errors.New("redisstore: pipelined store closed")
 
 // NewPipelined returns an auto-pipelining authority over rdb with the key
-// layout of New(rdb, prefix), and starts its workers.
+// layout of New(rdb, prefix), and starts its workers (over a Cluster, a
+// master's are started with the first decision routed to it).
 func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipelined {
 	client, whole := rdb.(*redis.Client)
+	cluster, _ := rdb.(*redis.ClusterClient)
 	if cfg.Workers <= 0 {
 		cfg.Workers = defaultWorkers(whole)
 	}
@@ -133,13 +169,50 @@ func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipeli
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Second
 	}
-	p := &Pipelined{store: New(rdb, prefix), rdb: rdb, whole: whole, client: client, cfg: cfg,
-		queue: make(chan *call, cfg.Queue), stop: make(chan struct{}), drained: make(chan struct{})}
-	p.wg.Add(cfg.Workers)
-	for range cfg.Workers {
-		go p.work()
-	}
+	p := &Pipelined{store: New(rdb, prefix), rdb: rdb, whole: whole, client: client, cluster: cluster, cfg: cfg,
+		stop: make(chan struct{}), drained: make(chan struct{})}
+	p.lanes.Store(&map[string]*lane{})
+	p.one = p.startLane()
 	return p
+}
+
+// startLane makes a lane and starts its workers. Called from NewPipelined,
+// or with p.mu held and p.closed false (so that Close waits for them).
+func (p *Pipelined) startLane() *lane {
+	l := &lane{queue: make(chan *call, p.cfg.Queue)}
+	p.wg.Add(p.cfg.Workers)
+	for range p.cfg.Workers {
+		go p.work(l)
+	}
+	return l
+}
+
+// laneOf is the lane of the master the cluster client sends bucketKey to
+// (p.one when it does not know the slot's master), or nil once Close has
+// begun. Called once p.routable: the lookup is then in memory. The lanes grow with the masters ever routed to (a failover or a
+// reshard adds one); a lane left without keys costs its idle workers.
+func (p *Pipelined) laneOf(ctx context.Context, bucketKey string) *lane {
+	node, err := p.cluster.MasterForKey(ctx, bucketKey)
+	if err != nil {
+		return p.one // the batch will say why
+	}
+	addr := node.Options().Addr
+	if l := (*p.lanes.Load())[addr]; l != nil {
+		return l
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	lanes := *p.lanes.Load()
+	if l := lanes[addr]; l != nil {
+		return l
+	}
+	next := maps.Clone(lanes)
+	next[addr] = p.startLane()
+	p.lanes.Store(&next)
+	return next[addr]
 }
 
 // defaultWorkers is how many batches go on the wire at once by default.
@@ -166,9 +239,10 @@ func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipeli
 // answered 0-30% more. Raise Workers there (cmd/limiter:
 // LIMITER_STORE_BATCHES_IN_FLIGHT).
 //
-// Over a Cluster, four: a batch is a pipeline split by node and waits for
-// its slowest node, so one worker would put every master behind the
-// slowest (a dead master holds a batch until its deadline).
+// Over a Cluster, four to each master (a lane per master, see the design
+// note at the top): as many batches on the wire to one master as when four
+// workers sent pipelines split over every master, before the lanes; one
+// each is not measured there.
 func defaultWorkers(whole bool) int {
 	if whole {
 		return 1
@@ -192,8 +266,16 @@ func (p *Pipelined) Take(ctx context.Context, key, scope string, lim enforcement
 	}
 	c := calls.Get().(*call)
 	c.ctx, c.key, c.scope, c.lim, c.cost = ctx, key, scope, lim, cost
+	l := p.one
+	if p.cluster != nil && p.routable.Load() {
+		c.bucketKey = p.store.BucketKey(key, scope)
+		if l = p.laneOf(ctx, c.bucketKey); l == nil {
+			c.recycle()
+			return enforcement.Verdict{}, ErrClosed
+		}
+	}
 	select {
-	case p.queue <- c:
+	case l.queue <- c:
 	case <-p.stop:
 		c.recycle()
 		return enforcement.Verdict{}, ErrClosed
@@ -224,6 +306,9 @@ func (c *call) recycle() {
 // Close stops the workers after the pipelines on the wire complete; queued
 // decisions get ErrClosed. It is idempotent.
 func (p *Pipelined) Close(ctx context.Context) error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
 	p.stopOnce.Do(func() { close(p.stop) })
 	done := make(chan struct{})
 	go func() { p.wg.Wait(); close(done) }()
@@ -232,18 +317,27 @@ func (p *Pipelined) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	for _, l := range *p.lanes.Load() {
+		l.drain()
+	}
+	p.one.drain()
+	p.drainOnce.Do(func() { close(p.drained) })
+	return nil
+}
+
+// drain answers what is queued with ErrClosed.
+func (l *lane) drain() {
 	for {
 		select {
-		case c := <-p.queue:
+		case c := <-l.queue:
 			c.answer(enforcement.Verdict{}, ErrClosed)
 		default:
-			p.drainOnce.Do(func() { close(p.drained) })
-			return nil
+			return
 		}
 	}
 }
 
-func (p *Pipelined) work() {
+func (p *Pipelined) work(l *lane) {
 	defer p.wg.Done()
 	batch := make([]*call, 0, p.cfg.MaxBatch)
 	var b batchBuf
@@ -252,10 +346,10 @@ func (p *Pipelined) work() {
 		select {
 		case <-p.stop:
 			return
-		case c := <-p.queue:
+		case c := <-l.queue:
 			batch = append(batch, c)
 		}
-		batch = p.fill(batch)
+		batch = p.fill(l, batch)
 		batch = p.dropAbandoned(batch)
 		if len(batch) > 0 {
 			p.run(batch, &b)
@@ -265,11 +359,11 @@ func (p *Pipelined) work() {
 
 // fill adds what is queued, up to MaxBatch, waiting up to MaxDelay while
 // the batch is under MinBatch.
-func (p *Pipelined) fill(batch []*call) []*call {
+func (p *Pipelined) fill(l *lane, batch []*call) []*call {
 	var timer <-chan time.Time
 	for len(batch) < p.cfg.MaxBatch {
 		select {
-		case c := <-p.queue:
+		case c := <-l.queue:
 			batch = append(batch, c)
 			continue
 		default:
@@ -281,7 +375,7 @@ func (p *Pipelined) fill(batch []*call) []*call {
 			timer = time.After(p.cfg.MaxDelay)
 		}
 		select {
-		case c := <-p.queue:
+		case c := <-l.queue:
 			batch = append(batch, c)
 		case <-timer:
 			return batch
@@ -347,8 +441,16 @@ func (p *Pipelined) run(batch []*call, b *batchBuf) {
 		}
 	}
 	if noscript {
-		if err := batchScript.Load(ctx, p.rdb).Err(); err == nil {
+		if err := p.loadScript(ctx, batch, b); err == nil {
 			p.exec(ctx, b, batch, true)
+		}
+	}
+	if p.cluster != nil && !p.routable.Load() {
+		for _, cmd := range b.cmds {
+			if cmd.Err() == nil {
+				p.routable.Store(true)
+				break
+			}
 		}
 	}
 	for i, sp := range b.spans {
@@ -356,11 +458,42 @@ func (p *Pipelined) run(batch []*call, b *batchBuf) {
 	}
 }
 
+// loadScript loads batch.lua where the calls of b were refused with
+// NOSCRIPT: on the one server, or over a Cluster on the masters of those
+// calls only (their lane's), since the cluster client's SCRIPT LOAD goes to
+// every master and waits for each, a dead one too.
+func (p *Pipelined) loadScript(ctx context.Context, batch []*call, b *batchBuf) error {
+	if p.cluster == nil {
+		return batchScript.Load(ctx, p.rdb).Err()
+	}
+	var loaded []*redis.Client
+	for i, cmd := range b.cmds {
+		if !isNoScript(cmd) {
+			continue
+		}
+		node, err := p.cluster.MasterForKey(ctx, batch[b.spans[i][0]].bucketKey)
+		if err != nil {
+			return err
+		}
+		if slices.Contains(loaded, node) {
+			continue
+		}
+		if err := batchScript.Load(ctx, node).Err(); err != nil {
+			return err
+		}
+		loaded = append(loaded, node)
+	}
+	return nil
+}
+
 // pack lays out the keys and the packed numbers of every call in the batch.
 func (b *batchBuf) pack(s *Store, batch []*call) {
 	b.keys, b.args = b.keys[:0], b.args[:0]
 	for _, c := range batch {
-		c.bucketKey, c.quotaKey, c.quotaEnd = s.callKeys(c.key, c.scope, c.lim)
+		if c.bucketKey == "" { // else Take has set it
+			c.bucketKey = s.BucketKey(c.key, c.scope)
+		}
+		c.quotaKey, c.quotaEnd = s.quotaOf(c.bucketKey, c.key, c.lim)
 		b.keys = append(b.keys, c.bucketKey, c.quotaKey)
 		for _, f := range [6]float64{c.lim.Rate, float64(c.lim.Burst), float64(c.cost), float64(c.lim.QuotaLimit), float64(c.quotaEnd), c.lim.SoftLimitPercent} {
 			b.args = binary.LittleEndian.AppendUint64(b.args, math.Float64bits(f))

@@ -122,6 +122,13 @@ func (s *Store) bucketCall(key, scope string, lim enforcement.Limit, cost int64)
 // of one decision.
 func (s *Store) callKeys(key, scope string, lim enforcement.Limit) (bucketKey, quotaKey string, quotaEnd int64) {
 	bucketKey = s.BucketKey(key, scope)
+	quotaKey, quotaEnd = s.quotaOf(bucketKey, key, lim)
+	return bucketKey, quotaKey, quotaEnd
+}
+
+// quotaOf is the quota key and the quota window's end (ms) of a decision
+// on the bucket bucketKey of key.
+func (s *Store) quotaOf(bucketKey, key string, lim enforcement.Limit) (quotaKey string, quotaEnd int64) {
 	quotaKey = bucketKey // unused by the script without a quota; same slot either way
 	if lim.HasQuota() {
 		// The quota window is chosen on the caller's clock: a few ms of skew
@@ -131,7 +138,7 @@ func (s *Store) callKeys(key, scope string, lim enforcement.Limit) (bucketKey, q
 		quotaKey = s.QuotaKey(key, lim.QuotaID, start)
 		quotaEnd = end.UnixMilli()
 	}
-	return bucketKey, quotaKey, quotaEnd
+	return quotaKey, quotaEnd
 }
 
 // verdictOf reads the script's reply, checking its shape.
