@@ -20,14 +20,11 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/fleet"
-	"github.com/ratewarden/ratewarden/enforcement/guard"
 	"github.com/ratewarden/ratewarden/enforcement/hotkeys"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
-	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/enforcement/shardguard"
 	"github.com/ratewarden/ratewarden/enforcement/split"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/policy"
@@ -180,9 +177,9 @@ func secretReloader(what string, reload func() error, reg prometheus.Registerer,
 
 // storeInfo describes the authority for /readyz.
 type storeInfo struct {
-	kind   string                        // memory | redis | redis-cluster | redis-sentinel
-	states func() map[string]guard.State // breaker state per shard; nil in memory mode
-	owner  func(slot uint16) string      // the shard of a hash slot (hot-key visibility); nil = one server
+	kind   string                             // memory | redis | redis-cluster | redis-sentinel
+	states func() map[string]redisstore.State // breaker state per shard; nil in memory mode
+	owner  func(slot uint16) string           // the shard of a hash slot (hot-key visibility); nil = one server
 	// failing reports store trouble the breakers have not (yet) seen: the
 	// fleet heartbeat failing while traffic is too light to trip them. nil = none.
 	failing func() bool
@@ -198,10 +195,11 @@ type authority struct {
 	enforcement.Authority
 	info    storeInfo
 	closers []func(context.Context) error
-	// With Redis: the store behind the same guards as every decision, for
-	// the fleet heartbeat, and the leasing layer when leasing is on.
-	fleetStore fleet.Store
-	lease      *lease.Authority
+	// With Redis: the store (decisions, leases and fleet heartbeats, each
+	// behind its shard's deadline and breaker), and the leasing layer when
+	// leasing is on.
+	store enforcement.Store
+	lease *lease.Authority
 	// rdb is the Redis client (nil in single-node mode): the shadow tier
 	// builds its own store, in its own key namespace, on it.
 	rdb redis.UniversalClient
@@ -220,8 +218,9 @@ func (a *authority) close(ctx context.Context) error {
 
 // buildAuthority assembles the shared tier. With Redis the chain, from the
 // limiter outwards, is: lease (hot keys spend leased blocks in-process) →
-// split (split keys spread over sub-buckets) → a deadline and circuit
-// breaker per shard → auto-pipelined EVALSHA of the bucket script.
+// split (split keys spread over sub-buckets) → the shared store
+// (redisstore.Shared: a deadline and circuit breaker per shard around
+// auto-pipelined EVALSHA of the bucket script).
 func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*authority, error) {
 	if !cfg.Redis.Enabled() {
 		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")
@@ -242,87 +241,66 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 	a := &authority{info: storeInfo{kind: conn.Kind(), diagnose: conn.Diagnose}, conn: conn}
 	rdb := conn.UniversalClient // the go-redis client itself: nothing between it and the hot path
 	a.rdb = rdb
-	// A pipeline never outlives a decision's deadline: a worker stuck on a
-	// dead Cluster master must not hold up the decisions of live ones.
-	pipelined := redisstore.NewPipelined(rdb, cfg.Redis.KeyPrefix, redisstore.PipelineConfig{Timeout: cfg.StoreTimeout, Workers: cfg.StoreInFlight})
-	store := pipelined.Store()
+	shared := redisstore.NewShared(rdb, redisstore.SharedConfig{
+		Prefix: cfg.Redis.KeyPrefix,
+		// A pipeline never outlives a decision's deadline: a worker stuck
+		// on a dead Cluster master must not hold up the decisions of live ones.
+		Pipeline: redisstore.PipelineConfig{Timeout: cfg.StoreTimeout, Workers: cfg.StoreInFlight},
+		Guard: redisstore.GuardSettings{
+			Timeout:             cfg.StoreTimeout,
+			ConsecutiveFailures: uint32(cfg.BreakerFailures),
+			OpenFor:             cfg.BreakerOpenFor,
+		},
+		Observer: metrics,
+		Log:      log,
+	})
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := store.Preload(pctx); err != nil {
-		// Not fatal: the limiter serves degraded and recovers when Redis does.
-		log.Warn("could not load the bucket script at start; serving degraded until Redis answers", "err", err)
+	if err := shared.Preload(pctx); err != nil {
+		// Not fatal: the limiter serves degraded and recovers when Redis
+		// does; a Cluster's slots are read again every second until then.
+		log.Warn("could not load the scripts or the cluster's slots at start; serving degraded until Redis answers", "err", err)
 	}
-
-	settings := guard.Settings{
-		Timeout:             cfg.StoreTimeout,
-		ConsecutiveFailures: uint32(cfg.BreakerFailures),
-		OpenFor:             cfg.BreakerOpenFor,
-	}
-	var guarded enforcement.Authority
-	var guardOf func(slot uint16) *guard.Authority // the guard of the shard that owns a slot
+	a.store = shared
+	a.info.states = shared.States
 	if a.info.kind == redisclient.KindCluster {
-		// One breaker per master: losing one degrades only its slots. A
-		// cluster unreachable at start leaves the map unassigned (every
-		// key decides degraded) until a refresh reaches it.
-		slots, err := redisstore.NewSlotMap(pctx, rdb)
-		if err != nil {
-			log.Warn("could not read the cluster's slots at start; serving degraded and retrying every second", "err", err)
-		}
-		slotCtx, stopSlots := context.WithCancel(context.Background())
-		slotsDone := make(chan struct{})
-		go func() {
-			defer close(slotsDone)
-			failing := err != nil
-			slots.Run(slotCtx, 10*time.Second, func(err error) {
-				if !failing { // once per outage, not once a second
-					log.Warn("refresh cluster slots", "err", err)
-				}
-				failing = true
-			})
-		}()
-		a.closers = append(a.closers, func(context.Context) error { stopSlots(); <-slotsDone; return nil })
-		sg := shardguard.New(pipelined, slots.Owner, nil, settings, metrics, log)
-		guarded, a.info.owner = sg, slots.Owner
-		guardOf = sg.Guard
-		// Only the shards that own slots now: a guard left behind by a
-		// failover, or the "unassigned" one of a start before the cluster,
-		// says nothing about the store any more.
-		a.info.states = func() map[string]guard.State {
-			live := slots.Masters()
-			out := sg.States()
-			for shard := range out {
-				if !live[shard] {
-					delete(out, shard)
-				}
-			}
-			return out
-		}
-	} else {
-		g := guard.New(pipelined, settings, metrics, log)
-		guarded = g
-		guardOf = func(uint16) *guard.Authority { return g }
-		a.info.states = func() map[string]guard.State { return map[string]guard.State{"store": g.State()} }
+		a.info.owner = shared.Owner
 	}
-	// Every store call, whatever its purpose, passes the same deadline and
-	// breaker as the decisions on the same shard.
-	gs := guardedStore{store: store, guardOf: guardOf}
-	a.fleetStore = gs
-	a.Authority = split.New(guarded, nil)
+	stopStore := runInBackground(shared.Run)
+	a.Authority = split.New(shared, nil)
 	if cfg.LeaseBlock > 0 {
-		a.lease = lease.New(a.Authority, gs, lease.Config{
+		a.lease = lease.New(a.Authority, shared, lease.Config{
 			Block:        int64(cfg.LeaseBlock),
 			HotOpsPerSec: cfg.LeaseHotOps,
 			MaxHold:      cfg.LeaseMaxHold,
-			// The guard judges lateness (and tells a starved process from a
-			// slow store); this is only the outer bound of a lease call.
+			// The store's guard judges lateness (and tells a starved
+			// process from a slow store); this is only the outer bound
+			// of a lease call.
 			Timeout: time.Second,
 			Log:     log,
 		})
 		a.Authority = a.lease
 		a.closers = append(a.closers, a.lease.Close) // returns held tokens while Redis is still open
 	}
-	a.closers = append(a.closers, pipelined.Close, func(context.Context) error { return rdb.Close() })
+	a.closers = append(a.closers, stopStore, func(context.Context) error { return rdb.Close() })
 	return a, nil
+}
+
+// runInBackground runs run until the returned stop is called; stop ends
+// run's context and waits for it to return (or for its own ctx).
+func runInBackground(run func(context.Context) error) (stop func(context.Context) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	return func(wait context.Context) error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-wait.Done():
+			return wait.Err()
+		}
+	}
 }
 
 // startFleet starts the fleet heartbeat when the store is shared: the live
@@ -332,10 +310,10 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 // leaves the fleet.
 func startFleet(a *authority, cfg config, lim *enforcement.Limiter, metrics *limitmetrics.Metrics, log *slog.Logger) (func(context.Context) error, error) {
 	metrics.Instances(lim.Instances())
-	if a.fleetStore == nil {
+	if a.store == nil {
 		return func(context.Context) error { return nil }, nil
 	}
-	hb, err := fleet.Start(a.fleetStore, fleet.Config{
+	hb, err := fleet.Start(a.store, fleet.Config{
 		Member: cfg.InstanceID,
 		Every:  cfg.FleetHeartbeat,
 		Log:    log,
@@ -353,65 +331,6 @@ func startFleet(a *authority, cfg config, lim *enforcement.Limiter, metrics *lim
 	}
 	a.info.failing = hb.Failing
 	return hb.Close, nil
-}
-
-// guardedStore sends the store calls that are not decisions — leases,
-// returns, fleet heartbeats — through the guard of the shard that owns
-// their key.
-type guardedStore struct {
-	store   *redisstore.Store
-	guardOf func(slot uint16) *guard.Authority
-}
-
-// Each method hands fn its own result variables and reads them only when
-// Do succeeded: Do may give up on a late call and return while fn is still
-// running, and fn's late write must then touch nothing the caller reads.
-
-func (g guardedStore) Lease(ctx context.Context, key, scope string, lim enforcement.Limit, need, want int64) (redisstore.Grant, error) {
-	var grant redisstore.Grant
-	err := g.guardOf(keyslot.KeySlot(key, scope)).Do(ctx, func(ctx context.Context) error {
-		var err error
-		grant, err = g.store.Lease(ctx, key, scope, lim, need, want)
-		return err
-	})
-	if err != nil {
-		return redisstore.Grant{}, err
-	}
-	return grant, nil
-}
-
-func (g guardedStore) Return(ctx context.Context, key, scope string, lim enforcement.Limit, n int64) (redisstore.Grant, error) {
-	var grant redisstore.Grant
-	err := g.guardOf(keyslot.KeySlot(key, scope)).Do(ctx, func(ctx context.Context) error {
-		var err error
-		grant, err = g.store.Return(ctx, key, scope, lim, n)
-		return err
-	})
-	if err != nil {
-		return redisstore.Grant{}, err
-	}
-	return grant, nil
-}
-
-func (g guardedStore) Beat(ctx context.Context, member string, ttl time.Duration) (int, error) {
-	return g.fleet(ctx, func(ctx context.Context) (int, error) { return g.store.Beat(ctx, member, ttl) })
-}
-
-func (g guardedStore) Leave(ctx context.Context, member string, ttl time.Duration) (int, error) {
-	return g.fleet(ctx, func(ctx context.Context) (int, error) { return g.store.Leave(ctx, member, ttl) })
-}
-
-func (g guardedStore) fleet(ctx context.Context, call func(context.Context) (int, error)) (int, error) {
-	var n int
-	err := g.guardOf(keyslot.Slot(g.store.FleetKey())).Do(ctx, func(ctx context.Context) error {
-		var err error
-		n, err = call(ctx)
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return n, nil
 }
 
 // memoryAuthority is the in-process authority of single-node mode with its
@@ -489,10 +408,10 @@ func readiness(ctx context.Context, s storeInfo, storeFailing bool, p policyInfo
 	var down []string
 	for shard, st := range s.states() {
 		switch st {
-		case guard.Open:
+		case redisstore.Open:
 			b.Breaker = "open"
 			down = append(down, shard)
-		case guard.HalfOpen:
+		case redisstore.HalfOpen:
 			if b.Breaker != "open" {
 				b.Breaker = "half-open"
 			}

@@ -48,14 +48,13 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 )
 
-// Store leases and returns tokens of the shared bucket atomically;
-// *redisstore.Store is one.
+// Store leases and returns tokens of the shared bucket atomically: the
+// lease half of enforcement.Store.
 type Store interface {
-	Lease(ctx context.Context, key, scope string, lim enforcement.Limit, need, want int64) (redisstore.Grant, error)
-	Return(ctx context.Context, key, scope string, lim enforcement.Limit, n int64) (redisstore.Grant, error)
+	Lease(ctx context.Context, key, scope string, lim enforcement.Limit, need, want int64) (enforcement.Grant, error)
+	Return(ctx context.Context, key, scope string, lim enforcement.Limit, n int64) (enforcement.Grant, error)
 }
 
 // Config tunes leasing. The zero value of each field is its documented default.

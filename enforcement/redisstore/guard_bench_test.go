@@ -1,4 +1,4 @@
-package guard_test
+package redisstore_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/enforcement/guard"
+	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/proccpu"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
@@ -21,7 +21,7 @@ import (
 func BenchmarkGuardedPipelined(b *testing.B) {
 	r := testenv.StartRedis(b)
 	p := pipelined(b, client(b, r.Addr()), "gbench", 100*time.Millisecond)
-	g := guard.New(p, guard.Settings{Timeout: 100 * time.Millisecond}, nil, nil)
+	g := runningGuard(b, p, redisstore.GuardSettings{Timeout: 100 * time.Millisecond}, nil, nil)
 	keys := make([]string, 10000)
 	for i := range keys {
 		keys[i] = "acct_" + strconv.Itoa(i)
