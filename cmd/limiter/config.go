@@ -18,6 +18,7 @@ import (
 type config struct {
 	Addr              string
 	Redis             redisclient.Config // every REDIS_* variable (internal/redisclient)
+	Stores            []namedStore       // REDIS_STORES: dedicated capacity beside the default store (stores.go)
 	PolicyFile        string
 	KafkaBrokers      []string
 	KafkaTopic        string
@@ -91,6 +92,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		FleetHeartbeat:    e.Duration("LIMITER_FLEET_HEARTBEAT", 2*s, 10*ms, time.Minute),
 	}
 	c.Shadow = shadowConfigFrom(e, c.StoreTimeout)
+	c.Stores = storesFrom(e, c.Redis)
 	e.HostPort("LIMITER_ADDR", c.Addr)
 	for _, a := range c.KafkaBrokers {
 		e.HostPort("KAFKA_BROKERS", a)

@@ -27,6 +27,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/enforcement/split"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/policy"
 )
 
@@ -39,6 +40,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	metrics := limitmetrics.New(reg)
 
 	pol, err := policy.Load(cfg.PolicyFile)
+	if err == nil {
+		err = checkStores(cfg.Stores)(pol) // a store the policy names must exist
+	}
 	if err != nil {
 		return err
 	}
@@ -82,11 +86,16 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	reloader := newPolicyReloader(cfg.PolicyFile, lim, reg, log)
 	reloader.set(pol)
+	reloader.check = checkStores(cfg.Stores)
 	// SIGHUP also re-reads the secrets of the connections that can rotate
 	// them without a restart.
 	reloader.alsoOnHUP = append(reloader.alsoOnHUP, meter.onHUP)
-	if auth.conn != nil {
-		reloader.alsoOnHUP = append(reloader.alsoOnHUP, secretReloader("redis", auth.conn.Reload, reg, log))
+	for _, h := range auth.stores {
+		what := "redis"
+		if h.name != limits.DefaultStore {
+			what = "redis:" + h.name
+		}
+		reloader.alsoOnHUP = append(reloader.alsoOnHUP, secretReloader(what, h.conn.Reload, reg, log))
 	}
 	if cfg.ListenTLS != nil {
 		reloader.alsoOnHUP = append(reloader.alsoOnHUP, secretReloader("listener-certificate", cfg.ListenTLS.Reload, reg, log))
@@ -103,7 +112,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, readiness(r.Context(), auth.info, lim.StoreFailing(), reloader.current(), meter.ready))
+		b := readiness(r.Context(), auth.info, lim.StoreFailing(), reloader.current(), meter.ready)
+		addStores(&b, auth)
+		writeJSON(w, http.StatusOK, b)
 	})
 	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot)))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -200,6 +211,10 @@ type authority struct {
 	// leasing is on.
 	store enforcement.Store
 	lease *lease.Authority
+	// stores are every shared store, the default one first, then
+	// REDIS_STORES's in name order.
+	stores []*storeHandle
+	fleet  fleetCounts // each store's fleet count
 	// rdb is the Redis client (nil in single-node mode): the shadow tier
 	// builds its own store, in its own key namespace, on it.
 	rdb redis.UniversalClient
@@ -231,45 +246,35 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 	}
 
 	// Standalone, Cluster or Sentinel, with TLS and an ACL user as
-	// configured (internal/redisclient, the one place that reads REDIS_*).
-	conn, err := cfg.Redis.Open(redisclient.Options{
-		Timeout: time.Second, MaxRetries: -1, PoolSize: 64, MinIdleConns: 8,
-	})
+	// configured (internal/redisclient, the one place that reads REDIS_*);
+	// then each store REDIS_STORES names, reached alike (stores.go).
+	def, closeDef, err := openStore(ctx, limits.DefaultStore, cfg.Redis, cfg, metrics, log)
 	if err != nil {
 		return nil, err
 	}
-	a := &authority{info: storeInfo{kind: conn.Kind(), diagnose: conn.Diagnose}, conn: conn}
-	rdb := conn.UniversalClient // the go-redis client itself: nothing between it and the hot path
-	a.rdb = rdb
-	shared := redisstore.NewShared(rdb, redisstore.SharedConfig{
-		Prefix: cfg.Redis.KeyPrefix,
-		// A pipeline never outlives a decision's deadline: a worker stuck
-		// on a dead Cluster master must not hold up the decisions of live ones.
-		Pipeline: redisstore.PipelineConfig{Timeout: cfg.StoreTimeout, Workers: cfg.StoreInFlight},
-		Guard: redisstore.GuardSettings{
-			Timeout:             cfg.StoreTimeout,
-			ConsecutiveFailures: uint32(cfg.BreakerFailures),
-			OpenFor:             cfg.BreakerOpenFor,
-		},
-		Observer: metrics,
-		Log:      log,
-	})
-	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if err := shared.Preload(pctx); err != nil {
-		// Not fatal: the limiter serves degraded and recovers when Redis
-		// does; a Cluster's slots are read again every second until then.
-		log.Warn("could not load the scripts or the cluster's slots at start; serving degraded until Redis answers", "err", err)
-	}
-	a.store = shared
-	a.info.states = shared.States
+	a := &authority{info: storeInfo{kind: def.kind, diagnose: def.conn.Diagnose, states: def.shared.States},
+		conn: def.conn, rdb: def.conn.UniversalClient, stores: []*storeHandle{def}}
 	if a.info.kind == redisclient.KindCluster {
-		a.info.owner = shared.Owner
+		a.info.owner = def.shared.Owner
 	}
-	stopStore := runInBackground(shared.Run)
-	a.Authority = split.New(shared, nil)
+	closeStores := []func(context.Context) error{closeDef}
+	for _, ns := range cfg.Stores {
+		h, closeStore, err := openStore(ctx, ns.Name, ns.Redis, cfg, nil, log)
+		if err != nil {
+			for _, c := range closeStores {
+				_ = c(ctx)
+			}
+			return nil, err
+		}
+		a.stores = append(a.stores, h)
+		closeStores = append(closeStores, closeStore)
+	}
+	a.store = def.shared
+	// Each key's calls go to the store its limit names (enforcement.Stores).
+	routed := enforcement.NewStores(def.shared, namedStores(a.stores[1:]))
+	a.Authority = split.New(routed, nil)
 	if cfg.LeaseBlock > 0 {
-		a.lease = lease.New(a.Authority, shared, lease.Config{
+		a.lease = lease.New(a.Authority, routed, lease.Config{
 			Block:        int64(cfg.LeaseBlock),
 			HotOpsPerSec: cfg.LeaseHotOps,
 			MaxHold:      cfg.LeaseMaxHold,
@@ -282,7 +287,9 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 		a.Authority = a.lease
 		a.closers = append(a.closers, a.lease.Close) // returns held tokens while Redis is still open
 	}
-	a.closers = append(a.closers, stopStore, func(context.Context) error { return rdb.Close() })
+	for i := len(closeStores) - 1; i >= 0; i-- {
+		a.closers = append(a.closers, closeStores[i])
+	}
 	return a, nil
 }
 
@@ -310,27 +317,43 @@ func runInBackground(run func(context.Context) error) (stop func(context.Context
 // leaves the fleet.
 func startFleet(a *authority, cfg config, lim *enforcement.Limiter, metrics *limitmetrics.Metrics, log *slog.Logger) (func(context.Context) error, error) {
 	metrics.Instances(lim.Instances())
-	if a.store == nil {
-		return func(context.Context) error { return nil }, nil
+	var closers []func(context.Context) error
+	stop := func(ctx context.Context) error {
+		var errs []error
+		for i := len(closers) - 1; i >= 0; i-- {
+			errs = append(errs, closers[i](ctx))
+		}
+		return errors.Join(errs...)
 	}
-	hb, err := fleet.Start(a.store, fleet.Config{
-		Member: cfg.InstanceID,
-		Every:  cfg.FleetHeartbeat,
-		Log:    log,
-		OnCount: func(n int) {
-			lim.SetInstances(n) // never below LIMITER_EXPECTED_INSTANCES
-			n = lim.Instances()
-			if a.lease != nil {
-				a.lease.SetInstances(n)
-			}
-			metrics.Instances(n)
-		},
-	})
-	if err != nil {
-		return nil, err
+	for _, h := range a.stores {
+		hlog := log
+		if h.name != limits.DefaultStore {
+			hlog = log.With("store", h.name)
+		}
+		hb, err := fleet.Start(h.shared, fleet.Config{
+			Member: cfg.InstanceID,
+			Every:  cfg.FleetHeartbeat,
+			Log:    hlog,
+			OnCount: func(n int) {
+				lim.SetInstances(a.fleet.set(h.name, n)) // the largest count; never below LIMITER_EXPECTED_INSTANCES
+				n = lim.Instances()
+				if a.lease != nil {
+					a.lease.SetInstances(n)
+				}
+				metrics.Instances(n)
+			},
+		})
+		if err != nil {
+			_ = stop(context.Background())
+			return nil, err
+		}
+		h.hb = hb
+		closers = append(closers, hb.Close)
+		if h.name == limits.DefaultStore {
+			a.info.failing = hb.Failing
+		}
 	}
-	a.info.failing = hb.Failing
-	return hb.Close, nil
+	return stop, nil
 }
 
 // memoryAuthority is the in-process authority of single-node mode with its
@@ -369,6 +392,30 @@ type readyBody struct {
 	// Metering is the Kafka connection of the decision events; absent
 	// when metering is off.
 	Metering *meteringStatus `json:"metering,omitempty"`
+	// Stores is every shared store by name ("default" and REDIS_STORES's);
+	// absent in single-node mode.
+	Stores map[string]storeReady `json:"stores,omitempty"`
+}
+
+// addStores fills b.Stores; a named store that is degraded makes the whole
+// limiter's status degraded too (its keys are), the reason naming it.
+func addStores(b *readyBody, a *authority) {
+	if len(a.stores) == 0 {
+		return
+	}
+	b.Stores = make(map[string]storeReady, len(a.stores))
+	var down []string
+	for _, h := range a.stores {
+		r := readyOf(h, a.fleet.get(h.name))
+		b.Stores[h.name] = r
+		if h.name != limits.DefaultStore && r.Status != "ok" {
+			down = append(down, h.name)
+		}
+	}
+	if len(down) > 0 && b.Status == "ok" {
+		b.Status = "degraded"
+		b.Reason = "store " + strings.Join(down, ", ") + " unavailable: the keys routed to it decide with tightened local limits"
+	}
 }
 
 // meteringStatus is "ok", or "failing" with the reason (a refused

@@ -183,7 +183,10 @@ func (s *Shared) guardFor(slot uint16) *Guard {
 
 // Take implements enforcement.Authority.
 func (s *Shared) Take(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64) (enforcement.Verdict, error) {
-	return s.guardFor(keyslot.KeySlot(key, scope)).Take(ctx, key, scope, lim, cost)
+	if g := s.single; g != nil { // one server: no slot to compute
+		return g.Take(ctx, key, scope, lim, cost)
+	}
+	return s.guardOf(s.owner(keyslot.KeySlot(key, scope))).Take(ctx, key, scope, lim, cost)
 }
 
 // do runs fn, a store call about the bucket of (key, scope) (a lease, a
