@@ -165,8 +165,9 @@ var _ enforcement.Authority = (*Guard)(nil)
 
 // NewGuard wraps next with a guard that has its own starvation monitor
 // (Run runs it). obs and log may be nil. next may be nil for a Guard used
-// only through Do. It starts nothing: until Run runs, every call is judged
-// strictly, as if the process always had the CPU.
+// only through Do. It starts nothing: until Run runs the monitor has no
+// history, and a late call is judged as in a process just started (it
+// fails after Timeout + StarvedGrace rather than Timeout).
 func NewGuard(next enforcement.Authority, s GuardSettings, obs Observer, log *slog.Logger) *Guard {
 	return newGuard(next, s, obs, log, newLagMonitor(lagTick, lagSlack, lagHistory))
 }

@@ -213,8 +213,8 @@ func TestLagProbeStopsWhenIdle(t *testing.T) {
 	if m.isRunning() || m.active.Load() {
 		t.Fatal("still running after run returned")
 	}
-	if st := m.since(time.Now().Add(-time.Second), time.Now()); st.starved() {
-		t.Fatalf("with nothing probing a call is judged as if the process had the CPU: %+v", st)
+	if st := m.since(time.Now().Add(-time.Second), time.Now()); !st.busy || st.lag != 0 {
+		t.Fatalf("with nothing probing there is no history (busy, as just started), and no lag: %+v", st)
 	}
 	// A probe that has not run since it was started is overdue: lag.
 	m2 := activeMonitor(ms, 250*time.Microsecond, 8192)

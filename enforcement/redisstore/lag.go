@@ -31,7 +31,8 @@ import (
 // wakes it, and it goes back to sleep after lagIdleStop without calls, so
 // it costs nothing on an idle limiter. Its goroutine is the monitor's run,
 // which the store's Run owns: while run is not running (before Run, after
-// it), nothing probes, and calls are judged as if the process had the CPU. Until it has a full window
+// it) nothing probes and there is no history, which is judged as in a
+// process that has just started. Until it has a full window
 // of history (just started), contention is unknown and taken as "busy", so
 // a process that has just started is never quick to blame the store.
 
@@ -84,7 +85,12 @@ func newLagMonitor(tick, slack time.Duration, history int) *lagMonitor {
 // per monitor.
 func (m *lagMonitor) run(ctx context.Context) error {
 	m.active.Store(true)
-	defer m.active.Store(false)
+	defer func() {
+		m.active.Store(false)
+		m.mu.Lock()
+		m.n = 0 // history nobody extends says nothing of what follows
+		m.mu.Unlock()
+	}()
 	if m.inflight.Load() > 0 { // calls entered before run: probe for them
 		m.wakeUp()
 	}
@@ -226,9 +232,6 @@ func (s starvation) starved() bool { return s.busy || s.lag >= starvedLag }
 // (including a wake-up that is overdue right now: a process that is not
 // running cannot record it), and whether the machine is busy.
 func (m *lagMonitor) since(from, now time.Time) starvation {
-	if m == nil || !m.active.Load() {
-		return starvation{} // nothing probes: judged as if the process had the CPU
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.n == 0 {
