@@ -206,10 +206,7 @@ type authority struct {
 	enforcement.Authority
 	info    storeInfo
 	closers []func(context.Context) error
-	// With Redis: the store (decisions, leases and fleet heartbeats, each
-	// behind its shard's deadline and breaker), and the leasing layer when
-	// leasing is on.
-	store enforcement.Store
+	// The leasing layer when leasing is on.
 	lease *lease.Authority
 	// stores are every shared store, the default one first, then
 	// REDIS_STORES's in name order.
@@ -218,9 +215,6 @@ type authority struct {
 	// rdb is the Redis client (nil in single-node mode): the shadow tier
 	// builds its own store, in its own key namespace, on it.
 	rdb redis.UniversalClient
-	// conn is the same client with what SIGHUP re-reads (the password, the
-	// TLS files); nil in single-node mode.
-	conn *redisclient.Client
 }
 
 func (a *authority) close(ctx context.Context) error {
@@ -253,7 +247,7 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 		return nil, err
 	}
 	a := &authority{info: storeInfo{kind: def.kind, diagnose: def.conn.Diagnose, states: def.shared.States},
-		conn: def.conn, rdb: def.conn.UniversalClient, stores: []*storeHandle{def}}
+		rdb: def.conn.UniversalClient, stores: []*storeHandle{def}}
 	if a.info.kind == redisclient.KindCluster {
 		a.info.owner = def.shared.Owner
 	}
@@ -269,7 +263,6 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 		a.stores = append(a.stores, h)
 		closeStores = append(closeStores, closeStore)
 	}
-	a.store = def.shared
 	// Each key's calls go to the store its limit names (enforcement.Stores).
 	routed := enforcement.NewStores(def.shared, namedStores(a.stores[1:]))
 	a.Authority = split.New(routed, nil)
