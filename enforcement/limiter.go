@@ -118,6 +118,8 @@ type Limiter struct {
 	// storeEpoch counts authority failures. What an entry learned from the
 	// store (its shadow) is trusted only within one epoch: a store that
 	// failed may come back empty, and a stale "empty" must not reject.
+	// Each named store (Limit.Store) counts its own in storeEpochs, so that
+	// one store's outage does not make the others' keys forget.
 	storeEpoch atomic.Uint64
 	policy     atomic.Pointer[policyBox]
 	entries    *table[entry]
@@ -132,6 +134,8 @@ type Limiter struct {
 	stop                       chan struct{}
 	stopOnce                   sync.Once
 	done                       chan struct{}
+
+	storeEpochs sync.Map // store name → *atomic.Uint64 (epochOf)
 }
 
 // policyBox is one policy in force; a new box per SetPolicy. It interns
@@ -378,6 +382,18 @@ func (l *Limiter) Instances() int { return int(l.instances.Load()) }
 
 func (l *Limiter) instN() float64 { return float64(l.instances.Load()) }
 
+// epochOf is the failure epoch of the named store ("" = the default).
+func (l *Limiter) epochOf(store string) *atomic.Uint64 {
+	if store == "" {
+		return &l.storeEpoch
+	}
+	if e, ok := l.storeEpochs.Load(store); ok {
+		return e.(*atomic.Uint64)
+	}
+	e, _ := l.storeEpochs.LoadOrStore(store, new(atomic.Uint64))
+	return e.(*atomic.Uint64)
+}
+
 // StoreFailing reports whether the shared store's latest call failed (no
 // answer since): decisions are degraded even if too few calls failed for
 // the breaker to open.
@@ -454,7 +470,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 		d.Quota.Limit, d.Quota.Period = res.QuotaLimit, res.QuotaPeriod
 	}
 	if cost > 0 {
-		if epoch := uint32(l.storeEpoch.Load()); e.epoch != epoch {
+		if epoch := uint32(l.epochOf(res.Store).Load()); e.epoch != epoch {
 			e.forget()
 			e.epoch = epoch
 		}
@@ -542,7 +558,7 @@ func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *en
 
 	// Failure policy: fail open at the shared tier, while the tightened local
 	// bucket and the quota share keep enforcing.
-	l.storeEpoch.Add(1)
+	l.epochOf(lim.Store).Add(1)
 	l.lastStoreFail.Store(nowUS)
 	if l.cfg.Observer != nil {
 		l.cfg.Observer.AuthorityFailed(err)
@@ -871,7 +887,7 @@ func (l *Limiter) rankEntry(e *entry, now int64) (uint64, bool) {
 	}
 	lim := &r.res.Limit
 	rate, burst := lim.Rate, lim.Burst
-	trusted := e.epoch == uint32(l.storeEpoch.Load())
+	trusted := e.epoch == uint32(l.epochOf(lim.Store).Load())
 	k := &e.known
 	if x := e.x; x != nil {
 		if trusted && (now < x.rej.rejectUntil || now < x.rej.notBefore) {

@@ -79,6 +79,10 @@ type Limit struct {
 	// Split spreads a hot key's bucket over Split sub-keys, each holding
 	// 1/Split of the rate and burst (key splitting); 0 or 1 = one bucket.
 	Split int
+
+	// Store names the shared store that decides the key (dedicated
+	// capacity, REDIS_STORES); "" = the default store.
+	Store string
 }
 
 // Capacity is the largest cost a request can ever be allowed: the burst, or
@@ -100,4 +104,23 @@ type Resolved struct {
 	Tier   string // the tier the request resolved to
 	DryRun bool   // count what would be rejected, reject nothing
 	Cost   int64  // the scope's cost when the request names none
+}
+
+// DefaultStore is the name of the default store (REDIS_ADDRS) in readiness
+// and metrics; Limit.Store leaves it empty.
+const DefaultStore = "default"
+
+// ValidStoreName reports whether name may name a store (REDIS_STORES, a
+// policy's store:): 1 to 64 letters, digits, '_' and '-', and not
+// DefaultStore.
+func ValidStoreName(name string) bool {
+	if name == "" || len(name) > 64 || name == DefaultStore {
+		return false
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }

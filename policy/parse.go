@@ -218,6 +218,10 @@ func (v *validator) shape(n *yaml.Node, t reflect.Type, path string) {
 			return
 		}
 		v.mapping(n, path, map[string]int{}, func(_, val *yaml.Node, p string) {
+			if path == "keys" && val.Kind == yaml.MappingNode {
+				v.shape(val, reflect.TypeOf(KeyEntry{}), p) // the long form
+				return
+			}
 			v.shape(val, t.Elem(), p)
 		}, func(merged *yaml.Node) { v.shape(merged, t, path) })
 	case reflect.Slice:
@@ -278,6 +282,17 @@ func decodeFile(root *yaml.Node, f *File) (err error) {
 		f.Keys = map[string]string{}
 		eachPair(keys, 0, func(k string, v *yaml.Node) {
 			switch {
+			case v.Kind == yaml.MappingNode:
+				var e KeyEntry
+				if v.Decode(&e) == nil {
+					f.Keys[k] = e.Tier
+					if e.Store != "" {
+						if f.KeyStores == nil {
+							f.KeyStores = map[string]string{}
+						}
+						f.KeyStores[k] = e.Store
+					}
+				}
 			case v.Kind != yaml.ScalarNode:
 			case v.ShortTag() == "!!null":
 				f.Keys[k] = "" // as yaml.v3 reads it; refused as an undefined tier
@@ -447,6 +462,7 @@ func (v *validator) compile(f File) *Policy {
 			lim.QuotaID = "tier:" + name
 			lim.QuotaDenyUnknown = t.Quota.UnknownWhileDegraded == "deny"
 		}
+		lim.Store = t.Store
 		p.tiers[name] = tierLimit{name: name, limit: lim}
 	}
 	if f.DefaultTier == "" {
@@ -457,6 +473,14 @@ func (v *validator) compile(f File) *Policy {
 	for key, tier := range f.Keys {
 		if _, ok := f.Tiers[tier]; !ok {
 			v.fail("keys."+key, "names tier %q, which is not defined", tier)
+		}
+	}
+	for key, st := range f.KeyStores {
+		v.storeName("keys."+key+".store", st)
+	}
+	for name, t := range f.Tiers {
+		if t.Store != "" {
+			v.storeName("tiers."+name+".store", t.Store)
 		}
 	}
 	for scope, cost := range f.Costs {
@@ -601,4 +625,12 @@ func (v *validator) quota(path string, q *Quota) (int64, limits.Period) {
 		v.fail(path+".unknown_while_degraded", "must be share or deny, got %q", q.UnknownWhileDegraded)
 	}
 	return q.Limit, period
+}
+
+// storeName checks the name of a store: what REDIS_STORES may name (letters,
+// digits, '_' and '-'), and not "default", the name of REDIS_ADDRS's.
+func (v *validator) storeName(path, name string) {
+	if !limits.ValidStoreName(name) {
+		v.fail(path, "%q is not a store name (letters, digits, '_' and '-'; not \"default\")", truncate(name, 40))
+	}
 }

@@ -22,7 +22,10 @@ type File struct {
 	Tiers         map[string]Tier   `yaml:"tiers"`
 	Rules         []Rule            `yaml:"rules"`
 	Costs         map[string]int64  `yaml:"costs"`
-	Keys          map[string]string `yaml:"keys"`
+	Keys          map[string]string `yaml:"keys"` // key → tier, from either form of an entry
+	// KeyStores is the store of each key whose entry names one (the form
+	// `acct_acme: { tier: enterprise, store: acme }`).
+	KeyStores map[string]string `yaml:"-"`
 	// Domains maps Envoy rate limit descriptors to keys and scopes, per
 	// domain (see domains.go).
 	Domains map[string]Domain `yaml:"domains"`
@@ -42,6 +45,15 @@ type Tier struct {
 	Burst            int64   `yaml:"burst"`
 	SoftLimitPercent float64 `yaml:"soft_limit_percent"`
 	Quota            *Quota  `yaml:"quota"`
+	// Store routes the tier's keys to a named store (REDIS_STORES); a
+	// key's own entry in the keys map wins over it.
+	Store string `yaml:"store"`
+}
+
+// KeyEntry is the long form of a keys map entry.
+type KeyEntry struct {
+	Tier  string `yaml:"tier"`
+	Store string `yaml:"store"` // a named store (REDIS_STORES); "" = the tier's
 }
 
 // Quota is a calendar-window allowance.
@@ -99,6 +111,48 @@ type compiledRule struct {
 	Rule
 	index     int
 	scopeGlob bool
+}
+
+// Stores is every store name the policy routes keys to (sorted; the
+// default store, "", not included). A limiter refuses a policy naming a
+// store it does not have (cmd/limiter: REDIS_STORES).
+func (p *Policy) Stores() []string {
+	seen := map[string]bool{}
+	for _, t := range p.file.Tiers {
+		if t.Store != "" {
+			seen[t.Store] = true
+		}
+	}
+	for _, st := range p.file.KeyStores {
+		seen[st] = true
+	}
+	out := make([]string, 0, len(seen))
+	for st := range seen {
+		out = append(out, st)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// CheckStores reports every store the policy names that known (the
+// configured names) lacks, each with where the policy names it.
+func (p *Policy) CheckStores(known func(name string) bool) error {
+	var errs []string
+	for name, t := range p.file.Tiers {
+		if t.Store != "" && !known(t.Store) {
+			errs = append(errs, fmt.Sprintf("tiers.%s.store: names store %q, which is not configured", name, t.Store))
+		}
+	}
+	for key, st := range p.file.KeyStores {
+		if !known(st) {
+			errs = append(errs, fmt.Sprintf("keys.%s.store: names store %q, which is not configured", key, st))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	sort.Strings(errs)
+	return fmt.Errorf("%s (REDIS_STORES names the stores)", strings.Join(errs, "; "))
 }
 
 // Version is the file's version field.
@@ -172,6 +226,9 @@ func (p *Policy) resolve(key, scope, tier string, withShadow bool) (limits.Resol
 	if c := p.ceiling; c != nil {
 		res.Rate = min(res.Rate, c.Rate)
 		res.Burst = min(res.Burst, c.Burst)
+	}
+	if st, ok := p.file.KeyStores[key]; ok {
+		res.Store = st // the key's own store, whatever its tier
 	}
 	return res, r, nil
 }

@@ -44,10 +44,9 @@ DEFAULT_TESTS="
 ./cmd/limiter .
 ./cmd/meter-consumer .
 ./cmd/usage-api .
-./enforcement/shardguard .
+./enforcement/redisstore .
 ./enforcement/lease .
 ./enforcement/fleet .
-./enforcement/guard .
 ./enforcement/envoyrls .
 ./metering/consumer .
 ./internal/testenv .

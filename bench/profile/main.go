@@ -19,7 +19,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/enforcement/guard"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/policy"
@@ -51,7 +50,7 @@ func main() {
 		defer p.Close(context.Background())
 		auth = p
 	}
-	lim, err := enforcement.New(enforcement.Config{Authority: guard.New(auth, guard.Settings{Timeout: *timeout}, nil, nil), Policy: pol})
+	lim, err := enforcement.New(enforcement.Config{Authority: redisstore.NewGuard(auth, redisstore.GuardSettings{Timeout: *timeout}, nil, nil), Policy: pol})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 type config struct {
 	Addr              string
 	Redis             redisclient.Config // every REDIS_* variable (internal/redisclient)
+	Stores            []namedStore       // REDIS_STORES: dedicated capacity beside the default store (stores.go)
 	PolicyFile        string
 	PolicyLog         policyLogConfig // POLICY_SOURCE, POLICY_TOPIC, POLICY_CACHE_DIR (policylog_tail.go)
 	KafkaBrokers      []string
@@ -93,6 +94,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	c.Shadow = shadowConfigFrom(e, c.StoreTimeout)
 	c.PolicyLog = policyLogConfigFrom(e, c.KafkaBrokers)
+	c.Stores = storesFrom(e, c.Redis)
 	e.HostPort("LIMITER_ADDR", c.Addr)
 	for _, a := range c.KafkaBrokers {
 		e.HostPort("KAFKA_BROKERS", a)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 
@@ -39,6 +40,13 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 	file := files[0]
 	p, ok := readPolicyFile(file, stderr)
 	if !ok {
+		return cli.ExitFail
+	}
+	// The stores it routes keys to must be this environment's (REDIS_STORES).
+	known := parseStores(os.Getenv("REDIS_STORES"), func(string, ...any) {})
+	if err := p.CheckStores(func(name string) bool { return known[name] != nil }); err != nil {
+		fmt.Fprintln(stderr, "policy refused:")
+		fmt.Fprintln(stderr, "  "+err.Error())
 		return cli.ExitFail
 	}
 	fmt.Fprintf(stdout, "ok: %s is valid (version %d, %d tiers, %d rules, sha256 %s)\n",

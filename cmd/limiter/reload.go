@@ -39,6 +39,9 @@ type policyReloader struct {
 	// alsoOnHUP run on SIGHUP after the policy is re-read (the one SIGHUP
 	// handler of the binary): re-reading rotated connection secrets.
 	alsoOnHUP []func()
+	// check, when set, refuses a valid file the binary cannot serve (a
+	// store the limiter does not have), as a parse error is refused.
+	check func(*policy.Policy) error
 }
 
 func newPolicyReloader(path string, target interface{ SetPolicy(enforcement.Policy) }, reg prometheus.Registerer, log *slog.Logger) *policyReloader {
@@ -92,6 +95,9 @@ func (r *policyReloader) reload(why string) {
 		return // log mode
 	}
 	p, err := policy.Load(r.path)
+	if err == nil && r.check != nil {
+		err = r.check(p)
+	}
 	if err != nil {
 		r.results.WithLabelValues("refused").Inc()
 		r.lastOK.Set(0)

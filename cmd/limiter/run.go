@@ -20,18 +20,16 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/fleet"
-	"github.com/ratewarden/ratewarden/enforcement/guard"
 	"github.com/ratewarden/ratewarden/enforcement/hotkeys"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
-	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/enforcement/shardguard"
 	"github.com/ratewarden/ratewarden/enforcement/split"
 	"github.com/ratewarden/ratewarden/internal/bearer"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tracing"
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // run builds the limiter from cfg, serves until ctx ends, then shuts down
@@ -49,6 +47,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	// The file, or the policy log read to its end (policylog_tail.go).
 	pol, doc, tail, err := loadPolicy(ctx, cfg, reg, log)
+	if err == nil {
+		err = checkStores(cfg.Stores)(doc) // a store the policy names must exist
+	}
 	if err != nil {
 		return err
 	}
@@ -92,6 +93,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	reloader := newPolicyReloader(cfg.PolicyFile, lim, reg, log)
 	reloader.set(doc)
+	reloader.check = checkStores(cfg.Stores)
 	stopTail := func() {}
 	if tail != nil { // log mode: the file is only the bootstrap; SIGHUP still re-reads secrets
 		reloader.path, reloader.source = "", tail.current
@@ -104,8 +106,12 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	// SIGHUP also re-reads the secrets of the connections that can rotate
 	// them without a restart.
 	reloader.alsoOnHUP = append(reloader.alsoOnHUP, meter.onHUP)
-	if auth.conn != nil {
-		reloader.alsoOnHUP = append(reloader.alsoOnHUP, secretReloader("redis", auth.conn.Reload, reg, log))
+	for _, h := range auth.stores {
+		what := "redis"
+		if h.name != limits.DefaultStore {
+			what = "redis:" + h.name
+		}
+		reloader.alsoOnHUP = append(reloader.alsoOnHUP, secretReloader(what, h.conn.Reload, reg, log))
 	}
 	if cfg.ListenTLS != nil {
 		reloader.alsoOnHUP = append(reloader.alsoOnHUP, secretReloader("listener-certificate", cfg.ListenTLS.Reload, reg, log))
@@ -123,7 +129,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, readiness(r.Context(), auth.info, lim.StoreFailing(), reloader.current(), meter.ready))
+		b := readiness(r.Context(), auth.info, lim.StoreFailing(), reloader.current(), meter.ready)
+		addStores(&b, auth)
+		writeJSON(w, http.StatusOK, b)
 	})
 	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot)))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
@@ -199,9 +207,9 @@ func secretReloader(what string, reload func() error, reg prometheus.Registerer,
 
 // storeInfo describes the authority for /readyz.
 type storeInfo struct {
-	kind   string                        // memory | redis | redis-cluster | redis-sentinel
-	states func() map[string]guard.State // breaker state per shard; nil in memory mode
-	owner  func(slot uint16) string      // the shard of a hash slot (hot-key visibility); nil = one server
+	kind   string                             // memory | redis | redis-cluster | redis-sentinel
+	states func() map[string]redisstore.State // breaker state per shard; nil in memory mode
+	owner  func(slot uint16) string           // the shard of a hash slot (hot-key visibility); nil = one server
 	// failing reports store trouble the breakers have not (yet) seen: the
 	// fleet heartbeat failing while traffic is too light to trip them. nil = none.
 	failing func() bool
@@ -217,16 +225,15 @@ type authority struct {
 	enforcement.Authority
 	info    storeInfo
 	closers []func(context.Context) error
-	// With Redis: the store behind the same guards as every decision, for
-	// the fleet heartbeat, and the leasing layer when leasing is on.
-	fleetStore fleet.Store
-	lease      *lease.Authority
+	// The leasing layer when leasing is on.
+	lease *lease.Authority
+	// stores are every shared store, the default one first, then
+	// REDIS_STORES's in name order.
+	stores []*storeHandle
+	fleet  fleetCounts // each store's fleet count
 	// rdb is the Redis client (nil in single-node mode): the shadow tier
 	// builds its own store, in its own key namespace, on it.
 	rdb redis.UniversalClient
-	// conn is the same client with what SIGHUP re-reads (the password, the
-	// TLS files); nil in single-node mode.
-	conn *redisclient.Client
 }
 
 func (a *authority) close(ctx context.Context) error {
@@ -239,8 +246,9 @@ func (a *authority) close(ctx context.Context) error {
 
 // buildAuthority assembles the shared tier. With Redis the chain, from the
 // limiter outwards, is: lease (hot keys spend leased blocks in-process) →
-// split (split keys spread over sub-buckets) → a deadline and circuit
-// breaker per shard → auto-pipelined EVALSHA of the bucket script.
+// split (split keys spread over sub-buckets) → the shared store
+// (redisstore.Shared: a deadline and circuit breaker per shard around
+// auto-pipelined EVALSHA of the bucket script).
 func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*authority, error) {
 	if !cfg.Redis.Enabled() {
 		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")
@@ -251,97 +259,67 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 	}
 
 	// Standalone, Cluster or Sentinel, with TLS and an ACL user as
-	// configured (internal/redisclient, the one place that reads REDIS_*).
-	conn, err := cfg.Redis.Open(redisclient.Options{
-		Timeout: time.Second, MaxRetries: -1, PoolSize: 64, MinIdleConns: 8,
-	})
+	// configured (internal/redisclient, the one place that reads REDIS_*);
+	// then each store REDIS_STORES names, reached alike (stores.go).
+	def, closeDef, err := openStore(ctx, limits.DefaultStore, cfg.Redis, cfg, metrics, log)
 	if err != nil {
 		return nil, err
 	}
-	a := &authority{info: storeInfo{kind: conn.Kind(), diagnose: conn.Diagnose}, conn: conn}
-	rdb := conn.UniversalClient // the go-redis client itself: nothing between it and the hot path
-	a.rdb = rdb
-	// A pipeline never outlives a decision's deadline: a worker stuck on a
-	// dead Cluster master must not hold up the decisions of live ones.
-	pipelined := redisstore.NewPipelined(rdb, cfg.Redis.KeyPrefix, redisstore.PipelineConfig{Timeout: cfg.StoreTimeout, Workers: cfg.StoreInFlight})
-	store := pipelined.Store()
-	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if err := store.Preload(pctx); err != nil {
-		// Not fatal: the limiter serves degraded and recovers when Redis does.
-		log.Warn("could not load the bucket script at start; serving degraded until Redis answers", "err", err)
-	}
-
-	settings := guard.Settings{
-		Timeout:             cfg.StoreTimeout,
-		ConsecutiveFailures: uint32(cfg.BreakerFailures),
-		OpenFor:             cfg.BreakerOpenFor,
-	}
-	var guarded enforcement.Authority
-	var guardOf func(slot uint16) *guard.Authority // the guard of the shard that owns a slot
+	a := &authority{info: storeInfo{kind: def.kind, diagnose: def.conn.Diagnose, states: def.shared.States},
+		rdb: def.conn.UniversalClient, stores: []*storeHandle{def}}
 	if a.info.kind == redisclient.KindCluster {
-		// One breaker per master: losing one degrades only its slots. A
-		// cluster unreachable at start leaves the map unassigned (every
-		// key decides degraded) until a refresh reaches it.
-		slots, err := redisstore.NewSlotMap(pctx, rdb)
-		if err != nil {
-			log.Warn("could not read the cluster's slots at start; serving degraded and retrying every second", "err", err)
-		}
-		slotCtx, stopSlots := context.WithCancel(context.Background())
-		slotsDone := make(chan struct{})
-		go func() {
-			defer close(slotsDone)
-			failing := err != nil
-			slots.Run(slotCtx, 10*time.Second, func(err error) {
-				if !failing { // once per outage, not once a second
-					log.Warn("refresh cluster slots", "err", err)
-				}
-				failing = true
-			})
-		}()
-		a.closers = append(a.closers, func(context.Context) error { stopSlots(); <-slotsDone; return nil })
-		sg := shardguard.New(pipelined, slots.Owner, nil, settings, metrics, log)
-		guarded, a.info.owner = sg, slots.Owner
-		guardOf = sg.Guard
-		// Only the shards that own slots now: a guard left behind by a
-		// failover, or the "unassigned" one of a start before the cluster,
-		// says nothing about the store any more.
-		a.info.states = func() map[string]guard.State {
-			live := slots.Masters()
-			out := sg.States()
-			for shard := range out {
-				if !live[shard] {
-					delete(out, shard)
-				}
-			}
-			return out
-		}
-	} else {
-		g := guard.New(pipelined, settings, metrics, log)
-		guarded = g
-		guardOf = func(uint16) *guard.Authority { return g }
-		a.info.states = func() map[string]guard.State { return map[string]guard.State{"store": g.State()} }
+		a.info.owner = def.shared.Owner
 	}
-	// Every store call, whatever its purpose, passes the same deadline and
-	// breaker as the decisions on the same shard.
-	gs := guardedStore{store: store, guardOf: guardOf}
-	a.fleetStore = gs
-	a.Authority = split.New(guarded, nil)
+	closeStores := []func(context.Context) error{closeDef}
+	for _, ns := range cfg.Stores {
+		h, closeStore, err := openStore(ctx, ns.Name, ns.Redis, cfg, nil, log)
+		if err != nil {
+			for _, c := range closeStores {
+				_ = c(ctx)
+			}
+			return nil, err
+		}
+		a.stores = append(a.stores, h)
+		closeStores = append(closeStores, closeStore)
+	}
+	// Each key's calls go to the store its limit names (enforcement.Stores).
+	routed := enforcement.NewStores(def.shared, namedStores(a.stores[1:]))
+	a.Authority = split.New(routed, nil)
 	if cfg.LeaseBlock > 0 {
-		a.lease = lease.New(a.Authority, gs, lease.Config{
+		a.lease = lease.New(a.Authority, routed, lease.Config{
 			Block:        int64(cfg.LeaseBlock),
 			HotOpsPerSec: cfg.LeaseHotOps,
 			MaxHold:      cfg.LeaseMaxHold,
-			// The guard judges lateness (and tells a starved process from a
-			// slow store); this is only the outer bound of a lease call.
+			// The store's guard judges lateness (and tells a starved
+			// process from a slow store); this is only the outer bound
+			// of a lease call.
 			Timeout: time.Second,
 			Log:     log,
 		})
 		a.Authority = a.lease
 		a.closers = append(a.closers, a.lease.Close) // returns held tokens while Redis is still open
 	}
-	a.closers = append(a.closers, pipelined.Close, func(context.Context) error { return rdb.Close() })
+	for i := len(closeStores) - 1; i >= 0; i-- {
+		a.closers = append(a.closers, closeStores[i])
+	}
 	return a, nil
+}
+
+// runInBackground runs run until the returned stop is called; stop ends
+// run's context and waits for it to return (or for its own ctx).
+func runInBackground(run func(context.Context) error) (stop func(context.Context) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	return func(wait context.Context) error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-wait.Done():
+			return wait.Err()
+		}
+	}
 }
 
 // startFleet starts the fleet heartbeat when the store is shared: the live
@@ -351,86 +329,43 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 // leaves the fleet.
 func startFleet(a *authority, cfg config, lim *enforcement.Limiter, metrics *limitmetrics.Metrics, log *slog.Logger) (func(context.Context) error, error) {
 	metrics.Instances(lim.Instances())
-	if a.fleetStore == nil {
-		return func(context.Context) error { return nil }, nil
+	var closers []func(context.Context) error
+	stop := func(ctx context.Context) error {
+		var errs []error
+		for i := len(closers) - 1; i >= 0; i-- {
+			errs = append(errs, closers[i](ctx))
+		}
+		return errors.Join(errs...)
 	}
-	hb, err := fleet.Start(a.fleetStore, fleet.Config{
-		Member: cfg.InstanceID,
-		Every:  cfg.FleetHeartbeat,
-		Log:    log,
-		OnCount: func(n int) {
-			lim.SetInstances(n) // never below LIMITER_EXPECTED_INSTANCES
-			n = lim.Instances()
-			if a.lease != nil {
-				a.lease.SetInstances(n)
-			}
-			metrics.Instances(n)
-		},
-	})
-	if err != nil {
-		return nil, err
+	for _, h := range a.stores {
+		hlog := log
+		if h.name != limits.DefaultStore {
+			hlog = log.With("store", h.name)
+		}
+		hb, err := fleet.Start(h.shared, fleet.Config{
+			Member: cfg.InstanceID,
+			Every:  cfg.FleetHeartbeat,
+			Log:    hlog,
+			OnCount: func(n int) {
+				lim.SetInstances(a.fleet.set(h.name, n)) // the largest count; never below LIMITER_EXPECTED_INSTANCES
+				n = lim.Instances()
+				if a.lease != nil {
+					a.lease.SetInstances(n)
+				}
+				metrics.Instances(n)
+			},
+		})
+		if err != nil {
+			_ = stop(context.Background())
+			return nil, err
+		}
+		h.hb = hb
+		closers = append(closers, hb.Close)
+		if h.name == limits.DefaultStore {
+			a.info.failing = hb.Failing
+		}
 	}
-	a.info.failing = hb.Failing
-	return hb.Close, nil
-}
-
-// guardedStore sends the store calls that are not decisions — leases,
-// returns, fleet heartbeats — through the guard of the shard that owns
-// their key.
-type guardedStore struct {
-	store   *redisstore.Store
-	guardOf func(slot uint16) *guard.Authority
-}
-
-// Each method hands fn its own result variables and reads them only when
-// Do succeeded: Do may give up on a late call and return while fn is still
-// running, and fn's late write must then touch nothing the caller reads.
-
-func (g guardedStore) Lease(ctx context.Context, key, scope string, lim enforcement.Limit, need, want int64) (redisstore.Grant, error) {
-	var grant redisstore.Grant
-	err := g.guardOf(keyslot.KeySlot(key, scope)).Do(ctx, func(ctx context.Context) error {
-		var err error
-		grant, err = g.store.Lease(ctx, key, scope, lim, need, want)
-		return err
-	})
-	if err != nil {
-		return redisstore.Grant{}, err
-	}
-	return grant, nil
-}
-
-func (g guardedStore) Return(ctx context.Context, key, scope string, lim enforcement.Limit, n int64) (redisstore.Grant, error) {
-	var grant redisstore.Grant
-	err := g.guardOf(keyslot.KeySlot(key, scope)).Do(ctx, func(ctx context.Context) error {
-		var err error
-		grant, err = g.store.Return(ctx, key, scope, lim, n)
-		return err
-	})
-	if err != nil {
-		return redisstore.Grant{}, err
-	}
-	return grant, nil
-}
-
-func (g guardedStore) Beat(ctx context.Context, member string, ttl time.Duration) (int, error) {
-	return g.fleet(ctx, func(ctx context.Context) (int, error) { return g.store.Beat(ctx, member, ttl) })
-}
-
-func (g guardedStore) Leave(ctx context.Context, member string, ttl time.Duration) (int, error) {
-	return g.fleet(ctx, func(ctx context.Context) (int, error) { return g.store.Leave(ctx, member, ttl) })
-}
-
-func (g guardedStore) fleet(ctx context.Context, call func(context.Context) (int, error)) (int, error) {
-	var n int
-	err := g.guardOf(keyslot.Slot(g.store.FleetKey())).Do(ctx, func(ctx context.Context) error {
-		var err error
-		n, err = call(ctx)
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return n, nil
+	return stop, nil
 }
 
 // memoryAuthority is the in-process authority of single-node mode with its
@@ -469,6 +404,30 @@ type readyBody struct {
 	// Metering is the Kafka connection of the decision events; absent
 	// when metering is off.
 	Metering *meteringStatus `json:"metering,omitempty"`
+	// Stores is every shared store by name ("default" and REDIS_STORES's);
+	// absent in single-node mode.
+	Stores map[string]storeReady `json:"stores,omitempty"`
+}
+
+// addStores fills b.Stores; a named store that is degraded makes the whole
+// limiter's status degraded too (its keys are), the reason naming it.
+func addStores(b *readyBody, a *authority) {
+	if len(a.stores) == 0 {
+		return
+	}
+	b.Stores = make(map[string]storeReady, len(a.stores))
+	var down []string
+	for _, h := range a.stores {
+		r := readyOf(h, a.fleet.get(h.name))
+		b.Stores[h.name] = r
+		if h.name != limits.DefaultStore && r.Status != "ok" {
+			down = append(down, h.name)
+		}
+	}
+	if len(down) > 0 && b.Status == "ok" {
+		b.Status = "degraded"
+		b.Reason = "store " + strings.Join(down, ", ") + " unavailable: the keys routed to it decide with tightened local limits"
+	}
 }
 
 // meteringStatus is "ok", or "failing" with the reason (a refused
@@ -515,10 +474,10 @@ func readiness(ctx context.Context, s storeInfo, storeFailing bool, p policyInfo
 	var down []string
 	for shard, st := range s.states() {
 		switch st {
-		case guard.Open:
+		case redisstore.Open:
 			b.Breaker = "open"
 			down = append(down, shard)
-		case guard.HalfOpen:
+		case redisstore.HalfOpen:
 			if b.Breaker != "open" {
 				b.Breaker = "half-open"
 			}

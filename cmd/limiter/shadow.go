@@ -9,7 +9,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/enforcement/guard"
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/enforcement/shadow"
@@ -74,13 +73,18 @@ func buildShadow(cfg config, a *authority, reg prometheus.Registerer, log *slog.
 		store = mem
 		closers = append(closers, stopSweep)
 	} else {
-		pipelined := redisstore.NewPipelined(a.rdb, shadowKeyPrefix(cfg.Redis.KeyPrefix), redisstore.PipelineConfig{Timeout: cfg.Shadow.Timeout})
-		store = guard.New(pipelined, guard.Settings{
-			Timeout:             cfg.Shadow.Timeout,
-			ConsecutiveFailures: uint32(cfg.BreakerFailures),
-			OpenFor:             cfg.BreakerOpenFor,
-		}, nil, log)
-		closers = append(closers, pipelined.Close)
+		shared := redisstore.NewShared(a.rdb, redisstore.SharedConfig{
+			Prefix:   shadowKeyPrefix(cfg.Redis.KeyPrefix),
+			Pipeline: redisstore.PipelineConfig{Timeout: cfg.Shadow.Timeout},
+			Guard: redisstore.GuardSettings{
+				Timeout:             cfg.Shadow.Timeout,
+				ConsecutiveFailures: uint32(cfg.BreakerFailures),
+				OpenFor:             cfg.BreakerOpenFor,
+			},
+			Log: log,
+		})
+		store = shared
+		closers = append(closers, runInBackground(shared.Run))
 	}
 	ev, err := shadow.New(shadow.Config{
 		Authority:         split.New(store, nil),

@@ -8,7 +8,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/enforcement/guard"
 	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/enforcement/split"
@@ -17,8 +16,9 @@ import (
 
 // The order of the decorators: the limiter asks the leasing authority,
 // which spends held tokens for hot keys and passes everything else on to
-// key splitting (limits with split: N), then the guard (deadline and
-// breaker), then the Redis script. Leases themselves go to the store.
+// key splitting (limits with split: N), then the shared store (a deadline
+// and a breaker per shard around the Redis script). Leases themselves go
+// to the store, behind the same guards.
 func Example() {
 	pol, err := policy.Parse([]byte(`
 version: 1
@@ -31,10 +31,12 @@ tiers:
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	store := redisstore.New(rdb, "rl")
+	store := redisstore.NewShared(rdb, redisstore.SharedConfig{Prefix: "rl"})
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop() // then store.Run closes the pipeline
+	go func() { _ = store.Run(ctx) }()
 
-	var auth enforcement.Authority = guard.New(store, guard.Settings{}, nil, nil)
-	auth = split.New(auth, nil)
+	var auth enforcement.Authority = split.New(store, nil)
 	leased := lease.New(auth, store, lease.Config{Block: 100, HotOpsPerSec: 500})
 	lim, err := enforcement.New(enforcement.Config{Authority: leased, Policy: pol, ExpectedInstances: 4})
 	if err != nil {

@@ -48,15 +48,14 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/limits"
 )
 
-// Store leases and returns tokens of the shared bucket atomically;
-// *redisstore.Store is one.
+// Store leases and returns tokens of the shared bucket atomically: the
+// lease half of enforcement.Store.
 type Store interface {
-	Lease(ctx context.Context, key, scope string, lim enforcement.Limit, need, want int64) (redisstore.Grant, error)
-	Return(ctx context.Context, key, scope string, lim enforcement.Limit, n int64) (redisstore.Grant, error)
+	Lease(ctx context.Context, key, scope string, lim enforcement.Limit, need, want int64) (enforcement.Grant, error)
+	Return(ctx context.Context, key, scope string, lim enforcement.Limit, n int64) (enforcement.Grant, error)
 }
 
 // Config tunes leasing. The zero value of each field is its documented default.
@@ -448,7 +447,7 @@ func (a *Authority) localVerdict(st *state, now int64) enforcement.Verdict {
 // grantVerdict is the verdict of a refresh that got g while this instance
 // holds held tokens: allowed (the grant covered the request) or not (it
 // took nothing; g says when it could).
-func grantVerdict(allowed bool, g redisstore.Grant, held int64, lim enforcement.Limit) enforcement.Verdict {
+func grantVerdict(allowed bool, g enforcement.Grant, held int64, lim enforcement.Limit) enforcement.Verdict {
 	v := enforcement.Verdict{
 		Allowed:    allowed,
 		Remaining:  g.Left + held,

@@ -9,10 +9,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/enforcement/guard"
+	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 )
 
-// Metrics implements enforcement.Observer and guard.Observer. It is safe
+// Metrics implements enforcement.Observer and redisstore.Observer. It is safe
 // for concurrent use. Label values are bounded: sources and results are
 // fixed sets, and policy names come from the policy file.
 type Metrics struct {
@@ -33,7 +33,7 @@ type Metrics struct {
 
 var (
 	_ enforcement.Observer = (*Metrics)(nil)
-	_ guard.Observer       = (*Metrics)(nil)
+	_ redisstore.Observer  = (*Metrics)(nil)
 )
 
 // New registers the limiter's metrics on reg.
@@ -146,7 +146,7 @@ func (m *Metrics) AuthorityFailed(error) { m.unavailable.Inc() }
 // ClockBack implements enforcement.Observer.
 func (m *Metrics) ClockBack() { m.clockBack.Inc() }
 
-// StoreCall implements guard.Observer.
+// StoreCall implements redisstore.Observer.
 func (m *Metrics) StoreCall(took time.Duration, err error) {
 	m.storeLatency.Observe(took.Seconds())
 	if err != nil {
@@ -154,18 +154,20 @@ func (m *Metrics) StoreCall(took time.Duration, err error) {
 	}
 }
 
-// BreakerState implements guard.Observer for a standalone store.
-func (m *Metrics) BreakerState(s guard.State) { m.breaker.WithLabelValues("store").Set(float64(s)) }
+// BreakerState implements redisstore.Observer for a standalone store.
+func (m *Metrics) BreakerState(s redisstore.State) {
+	m.breaker.WithLabelValues("store").Set(float64(s))
+}
 
 // ForShard returns the observer of one Cluster shard's guard
-// (shardguard uses it when present).
-func (m *Metrics) ForShard(shard string) guard.Observer { return shardObserver{m, shard} }
+// (redisstore.Shared uses it when present).
+func (m *Metrics) ForShard(shard string) redisstore.Observer { return shardObserver{m, shard} }
 
 type shardObserver struct {
 	*Metrics
 	shard string
 }
 
-func (o shardObserver) BreakerState(s guard.State) {
+func (o shardObserver) BreakerState(s redisstore.State) {
 	o.breaker.WithLabelValues(o.shard).Set(float64(s))
 }

@@ -255,9 +255,9 @@ func compareVerdicts(t testing.TB, where string, got, want enforcement.Verdict) 
 // nothing), then take min(want, whole tokens there) if at least a are
 // there, else say when a will be (a Take of a on a copy); a return adds a
 // back, capped at the burst. Every time is the Go bucket's, rounded up to ms.
-func goLease(b *enforcement.Bucket, now int64, lim enforcement.Limit, mode string, a, want int64) Grant {
+func goLease(b *enforcement.Bucket, now int64, lim enforcement.Limit, mode string, a, want int64) enforcement.Grant {
 	r := b.Take(now, lim.Rate, lim.Burst, 0)
-	g := Grant{ClockBack: r.ClockBack}
+	g := enforcement.Grant{ClockBack: r.ClockBack}
 	whole := int64(math.Floor(r.Tokens + 1e-9))
 	switch mode {
 	case "lease":
@@ -336,7 +336,7 @@ func TestLeaseAgreesWithGo(t *testing.T) {
 			if len(res) != 6 {
 				t.Fatalf("%s: lease script: %v", where, res)
 			}
-			got := Grant{Granted: res[0], Left: res[1], RetryAfter: time.Duration(res[2]) * time.Millisecond,
+			got := enforcement.Grant{Granted: res[0], Left: res[1], RetryAfter: time.Duration(res[2]) * time.Millisecond,
 				ResetAfter: time.Duration(res[3]) * time.Millisecond, ClockBack: res[5] == 1}
 			if got != want {
 				t.Fatalf("%s, %s %d (want %d):\n Lua %+v\n  Go %+v", where, mode, a, wantN, got, want)

@@ -22,41 +22,31 @@ var (
 	leaseScript = redis.NewScript(stateLua + leaseLua + leaseCallLua)
 )
 
-// Grant is the answer to a lease or a return.
-type Grant struct {
-	Granted    int64         // whole tokens now held by the caller (0 for a return or a refusal)
-	Left       int64         // whole tokens left in the shared bucket afterwards
-	RetryAfter time.Duration // when nothing was granted: until `need` tokens are there (ms, rounded up)
-	ResetAfter time.Duration // until the shared bucket is full again
-	Now        time.Time     // the store's clock (ms)
-	ClockBack  bool          // the store's clock was behind the bucket's last update
-}
-
 // Lease takes between need and want whole tokens from the bucket of (key,
 // scope) in one atomic step, never more than are there; when fewer than need
 // are there it takes nothing and says when they will be. The bucket is the
 // one Take spends (same key, same fields), so leased and unleased decisions
 // share it. One round trip (EVALSHA).
-func (s *Store) Lease(ctx context.Context, key, scope string, lim enforcement.Limit, need, want int64) (Grant, error) {
+func (s *Store) Lease(ctx context.Context, key, scope string, lim enforcement.Limit, need, want int64) (enforcement.Grant, error) {
 	return s.lease(ctx, key, scope, lim, "lease", need, max(need, want))
 }
 
 // Return gives n unused leased tokens back to the bucket of (key, scope),
 // capped at its capacity. One round trip.
-func (s *Store) Return(ctx context.Context, key, scope string, lim enforcement.Limit, n int64) (Grant, error) {
+func (s *Store) Return(ctx context.Context, key, scope string, lim enforcement.Limit, n int64) (enforcement.Grant, error) {
 	return s.lease(ctx, key, scope, lim, "return", n, 0)
 }
 
-func (s *Store) lease(ctx context.Context, key, scope string, lim enforcement.Limit, mode string, a, b int64) (Grant, error) {
+func (s *Store) lease(ctx context.Context, key, scope string, lim enforcement.Limit, mode string, a, b int64) (enforcement.Grant, error) {
 	bucketKey := s.BucketKey(key, scope)
 	res, err := leaseScript.Run(ctx, s.rdb, []string{bucketKey}, lim.Rate, lim.Burst, mode, a, b).Int64Slice()
 	if err != nil {
-		return Grant{}, fmt.Errorf("redis lease script (%s) for %q: %w", mode, bucketKey, err)
+		return enforcement.Grant{}, fmt.Errorf("redis lease script (%s) for %q: %w", mode, bucketKey, err)
 	}
 	if len(res) != 6 {
-		return Grant{}, fmt.Errorf("redis lease script (%s) for %q: %w: %d values", mode, bucketKey, errBadReply, len(res))
+		return enforcement.Grant{}, fmt.Errorf("redis lease script (%s) for %q: %w: %d values", mode, bucketKey, errBadReply, len(res))
 	}
-	return Grant{
+	return enforcement.Grant{
 		Granted:    res[0],
 		Left:       res[1],
 		RetryAfter: time.Duration(res[2]) * time.Millisecond,

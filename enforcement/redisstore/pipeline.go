@@ -78,7 +78,7 @@ type PipelineConfig struct {
 	Queue int
 	// Timeout bounds one pipeline round trip (default 1s), unless the
 	// latest deadline among the batch's callers' contexts is later: a
-	// caller that may wait longer (guard.Settings.MaxWait, on a starved
+	// caller that may wait longer (GuardSettings.MaxWait, on a starved
 	// process) is not failed by a shorter pipeline deadline. Each caller's
 	// own context bounds its wait.
 	Timeout time.Duration
@@ -245,7 +245,7 @@ func defaultWorkers(whole bool) int {
 }
 
 // HeedsCancel declares that Take returns as soon as its context is done
-// (guard.HeedsCancel: the guard then needs no goroutine per call).
+// (HeedsCancel: the guard then needs no goroutine per call).
 func (p *Pipelined) HeedsCancel() {}
 
 // Store is the plain store with the same key layout (BucketKey, Lease, Preload).

@@ -1,4 +1,4 @@
-package guard_test
+package redisstore_test
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/enforcement/guard"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policy"
@@ -37,7 +36,7 @@ func (o *countObs) StoreCall(took time.Duration, err error) {
 	o.lat = append(o.lat, took)
 	o.mu.Unlock()
 }
-func (o *countObs) BreakerState(guard.State) {}
+func (o *countObs) BreakerState(redisstore.State) {}
 
 // TestMeasureDegradedDecisions is the harness behind BENCHMARKS.md, "Store
 // deadline on a starved machine": ten fresh limiters in turn (Limiter →
@@ -72,7 +71,7 @@ func TestMeasureDegradedDecisions(t *testing.T) {
 		p := redisstore.NewPipelined(rdb, fmt.Sprintf("m%d", round), redisstore.PipelineConfig{Timeout: timeout})
 		_ = p.Store().Preload(context.Background())
 		obs := &countObs{}
-		g := guard.New(p, guard.Settings{Timeout: timeout}, obs, nil)
+		g := runningGuard(t, p, redisstore.GuardSettings{Timeout: timeout}, obs, nil)
 		lim, err := enforcement.New(enforcement.Config{Authority: g, Policy: pol})
 		if err != nil {
 			t.Fatal(err)

@@ -1,4 +1,6 @@
-// Package guard puts a deadline and a circuit breaker on every call to the
+package redisstore
+
+// Design: the guard puts a deadline and a circuit breaker on every call to the
 // shared authority, so that a slow store fails fast instead of becoming the
 // latency it was supposed to prevent, and a dead one is not asked at all
 // until a probe says it is back.
@@ -23,7 +25,6 @@
 // caller's deadline and MaxWait, and is canceled by the judge, which also
 // ends the call when it finds the caller gone — at Timeout (then at each
 // re-judgement) or at the caller's own deadline, whichever comes first.
-package guard
 
 import (
 	"context"
@@ -39,8 +40,8 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 )
 
-// Settings tune the guard. The zero value of each field is its documented default.
-type Settings struct {
+// GuardSettings tune the guard. The zero value of each field is its documented default.
+type GuardSettings struct {
 	// Timeout is the deadline of one store call (default 5ms: within the
 	// limiter's latency budget, well above a healthy loopback or
 	// same-datacentre round trip). A call with no reply after Timeout, while
@@ -66,7 +67,7 @@ type Settings struct {
 	Probes uint32
 }
 
-func (s Settings) withDefaults() Settings {
+func (s GuardSettings) withDefaults() GuardSettings {
 	if s.Timeout <= 0 {
 		s.Timeout = 5 * time.Millisecond
 	}
@@ -147,29 +148,44 @@ type Observer interface {
 	BreakerState(s State)
 }
 
-// Authority is an enforcement.Authority behind a deadline and a breaker.
-type Authority struct {
+// Guard is an enforcement.Authority behind a deadline and a breaker: one
+// shard's fence (Shared keeps one per shard).
+type Guard struct {
 	next enforcement.Authority
 	// nextHeeds: next.Take returns as soon as its context is done, so Take
 	// needs no goroutine of its own to stop waiting (see HeedsCancel).
 	nextHeeds bool
-	s         Settings
+	s         GuardSettings
 	cb        *gobreaker.CircuitBreaker[struct{}]
 	obs       Observer
 	lag       *lagMonitor
 }
 
-var _ enforcement.Authority = (*Authority)(nil)
+var _ enforcement.Authority = (*Guard)(nil)
 
-// New wraps next. obs and log may be nil. next may be nil for an Authority
-// used only through Do.
-func New(next enforcement.Authority, s Settings, obs Observer, log *slog.Logger) *Authority {
+// NewGuard wraps next with a guard that has its own starvation monitor
+// (Run runs it). obs and log may be nil. next may be nil for a Guard used
+// only through Do. It starts nothing: until Run runs the monitor has no
+// history, and a late call is judged as in a process just started (it
+// fails after Timeout + StarvedGrace rather than Timeout).
+func NewGuard(next enforcement.Authority, s GuardSettings, obs Observer, log *slog.Logger) *Guard {
+	return newGuard(next, s, obs, log, newLagMonitor(lagTick, lagSlack, lagHistory))
+}
+
+// Run runs the guard's starvation monitor until ctx ends (a Guard made by
+// Shared has Shared's, which Shared.Run runs). It returns nil once its
+// probe has stopped.
+func (a *Guard) Run(ctx context.Context) error { return a.lag.run(ctx) }
+
+// newGuard is NewGuard with the monitor of lag, shared by every guard of
+// one store.
+func newGuard(next enforcement.Authority, s GuardSettings, obs Observer, log *slog.Logger, lag *lagMonitor) *Guard {
 	s = s.withDefaults()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	_, heeds := next.(HeedsCancel)
-	a := &Authority{next: next, nextHeeds: heeds, s: s, obs: obs, lag: processLag}
+	a := &Guard{next: next, nextHeeds: heeds, s: s, obs: obs, lag: lag}
 	a.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "shared-store",
 		MaxRequests: s.Probes,
@@ -214,7 +230,7 @@ func stateOf(s gobreaker.State) State {
 }
 
 // State is the breaker's current state.
-func (a *Authority) State() State { return stateOf(a.cb.State()) }
+func (a *Guard) State() State { return stateOf(a.cb.State()) }
 
 // HeedsCancel is implemented by an Authority whose Take returns as soon as
 // its context is done (redisstore.Pipelined), and which does not use that
@@ -230,7 +246,7 @@ type HeedsCancel interface {
 
 // Take implements enforcement.Authority: next.Take under the same deadline
 // and breaker as Do.
-func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64) (enforcement.Verdict, error) {
+func (a *Guard) Take(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64) (enforcement.Verdict, error) {
 	if !a.nextHeeds {
 		var v enforcement.Verdict
 		err := a.do(ctx, func(ctx context.Context) error {
@@ -273,12 +289,12 @@ func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement
 // The error is nil, or satisfies ErrStoreUnavailable (the store failed, was
 // late, or the breaker is open: fn was not called), or is the caller's own
 // (ctx canceled or past its deadline; not counted against the store).
-func (a *Authority) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+func (a *Guard) Do(ctx context.Context, fn func(ctx context.Context) error) error {
 	return a.do(ctx, fn)
 }
 
 // do is Do: fn in a goroutine of its own.
-func (a *Authority) do(ctx context.Context, fn func(ctx context.Context) error) error {
+func (a *Guard) do(ctx context.Context, fn func(ctx context.Context) error) error {
 	if err := ctx.Err(); err != nil {
 		return &callerError{err}
 	}
@@ -310,7 +326,7 @@ func (a *Authority) do(ctx context.Context, fn func(ctx context.Context) error) 
 }
 
 // breakerError is the error of a call the breaker refused, or the call's own.
-func (a *Authority) breakerError(err error) error {
+func (a *Guard) breakerError(err error) error {
 	switch {
 	case errors.Is(err, gobreaker.ErrOpenState):
 		return &storeError{msg: "circuit breaker open"}
@@ -327,7 +343,7 @@ var watches = sync.Pool{New: func() any { return &watch{done: make(chan struct{}
 // when the store is judged late or the caller is gone. reuse: the watch
 // comes from the pool and goes back to it after end, when nothing can
 // still use it.
-func (a *Authority) begin(parent context.Context, reuse bool) *watch {
+func (a *Guard) begin(parent context.Context, reuse bool) *watch {
 	var w *watch
 	if reuse {
 		w = watches.Get().(*watch)
@@ -364,7 +380,7 @@ func (a *Authority) begin(parent context.Context, reuse bool) *watch {
 
 // end finishes a call begun with begin, whose fn returned err (or was given
 // up on), and says what it was: nil, a store failure, or the caller's.
-func (a *Authority) end(w *watch, err error) error {
+func (a *Guard) end(w *watch, err error) error {
 	w.mu.Lock()
 	w.finished = true
 	stopped := w.timer.Stop()
@@ -408,7 +424,7 @@ func (a *Authority) end(w *watch, err error) error {
 // A watch of Take's hot path is reused for a later call (watches), with its
 // timer and its channel, once the call ended without either firing.
 type watch struct {
-	a              *Authority
+	a              *Guard
 	parent         context.Context
 	reuse          bool
 	start          time.Time
@@ -501,7 +517,7 @@ func (w *watch) judge() {
 //   - Starved: the call waits on until it has had Timeout + StarvedGrace of
 //     time in which this process ran (elapsed minus its scheduler lag).
 //   - Never beyond MaxWait.
-func judge(s Settings, elapsed time.Duration, st starvation) (why string, recheck time.Duration) {
+func judge(s GuardSettings, elapsed time.Duration, st starvation) (why string, recheck time.Duration) {
 	if elapsed >= s.MaxWait {
 		return fmt.Sprintf("no reply within %v (scheduler lag %v, machine busy %v)", s.MaxWait, st.lag.Round(time.Microsecond), st.busy), 0
 	}

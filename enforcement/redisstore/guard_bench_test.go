@@ -1,4 +1,4 @@
-package guard_test
+package redisstore_test
 
 import (
 	"context"
@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/enforcement/guard"
+	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/proccpu"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
@@ -21,7 +22,25 @@ import (
 func BenchmarkGuardedPipelined(b *testing.B) {
 	r := testenv.StartRedis(b)
 	p := pipelined(b, client(b, r.Addr()), "gbench", 100*time.Millisecond)
-	g := guard.New(p, guard.Settings{Timeout: 100 * time.Millisecond}, nil, nil)
+	benchGuarded(b, runningGuard(b, p, redisstore.GuardSettings{Timeout: 100 * time.Millisecond}, nil, nil))
+}
+
+// BenchmarkShared is BenchmarkGuardedPipelined through the store value
+// cmd/limiter wires (redisstore.Shared): the same guard and pipeline, with
+// the store's own bookkeeping (Failing) on every call.
+func BenchmarkShared(b *testing.B) {
+	r := testenv.StartRedis(b)
+	s := redisstore.NewShared(client(b, r.Addr()), redisstore.SharedConfig{Prefix: "sbench",
+		Pipeline: redisstore.PipelineConfig{Timeout: 100 * time.Millisecond},
+		Guard:    redisstore.GuardSettings{Timeout: 100 * time.Millisecond}})
+	if err := s.Preload(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	runShared(b, s)
+	benchGuarded(b, s)
+}
+
+func benchGuarded(b *testing.B, g enforcement.Authority) {
 	keys := make([]string, 10000)
 	for i := range keys {
 		keys[i] = "acct_" + strconv.Itoa(i)

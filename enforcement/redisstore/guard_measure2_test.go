@@ -1,4 +1,4 @@
-package guard_test
+package redisstore_test
 
 import (
 	"context"

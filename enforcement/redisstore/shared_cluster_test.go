@@ -1,4 +1,4 @@
-package shardguard_test
+package redisstore_test
 
 import (
 	"context"
@@ -9,10 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/enforcement/guard"
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/enforcement/shardguard"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
@@ -38,9 +36,9 @@ func clusterClient(t *testing.T, c *testenv.Cluster) *redis.ClusterClient {
 	return rdb
 }
 
-// TestCluster runs against one real 3-master cluster: decisions are exact
+// TestSharedCluster runs against one real 3-master cluster: decisions are exact
 // on every slot, and losing one master degrades only its keys.
-func TestCluster(t *testing.T) {
+func TestSharedCluster(t *testing.T) {
 	cl := testenv.StartCluster(t, 3)
 	rdb := clusterClient(t, cl)
 	ctx := context.Background()
@@ -102,15 +100,19 @@ func TestCluster(t *testing.T) {
 		// one refuses connections, which fails at once whatever the deadline),
 		// and breakers that stay open for the whole test once open: what is
 		// asserted below is then the same however slow the machine is.
-		settings := guard.Settings{Timeout: 2 * time.Second, OpenFor: time.Hour}
-		sg := shardguard.New(store, slots.Owner, nil, settings, nil, nil)
+		settings := redisstore.GuardSettings{Timeout: 2 * time.Second, OpenFor: time.Hour}
+		sg := redisstore.NewShared(rdb, redisstore.SharedConfig{Prefix: "cl", Guard: settings})
+		if err := sg.Preload(ctx); err != nil {
+			t.Fatal(err)
+		}
+		runShared(t, sg)
 		l, err := enforcement.New(enforcement.Config{Authority: sg, Policy: fixedPolicy{lim}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer l.Close(ctx)
 		// A single guard for the whole store, the control.
-		single := guard.New(store, settings, nil, nil)
+		single := runningGuard(t, store, settings, nil, nil)
 		lc, err := enforcement.New(enforcement.Config{Authority: single, Policy: fixedPolicy{lim}})
 		if err != nil {
 			t.Fatal(err)
@@ -161,12 +163,25 @@ func TestCluster(t *testing.T) {
 			}
 		}
 		states := sg.States()
-		if states[dead] != guard.Open {
+		if states[dead] != redisstore.Open {
 			t.Fatalf("breaker of the dead shard %s is %v, want open (%v)", dead, states[dead], states)
 		}
 		t.Logf("per-shard breakers %v; with one breaker for the whole store, %d decisions on live masters went degraded", states, controlDegradedLive)
 		if controlDegradedLive == 0 {
 			t.Fatal("control: one breaker for the whole store never degraded a live key; the test would not show the difference")
+		}
+	})
+}
+
+// runShared runs s until the test ends.
+func runShared(t testing.TB, s *redisstore.Shared) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
 		}
 	})
 }

@@ -1,9 +1,10 @@
-package guard_test
+package redisstore_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"runtime"
@@ -17,7 +18,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/enforcement/guard"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policy"
@@ -26,12 +26,12 @@ import (
 // The tests here run the chain the limiter binary runs (enforcement.Limiter
 // → guard → auto-pipelined EVALSHA) against a real redis-server.
 
-// recorder is a guard.Observer that keeps what it is told.
+// recorder is a redisstore.Observer that keeps what it is told.
 type recorder struct {
 	calls, errs atomic.Int64
 	mu          sync.Mutex
 	firstErrs   []string
-	states      []guard.State
+	states      []redisstore.State
 }
 
 func (r *recorder) StoreCall(_ time.Duration, err error) {
@@ -46,7 +46,7 @@ func (r *recorder) StoreCall(_ time.Duration, err error) {
 	}
 }
 
-func (r *recorder) BreakerState(s guard.State) {
+func (r *recorder) BreakerState(s redisstore.State) {
 	r.mu.Lock()
 	r.states = append(r.states, s)
 	r.mu.Unlock()
@@ -151,7 +151,7 @@ func TestHealthyStoreOnAStarvedMachineNeverFails(t *testing.T) {
 	for round := range 3 {
 		rdb := client(t, r.Addr())
 		obs := &recorder{}
-		g := guard.New(pipelined(t, rdb, fmt.Sprintf("starved%d", round), timeout), guard.Settings{Timeout: timeout}, obs, nil)
+		g := runningGuard(t, pipelined(t, rdb, fmt.Sprintf("starved%d", round), timeout), redisstore.GuardSettings{Timeout: timeout}, obs, nil)
 		lim, err := enforcement.New(enforcement.Config{Authority: g, Policy: pol})
 		if err != nil {
 			t.Fatal(err)
@@ -186,7 +186,7 @@ func TestHealthyStoreOnAStarvedMachineNeverFails(t *testing.T) {
 		if obs.errs.Load() > 0 {
 			t.Errorf("round %d: %d store failures against a healthy store, first: %v", round, obs.errs.Load(), obs.firstErrs)
 		}
-		if g.State() != guard.Closed {
+		if g.State() != redisstore.Closed {
 			t.Errorf("round %d: breaker %v", round, g.State())
 		}
 	}
@@ -208,8 +208,8 @@ func TestPausedStoreFailsFastAndOpensTheBreaker(t *testing.T) {
 	r := testenv.StartRedis(t)
 	rdb := client(t, r.Addr())
 	obs := &recorder{}
-	s := guard.Settings{Timeout: 5 * time.Millisecond, OpenFor: 200 * time.Millisecond}
-	g := guard.New(pipelined(t, rdb, "paused", s.Timeout), s, obs, nil)
+	s := redisstore.GuardSettings{Timeout: 5 * time.Millisecond, OpenFor: 200 * time.Millisecond}
+	g := runningGuard(t, pipelined(t, rdb, "paused", s.Timeout), s, obs, nil)
 	ctx := context.Background()
 	if _, err := g.Take(ctx, "warm", "s", roomy, 1); err != nil {
 		t.Fatal(err)
@@ -222,7 +222,7 @@ func TestPausedStoreFailsFastAndOpensTheBreaker(t *testing.T) {
 	const maxWait = time.Second // the default
 	var slowest time.Duration
 	pausedAt := time.Now()
-	for i := 0; g.State() != guard.Open; i++ {
+	for i := 0; g.State() != redisstore.Open; i++ {
 		if time.Since(pausedAt) > 10*time.Second {
 			t.Fatalf("the breaker is still %v 10s into the pause, after %d calls", g.State(), i)
 		}
@@ -230,7 +230,7 @@ func TestPausedStoreFailsFastAndOpensTheBreaker(t *testing.T) {
 		_, err := g.Take(ctx, fmt.Sprint("p", i), "s", roomy, 1)
 		took := time.Since(start)
 		slowest = max(slowest, took)
-		if !errors.Is(err, guard.ErrStoreUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, redisstore.ErrStoreUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("call %d to a paused store: %v, want ErrStoreUnavailable and no context error", i, err)
 		}
 		// MaxWait plus a generous margin for a loaded machine running the
@@ -242,7 +242,7 @@ func TestPausedStoreFailsFastAndOpensTheBreaker(t *testing.T) {
 	openAfter := time.Since(pausedAt)
 	start := time.Now()
 	_, err := g.Take(ctx, "while-open", "s", roomy, 1)
-	if !errors.Is(err, guard.ErrStoreUnavailable) {
+	if !errors.Is(err, redisstore.ErrStoreUnavailable) {
 		t.Fatalf("breaker open: %v", err)
 	}
 	if took := time.Since(start); took > 100*time.Millisecond {
@@ -259,7 +259,7 @@ func TestPausedStoreFailsFastAndOpensTheBreaker(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err := g.Take(ctx, "after", "s", roomy, 1)
-		if err == nil && g.State() == guard.Closed {
+		if err == nil && g.State() == redisstore.Closed {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -278,14 +278,14 @@ func TestCallerCancellationIsNotAStoreFailure(t *testing.T) {
 	r := testenv.StartRedis(t)
 	rdb := client(t, r.Addr())
 	obs := &recorder{}
-	s := guard.Settings{Timeout: 5 * time.Second, ConsecutiveFailures: 2} // the callers give up first
-	g := guard.New(pipelined(t, rdb, "cancel", s.Timeout), s, obs, nil)
+	s := redisstore.GuardSettings{Timeout: 5 * time.Second, ConsecutiveFailures: 2} // the callers give up first
+	g := runningGuard(t, pipelined(t, rdb, "cancel", s.Timeout), s, obs, nil)
 
 	canceled, cancel := context.WithCancel(context.Background())
 	cancel()
 	for i := range 10 {
 		_, err := g.Take(canceled, fmt.Sprint("c", i), "s", roomy, 1)
-		if !errors.Is(err, context.Canceled) || errors.Is(err, guard.ErrStoreUnavailable) {
+		if !errors.Is(err, context.Canceled) || errors.Is(err, redisstore.ErrStoreUnavailable) {
 			t.Fatalf("canceled caller: %v", err)
 		}
 	}
@@ -303,7 +303,7 @@ func TestCallerCancellationIsNotAStoreFailure(t *testing.T) {
 				ctx, cancel := context.WithCancel(context.Background())
 				time.AfterFunc(20*time.Millisecond, cancel)
 				_, err := g.Take(ctx, fmt.Sprint("w", i), "s", roomy, 1)
-				if !errors.Is(err, context.Canceled) || errors.Is(err, guard.ErrStoreUnavailable) {
+				if !errors.Is(err, context.Canceled) || errors.Is(err, redisstore.ErrStoreUnavailable) {
 					t.Errorf("caller canceled mid-call: %v", err)
 				}
 				return
@@ -311,13 +311,13 @@ func TestCallerCancellationIsNotAStoreFailure(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond) // its own deadline
 			defer cancel()
 			_, err := g.Take(ctx, fmt.Sprint("d", i), "s", roomy, 1)
-			if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, guard.ErrStoreUnavailable) {
+			if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redisstore.ErrStoreUnavailable) {
 				t.Errorf("caller's own deadline: %v", err)
 			}
 		}()
 	}
 	wg.Wait()
-	if g.State() != guard.Closed || obs.errs.Load() != 0 {
+	if g.State() != redisstore.Closed || obs.errs.Load() != 0 {
 		t.Fatalf("callers that gave up counted against the store: breaker %v, %d store errors", g.State(), obs.errs.Load())
 	}
 }
@@ -328,8 +328,8 @@ func TestDoSharesTheDeadlineAndBreaker(t *testing.T) {
 	r := testenv.StartRedis(t)
 	rdb := client(t, r.Addr())
 	obs := &recorder{}
-	s := guard.Settings{Timeout: 5 * time.Millisecond, ConsecutiveFailures: 3, OpenFor: time.Hour}
-	g := guard.New(pipelined(t, rdb, "do", s.Timeout), s, obs, nil)
+	s := redisstore.GuardSettings{Timeout: 5 * time.Millisecond, ConsecutiveFailures: 3, OpenFor: time.Hour}
+	g := runningGuard(t, pipelined(t, rdb, "do", s.Timeout), s, obs, nil)
 	ctx := context.Background()
 
 	// A call that works, with a deadline on its context.
@@ -344,7 +344,7 @@ func TestDoSharesTheDeadlineAndBreaker(t *testing.T) {
 	}
 	// A store error is the store's: wrapped, and still the original error.
 	boom := errors.New("boom")
-	if err := g.Do(ctx, func(context.Context) error { return boom }); !errors.Is(err, guard.ErrStoreUnavailable) || !errors.Is(err, boom) {
+	if err := g.Do(ctx, func(context.Context) error { return boom }); !errors.Is(err, redisstore.ErrStoreUnavailable) || !errors.Is(err, boom) {
 		t.Fatalf("store error: %v", err)
 	}
 	// A call that never answers is ended by the guard: redis-server paused.
@@ -353,20 +353,20 @@ func TestDoSharesTheDeadlineAndBreaker(t *testing.T) {
 	}
 	for range 2 {
 		err := g.Do(ctx, func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
-		if !errors.Is(err, guard.ErrStoreUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, redisstore.ErrStoreUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("paused store through Do: %v", err)
 		}
 	}
 	_ = r.Process().Signal(syscall.SIGCONT)
 	// Three failures through Do opened the breaker for Take too.
-	if g.State() != guard.Open {
+	if g.State() != redisstore.Open {
 		t.Fatalf("breaker %v after 3 failures through Do", g.State())
 	}
-	if _, err := g.Take(ctx, "k", "s", roomy, 1); !errors.Is(err, guard.ErrStoreUnavailable) {
+	if _, err := g.Take(ctx, "k", "s", roomy, 1); !errors.Is(err, redisstore.ErrStoreUnavailable) {
 		t.Fatalf("Take with the breaker open: %v", err)
 	}
 	called := false
-	if err := g.Do(ctx, func(context.Context) error { called = true; return nil }); !errors.Is(err, guard.ErrStoreUnavailable) || called {
+	if err := g.Do(ctx, func(context.Context) error { called = true; return nil }); !errors.Is(err, redisstore.ErrStoreUnavailable) || called {
 		t.Fatalf("Do with the breaker open: %v (called %v)", err, called)
 	}
 	if n := obs.errs.Load(); n != 3 {
@@ -385,7 +385,7 @@ func TestPlainStoreBehindTheGuardFailsFast(t *testing.T) {
 	if err := store.Preload(ctx); err != nil {
 		t.Fatal(err)
 	}
-	g := guard.New(store, guard.Settings{Timeout: 5 * time.Millisecond}, nil, nil)
+	g := runningGuard(t, store, redisstore.GuardSettings{Timeout: 5 * time.Millisecond}, nil, nil)
 	if _, err := g.Take(ctx, "warm", "s", roomy, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +396,7 @@ func TestPlainStoreBehindTheGuardFailsFast(t *testing.T) {
 	start := time.Now()
 	_, err := g.Take(ctx, "paused", "s", roomy, 1)
 	took := time.Since(start)
-	if !errors.Is(err, guard.ErrStoreUnavailable) {
+	if !errors.Is(err, redisstore.ErrStoreUnavailable) {
 		t.Fatalf("paused store: %v", err)
 	}
 	// The guard gives up after 5 ms, or 105 ms of running time on a busy
@@ -406,7 +406,7 @@ func TestPlainStoreBehindTheGuardFailsFast(t *testing.T) {
 	}
 }
 
-// heeding is an in-process authority that declares guard.HeedsCancel, as
+// heeding is an in-process authority that declares redisstore.HeedsCancel, as
 // redisstore.Pipelined does, and checks the context of each call: it must
 // carry the caller's value (the key of the call), a deadline no later than
 // the caller's, and not be done yet. A call whose key starts with "late"
@@ -455,7 +455,7 @@ type deadlineKey struct{}
 // done, also right after calls the guard gave up on or their callers left.
 func TestCallContextIsEachCallersOwn(t *testing.T) {
 	h := heeding{MemoryAuthority: enforcement.NewMemoryAuthority(nil, 0), bad: make(chan string, 1)}
-	g := guard.New(h, guard.Settings{Timeout: time.Millisecond, MaxWait: time.Second, ConsecutiveFailures: 1 << 30}, nil, nil)
+	g := runningGuard(t, h, redisstore.GuardSettings{Timeout: time.Millisecond, MaxWait: time.Second, ConsecutiveFailures: 1 << 30}, nil, nil)
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Add(1)
@@ -498,4 +498,15 @@ func TestCallContextIsEachCallersOwn(t *testing.T) {
 		t.Fatal(what)
 	default:
 	}
+}
+
+// runningGuard is NewGuard with its starvation monitor running until the
+// test ends, as Shared.Run runs it in the limiter.
+func runningGuard(t testing.TB, next enforcement.Authority, s redisstore.GuardSettings, obs redisstore.Observer, log *slog.Logger) *redisstore.Guard {
+	g := redisstore.NewGuard(next, s, obs, log)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return g
 }

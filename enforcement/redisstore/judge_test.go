@@ -1,6 +1,7 @@
-package guard
+package redisstore
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -11,7 +12,7 @@ const ms = time.Millisecond
 // The deadline logic on a controlled clock: judge is given the elapsed time
 // and what the monitor saw; nothing here sleeps.
 func TestJudge(t *testing.T) {
-	s := Settings{Timeout: 5 * ms, MaxWait: 210 * ms}.withDefaults() // grace 100ms
+	s := GuardSettings{Timeout: 5 * ms, MaxWait: 210 * ms}.withDefaults() // grace 100ms
 	if s.StarvedGrace != 100*ms {
 		t.Fatalf("defaults: %+v", s)
 	}
@@ -50,11 +51,11 @@ func TestJudge(t *testing.T) {
 }
 
 func TestSettingsDefaults(t *testing.T) {
-	s := Settings{Timeout: 50 * ms}.withDefaults()
+	s := GuardSettings{Timeout: 50 * ms}.withDefaults()
 	if s.MaxWait != time.Second || s.StarvedGrace != 100*ms || s.ConsecutiveFailures != 5 || s.OpenFor != time.Second || s.Probes != 3 {
 		t.Fatalf("%+v", s)
 	}
-	if s := (Settings{Timeout: time.Second, MaxWait: 10 * ms}).withDefaults(); s.MaxWait != time.Second {
+	if s := (GuardSettings{Timeout: time.Second, MaxWait: 10 * ms}).withDefaults(); s.MaxWait != time.Second {
 		t.Fatalf("MaxWait below Timeout: %v, want Timeout", s.MaxWait)
 	}
 }
@@ -75,7 +76,7 @@ func TestLagMonitor(t *testing.T) {
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 	t.Run("no history: busy", func(t *testing.T) {
-		m := newLagMonitor(ms, 250*time.Microsecond, 8192)
+		m := activeMonitor(ms, 250*time.Microsecond, 8192)
 		if st := m.since(base.Add(-5*ms), base); !st.busy || !st.starved() {
 			t.Fatalf("%+v", st)
 		}
@@ -87,7 +88,7 @@ func TestLagMonitor(t *testing.T) {
 	})
 
 	t.Run("idle machine: not starved", func(t *testing.T) {
-		m := newLagMonitor(ms, 250*time.Microsecond, 8192)
+		m := activeMonitor(ms, 250*time.Microsecond, 8192)
 		at := base
 		feed(m, &at, 2000, onTime)
 		st := m.since(at.Add(-10*ms), at)
@@ -97,7 +98,7 @@ func TestLagMonitor(t *testing.T) {
 	})
 
 	t.Run("one stall during the call", func(t *testing.T) {
-		m := newLagMonitor(ms, 250*time.Microsecond, 8192)
+		m := activeMonitor(ms, 250*time.Microsecond, 8192)
 		at := base
 		feed(m, &at, 2000, onTime)
 		from := at
@@ -118,7 +119,7 @@ func TestLagMonitor(t *testing.T) {
 	})
 
 	t.Run("a wake-up overdue right now counts", func(t *testing.T) {
-		m := newLagMonitor(ms, 250*time.Microsecond, 8192)
+		m := activeMonitor(ms, 250*time.Microsecond, 8192)
 		at := base
 		feed(m, &at, 2000, onTime)
 		st := m.since(at.Add(-5*ms), at.Add(21*ms)) // the probe has not run for 21 ms
@@ -128,7 +129,7 @@ func TestLagMonitor(t *testing.T) {
 	})
 
 	t.Run("busy machine: late wake-ups in the last second", func(t *testing.T) {
-		m := newLagMonitor(ms, 250*time.Microsecond, 8192)
+		m := activeMonitor(ms, 250*time.Microsecond, 8192)
 		at := base
 		feed(m, &at, 2000, func(i int) time.Duration {
 			if i%10 == 0 {
@@ -148,7 +149,7 @@ func TestLagMonitor(t *testing.T) {
 	})
 
 	t.Run("history wraps", func(t *testing.T) {
-		m := newLagMonitor(ms, 250*time.Microsecond, 1500)
+		m := activeMonitor(ms, 250*time.Microsecond, 1500)
 		at := base
 		feed(m, &at, 5000, onTime)
 		if m.n != 1500 || m.since(at.Add(-10*ms), at).starved() {
@@ -158,9 +159,25 @@ func TestLagMonitor(t *testing.T) {
 }
 
 // The probe runs while calls are in flight and stops by itself after them.
+
+// activeMonitor is a monitor whose readings count, as while its run runs.
+func activeMonitor(tick, slack time.Duration, history int) *lagMonitor {
+	m := newLagMonitor(tick, slack, history)
+	m.active.Store(true)
+	return m
+}
+
+// The probe runs while calls are in flight and stops by itself after them;
+// run owns it and returns when its context ends.
 func TestLagProbeStopsWhenIdle(t *testing.T) {
 	m := newLagMonitor(ms, 250*time.Microsecond, 8192)
 	m.idleStop = 20 * ms
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = m.run(ctx) }()
+	for !m.active.Load() {
+		time.Sleep(ms)
+	}
 	m.enter()
 	if !m.isRunning() {
 		t.Fatal("not started by a call")
@@ -191,8 +208,16 @@ func TestLagProbeStopsWhenIdle(t *testing.T) {
 	if n > 2 {
 		t.Fatalf("history from before the stop kept: %d samples", n)
 	}
+	cancel()
+	<-ran // run returns when its context ends, probe and all
+	if m.isRunning() || m.active.Load() {
+		t.Fatal("still running after run returned")
+	}
+	if st := m.since(time.Now().Add(-time.Second), time.Now()); !st.busy || st.lag != 0 {
+		t.Fatalf("with nothing probing there is no history (busy, as just started), and no lag: %+v", st)
+	}
 	// A probe that has not run since it was started is overdue: lag.
-	m2 := newLagMonitor(ms, 250*time.Microsecond, 8192)
+	m2 := activeMonitor(ms, 250*time.Microsecond, 8192)
 	started := time.Now()
 	m2.restart(started) // as enter does, without the goroutine
 	if st := m2.since(started.Add(-5*ms), started.Add(51*ms)); st.lag != 49750*time.Microsecond || !st.starved() {

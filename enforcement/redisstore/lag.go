@@ -1,6 +1,7 @@
-package guard
+package redisstore
 
 import (
+	"context"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -27,9 +28,11 @@ import (
 //     starved machine").
 //
 // The probe runs only while store calls are in flight: the first call
-// starts it, and it stops itself after lagIdleStop without calls. So it has
-// one owner (this package's monitor), a way to stop (the guards going
-// quiet), and costs nothing on an idle limiter. Until it has a full window
+// wakes it, and it goes back to sleep after lagIdleStop without calls, so
+// it costs nothing on an idle limiter. Its goroutine is the monitor's run,
+// which the store's Run owns: while run is not running (before Run, after
+// it) nothing probes and there is no history, which is judged as in a
+// process that has just started. Until it has a full window
 // of history (just started), contention is unknown and taken as "busy", so
 // a process that has just started is never quick to blame the store.
 
@@ -61,7 +64,9 @@ type lagMonitor struct {
 	tick, slack, idleStop time.Duration
 
 	inflight atomic.Int64
-	running  atomic.Bool // a probe goroutine runs (or is being started)
+	running  atomic.Bool   // the probe runs (or has been woken)
+	active   atomic.Bool   // run is running: a probe can be woken
+	wake     chan struct{} // enter wakes run's probe (capacity 1)
 
 	mu    sync.Mutex
 	ring  []lagSample // oldest at start, newest at start+n-1 (mod len)
@@ -72,22 +77,56 @@ type lagMonitor struct {
 }
 
 func newLagMonitor(tick, slack time.Duration, history int) *lagMonitor {
-	return &lagMonitor{tick: tick, slack: slack, idleStop: lagIdleStop, ring: make([]lagSample, history)}
+	return &lagMonitor{tick: tick, slack: slack, idleStop: lagIdleStop, ring: make([]lagSample, history),
+		wake: make(chan struct{}, 1)}
 }
 
-// processLag is the one monitor of this process: the CPU is shared by
-// every guard in it.
-var processLag = newLagMonitor(lagTick, lagSlack, lagHistory)
+// run probes while calls are in flight, until ctx ends. One run at a time
+// per monitor.
+func (m *lagMonitor) run(ctx context.Context) error {
+	m.active.Store(true)
+	defer func() {
+		m.active.Store(false)
+		m.mu.Lock()
+		m.n = 0 // history nobody extends says nothing of what follows
+		m.mu.Unlock()
+	}()
+	if m.inflight.Load() > 0 { // calls entered before run: probe for them
+		m.wakeUp()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			m.running.Store(false)
+			return nil
+		case <-m.wake:
+			if !m.probe(ctx) {
+				m.running.Store(false)
+				return nil
+			}
+		}
+	}
+}
 
-// enter marks a store call in flight, starting the probe if it is not
+// enter marks a store call in flight, waking the probe if it is not
 // running. The hot path is two atomic operations.
 func (m *lagMonitor) enter() {
 	m.inflight.Add(1)
-	if !m.running.Load() && m.running.CompareAndSwap(false, true) {
+	if !m.running.Load() && m.active.Load() {
+		m.wakeUp()
+	}
+}
+
+// wakeUp starts a probe unless one runs or has been woken.
+func (m *lagMonitor) wakeUp() {
+	if m.running.CompareAndSwap(false, true) {
 		m.mu.Lock()
 		m.restart(time.Now())
 		m.mu.Unlock()
-		go m.probe()
+		select {
+		case m.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -105,13 +144,19 @@ func (m *lagMonitor) exit() { m.inflight.Add(-1) }
 // isRunning says whether the probe goroutine runs.
 func (m *lagMonitor) isRunning() bool { return m.running.Load() }
 
-func (m *lagMonitor) probe() {
+// probe samples the scheduler's lag until lagIdleStop without calls (it
+// returns true) or until ctx ends (false).
+func (m *lagMonitor) probe(ctx context.Context) bool {
 	timer := time.NewTimer(m.tick)
 	defer timer.Stop()
 	last := time.Now()
 	var idleSince time.Time
 	for {
-		<-timer.C
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return false
+		}
 		woke := time.Now()
 		// A goroutine woken by its timer runs before the others waiting
 		// (runnext): yield to the back of the run queue and count the wait
@@ -126,10 +171,10 @@ func (m *lagMonitor) probe() {
 		} else if now.Sub(idleSince) >= m.idleStop {
 			m.running.Store(false)
 			// A call that entered before the store saw running and did
-			// not start a probe: carry on for it, unless one that entered
-			// after has started a new probe already.
+			// not wake a probe: carry on for it, unless one that entered
+			// after has woken a new probe already.
 			if m.inflight.Load() == 0 || !m.running.CompareAndSwap(false, true) {
-				return
+				return true
 			}
 			idleSince = time.Time{}
 		}

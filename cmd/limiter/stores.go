@@ -1,0 +1,254 @@
+package main
+
+// Dedicated capacity: REDIS_STORES names stores beside the default one
+// (REDIS_ADDRS), and the policy routes keys to them (a key's entry
+// `{ tier: T, store: NAME }`, or a tier's `store:`). Each store is its own
+// redisstore.Shared — its own client, deadline and breaker per shard,
+// fleet heartbeat and readiness entry — so a store that is down degrades
+// only the keys routed to it. Adding a store is configuration.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/fleet"
+	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
+	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/limits"
+	"github.com/ratewarden/ratewarden/policy"
+)
+
+// namedStore is one entry of REDIS_STORES: its name and its connection,
+// every REDIS_* variable but the addresses shared with the default store.
+type namedStore struct {
+	Name  string
+	Redis redisclient.Config
+}
+
+// parseStores reads REDIS_STORES, `NAME=ADDR[,ADDR…][;NAME=…]`, calling
+// fail for each problem.
+func parseStores(v string, fail func(format string, args ...any)) map[string][]string {
+	out := map[string][]string{}
+	for _, entry := range strings.Split(v, ";") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		name, addrs, ok := strings.Cut(entry, "=")
+		name = strings.TrimSpace(name)
+		switch {
+		case !ok:
+			fail("%q is not NAME=ADDR[,ADDR…]", entry)
+			continue
+		case !limits.ValidStoreName(name):
+			fail("%q is not a store name (letters, digits, '_' and '-'; not %q)", name, limits.DefaultStore)
+			continue
+		case out[name] != nil:
+			fail("store %q is named twice", name)
+			continue
+		}
+		var list []string
+		for _, a := range strings.Split(addrs, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				list = append(list, a)
+			}
+		}
+		if len(list) == 0 {
+			fail("store %q has no address", name)
+			continue
+		}
+		out[name] = list
+	}
+	return out
+}
+
+// storesFrom reads REDIS_STORES; each store is reached as the default one
+// is (TLS, ACL user, password), at its own addresses: one standalone,
+// several a Cluster.
+func storesFrom(e *envconfig.Reader, def redisclient.Config) []namedStore {
+	const name = "REDIS_STORES"
+	byName := parseStores(e.Raw(name), func(format string, args ...any) { e.Fail(name, format, args...) })
+	if len(byName) > 0 && !def.Enabled() {
+		e.Fail(name, "needs REDIS_ADDRS: the default store is the one every key not routed elsewhere uses")
+	}
+	var out []namedStore
+	for n, addrs := range byName {
+		for _, a := range addrs {
+			e.HostPort(name, a)
+		}
+		c := def
+		c.Addrs, c.SentinelMaster, c.SentinelUsername = addrs, "", ""
+		out = append(out, namedStore{Name: n, Redis: c})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// checkStores refuses a policy that routes keys to a store not configured.
+func checkStores(stores []namedStore) func(p *policy.Policy) error {
+	return func(p *policy.Policy) error {
+		return p.CheckStores(func(name string) bool {
+			for _, s := range stores {
+				if s.Name == name {
+					return true
+				}
+			}
+			return false
+		})
+	}
+}
+
+// storeHandle is one built store, default or named.
+type storeHandle struct {
+	name   string // limits.DefaultStore for REDIS_ADDRS's
+	kind   string
+	shared *redisstore.Shared
+	conn   *redisclient.Client
+	hb     *fleet.Heartbeat // nil until startFleet
+}
+
+// openStore connects one store and starts its Run; the returned closer
+// stops it and closes its client.
+func openStore(ctx context.Context, name string, rc redisclient.Config, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*storeHandle, func(context.Context) error, error) {
+	conn, err := rc.Open(redisclient.Options{Timeout: time.Second, MaxRetries: -1, PoolSize: 64, MinIdleConns: 8})
+	if err != nil {
+		return nil, nil, fmt.Errorf("store %s: %w", name, err)
+	}
+	if name != limits.DefaultStore {
+		log = log.With("store", name)
+	}
+	var obs redisstore.Observer
+	if metrics != nil && name == limits.DefaultStore {
+		obs = metrics // the store metrics are the default store's, as before
+	}
+	shared := redisstore.NewShared(conn.UniversalClient, redisstore.SharedConfig{
+		Prefix: rc.KeyPrefix,
+		// A pipeline never outlives a decision's deadline: a worker stuck
+		// on a dead Cluster master must not hold up the decisions of live ones.
+		Pipeline: redisstore.PipelineConfig{Timeout: cfg.StoreTimeout, Workers: cfg.StoreInFlight},
+		Guard: redisstore.GuardSettings{
+			Timeout:             cfg.StoreTimeout,
+			ConsecutiveFailures: uint32(cfg.BreakerFailures),
+			OpenFor:             cfg.BreakerOpenFor,
+		},
+		Observer: obs,
+		Log:      log,
+	})
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := shared.Preload(pctx); err != nil {
+		// Not fatal: the limiter serves degraded and recovers when Redis
+		// does; a Cluster's slots are read again every second until then.
+		log.Warn("could not load the scripts or the cluster's slots at start; serving degraded until Redis answers", "err", err)
+	}
+	stop := runInBackground(shared.Run)
+	h := &storeHandle{name: name, kind: conn.Kind(), shared: shared, conn: conn}
+	return h, func(ctx context.Context) error {
+		err := stop(ctx)
+		if cerr := conn.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	}, nil
+}
+
+// fleetCounts keeps each store's fleet count; the limiter divides by the
+// largest (a store that is down keeps its last count, as a lone store does).
+type fleetCounts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (f *fleetCounts) set(store string, n int) (largest int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == nil {
+		f.n = map[string]int{}
+	}
+	f.n[store] = n
+	for _, c := range f.n {
+		largest = max(largest, c)
+	}
+	return largest
+}
+
+func (f *fleetCounts) get(store string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n[store]
+}
+
+// storeReady is one store's entry in /readyz's "stores".
+type storeReady struct {
+	Status    string            `json:"status"` // ok | degraded
+	Store     string            `json:"store"`  // redis | redis-cluster | redis-sentinel
+	Breaker   string            `json:"breaker"`
+	Shards    map[string]string `json:"shards,omitempty"` // a Cluster's masters' breakers
+	Instances int               `json:"instances,omitempty"`
+	Reason    string            `json:"reason,omitempty"`
+}
+
+// readyOf is the readiness of one store.
+func readyOf(h *storeHandle, instances int) storeReady {
+	r := storeReady{Status: "ok", Store: h.kind, Breaker: "closed", Instances: instances}
+	var down []string
+	states := h.shared.States()
+	for shard, st := range states {
+		switch st {
+		case redisstore.Open:
+			r.Breaker = "open"
+			down = append(down, shard)
+		case redisstore.HalfOpen:
+			if r.Breaker != "open" {
+				r.Breaker = "half-open"
+			}
+			down = append(down, shard)
+		}
+	}
+	if h.kind == redisclient.KindCluster {
+		r.Shards = map[string]string{}
+		for shard, st := range states {
+			r.Shards[shard] = breakerName(st)
+		}
+	}
+	switch {
+	case len(down) > 0:
+		sort.Strings(down)
+		r.Status = "degraded"
+		r.Reason = "unavailable (" + strings.Join(down, ", ") + "): its keys decide with tightened local limits"
+	case h.shared.Failing():
+		r.Status = "degraded"
+		r.Reason = "the latest call failed: its keys decide with tightened local limits"
+	case h.hb != nil && h.hb.Failing():
+		r.Status = "degraded"
+		r.Reason = "the fleet heartbeat cannot reach it"
+	}
+	return r
+}
+
+func breakerName(st redisstore.State) string {
+	switch st {
+	case redisstore.Open:
+		return "open"
+	case redisstore.HalfOpen:
+		return "half-open"
+	}
+	return "closed"
+}
+
+// namedStores maps the named handles for enforcement.NewStores.
+func namedStores(hs []*storeHandle) map[string]enforcement.Store {
+	out := map[string]enforcement.Store{}
+	for _, h := range hs {
+		out[h.name] = h.shared
+	}
+	return out
+}
