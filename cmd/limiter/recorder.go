@@ -49,6 +49,7 @@ func (m *meteringRecorder) Record(req enforcement.Request, d enforcement.Decisio
 		ShadowRejected: d.Shadow.Name != "" && !d.Shadow.WouldAllow,
 		Domain:         req.Domain,
 		PolicyRevision: m.policyRevision(),
+		DecidedUS:      d.DecidedUS,
 	})
 }
 

@@ -176,7 +176,7 @@ func runReplay(ctx context.Context, a replayArgs) (replayOutput, error) {
 	var row replay.Row
 	err = rawscan.Scan(ctx, conn, q, a.window, a.queryTimeout, func(r *rawscan.Row) error {
 		row = replay.Row{TS: r.TS, Key: r.Key, Scope: r.Scope, Tier: r.Tier, Cost: r.Cost,
-			Allowed: r.Allowed, Source: r.Source, Policy: r.Policy, DryRun: r.DryRun}
+			Allowed: r.Allowed, Source: r.Source, Policy: r.Policy, DryRun: r.DryRun, DecidedUS: r.DecidedUS}
 		eng.Add(row)
 		return nil
 	})
