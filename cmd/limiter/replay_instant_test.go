@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -52,10 +55,30 @@ func TestReplayReproducesBurstyTrafficAtTheStoresInstant(t *testing.T) {
 	ch := testenv.StartClickHouse(t)
 	db := ch.Database(t)
 	startMeter(t, k, ch, db)
-	env := []string{"REDIS_ADDRS=" + r.Addr(), "KAFKA_BROKERS=" + k.Addr(), "LIMITER_GRPC_ADDR="}
+	// Log mode: the policy is revision 1 of the policy log, which the
+	// meter-consumer audits into policy_audit; the replay below without a
+	// FILE takes the policy in force from there.
+	env := []string{"REDIS_ADDRS=" + r.Addr(), "KAFKA_BROKERS=" + k.Addr(), "LIMITER_GRPC_ADDR=", "POLICY_SOURCE=kafka"}
+	pushed := filepath.Join(t.TempDir(), "pushed.yaml")
+	if err := os.WriteFile(pushed, []byte(burstyPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	push := exec.Command(limiterBin, "policy", "push", pushed, "-m", "bursty", "--author", "test")
+	push.Env = append(os.Environ(), "KAFKA_BROKERS="+k.Addr())
+	if out, err := push.CombinedOutput(); err != nil {
+		t.Fatalf("limiter policy push: %v\n%s", err, out)
+	}
 	a := startLimiter(t, burstyPolicy, env...)
 	b := startLimiter(t, burstyPolicy, env...)
-	from := time.Now().Add(-time.Minute).Truncate(time.Second)
+	for _, p := range []*limiterProc{a, b} {
+		if pol := p.policyOf(t); pol["source"] != "kafka" || pol["revision"] != float64(1) {
+			t.Fatalf("limiter policy: %v, want revision 1 from the log", pol)
+		}
+	}
+	// The range starts at a whole second after the push (--from is RFC
+	// 3339 seconds), so that revision 1 is in force at its start.
+	from := time.Now().Add(time.Second).Truncate(time.Second)
+	time.Sleep(time.Until(from))
 
 	const keys, bursts, per = 6, 10, 6 // 360 decisions
 	var mu sync.Mutex
@@ -111,18 +134,38 @@ func TestReplayReproducesBurstyTrafficAtTheStoresInstant(t *testing.T) {
 	waitRaw(t, ch, db, total)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var withInstant, sharedRows uint64
-	if err := ch.Conn(t).QueryRow(ctx, "SELECT countIf(decided_us IS NOT NULL), countIf(source = 'shared') FROM "+db+".decisions_raw").Scan(&withInstant, &sharedRows); err != nil {
+	var withInstant, sharedRows, atRev1 uint64
+	if err := ch.Conn(t).QueryRow(ctx, "SELECT countIf(decided_us IS NOT NULL), countIf(source = 'shared'), countIf(policy_revision = 1) FROM "+db+".decisions_raw").Scan(&withInstant, &sharedRows, &atRev1); err != nil {
 		t.Fatal(err)
 	}
-	if sharedRows != uint64(shared) || withInstant != sharedRows {
-		t.Fatalf("decisions_raw: %d shared rows, %d with decided_us; want %d, all", sharedRows, withInstant, shared)
+	if sharedRows != uint64(shared) || withInstant != sharedRows || atRev1 != uint64(total) {
+		t.Fatalf("decisions_raw: %d shared rows, %d with decided_us, %d at revision 1; want %d, all, %d", sharedRows, withInstant, atRev1, shared, total)
 	}
 	to := time.Now().Add(time.Minute).Truncate(time.Second)
 	rep := runReplayBin(t, burstyPolicy, []string{"CLICKHOUSE_ADDR=" + ch.Addr(), "CLICKHOUSE_DATABASE=" + db}, from, to)
 	t.Logf("replay under the policy in force: %d rows, agreement %+v, total %+v", rep.Rows, rep.Agreement, rep.Total)
 	if rep.Rows != int64(total) || rep.Agreement.Compared != int64(shared) {
 		t.Fatalf("replayed %d rows (%d shared), recorded %d (%d shared)", rep.Rows, rep.Agreement.Compared, total, shared)
+	}
+	// Without a FILE: the policy in force at --from, from policy_audit.
+	waitFor(t, "revision 1 in policy_audit", 60*time.Second, func() bool {
+		var n uint64
+		err := ch.Conn(t).QueryRow(ctx, "SELECT count() FROM "+db+".policy_audit WHERE revision = 1 AND result = 'applied'").Scan(&n)
+		return err == nil && n == 1
+	})
+	cmd := exec.Command(limiterBin, "policy", "replay", "--from", from.Format(time.RFC3339), "--to", to.Format(time.RFC3339), "--json")
+	cmd.Env = append(os.Environ(), "CLICKHOUSE_ADDR="+ch.Addr(), "CLICKHOUSE_DATABASE="+db)
+	out, err := cmd.Output()
+	var audited struct {
+		Candidate string `json:"candidate"`
+		replayReport
+	}
+	if err != nil || json.Unmarshal(out, &audited) != nil {
+		t.Fatalf("limiter policy replay without FILE: %v\n%s", err, out)
+	}
+	t.Logf("replay under %s: agreement %+v", audited.Candidate, audited.Agreement)
+	if !strings.Contains(audited.Candidate, "revision 1") || audited.Rows != rep.Rows || audited.Agreement != rep.Agreement {
+		t.Fatalf("replay under the audited revision: %s, %d rows, %+v; want revision 1, %d rows, %+v", audited.Candidate, audited.Rows, audited.Agreement, rep.Rows, rep.Agreement)
 	}
 	if rep.Agreement.Agree != rep.Agreement.Compared {
 		if rs, err := ch.Conn(t).Query(ctx, "SELECT key, ts, decided_us, source, allowed, remaining, instance FROM "+db+".decisions_raw WHERE source != 'shared' ORDER BY key, ts"); err == nil {

@@ -15,6 +15,7 @@ package chaudit
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -307,4 +308,48 @@ func Query(ctx context.Context, conn driver.Conn, database string, revision int6
 		out = append(out, r)
 	}
 	return out, rs.Err()
+}
+
+// InForce rebuilds, from policy_audit alone, the state of the policy log
+// in force at instant at: the log (epoch) written then, its records
+// applied by the apply rule in log order, up to the last one written at
+// or before at. The document is nil (State.Snapshot is nil) when none was
+// in force yet. It answers "which policy decided then" also for records
+// compaction has removed from the topic. The epoch is the last one whose
+// first record was written at or before at (records carry their writer's
+// clock).
+func InForce(ctx context.Context, conn driver.Conn, database string, at time.Time) (*policylog.State, uint32, error) {
+	q := fmt.Sprintf("SELECT log_epoch FROM %s.%s GROUP BY log_epoch HAVING min(time) <= toDateTime(?) ORDER BY log_epoch DESC LIMIT 1", database, Table)
+	var epoch uint32
+	st := policylog.NewState(false)
+	if err := conn.QueryRow(ctx, q, uint32(at.Unix())).Scan(&epoch); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return st, 0, nil
+		}
+		return nil, 0, fmt.Errorf("read %s: %w", Table, err)
+	}
+	q = fmt.Sprintf("SELECT log_offset, log_key, content FROM %s.%s FINAL WHERE log_epoch = ? ORDER BY kafka_offset", database, Table)
+	rs, err := conn.Query(ctx, q, epoch)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read %s: %w", Table, err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var e policylog.Entry
+		var content string
+		if err := rs.Scan(&e.Offset, &e.Key, &content); err != nil {
+			return nil, 0, fmt.Errorf("read %s: %w", Table, err)
+		}
+		if content != "" { // "" is a tombstone's
+			e.Value = []byte(content)
+			if rec, err := policylog.Decode(e.Key, e.Value); err == nil && rec.Time.After(at) {
+				break // written after at: the log then ended before it
+			}
+		}
+		st.Apply(e)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, 0, fmt.Errorf("read %s: %w", Table, err)
+	}
+	return st, epoch, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -221,5 +222,77 @@ func TestAuditLogStartsOver(t *testing.T) {
 	var n uint64
 	if err := conn.QueryRow(ctx, "SELECT count() FROM "+db+".policy_audit").Scan(&n); err != nil || n != uint64(len(wants)) {
 		t.Errorf("%d rows stored (%v), want %d", n, err, len(wants))
+	}
+}
+
+// InForce rebuilds from policy_audit alone the document and overrides in
+// force at an instant: before the first record nothing, between two pushes
+// the first, after an override the override too, and on a log that started
+// over, the new log's state.
+func TestInForceFromTheAudit(t *testing.T) {
+	ch := testenv.StartClickHouse(t)
+	conn := ch.Conn(t)
+	db := ch.Database(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	if err := schema.Apply(ctx, conn, db); err != nil {
+		t.Fatal(err)
+	}
+	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
+	open := func(topic string) *kafkalog.Log {
+		l, err := kafkalog.New(kafkalog.Config{Brokers: []string{k.Addr()}, Topic: topic, Security: &kafkaconn.Security{}, Wait: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(l.Close)
+		if err := l.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	// Records carry their writer's clock; these instants are set, not
+	// waited for.
+	base := time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
+	write := func(l *kafkalog.Log, rec policylog.Record) {
+		c := policylog.NewClient(l, false)
+		if err := c.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(ctx, rec, policylog.NoExpect); err != nil {
+			t.Fatal(err)
+		}
+	}
+	docB := strings.Replace(docA, "rate: 100", "rate: 150", 1)
+	first := open("policy.first")
+	write(first, policylog.Record{Kind: policylog.KindPolicy, Document: docA, Author: "alice", Message: "a", Time: base})
+	write(first, policylog.Record{Kind: policylog.KindPolicy, Document: docB, Author: "alice", Message: "b", Time: base.Add(10 * time.Minute)})
+	write(first, policylog.Record{Kind: policylog.KindOverride, Key: "acct_1", Override: &policy.Override{Tier: "pro", Reason: "deal"}, Author: "billing", Message: "deal", Time: base.Add(20 * time.Minute)})
+	auditOnce(ctx, t, first, conn, db)
+	second := open("policy.second")
+	write(second, policylog.Record{Kind: policylog.KindPolicy, Document: docA, Author: "bob", Message: "again", Time: base.Add(time.Hour)})
+	auditOnce(ctx, t, second, conn, db)
+
+	for _, c := range []struct {
+		at        time.Duration
+		head      int64
+		epoch     uint32
+		doc       string
+		overrides int
+	}{
+		{-time.Minute, 0, 0, "", 0},
+		{5 * time.Minute, 1, 0, docA, 0},
+		{15 * time.Minute, 2, 0, docB, 0},
+		{30 * time.Minute, 3, 0, docB, 1},
+		{2 * time.Hour, 1, 1, docA, 0},
+	} {
+		st, epoch, err := chaudit.InForce(ctx, conn, db, base.Add(c.at))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rec := st.Document()
+		if st.Head() != c.head || epoch != c.epoch || rec.Document != c.doc || st.Overrides() != c.overrides {
+			t.Errorf("in force at base%+v: head %d, epoch %d, %d overrides, document %q; want %d, %d, %d, %q",
+				c.at, st.Head(), epoch, st.Overrides(), rec.Document, c.head, c.epoch, c.overrides, c.doc)
+		}
 	}
 }
