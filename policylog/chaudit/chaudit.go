@@ -122,20 +122,7 @@ type row struct {
 
 // errStartedOver: the log now ends before an offset already read, so it is
 // another log; follow ends and resume starts a new epoch.
-var errStartedOver = errors.New("the policy log started over")
-
-// shrinkCheck is the log as follow reads it: a fetch from beyond the
-// log's end is errStartedOver (a reader only moves forward, so its next
-// offset is at most the end of the log it read).
-type shrinkCheck struct{ policylog.Log }
-
-func (l shrinkCheck) Fetch(ctx context.Context, from int64) ([]policylog.Entry, int64, error) {
-	es, end, err := l.Log.Fetch(ctx, from)
-	if err == nil && end < from {
-		return nil, 0, fmt.Errorf("%w: it ends at offset %d, before offset %d already read", errStartedOver, end, from)
-	}
-	return es, end, err
-}
+var errStartedOver = policylog.ErrStartedOver
 
 func (w *Writer) follow(ctx context.Context) error {
 	cur, err := w.resume(ctx)
@@ -143,7 +130,7 @@ func (w *Writer) follow(ctx context.Context) error {
 		return err
 	}
 	var pending []row
-	c := policylog.NewClient(shrinkCheck{w.cfg.Log}, false)
+	c := policylog.NewClient(w.cfg.Log, false)
 	c.OnApply = func(e policylog.Entry, o policylog.Outcome) {
 		if e.Offset >= cur.next {
 			pending = append(pending, row{e, o})
