@@ -123,6 +123,12 @@ type Decision struct {
 	// what a caller needs to advertise both (the RateLimit header fields).
 	Bucket BucketState
 	Quota  QuotaState
+	// DecidedUS is, for a shared decision, the instant the store decided
+	// on its own clock (Redis TIME; the bucket's instant), µs since the
+	// Unix epoch; 0 for any other decision. The decision event carries it
+	// so that a replay decides the bucket at the instant the store did,
+	// not at the limiter's clock before the call.
+	DecidedUS int64
 }
 
 // BucketState is the token bucket that decided, after the decision: the

@@ -535,6 +535,8 @@ func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *en
 		d.Source = SourceShared
 		if v.InProcess {
 			d.Source = SourceLocal
+		} else {
+			d.DecidedUS = v.Now.UnixMicro()
 		}
 		d.WouldAllow = v.Allowed
 		d.Remaining = v.Remaining

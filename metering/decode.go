@@ -194,7 +194,7 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				return e, 0, false
 			}
 			e.Cost, err = strconv.ParseUint(string(n), 10, 64)
-		case "remaining", "limit", "policy_revision":
+		case "remaining", "limit", "policy_revision", "decided_us":
 			n, g := num()
 			if !g {
 				return e, 0, false
@@ -206,8 +206,10 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				bit, e.Remaining = 1<<10, x
 			case "limit":
 				bit, e.Limit = 1<<11, x
-			default:
+			case "policy_revision":
 				bit, e.PolicyRevision = 1<<18, x
+			default:
+				bit, e.DecidedUS = 1<<19, x
 			}
 		case "allowed", "dry_run", "warning", "shadow_rejected":
 			x, g := boolean()

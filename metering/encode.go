@@ -63,5 +63,9 @@ func (e *Event) appendShadow(dst []byte) []byte {
 		dst = append(dst, `,"policy_revision":`...)
 		dst = strconv.AppendInt(dst, e.PolicyRevision, 10)
 	}
+	if e.DecidedUS != 0 {
+		dst = append(dst, `,"decided_us":`...)
+		dst = strconv.AppendInt(dst, e.DecidedUS, 10)
+	}
 	return dst
 }

@@ -52,6 +52,12 @@ type Event struct {
 	// (docs/tracing.md). Added within version 1: decoders that do not know
 	// it ignore it.
 	TraceID string `json:"trace_id,omitempty"`
+	// DecidedUS is, for a shared decision, the instant the store decided
+	// (Redis TIME), µs since the Unix epoch; absent otherwise. TS is the
+	// limiter's clock before the store call; a replay decides at this
+	// instant instead. Added within version 1: decoders that do not know
+	// it ignore it.
+	DecidedUS int64 `json:"decided_us,omitempty"`
 }
 
 type wireEvent struct {

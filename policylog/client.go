@@ -36,6 +36,7 @@ type HistoryItem struct {
 // by one goroutine at a time.
 type Client struct {
 	log     Log
+	keep    bool
 	st      *State
 	history []HistoryItem
 	// OnApply, when set, is told of every entry applied (for metrics).
@@ -45,8 +46,15 @@ type Client struct {
 // NewClient returns a client that has read nothing yet; keep is passed to
 // NewState.
 func NewClient(log Log, keep bool) *Client {
-	return &Client{log: log, st: NewState(keep)}
+	return &Client{log: log, keep: keep, st: NewState(keep)}
 }
+
+// ErrStartedOver is wrapped by the error Poll returns when the log ends
+// before an offset the client has already read: it is another log (a
+// broker that kept nothing, a topic deleted and created again). The
+// client has then forgotten what it read, and its next Poll reads the new
+// log from its start.
+var ErrStartedOver = errors.New("the policy log started over")
 
 // State is the state read so far. The caller must not change it.
 func (c *Client) State() *State { return c.st }
@@ -95,6 +103,12 @@ func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {
 	entries, end, err := c.log.Fetch(ctx, c.st.NextOffset())
 	if err != nil {
 		return false, err
+	}
+	if next := c.st.NextOffset(); end < next {
+		// A reader only moves forward, so the log it read ended at or
+		// after next.
+		c.st, c.history = NewState(c.keep), nil
+		return false, fmt.Errorf("%w: it ends at offset %d, before offset %d already read", ErrStartedOver, end, next)
 	}
 	for _, e := range entries {
 		if e.Offset < c.st.NextOffset() {

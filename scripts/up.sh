@@ -5,7 +5,8 @@
 #   redis-server      127.0.0.1:6379   data in run/redis/
 #   clickhouse-server 127.0.0.1:9000   (HTTP 8123) data in run/clickhouse/
 #   kafka-dev         127.0.0.1:9092   embedded Kafka-protocol broker (in memory)
-#   limiter           127.0.0.1:8080
+#   limiter           127.0.0.1:8080   policy from the policy log (POLICY_SOURCE=kafka),
+#                                      bootstrapped from deploy/policy.yaml
 #   usage-api         127.0.0.1:8081   dashboard at /
 #   meter-consumer    127.0.0.1:8082   health and metrics
 #   demo-traffic      sends ~40 /check requests per second
@@ -31,7 +32,7 @@ find_go() {
 
 install_missing
 GO="$(find_go)"
-mkdir -p "$PID_DIR" "$LOG_DIR" "$RUN_DIR/redis" "$RUN_DIR/clickhouse" "$BIN_DIR"
+mkdir -p "$PID_DIR" "$LOG_DIR" "$RUN_DIR/redis" "$RUN_DIR/clickhouse" "$RUN_DIR/policy-cache" "$BIN_DIR"
 
 # --- 2. what must start, and are its ports free? ------------------------------
 declare -A PORTS=(
@@ -67,7 +68,11 @@ wants() { local x; for x in "${todo[@]}"; do [ "$x" = "$1" ] && return 0; done; 
 # log again at offset 0. meter-consumer sees that the log is not the one its
 # ClickHouse progress belongs to and reads the new log as a new epoch
 # (docs/operations.md, "When the Kafka log starts over"), so the ClickHouse data, the dashboard's
-# history, stays across make down / make up.
+# history, stays across make down / make up. The policy log (topic
+# ratelimit.policy) starts over too: the limiter enforces its bootstrap
+# POLICY_FILE while the log is empty, step 6 pushes deploy/policy.yaml as
+# revision 1 again, and the policy audit records the new log as a new epoch
+# (docs/policy.md, "The audit").
 
 # --- 3. build -----------------------------------------------------------------
 if [ ${#todo[@]} -gt 0 ]; then
@@ -156,7 +161,8 @@ wait_until kafka-dev 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$KAFKA_PORT"
 
 if wants limiter; then
   start limiter "$BIN_DIR/limiter" LIMITER_ADDR="127.0.0.1:$LIMITER_PORT" REDIS_ADDRS="127.0.0.1:$REDIS_PORT" \
-    KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" POLICY_FILE="$ROOT/deploy/policy.yaml"
+    KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" POLICY_FILE="$ROOT/deploy/policy.yaml" \
+    POLICY_SOURCE=kafka POLICY_CACHE_DIR="$RUN_DIR/policy-cache"
 fi
 wait_until clickhouse 90 http_ok "http://127.0.0.1:$CH_HTTP_PORT/ping"
 if wants meter-consumer; then
@@ -170,13 +176,31 @@ if wants usage-api; then
     REDIS_ADDRS="127.0.0.1:$REDIS_PORT" USAGE_ADMIN_TOKEN="$USAGE_ADMIN_TOKEN" USAGE_TOKEN_SECRET="$USAGE_TOKEN_SECRET"
 fi
 wait_until limiter 30 http_ok "http://127.0.0.1:$LIMITER_PORT/readyz"
+
+# --- 6. the policy log: deploy/policy.yaml as revision 1 of an empty log ------
+# The limiter's CLI reaches the log with the limiter's variables. A log that
+# already has a document (a second make up) is left as it is; with
+# --expect-revision 0 a push that races another writer is refused, not
+# stacked on top of it.
+policy_cli() { KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" "$BIN_DIR/limiter" "$@"; }
+log_head() { policy_cli policy history --limit 1 | sed -n 's/^head: revision \([0-9]*\)$/\1/p'; }
+head="$(log_head)" || die "cannot read the policy log (limiter policy history)"
+if [ "${head:-0}" = 0 ]; then
+  if ! policy_cli policy push "$ROOT/deploy/policy.yaml" --expect-revision 0 --author make-up \
+    -m "make up: bootstrap from deploy/policy.yaml" >/dev/null; then
+    head="$(log_head)" || true
+    [ "${head:-0}" != 0 ] || die "could not push deploy/policy.yaml to the policy log (see above)"
+  fi
+fi
+# The limiter switches from its bootstrap file to the log by itself.
+wait_until limiter 30 bash -c "curl -fsS -m 2 http://127.0.0.1:$LIMITER_PORT/readyz | grep -q '\"source\": *\"kafka\"'"
 if wants demo-traffic; then
   start demo-traffic "$BIN_DIR/demo-traffic" DEMO_LIMITER_URL="http://127.0.0.1:$LIMITER_PORT"
 fi
 wait_until meter-consumer 60 http_ok "http://127.0.0.1:$METER_PORT/readyz"
 wait_until usage-api 60 http_ok "http://127.0.0.1:$USAGE_PORT/readyz"
 
-# --- 6. a portal token, and what to do next -----------------------------------
+# --- 7. a portal token, and what to do next -----------------------------------
 DEMO_KEY=acct_demo_pro
 resp="$(curl -fsS -m 10 -X POST "http://127.0.0.1:$USAGE_PORT/v1/admin/portal-tokens" \
   -H "Authorization: Bearer $USAGE_ADMIN_TOKEN" -H 'Content-Type: application/json' \
@@ -194,7 +218,7 @@ ratewarden is up.  Logs: $LOG_DIR/   Stop: make down
   meter-consumer  http://127.0.0.1:$METER_PORT/metrics
   ClickHouse      127.0.0.1:$CH_TCP_PORT (native), http://127.0.0.1:$CH_HTTP_PORT   database "ratelimit"
   Redis           127.0.0.1:$REDIS_PORT
-  Kafka (kfake)   127.0.0.1:$KAFKA_PORT   topic ratelimit.decisions (in memory)
+  Kafka (kfake)   127.0.0.1:$KAFKA_PORT   topics ratelimit.decisions, ratelimit.policy (in memory)
 
 Portal token for $DEMO_KEY (valid 24 h; also in $RUN_DIR/portal-token):
   $PORTAL_TOKEN
@@ -205,4 +229,8 @@ Try:
   curl -s -H "Authorization: Bearer \$(cat $RUN_DIR/portal-token)" 'http://127.0.0.1:$USAGE_PORT/v1/usage?window=minute&group_by=scope'
 
 Demo traffic (~40 requests/s from a few keys) is running; the dashboard fills within a minute.
+
+The policy log (change it with limiter policy push / limiter override set,
+KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT; docs/policy.md):
 EOF
+policy_cli policy history --limit 10 || die "cannot read the policy log (limiter policy history)"

@@ -222,6 +222,13 @@ func (t *policyTail) fromState(st *policylog.State, source string) enforcement.P
 	return snap
 }
 
+// setLogError sets /readyz's policy.logError (Run is its only writer).
+func (t *policyTail) setLogError(msg string) {
+	info := t.current()
+	info.LogError = msg
+	t.info.Store(&info)
+}
+
 func (t *policyTail) publish(info policyInfo) {
 	t.info.Store(&info)
 	t.rev.Store(info.Revision)
@@ -233,9 +240,17 @@ func (t *policyTail) publish(info policyInfo) {
 // start) is swapped in and written to the cache. Failed reads are counted
 // and retried every second; the policy in force stays.
 func (t *policyTail) Run(ctx context.Context) error {
-	failing := false
+	failing, restarted := false, false
 	for ctx.Err() == nil {
 		caughtUp, err := t.client.Poll(ctx)
+		if errors.Is(err, policylog.ErrStartedOver) {
+			// The client forgot the old log; the policy in force stays
+			// until the new one is read to its end, then is replaced by
+			// the new log's even at an equal revision.
+			t.logger.Warn("policy log started over (a broker that kept nothing, a topic recreated): reading the new log from its start", "err", err)
+			restarted = true
+			continue
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -243,6 +258,7 @@ func (t *policyTail) Run(ctx context.Context) error {
 			t.metrics.errors.Inc()
 			if !failing {
 				t.logger.Warn("policy log: read failed; the policy in force stays, retrying", "err", err)
+				t.setLogError(fmt.Sprintf("cannot read the policy log since %s (the revision in force stays): %v", time.Now().UTC().Format(time.RFC3339), err))
 			}
 			failing = true
 			select {
@@ -253,17 +269,19 @@ func (t *policyTail) Run(ctx context.Context) error {
 		}
 		if failing {
 			t.logger.Info("policy log: reading again")
+			t.setLogError("")
 			failing = false
 		}
 		cur := t.current()
 		st := t.client.State()
-		if !caughtUp || st.Head() == 0 || (st.Head() == cur.Revision && cur.Source == sourceKafka) {
+		if !caughtUp || st.Head() == 0 || (st.Head() == cur.Revision && cur.Source == sourceKafka && !restarted) {
 			continue
 		}
 		p := t.fromState(st, sourceKafka)
 		if p == nil {
 			continue
 		}
+		restarted = false
 		t.target.SetPolicy(p)
 		t.logger.Info("policy revision applied", "revision", st.Head(), "hash", t.current().Hash, "overrides", st.Overrides(), "previous", cur.Revision, "previous_source", cur.Source)
 		t.writeCache()

@@ -55,6 +55,7 @@ func (m *meteringRecorder) Record(req enforcement.Request, d enforcement.Decisio
 		Domain:         req.Domain,
 		PolicyRevision: m.policyRevision(),
 		TraceID:        traceID,
+		DecidedUS:      d.DecidedUS,
 	})
 }
 

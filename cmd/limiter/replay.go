@@ -21,13 +21,16 @@ import (
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/metering/rawscan"
 	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/policylog/chaudit"
 )
 
-const replayUsage = `usage: limiter policy replay FILE (--from T --to T | --since D) [--sample F] [--top N] [--json]
+const replayUsage = `usage: limiter policy replay [FILE] (--from T --to T | --since D) [--sample F] [--top N] [--json]
       [--tolerance D] [--window D] [--clickhouse-addr A] [--database DB]
   Replays the decisions recorded in ClickHouse (decisions_raw) over [from, to)
   under the candidate policy FILE and reports what it would have rejected.
-  Never touches Redis. CLICKHOUSE_ADDR, CLICKHOUSE_DATABASE, CLICKHOUSE_USER
+  Without FILE the candidate is the policy log's state in force at the
+  range's start (document and overrides), rebuilt from policy_audit: the
+  check that the record is reproduced. Never touches Redis. CLICKHOUSE_ADDR, CLICKHOUSE_DATABASE, CLICKHOUSE_USER
   CLICKHOUSE_PASSWORD (or CLICKHOUSE_PASSWORD_FILE), CLICKHOUSE_TLS and
   CLICKHOUSE_TLS_CA_FILE are read as the services read them.`
 
@@ -73,10 +76,12 @@ func parseReplayArgs(args []string, getenv func(string) string, now time.Time) (
 		return a, fs, err
 	}
 	var problems []string
-	if len(files) != 1 {
-		problems = append(problems, "one candidate policy FILE is required")
-	} else {
+	switch len(files) {
+	case 0: // the policy in force at --from, from policy_audit
+	case 1:
 		a.file = files[0]
+	default:
+		problems = append(problems, "at most one candidate policy FILE")
 	}
 	switch {
 	case *since > 0 && (*from != "" || *to != ""):
@@ -160,9 +165,12 @@ type replayOutput struct {
 
 // runReplay streams the range through the engine.
 func runReplay(ctx context.Context, a replayArgs) (replayOutput, error) {
-	p, err := policy.Load(a.file)
-	if err != nil {
-		return replayOutput{}, err
+	var p *policy.Policy
+	var err error
+	if a.file != "" { // a bad file fails before any connection
+		if p, err = policy.Load(a.file); err != nil {
+			return replayOutput{}, err
+		}
 	}
 	// ReadTimeout is per block read; each window query has its own deadline too.
 	conn, err := a.ch.Open(chconn.Tuning{DialTimeout: 3 * time.Second, ReadTimeout: time.Minute})
@@ -170,13 +178,32 @@ func runReplay(ctx context.Context, a replayArgs) (replayOutput, error) {
 		return replayOutput{}, err
 	}
 	defer conn.Close()
-	eng := replay.New(replay.Config{Policy: p, TopKeys: a.top, Tolerance: a.tolerance})
+	var candidate replay.Resolver = p
+	name := a.file
+	if a.file == "" {
+		qctx, cancel := context.WithTimeout(ctx, a.queryTimeout)
+		st, epoch, err := chaudit.InForce(qctx, conn, a.ch.Database, a.from)
+		cancel()
+		if err != nil {
+			return replayOutput{}, err
+		}
+		from := a.from
+		snap := st.Snapshot(func() time.Time { return from }) // overrides' expiry as at the range's start
+		if snap == nil {
+			return replayOutput{}, fmt.Errorf("policy_audit: no document of the policy log was in force at %s (give a FILE)", a.from.Format(time.RFC3339))
+		}
+		_, rec := st.Document()
+		candidate, p = snap, snap.Policy
+		name = fmt.Sprintf("policy_audit: revision %d (epoch %d; document of revision %d by %s; %d overrides), in force at %s",
+			st.Head(), epoch, rec.Revision, rec.Author, st.Overrides(), a.from.Format(time.RFC3339))
+	}
+	eng := replay.New(replay.Config{Policy: candidate, TopKeys: a.top, Tolerance: a.tolerance})
 	began := time.Now()
 	q := rawscan.Query{Database: a.ch.Database, From: a.from, To: a.to, Sample: a.sample}
 	var row replay.Row
 	err = rawscan.Scan(ctx, conn, q, a.window, a.queryTimeout, func(r *rawscan.Row) error {
 		row = replay.Row{TS: r.TS, Key: r.Key, Scope: r.Scope, Tier: r.Tier, Cost: r.Cost,
-			Allowed: r.Allowed, Source: r.Source, Policy: r.Policy, DryRun: r.DryRun}
+			Allowed: r.Allowed, Source: r.Source, Policy: r.Policy, DryRun: r.DryRun, DecidedUS: r.DecidedUS}
 		eng.Add(row)
 		return nil
 	})
@@ -185,7 +212,7 @@ func runReplay(ctx context.Context, a replayArgs) (replayOutput, error) {
 	}
 	took := time.Since(began)
 	rep := eng.Report()
-	out := replayOutput{Candidate: a.file, CandidateHash: p.Hash(), From: a.from.UTC(), To: a.to.UTC(),
+	out := replayOutput{Candidate: name, CandidateHash: p.Hash(), From: a.from.UTC(), To: a.to.UTC(),
 		Sample: a.sample, Seconds: took.Seconds(), Report: rep}
 	if took > 0 {
 		out.RowsPerSecond = float64(rep.Rows) / took.Seconds()

@@ -449,6 +449,9 @@ type policyInfo struct {
 	Source    string `json:"source"`
 	Overrides int    `json:"overrides,omitempty"`
 	Author    string `json:"author,omitempty"`
+	// LogError: in log mode, why the log cannot be read now (the revision
+	// in force stays); empty while it can.
+	LogError string `json:"logError,omitempty"`
 }
 
 // readinessCauseWait is how long /readyz waits for a fresh diagnosis.

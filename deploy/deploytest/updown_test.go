@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -127,6 +128,8 @@ func TestUpDown(t *testing.T) {
 		}
 	}
 
+	checkPolicyLog(t, limiter, out)
+
 	// Idempotent: a second run starts nothing.
 	out2 := makeRun("up")
 	if again := readPids(t, runDir); fmt.Sprint(again) != fmt.Sprint(pids) {
@@ -171,8 +174,24 @@ func TestUpDown(t *testing.T) {
 	// at offset 0. The history stays (the ClickHouse data is kept, nothing
 	// is moved aside), and new traffic is counted: the meter reads the new
 	// log as a new epoch of each partition.
-	makeRun("up")
+	out = makeRun("up")
 	pids = readPids(t, runDir)
+	checkPolicyLog(t, limiter, out) // the fresh log was bootstrapped again
+	// The audit keeps the first log's revision 1 and adds the new log's as
+	// a new epoch (neither skipped nor written over the first).
+	chHTTP := fmt.Sprintf("http://127.0.0.1:%d/?query=", ports["RW_CLICKHOUSE_HTTP_PORT"])
+	auditQ := url.QueryEscape("SELECT log_epoch, revision, author FROM ratelimit.policy_audit FINAL WHERE result = 'applied' ORDER BY kafka_offset FORMAT TSV")
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		st, _, b := do(t, "GET", chHTTP+auditQ, "", nil)
+		if st == 200 && string(b) == "0\t1\tmake-up\n1\t1\tmake-up\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("policy_audit after make down; make up: want revision 1 of epochs 0 and 1 (by make-up), got %d %q", st, b)
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 	if _, err := os.Stat(filepath.Join(runDir, "clickhouse.prev")); !os.IsNotExist(err) {
 		t.Errorf("make up after make down moved the ClickHouse data aside (run/clickhouse.prev: %v)", err)
 	}
@@ -194,6 +213,26 @@ func TestUpDown(t *testing.T) {
 		if running(pid) {
 			t.Errorf("%s (pid %d) still runs after the second make down", name, pid)
 		}
+	}
+}
+
+// checkPolicyLog: make up ran the limiter in log mode (/readyz: source
+// kafka, a revision) and printed the log's history with revision 1, the
+// push of deploy/policy.yaml.
+func checkPolicyLog(t *testing.T, limiter, makeOut string) {
+	t.Helper()
+	st, _, b := do(t, "GET", limiter+"/readyz", "", nil)
+	var r struct {
+		Policy struct {
+			Revision int64  `json:"revision"`
+			Source   string `json:"source"`
+		} `json:"policy"`
+	}
+	if st != 200 || json.Unmarshal(b, &r) != nil || r.Policy.Source != "kafka" || r.Policy.Revision < 1 {
+		t.Errorf("limiter /readyz after make up: want policy source kafka and a revision: %d %s", st, b)
+	}
+	if !regexp.MustCompile(`(?m)^\s*1\s+applied\s+policy\b.*make-up`).MatchString(makeOut) {
+		t.Errorf("make up did not print the policy log's history with revision 1 (deploy/policy.yaml, by make-up)")
 	}
 }
 

@@ -15,7 +15,9 @@
 -- soft     soft limit, percent (0 = none)
 -- now      the store's clock, µs (TIME): every replica refills on one timeline
 --
--- Returns allowed, remaining, retry_ms, reset_ms, now_ms, warning, quota_used, clock_back.
+-- Returns allowed, remaining, retry_ms, reset_ms, now_us, warning, quota_used, clock_back
+-- (now_us: the bucket's instant, µs, below 2^53 and so exact: the decision
+-- event carries it, and a replay decides the bucket at it).
 local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
   -- clock: the store's time, for the quota window; now becomes the bucket's
   -- (the later of the two when the clock stepped back).
@@ -60,5 +62,5 @@ local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
     end
   end
 
-  return allowed and 1 or 0, whole(tokens), retry_ms, reset_ms, math.floor(now / 1000), warning, qused, back
+  return allowed and 1 or 0, whole(tokens), retry_ms, reset_ms, now, warning, qused, back
 end

@@ -154,7 +154,7 @@ func verdictOf(bucketKey string, res []int64, err error) (enforcement.Verdict, e
 		Remaining:  res[1],
 		RetryAfter: time.Duration(res[2]) * time.Millisecond,
 		ResetAfter: time.Duration(res[3]) * time.Millisecond,
-		Now:        time.UnixMilli(res[4]),
+		Now:        time.UnixMicro(res[4]),
 		Warning:    res[5] == 1,
 		QuotaUsed:  res[6],
 		ClockBack:  res[7] == 1,

@@ -11,14 +11,20 @@
 //   - the buckets' state before the first row: every bucket starts full;
 //   - the local tier, leases, split sub-buckets and degraded decisions: the
 //     replay decides every row as the shared store would, one bucket per
-//     (key, scope);
+//     (key, scope), except that a rejection made without the store (source
+//     local or degraded) spends nothing in the replay either: it changed no
+//     bucket of the store (the candidate's verdict on it is whether its
+//     bucket held the cost);
 //   - whether the caller named the tier or cost: the recorded ones (after
 //     defaults) are used, so a candidate's `keys` and `costs` maps change
 //     nothing;
-//   - the exact instant the store decided: the recorded time is the
-//     limiter's, in ms, taken before the store call. A decision within
+//   - the exact instant the store decided, for decisions recorded before
+//     events carried it (decided_us): the recorded time is then the
+//     limiter's, in ms, taken before the store call, and a decision within
 //     Tolerance of a bucket boundary may go either way; Report.Agreement
-//     separates those from real differences.
+//     separates those from real differences. A row with the instant
+//     (Row.DecidedUS) is decided at it, so that under the policy in force
+//     every recorded shared verdict is reproduced.
 //
 // An Engine is not safe for concurrent use: one goroutine feeds it rows in
 // time order (per key at least).
@@ -44,6 +50,10 @@ type Row struct {
 	Source  string // local | shared | degraded
 	Policy  string // the rule that decided
 	DryRun  bool
+	// DecidedUS is the instant the store decided a shared decision, µs
+	// since the Unix epoch (Redis TIME); 0 when not recorded. The row's
+	// bucket is decided at it instead of at TS.
+	DecidedUS int64
 }
 
 // Resolver resolves a request's limit; *policy.Policy is one.
@@ -171,15 +181,19 @@ func (e *Engine) Add(r Row) {
 		e.first = r.TS
 	}
 	e.last = max(e.last, r.TS)
-	// Each row is decided at its own recorded time (a key's rows arrive in
-	// order; a row earlier than its bucket's last update is clamped by the
-	// bucket, as a clock step back is in the store).
+	// Each row is decided at its own recorded time, the store's when
+	// recorded (a key's rows arrive in order; a row earlier than its
+	// bucket's last update is clamped by the bucket, as a clock step back
+	// is in the store).
 	e.now = at
-	if at.Sub(e.lastSweep) > 10*time.Second {
+	if r.DecidedUS > 0 {
+		e.now = time.UnixMicro(r.DecidedUS).UTC()
+	}
+	if e.now.Sub(e.lastSweep) > 10*time.Second {
 		// Full buckets and ended quota windows restart as they are: what
 		// bounds memory over a long replay.
-		e.auth.Sweep(at)
-		e.lastSweep = at
+		e.auth.Sweep(e.now)
+		e.lastSweep = e.now
 	}
 	id := reqID{r.Key, r.Scope, r.Tier}
 	rs, ok := e.cache[id]
@@ -196,7 +210,18 @@ func (e *Engine) Add(r Row) {
 	if rs.err == nil {
 		res := rs.res
 		rule, dryRun = res.Policy, res.DryRun
-		if r.Cost <= res.Capacity() {
+		switch {
+		case r.Cost > res.Capacity():
+		case !r.Allowed && r.Source != enforcement.SourceShared.String():
+			// Rejected without the store (the local tier knew the bucket
+			// was empty, on its own clock and a response's latency late):
+			// the store's buckets did not change, so the replay's do not
+			// either. It asks, without spending, whether the candidate's
+			// bucket and quota held the cost then.
+			v, _ := e.auth.Take(context.Background(), r.Key, r.Scope, res.Limit, 0)
+			lim := res.Limit
+			wouldAllow = v.Remaining >= r.Cost && (!lim.HasQuota() || v.QuotaUsed+r.Cost <= lim.QuotaLimit)
+		default:
 			// MemoryAuthority never fails; its error is always nil.
 			v, _ := e.auth.Take(context.Background(), r.Key, r.Scope, res.Limit, r.Cost)
 			wouldAllow = v.Allowed

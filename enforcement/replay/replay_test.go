@@ -153,3 +153,36 @@ func BenchmarkReplay(b *testing.B) {
 	// CPU time: what one core replays, whatever else the machine runs.
 	b.ReportMetric(float64(b.N)/(proccpu.Self()-cpu0).Seconds(), "rows/cpu-s")
 }
+
+// A row that carries the store's instant (DecidedUS) is decided at it, not
+// at TS: here the limiter's clock said 0 ms for a request the store decided
+// 600 ms later, after a token came back (bucket of 3 at 1/s, emptied at
+// 400 ms). At TS it would be a rejection 400 ms from the boundary, beyond
+// any tolerance; at the store's instant it is the allowed decision that was
+// recorded.
+func TestReplayDecidesAtTheStoresInstant(t *testing.T) {
+	at := func(ms int64) int64 { return (t0 + ms) * 1000 }
+	rows := func(decided bool) []replay.Row {
+		rs := []replay.Row{row(400, "k", "web", true), row(400, "k", "web", true), row(400, "k", "web", true), row(0, "k", "web", true)}
+		if decided {
+			for i, us := range []int64{at(400), at(400) + 1, at(400) + 2, at(1400) + 3} {
+				rs[i].DecidedUS = us
+			}
+		}
+		return rs
+	}
+	with := engine(t, current)
+	for _, r := range rows(true) {
+		with.Add(r)
+	}
+	if ag := with.Report().Agreement; ag.Compared != 4 || ag.Agree != 4 {
+		t.Fatalf("with the store's instants: %+v, want all 4 reproduced", ag)
+	}
+	without := engine(t, current)
+	for _, r := range rows(false) {
+		without.Add(r)
+	}
+	if ag := without.Report().Agreement; ag.DifferBeyondClock != 1 {
+		t.Fatalf("at the limiter's clock: %+v, want the last one to differ beyond the tolerance", ag)
+	}
+}

@@ -245,8 +245,21 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 		remaining, limits                                      = make([]int64, n), make([]int64, n)
 		parts                                                  = make([]uint32, n)
 		traces                                                 = make([]*string, n) // NULL: not traced
+		// Nullable: NULL when the event has none (file mode, a local
+		// decision, an older event); the pointers point into nullable.
+		revisions, decided = make([]*int64, n), make([]*int64, n)
+		nullable           = make([]int64, 2*n)
 	)
 	for i := range recs {
+		if e := &recs[i].Event; e.PolicyRevision != 0 || e.DecidedUS != 0 {
+			nullable[2*i], nullable[2*i+1] = e.PolicyRevision, e.DecidedUS
+			if e.PolicyRevision != 0 {
+				revisions[i] = &nullable[2*i]
+			}
+			if e.DecidedUS != 0 {
+				decided[i] = &nullable[2*i+1]
+			}
+		}
 		e := &recs[i].Event
 		ids[i], keys[i], scopes[i], tiers[i] = e.EventID, e.Key, e.Scope, e.Tier
 		sources[i], policies[i], instances[i] = e.Source, e.Policy, e.Instance
@@ -260,8 +273,8 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 			traces[i] = &e.TraceID
 		}
 	}
-	if err := s.insert(ctx, Raw, "event_id, ts, event_time, key, scope, tier, cost, allowed, source, remaining, limit_value, policy, dry_run, warning, instance, kafka_partition, kafka_offset, domain, shadow, shadow_rejected, trace_id",
-		[]any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets, domains, shadows, shadowRejected, traces}); err != nil {
+	if err := s.insert(ctx, Raw, "event_id, ts, event_time, key, scope, tier, cost, allowed, source, remaining, limit_value, policy, dry_run, warning, instance, kafka_partition, kafka_offset, domain, shadow, shadow_rejected, trace_id, policy_revision, decided_us",
+		[]any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets, domains, shadows, shadowRejected, traces, revisions, decided}); err != nil {
 		return 0, err
 	}
 	return n, nil

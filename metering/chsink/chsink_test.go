@@ -226,3 +226,50 @@ func TestATableAddedLaterDoesNotRewindTheResumePoint(t *testing.T) {
 		t.Fatalf("resume of empty tables = %d, want 0", got)
 	}
 }
+
+// policy_revision and decided_us reach decisions_raw as given, and as NULL
+// for an event without them (file mode, a local decision).
+func TestWriteRecordsRevisionAndDecidedInstant(t *testing.T) {
+	s, conn, db := setupDB(t)
+	ctx := context.Background()
+	base := time.Date(2026, 5, 3, 10, 0, 0, 0, time.UTC)
+	recs := records(0, 6, base)
+	for i := range recs {
+		e := &recs[i].Event
+		if i%2 == 0 {
+			e.PolicyRevision = int64(40 + i)
+		}
+		if i%3 == 0 {
+			e.DecidedUS = base.UnixMicro() + int64(i)*1000 + 123
+		}
+	}
+	p, err := s.Progress(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write(ctx, 2, recs, 5, &p); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := conn.Query(ctx, "SELECT kafka_offset, policy_revision, decided_us FROM "+db+".decisions_raw WHERE kafka_partition = 2 ORDER BY kafka_offset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	got := 0
+	for rows.Next() {
+		var off uint64
+		var rev, us *int64
+		if err := rows.Scan(&off, &rev, &us); err != nil {
+			t.Fatal(err)
+		}
+		e := recs[off].Event
+		if (rev == nil) != (e.PolicyRevision == 0) || (rev != nil && *rev != e.PolicyRevision) ||
+			(us == nil) != (e.DecidedUS == 0) || (us != nil && *us != e.DecidedUS) {
+			t.Errorf("offset %d: policy_revision %v, decided_us %v; want %d, %d (0 = NULL)", off, rev, us, e.PolicyRevision, e.DecidedUS)
+		}
+		got++
+	}
+	if err := rows.Err(); err != nil || got != len(recs) {
+		t.Fatalf("%d rows (%v), want %d", got, err, len(recs))
+	}
+}

@@ -30,6 +30,11 @@ type Row struct {
 	Source  string
 	Policy  string
 	DryRun  bool
+	// PolicyRevision is the policy log's revision in force (0: none
+	// recorded); DecidedUS the instant the store decided a shared
+	// decision, µs since the epoch (0: none recorded).
+	PolicyRevision int64
+	DecidedUS      int64
 }
 
 // Query is one range of decisions_raw.
@@ -49,19 +54,27 @@ const sampleBuckets = 1_000_000
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // toSQL is the statement and its bound arguments for [from, to).
-// ORDER BY ts, then the Kafka position: one key's events are in one
-// partition in emission order, so that is the order the limiter decided
-// them in. event_time bounds the scan to the partitions (months) of the
-// range; ts bounds it to the millisecond.
+// ORDER BY the instant the store decided (decided_us; for a decision
+// without one, ts), then the Kafka position: the store's order is the
+// order its buckets changed in, which two limiters racing on one key may
+// have emitted the other way round; one key's events are in one partition
+// in emission order. Decisions of one batch share the store's instant (it
+// reads the clock once per batch) and ran in the batch's order, which the
+// events do not record; at one instant a bucket's remaining tokens only
+// fall, and a rejection leaves them as they were, so remaining DESC, then
+// the allowed first, is that order (exact for equal costs). event_time bounds the scan to the partitions
+// (months) of the range; ts bounds it to the millisecond (the windows of
+// a scan are by ts, so only decisions the store took in another order
+// across a window's edge are read in ts order).
 func (q Query) toSQL(from, to time.Time) (string, []any) {
-	sql := "SELECT ts, key, scope, tier, cost, allowed, source, policy, dry_run FROM " + q.Database + "." + schema.DecisionsRaw +
+	sql := "SELECT ts, key, scope, tier, cost, allowed, source, policy, dry_run, policy_revision, decided_us FROM " + q.Database + "." + schema.DecisionsRaw +
 		" WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?"
 	args := []any{uint32(from.Unix()), uint32(to.Unix()), uint64(from.UnixMilli()), uint64(to.UnixMilli())}
 	if s := q.Sample; s > 0 && s < 1 {
 		sql += " AND cityHash64(key) % ? < ?"
 		args = append(args, uint64(sampleBuckets), uint64(math.Ceil(s*sampleBuckets)))
 	}
-	return sql + " ORDER BY ts, kafka_partition, kafka_offset", args
+	return sql + " ORDER BY ifNull(decided_us, toInt64(ts) * 1000), remaining DESC, allowed DESC, kafka_partition, kafka_offset", args
 }
 
 // Validate reports every problem with q at once.
@@ -116,11 +129,19 @@ func scanWindow(ctx context.Context, conn driver.Conn, q Query, from, to time.Ti
 	defer rows.Close()
 	var ts, cost uint64
 	var allowed, dryRun uint8
+	var rev, decided *int64
 	for rows.Next() {
-		if err := rows.Scan(&ts, &r.Key, &r.Scope, &r.Tier, &cost, &allowed, &r.Source, &r.Policy, &dryRun); err != nil {
+		if err := rows.Scan(&ts, &r.Key, &r.Scope, &r.Tier, &cost, &allowed, &r.Source, &r.Policy, &dryRun, &rev, &decided); err != nil {
 			return fmt.Errorf("rawscan: read decisions_raw: %w", err)
 		}
 		r.TS, r.Cost, r.Allowed, r.DryRun = int64(ts), int64(min(cost, math.MaxInt64)), allowed == 1, dryRun == 1
+		r.PolicyRevision, r.DecidedUS = 0, 0
+		if rev != nil {
+			r.PolicyRevision = *rev
+		}
+		if decided != nil {
+			r.DecidedUS = *decided
+		}
 		if err := fn(r); err != nil {
 			return err
 		}

@@ -3,10 +3,20 @@
 // back. The writer replays the log from its start by the apply rule (so a
 // row's result is what every limiter decided) and inserts the entries
 // after the last offset the table holds.
+//
+// A log can start over (a development broker that keeps nothing, a topic
+// deleted and created again): its offsets begin again at 0, below the rows
+// the table holds. The writer then starts a new epoch (schema/0055): the
+// new log's rows get positions after every row of the old one
+// (kafka_offset = log_offset + the epoch's first position), so the old
+// log's audit is kept and the new log is audited from its first record,
+// neither skipped nor written over the old rows that share its offsets.
 package chaudit
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -79,6 +89,9 @@ func (w *Writer) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
+		if errors.Is(err, errStartedOver) {
+			continue // not a failure: resume audits the new log as a new epoch
+		}
 		if w.cfg.Absent != nil && w.cfg.Absent(err) {
 			ok := ""
 			w.status.Store(&ok)
@@ -107,29 +120,36 @@ type row struct {
 	o policylog.Outcome
 }
 
+// errStartedOver: the log now ends before an offset already read, so it is
+// another log; follow ends and resume starts a new epoch.
+var errStartedOver = policylog.ErrStartedOver
+
 func (w *Writer) follow(ctx context.Context) error {
-	next, err := w.resume(ctx)
+	cur, err := w.resume(ctx)
 	if err != nil {
 		return err
 	}
 	var pending []row
 	c := policylog.NewClient(w.cfg.Log, false)
 	c.OnApply = func(e policylog.Entry, o policylog.Outcome) {
-		if e.Offset >= next {
+		if e.Offset >= cur.next {
 			pending = append(pending, row{e, o})
 		}
 	}
 	for ctx.Err() == nil {
 		caughtUp, err := c.Poll(ctx)
 		if err != nil {
+			if errors.Is(err, errStartedOver) {
+				return err
+			}
 			return fmt.Errorf("read the policy log: %w", err)
 		}
 		if len(pending) > 0 {
-			if err := w.insert(ctx, pending); err != nil {
+			if err := w.insert(ctx, cur, pending); err != nil {
 				return err
 			}
 			w.rows.Add(float64(len(pending)))
-			next = pending[len(pending)-1].e.Offset + 1
+			cur.next = pending[len(pending)-1].e.Offset + 1
 			pending = pending[:0]
 		}
 		if caughtUp {
@@ -140,25 +160,67 @@ func (w *Writer) follow(ctx context.Context) error {
 	return nil
 }
 
-// resume is the offset after the last one the table holds (0 when empty).
-func (w *Writer) resume(ctx context.Context) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
-	defer cancel()
-	var n, maxOff uint64
-	q := fmt.Sprintf("SELECT count(), max(kafka_offset) FROM %s.%s", w.cfg.Database, Table)
-	if err := w.cfg.Conn.QueryRow(ctx, q).Scan(&n, &maxOff); err != nil {
-		return 0, fmt.Errorf("read %s: %w", Table, err)
-	}
-	if n == 0 {
-		return 0, nil
-	}
-	return int64(maxOff) + 1, nil
+// cursor is where the writer stands: the epoch of the log it reads, the
+// position of that log's offset 0 (base), and the next offset to audit.
+type cursor struct {
+	epoch uint32
+	base  int64
+	next  int64
 }
 
-func (w *Writer) insert(ctx context.Context, rows []row) error {
+// resume finds where to go on from the table's last row: after it, when
+// the log still holds that record (or compaction removed it); else the log
+// started over, and its every record is audited as a new epoch whose
+// positions follow the last row's.
+func (w *Writer) resume(ctx context.Context) (cursor, error) {
+	qctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
+	defer cancel()
+	q := fmt.Sprintf("SELECT kafka_offset, log_epoch, log_offset, content FROM %s.%s ORDER BY kafka_offset DESC LIMIT 1", w.cfg.Database, Table)
+	rs, err := w.cfg.Conn.Query(qctx, q)
+	if err != nil {
+		return cursor{}, fmt.Errorf("read %s: %w", Table, err)
+	}
+	defer rs.Close()
+	if !rs.Next() {
+		if err := rs.Err(); err != nil {
+			return cursor{}, fmt.Errorf("read %s: %w", Table, err)
+		}
+		return cursor{}, nil
+	}
+	var pos uint64
+	var epoch uint32
+	var off int64
+	var content string
+	if err := rs.Scan(&pos, &epoch, &off, &content); err != nil {
+		return cursor{}, fmt.Errorf("read %s: %w", Table, err)
+	}
+	cur := cursor{epoch: epoch, base: int64(pos) - off, next: off + 1}
+	entries, end, err := w.cfg.Log.Fetch(ctx, off)
+	if err != nil {
+		return cursor{}, fmt.Errorf("read the policy log: %w", err)
+	}
+	reason := ""
+	if end <= off {
+		reason = "restarted" // the log ends before the last record audited
+	}
+	for _, e := range entries {
+		if e.Offset == off && string(e.Value) != content {
+			reason = "replaced" // another record at that offset: the log was recreated and grew past it
+		}
+	}
+	if reason == "" {
+		return cur, nil
+	}
+	next := cursor{epoch: epoch + 1, base: int64(pos) + 1}
+	w.cfg.Logger.Info("policy log started over: auditing it as a new epoch", "reason", reason,
+		"epoch", next.epoch, "first_position", next.base, "last_offset_audited", off, "log_end", end)
+	return next, nil
+}
+
+func (w *Writer) insert(ctx context.Context, cur cursor, rows []row) error {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
 	defer cancel()
-	b, err := w.cfg.Conn.PrepareBatch(ctx, fmt.Sprintf("INSERT INTO %s.%s (kafka_offset, log_key, revision, parent, kind, subject, author, message, time, hash, content, result, code, reason, recorded_at)", w.cfg.Database, Table))
+	b, err := w.cfg.Conn.PrepareBatch(ctx, fmt.Sprintf("INSERT INTO %s.%s (kafka_offset, log_key, revision, parent, kind, subject, author, message, time, hash, content, result, code, reason, recorded_at, log_epoch, log_offset)", w.cfg.Database, Table))
 	if err != nil {
 		return fmt.Errorf("insert into %s: %w", Table, err)
 	}
@@ -173,8 +235,8 @@ func (w *Writer) insert(ctx context.Context, rows []row) error {
 		if rec.Kind != "" {
 			subject = rec.Subject()
 		}
-		if err := b.Append(uint64(r.e.Offset), r.e.Key, rec.Revision, rec.Parent, rec.Kind, subject, rec.Author, rec.Message,
-			t, rec.SHA256, string(r.e.Value), r.o.Result, r.o.Code, r.o.Reason, now); err != nil {
+		if err := b.Append(uint64(cur.base+r.e.Offset), r.e.Key, rec.Revision, rec.Parent, rec.Kind, subject, rec.Author, rec.Message,
+			t, rec.SHA256, string(r.e.Value), r.o.Result, r.o.Code, r.o.Reason, now, cur.epoch, r.e.Offset); err != nil {
 			return fmt.Errorf("insert into %s: %w", Table, err)
 		}
 	}
@@ -184,28 +246,32 @@ func (w *Writer) insert(ctx context.Context, rows []row) error {
 	return nil
 }
 
-// Row is one audited record, as read back.
+// Row is one audited record, as read back. Offset is its position (the
+// log offset, plus the epoch's first position once the log started over);
+// Epoch and LogOffset say which log and where in it.
 type Row struct {
-	Offset   int64     `json:"offset"`
-	LogKey   string    `json:"logKey"`
-	Revision int64     `json:"revision"`
-	Parent   int64     `json:"parent"`
-	Kind     string    `json:"kind"`
-	Subject  string    `json:"subject"`
-	Author   string    `json:"author"`
-	Message  string    `json:"message"`
-	Time     time.Time `json:"time"`
-	Hash     string    `json:"sha256"`
-	Content  string    `json:"content"`
-	Result   string    `json:"result"`
-	Code     string    `json:"code,omitempty"`
-	Reason   string    `json:"reason,omitempty"`
+	Offset    int64     `json:"offset"`
+	Epoch     uint32    `json:"epoch"`
+	LogOffset int64     `json:"logOffset"`
+	LogKey    string    `json:"logKey"`
+	Revision  int64     `json:"revision"`
+	Parent    int64     `json:"parent"`
+	Kind      string    `json:"kind"`
+	Subject   string    `json:"subject"`
+	Author    string    `json:"author"`
+	Message   string    `json:"message"`
+	Time      time.Time `json:"time"`
+	Hash      string    `json:"sha256"`
+	Content   string    `json:"content"`
+	Result    string    `json:"result"`
+	Code      string    `json:"code,omitempty"`
+	Reason    string    `json:"reason,omitempty"`
 }
 
 // Query reads the audit: the newest limit rows, optionally only those of
 // one revision (revision > 0), newest first.
 func Query(ctx context.Context, conn driver.Conn, database string, revision int64, limit int) ([]Row, error) {
-	q := fmt.Sprintf("SELECT kafka_offset, log_key, revision, parent, kind, subject, author, message, time, hash, content, result, code, reason FROM %s.%s FINAL", database, Table)
+	q := fmt.Sprintf("SELECT kafka_offset, log_epoch, log_offset, log_key, revision, parent, kind, subject, author, message, time, hash, content, result, code, reason FROM %s.%s FINAL", database, Table)
 	var args []any
 	if revision > 0 {
 		q += " WHERE revision = ?"
@@ -222,11 +288,55 @@ func Query(ctx context.Context, conn driver.Conn, database string, revision int6
 	for rs.Next() {
 		var r Row
 		var off uint64
-		if err := rs.Scan(&off, &r.LogKey, &r.Revision, &r.Parent, &r.Kind, &r.Subject, &r.Author, &r.Message, &r.Time, &r.Hash, &r.Content, &r.Result, &r.Code, &r.Reason); err != nil {
+		if err := rs.Scan(&off, &r.Epoch, &r.LogOffset, &r.LogKey, &r.Revision, &r.Parent, &r.Kind, &r.Subject, &r.Author, &r.Message, &r.Time, &r.Hash, &r.Content, &r.Result, &r.Code, &r.Reason); err != nil {
 			return nil, err
 		}
 		r.Offset = int64(off)
 		out = append(out, r)
 	}
 	return out, rs.Err()
+}
+
+// InForce rebuilds, from policy_audit alone, the state of the policy log
+// in force at instant at: the log (epoch) written then, its records
+// applied by the apply rule in log order, up to the last one written at
+// or before at. The document is nil (State.Snapshot is nil) when none was
+// in force yet. It answers "which policy decided then" also for records
+// compaction has removed from the topic. The epoch is the last one whose
+// first record was written at or before at (records carry their writer's
+// clock).
+func InForce(ctx context.Context, conn driver.Conn, database string, at time.Time) (*policylog.State, uint32, error) {
+	q := fmt.Sprintf("SELECT log_epoch FROM %s.%s GROUP BY log_epoch HAVING min(time) <= toDateTime(?) ORDER BY log_epoch DESC LIMIT 1", database, Table)
+	var epoch uint32
+	st := policylog.NewState(false)
+	if err := conn.QueryRow(ctx, q, uint32(at.Unix())).Scan(&epoch); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return st, 0, nil
+		}
+		return nil, 0, fmt.Errorf("read %s: %w", Table, err)
+	}
+	q = fmt.Sprintf("SELECT log_offset, log_key, content FROM %s.%s FINAL WHERE log_epoch = ? ORDER BY kafka_offset", database, Table)
+	rs, err := conn.Query(ctx, q, epoch)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read %s: %w", Table, err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var e policylog.Entry
+		var content string
+		if err := rs.Scan(&e.Offset, &e.Key, &content); err != nil {
+			return nil, 0, fmt.Errorf("read %s: %w", Table, err)
+		}
+		if content != "" { // "" is a tombstone's
+			e.Value = []byte(content)
+			if rec, err := policylog.Decode(e.Key, e.Value); err == nil && rec.Time.After(at) {
+				break // written after at: the log then ended before it
+			}
+		}
+		st.Apply(e)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, 0, fmt.Errorf("read %s: %w", Table, err)
+	}
+	return st, epoch, nil
 }

@@ -3,10 +3,14 @@ package chaudit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/testenv"
@@ -107,5 +111,188 @@ func TestAuditEveryRecord(t *testing.T) {
 	var n uint64
 	if err := conn.QueryRow(ctx, "SELECT count() FROM "+db+".policy_audit").Scan(&n); err != nil || n != 4 {
 		t.Errorf("%d rows stored (%v), want 4: a restart wrote some twice", n, err)
+	}
+}
+
+// auditOnce runs a writer over l until it has caught up, then stops it.
+func auditOnce(ctx context.Context, t *testing.T, l policylog.Log, conn driver.Conn, db string) {
+	t.Helper()
+	aw, err := chaudit.New(chaudit.Config{Log: l, Conn: conn, Database: db, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- aw.Run(rctx) }()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if ok, _ := aw.Ready(); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			stop()
+			<-done
+			t.Fatal("the audit writer never caught up")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAuditLogStartsOver: a log that starts over at offset 0 (another
+// incarnation of the topic: here another topic, as a fresh in-memory
+// broker gives) is audited as a new epoch from its first record, both when
+// it is shorter than what the table holds (restarted) and when it has grown
+// past it (replaced); the old log's rows stay, and a restart of the writer
+// writes nothing twice.
+func TestAuditLogStartsOver(t *testing.T) {
+	ch := testenv.StartClickHouse(t)
+	conn := ch.Conn(t)
+	db := ch.Database(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
+	defer cancel()
+	if err := schema.Apply(ctx, conn, db); err != nil {
+		t.Fatal(err)
+	}
+	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
+	open := func(topic string) *kafkalog.Log {
+		l, err := kafkalog.New(kafkalog.Config{Brokers: []string{k.Addr()}, Topic: topic, Security: &kafkaconn.Security{}, Wait: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(l.Close)
+		if err := l.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	fill := func(l *kafkalog.Log, who string, overrides int) {
+		c := policylog.NewClient(l, false)
+		if _, err := c.Push(ctx, docA, who, "bootstrap", policylog.NoExpect); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < overrides; i++ {
+			if _, err := c.SetOverride(ctx, fmt.Sprintf("acct_%d", i), "", policy.Override{Tier: "pro", Reason: "deal"}, who, "", policylog.NoExpect); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	first, second, third := open("policy.first"), open("policy.second"), open("policy.third")
+	fill(first, "alice", 3) // offsets 0..3
+	fill(second, "bob", 1)  // offsets 0..1: ends below the 3 audited
+	fill(third, "carol", 4) // offsets 0..4: grew past the 1 audited of the second
+	auditOnce(ctx, t, first, conn, db)
+	auditOnce(ctx, t, second, conn, db)
+	auditOnce(ctx, t, second, conn, db) // the same log again: nothing twice
+	auditOnce(ctx, t, third, conn, db)
+	auditOnce(ctx, t, third, conn, db)
+
+	rows, err := chaudit.Query(ctx, conn, db, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type want struct {
+		pos, logOff int64
+		epoch       uint32
+		author      string
+		rev         int64
+	}
+	var wants []want
+	add := func(epoch uint32, base int64, n int, who string) {
+		for i := 0; i < n; i++ {
+			wants = append(wants, want{base + int64(i), int64(i), epoch, who, int64(i + 1)})
+		}
+	}
+	add(0, 0, 4, "alice")
+	add(1, 4, 2, "bob")
+	add(2, 6, 5, "carol")
+	if len(rows) != len(wants) {
+		t.Fatalf("%d rows, want %d: %+v", len(rows), len(wants), rows)
+	}
+	for i, w := range wants {
+		r := rows[len(rows)-1-i] // Query is newest first
+		if r.Offset != w.pos || r.LogOffset != w.logOff || r.Epoch != w.epoch || r.Author != w.author || r.Revision != w.rev || r.Result != policylog.Applied {
+			t.Errorf("row %d: position %d, epoch %d, log offset %d, %s revision %d %s; want position %d, epoch %d, log offset %d, %s revision %d applied",
+				i, r.Offset, r.Epoch, r.LogOffset, r.Author, r.Revision, r.Result, w.pos, w.epoch, w.logOff, w.author, w.rev)
+		}
+	}
+	var n uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM "+db+".policy_audit").Scan(&n); err != nil || n != uint64(len(wants)) {
+		t.Errorf("%d rows stored (%v), want %d", n, err, len(wants))
+	}
+}
+
+// InForce rebuilds from policy_audit alone the document and overrides in
+// force at an instant: before the first record nothing, between two pushes
+// the first, after an override the override too, and on a log that started
+// over, the new log's state.
+func TestInForceFromTheAudit(t *testing.T) {
+	ch := testenv.StartClickHouse(t)
+	conn := ch.Conn(t)
+	db := ch.Database(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	if err := schema.Apply(ctx, conn, db); err != nil {
+		t.Fatal(err)
+	}
+	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
+	open := func(topic string) *kafkalog.Log {
+		l, err := kafkalog.New(kafkalog.Config{Brokers: []string{k.Addr()}, Topic: topic, Security: &kafkaconn.Security{}, Wait: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(l.Close)
+		if err := l.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	// Records carry their writer's clock; these instants are set, not
+	// waited for.
+	base := time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
+	write := func(l *kafkalog.Log, rec policylog.Record) {
+		c := policylog.NewClient(l, false)
+		if err := c.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(ctx, rec, policylog.NoExpect); err != nil {
+			t.Fatal(err)
+		}
+	}
+	docB := strings.Replace(docA, "rate: 100", "rate: 150", 1)
+	first := open("policy.first")
+	write(first, policylog.Record{Kind: policylog.KindPolicy, Document: docA, Author: "alice", Message: "a", Time: base})
+	write(first, policylog.Record{Kind: policylog.KindPolicy, Document: docB, Author: "alice", Message: "b", Time: base.Add(10 * time.Minute)})
+	write(first, policylog.Record{Kind: policylog.KindOverride, Key: "acct_1", Override: &policy.Override{Tier: "pro", Reason: "deal"}, Author: "billing", Message: "deal", Time: base.Add(20 * time.Minute)})
+	auditOnce(ctx, t, first, conn, db)
+	second := open("policy.second")
+	write(second, policylog.Record{Kind: policylog.KindPolicy, Document: docA, Author: "bob", Message: "again", Time: base.Add(time.Hour)})
+	auditOnce(ctx, t, second, conn, db)
+
+	for _, c := range []struct {
+		at        time.Duration
+		head      int64
+		epoch     uint32
+		doc       string
+		overrides int
+	}{
+		{-time.Minute, 0, 0, "", 0},
+		{5 * time.Minute, 1, 0, docA, 0},
+		{15 * time.Minute, 2, 0, docB, 0},
+		{30 * time.Minute, 3, 0, docB, 1},
+		{2 * time.Hour, 1, 1, docA, 0},
+	} {
+		st, epoch, err := chaudit.InForce(ctx, conn, db, base.Add(c.at))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rec := st.Document()
+		if st.Head() != c.head || epoch != c.epoch || rec.Document != c.doc || st.Overrides() != c.overrides {
+			t.Errorf("in force at base%+v: head %d, epoch %d, %d overrides, document %q; want %d, %d, %d, %q",
+				c.at, st.Head(), epoch, st.Overrides(), rec.Document, c.head, c.epoch, c.overrides, c.doc)
+		}
 	}
 }
