@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -53,7 +52,8 @@ func TestHostileKeyRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := testenv.StartRedis(t)
-	p := startLimiterBinary(t, bin, string(policy), "REDIS_ADDRS="+r.Addr())
+	p := startLimiterBinary(t, bin, string(policy), "REDIS_ADDRS="+r.Addr(),
+		fmt.Sprintf("LIMITER_GRPC_ADDR=127.0.0.1:%d", testenv.FreePort(t)))
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(seconds)*time.Second)
 	defer cancel()
@@ -186,55 +186,4 @@ func scrape(t *testing.T, url, name string) map[string]float64 {
 		}
 	}
 	return out
-}
-
-// startLimiterBinary is startLimiter with another build of the binary.
-func startLimiterBinary(t *testing.T, bin, policyYAML string, env ...string) *limiterProc {
-	t.Helper()
-	dir := t.TempDir()
-	policyPath := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyPath, []byte(policyYAML), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), "LIMITER_ADDR="+addr, "POLICY_FILE="+policyPath,
-		fmt.Sprintf("LIMITER_GRPC_ADDR=127.0.0.1:%d", testenv.FreePort(t)))
-	cmd.Env = append(cmd.Env, env...)
-	p := &limiterProc{url: "http://" + addr, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
-	cmd.Stderr = p.logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			t.Errorf("limiter did not stop within 10 s of SIGTERM")
-		}
-		if t.Failed() {
-			t.Logf("limiter logs:\n%s", p.logs.String())
-		}
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := startClient.Get(p.url + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			return p
-		}
-		select {
-		case <-p.done:
-			t.Fatalf("limiter exited at start: %s", p.logs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("limiter not healthy: %v\n%s", err, p.logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

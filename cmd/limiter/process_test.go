@@ -53,13 +53,19 @@ type limiterProc struct {
 // LIMITER_ADDR) and waits until it answers /healthz.
 func startLimiter(t testing.TB, policyYAML string, env ...string) *limiterProc {
 	t.Helper()
+	return startLimiterBinary(t, limiterBin, policyYAML, env...)
+}
+
+// startLimiterBinary is startLimiter with another build of the binary.
+func startLimiterBinary(t testing.TB, bin, policyYAML string, env ...string) *limiterProc {
+	t.Helper()
 	dir := t.TempDir()
 	policyPath := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(policyPath, []byte(policyYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	cmd := exec.Command(limiterBin)
+	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "LIMITER_ADDR="+addr, "POLICY_FILE="+policyPath)
 	cmd.Env = append(cmd.Env, env...)
 	scheme := "http"
