@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol"
 
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/chsink"
@@ -63,15 +62,9 @@ type kafkaLog struct {
 }
 
 func (c *Consumer) kafkaLog(p int) *kafkaLog {
-	tr := &kafka.Transport{
-		DialTimeout:    5 * time.Second,
-		MetadataTopics: []string{c.cfg.Topic},
-		ClientID:       "meter-consumer",
-		TLS:            c.cfg.TLS,
-		SASL:           c.cfg.SASL,
-	}
+	client, tr := c.kafkaClient("meter-consumer")
 	return &kafkaLog{
-		client: &kafka.Client{Addr: kafka.TCP(c.cfg.Brokers...), Transport: tr}, transport: tr,
+		client: client, transport: tr,
 		topic: c.cfg.Topic, partition: p, timeout: c.cfg.FetchTimeout,
 	}
 }
@@ -136,13 +129,7 @@ func (l *kafkaLog) eventID(ctx context.Context, offset int64) (string, probe, er
 		if err != nil {
 			return "", nothing, fmt.Errorf("partition %d: read offset %d: %w", l.partition, offset, err)
 		}
-		value, err := protocol.ReadAll(rec.Value)
-		if rec.Key != nil {
-			rec.Key.Close()
-		}
-		if rec.Value != nil {
-			rec.Value.Close()
-		}
+		value, err := recordValue(rec)
 		if err != nil {
 			return "", nothing, fmt.Errorf("partition %d: read offset %d: %w", l.partition, offset, err)
 		}

@@ -63,16 +63,10 @@ const fetchQueue = 4
 // startFetcher starts reading partition p at offset. The caller owns the
 // fetcher and must call stop.
 func startFetcher(ctx context.Context, c *Consumer, p int, offset int64) *fetcher {
-	tr := &kafka.Transport{
-		DialTimeout:    5 * time.Second,
-		MetadataTopics: []string{c.cfg.Topic},
-		ClientID:       "meter-consumer",
-		TLS:            c.cfg.TLS,
-		SASL:           c.cfg.SASL,
-	}
+	client, tr := c.kafkaClient("meter-consumer")
 	fctx, cancel := context.WithCancel(ctx)
 	f := &fetcher{
-		client:    &kafka.Client{Addr: kafka.TCP(c.cfg.Brokers...), Transport: tr},
+		client:    client,
 		transport: tr,
 		topic:     c.cfg.Topic,
 		partition: p,
@@ -158,13 +152,7 @@ func (f *fetcher) fetch(ctx context.Context, offset int64) (msgs []fetchedMsg, h
 		if err != nil {
 			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: read record: %w", f.partition, offset, err)
 		}
-		value, err := protocol.ReadAll(rec.Value)
-		if rec.Key != nil {
-			rec.Key.Close()
-		}
-		if rec.Value != nil {
-			rec.Value.Close()
-		}
+		value, err := recordValue(rec)
 		if err != nil {
 			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: read record %d: %w", f.partition, offset, rec.Offset, err)
 		}
@@ -175,4 +163,32 @@ func (f *fetcher) fetch(ctx context.Context, offset int64) (msgs []fetchedMsg, h
 		next = rec.Offset + 1
 	}
 	return msgs, resp.HighWatermark, next, nil
+}
+
+// kafkaClient is a client of the brokers on a transport of its own (the
+// caller closes its idle connections when done), reaching them the way
+// Config says (TLS, SASL): every request the consumer makes outside the
+// group's reader, the watchdog's included, goes through one of these.
+func (c *Consumer) kafkaClient(clientID string) (*kafka.Client, *kafka.Transport) {
+	tr := &kafka.Transport{
+		DialTimeout:    5 * time.Second,
+		MetadataTopics: []string{c.cfg.Topic},
+		ClientID:       clientID,
+		TLS:            c.cfg.TLS,
+		SASL:           c.cfg.SASL,
+	}
+	return &kafka.Client{Addr: kafka.TCP(c.cfg.Brokers...), Transport: tr}, tr
+}
+
+// recordValue reads a fetched record's value and releases its key and
+// value.
+func recordValue(rec *kafka.Record) ([]byte, error) {
+	value, err := protocol.ReadAll(rec.Value)
+	if rec.Key != nil {
+		rec.Key.Close()
+	}
+	if rec.Value != nil {
+		rec.Value.Close()
+	}
+	return value, err
 }

@@ -97,9 +97,8 @@ func (s *partState) isRunning() bool {
 
 // watch runs the watchdog until ctx ends.
 func (c *Consumer) watch(ctx context.Context) {
-	tr := &kafka.Transport{DialTimeout: 5 * time.Second, MetadataTopics: []string{c.cfg.Topic}, ClientID: "meter-consumer-watchdog"}
+	client, tr := c.kafkaClient("meter-consumer-watchdog")
 	defer tr.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(c.cfg.Brokers...), Transport: tr}
 	every := min(max(c.cfg.StallAfter/4, 100*time.Millisecond), 5*time.Second)
 	t := time.NewTicker(every)
 	defer t.Stop()
