@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 // Log is what a reader and a writer need of the log: one totally ordered
@@ -95,6 +97,24 @@ func (c *Client) RecentHistory(limit int) []HistoryEntry {
 		out = out[len(out)-limit:]
 	}
 	return out
+}
+
+// OverrideEntry is an override in force as operators see it (the CLI's
+// `override get|list --json` and the operator API's overrides answers).
+type OverrideEntry struct {
+	Key      string          `json:"key"`
+	Scope    string          `json:"scope,omitempty"`
+	Revision int64           `json:"revision"`
+	Author   string          `json:"author"`
+	Message  string          `json:"message"`
+	Time     time.Time       `json:"time"`
+	Override policy.Override `json:"override"`
+}
+
+// OverrideEntryOf is the entry of r, a record of an override in force
+// (State.Override, State.OverrideRecords: never a tombstone).
+func OverrideEntryOf(r Record) OverrideEntry {
+	return OverrideEntry{Key: r.Key, Scope: r.Scope, Revision: r.Revision, Author: r.Author, Message: r.Message, Time: r.Time, Override: *r.Override}
 }
 
 // Poll fetches once from where the client stands and applies what came;

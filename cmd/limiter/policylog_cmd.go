@@ -450,21 +450,11 @@ func parseExpiry(s string, now time.Time) (time.Time, error) {
 	return now.Add(d).UTC().Truncate(time.Second), nil
 }
 
-// overrideJSON is an override as the CLI and usage-api print it.
-type overrideJSON struct {
-	Key      string          `json:"key"`
-	Scope    string          `json:"scope,omitempty"`
-	Revision int64           `json:"revision"`
-	Author   string          `json:"author"`
-	Time     time.Time       `json:"time"`
-	Override policy.Override `json:"override"`
-}
-
 func printOverrides(w io.Writer, recs []policylog.Record, asJSON bool) {
 	if asJSON {
-		out := make([]overrideJSON, 0, len(recs))
+		out := make([]policylog.OverrideEntry, 0, len(recs))
 		for _, r := range recs {
-			out = append(out, overrideJSON{Key: r.Key, Scope: r.Scope, Revision: r.Revision, Author: r.Author, Time: r.Time, Override: *r.Override})
+			out = append(out, policylog.OverrideEntryOf(r))
 		}
 		_ = json.NewEncoder(w).Encode(out)
 		return

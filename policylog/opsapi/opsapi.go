@@ -288,26 +288,14 @@ func (h *Handler) postRollback(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// Override is an override as the API shows it.
-type Override struct {
-	Key      string          `json:"key"`
-	Scope    string          `json:"scope,omitempty"`
-	Revision int64           `json:"revision"`
-	Author   string          `json:"author"`
-	Message  string          `json:"message"`
-	Time     time.Time       `json:"time"`
-	Override policy.Override `json:"override"`
-}
-
-func overrideOf(r policylog.Record) Override {
-	return Override{Key: r.Key, Scope: r.Scope, Revision: r.Revision, Author: r.Author, Message: r.Message, Time: r.Time, Override: *r.Override}
-}
+// Override is an override as the API shows it (as the CLI prints it).
+type Override = policylog.OverrideEntry
 
 func (h *Handler) listOverrides(w http.ResponseWriter, r *http.Request) {
 	h.with(w, r, func(_ context.Context, c *policylog.Client) {
 		out := []Override{}
 		for _, rec := range c.State().OverrideRecords() {
-			out = append(out, overrideOf(rec))
+			out = append(out, policylog.OverrideEntryOf(rec))
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"revision": c.State().Head(), "overrides": out})
 	})
@@ -321,7 +309,7 @@ func (h *Handler) getOverride(w http.ResponseWriter, r *http.Request) {
 			fail(w, http.StatusNotFound, "not_found", "no override of this key and scope", nil)
 			return
 		}
-		writeJSON(w, http.StatusOK, overrideOf(rec))
+		writeJSON(w, http.StatusOK, policylog.OverrideEntryOf(rec))
 	})
 }
 
