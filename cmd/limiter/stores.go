@@ -198,21 +198,9 @@ type storeReady struct {
 
 // readyOf is the readiness of one store.
 func readyOf(h *storeHandle, instances int) storeReady {
-	r := storeReady{Status: "ok", Store: h.kind, Breaker: "closed", Instances: instances}
-	var down []string
 	states := h.shared.States()
-	for shard, st := range states {
-		switch st {
-		case redisstore.Open:
-			r.Breaker = "open"
-			down = append(down, shard)
-		case redisstore.HalfOpen:
-			if r.Breaker != "open" {
-				r.Breaker = "half-open"
-			}
-			down = append(down, shard)
-		}
-	}
+	worst, down := breakerSummary(states)
+	r := storeReady{Status: "ok", Store: h.kind, Breaker: breakerName(worst), Instances: instances}
 	if h.kind == redisclient.KindCluster {
 		r.Shards = map[string]string{}
 		for shard, st := range states {
@@ -221,7 +209,6 @@ func readyOf(h *storeHandle, instances int) storeReady {
 	}
 	switch {
 	case len(down) > 0:
-		sort.Strings(down)
 		r.Status = "degraded"
 		r.Reason = "unavailable (" + strings.Join(down, ", ") + "): its keys decide with tightened local limits"
 	case h.shared.Failing():
@@ -232,6 +219,21 @@ func readyOf(h *storeHandle, instances int) storeReady {
 		r.Reason = "the fleet heartbeat cannot reach it"
 	}
 	return r
+}
+
+// breakerSummary is what /readyz says of a store's breakers: the worst
+// state among its shards (open, then half-open, then closed) and the
+// shards, sorted, whose breaker is not closed (their keys are degraded).
+func breakerSummary(states map[string]redisstore.State) (worst redisstore.State, down []string) {
+	worst = redisstore.Closed
+	for shard, st := range states {
+		if st == redisstore.Open || st == redisstore.HalfOpen {
+			worst = max(worst, st) // the values rise with the severity
+			down = append(down, shard)
+		}
+	}
+	sort.Strings(down)
+	return worst, down
 }
 
 func breakerName(st redisstore.State) string {
