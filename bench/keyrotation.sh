@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Key rotation (issue 24): every request a new key, at full speed, against
+# Key rotation: every request a new key, at full speed, against
 # the real limiter binary with default settings and one redis-server, and
 # the limiter's resident memory sampled while it lasts. Self-contained: it
 # builds the limiter, starts its own redis-server and limiter on free
@@ -17,42 +17,13 @@ DURATION=${DURATION:-75}
 EVERY=${EVERY:-15}
 THREADS=${THREADS:-2}
 CONNS=${CONNS:-32}
-for tool in go redis-server redis-cli wrk curl; do
-  command -v "$tool" >/dev/null || { echo "keyrotation: $tool is not installed" >&2; exit 1; }
-done
-
 OUT=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$OUT"
-}
-trap cleanup EXIT
-
-low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-free_port() { # below the ephemeral range, where the load tool's own sockets live
-  local p
-  while :; do
-    p=$((10000 + RANDOM % (low - 10000)))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
-  done
-}
-wait_port() {
-  for _ in $(seq 1 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "keyrotation: nothing listens on $1" >&2
-  exit 1
-}
+source bench/lib.sh
+trap 'bench_cleanup; rm -rf "$OUT"' EXIT
+require_tools go redis-server redis-cli wrk curl
 
 GOFLAGS=-tags=vtprotobuf go build -o "$OUT/limiter" ./cmd/limiter
-
-RPORT=$(free_port)
-redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$OUT" --loglevel warning >"$OUT/redis.log" 2>&1 &
-PIDS+=($!)
-wait_port "$RPORT"
+start_redis
 
 LPORT=$(free_port)
 GPORT=$(free_port)

@@ -1,7 +1,8 @@
-# Shared plumbing of the bench scripts (floor.sh, run.sh, envoy.sh), which
-# source it after cd-ing to the repository root and setting OUT: the
-# processes a script starts are stopped when it exits, loopback ports are
-# picked free, and a throwaway redis-server is started the same way.
+# Shared plumbing of the bench scripts (floor.sh, run.sh, envoy.sh,
+# keyrotation.sh), which source it after cd-ing to the repository root and
+# setting OUT: the processes a script starts are stopped when it exits,
+# loopback ports are picked free, and a throwaway redis-server is started
+# the same way.
 
 PIDS=() # processes to stop on exit: append every one started
 bench_cleanup() {
