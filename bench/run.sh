@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# make bench: the hot-key and scale-out benchmarks of issue 5, side by side
-# in one run on this machine. Starts its own redis-server and limiter
-# processes on free loopback ports, drives them with wrk and bench/loadgen,
-# and writes the section "## Hot keys and scale-out" of BENCHMARKS.md
-# (replacing the previous one; other sections are left alone).
+# make bench: the hot-key and scale-out benchmarks, side by side in one
+# run on this machine. Starts its own redis-server and limiter processes on
+# free loopback ports, drives them with wrk and bench/loadgen, and writes
+# the section "## Hot keys and scale-out" of BENCHMARKS.md (replacing the
+# previous one; other sections are left alone).
 #
 #   WRK_SECONDS (default 20)  duration of each wrk run
 #   LG_SECONDS  (default 10)  duration of each loadgen run
@@ -152,32 +152,36 @@ start_limiter "$LPORT2" 2
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 } >>"$S"
 if grep -q LIMITER_LEASE "$OUT/bin/limiter"; then LEASE_WIRED=1; else LEASE_WIRED=0; fi
-declare -A part hot # one table row per distribution: its runs side by side
-for dist in uniform zipf hot40; do
-  for urls in "http://127.0.0.1:$LPORT/check" "http://127.0.0.1:$LPORT/check,http://127.0.0.1:$LPORT2/check"; do
-    n=$(echo "$urls" | tr ',' '\n' | wc -l)
-    "$OUT/bin/loadgen" -url "$urls" -dist "$dist" -duration "${LG_SECONDS}s" -conns 32 -keys 10000 \
-      -redis-stats "127.0.0.1:$RPORT" -json "$OUT/http-$dist-$n.json" -label "http-$dist-$n" >"$OUT/http-$dist-$n.txt"
-    part[$n]=$(row "$OUT/http-$dist-$n.txt" "%rps | %p50 | %p99 | %scripts_per_s")
-    hot[$n]=$(row "$OUT/http-$dist-$n.txt" "%hot_share")
+# http_row DIST LEASING NAME URL1 URL2 [LOADGEN FLAG...]: one table row,
+# loadgen against one limiter (URL1) and against two (URL1,URL2) side by
+# side; raw outputs in $OUT/NAME-DIST-{1,2}.*
+http_row() {
+  local dist=$1 leasing=$2 name=$3 one=$4 two=$5
+  shift 5
+  local -A part hot
+  local n urls f
+  for n in 1 2; do
+    urls=$one
+    [ "$n" = 2 ] && urls="$one,$two"
+    f="$OUT/$name-$dist-$n"
+    "$OUT/bin/loadgen" -url "$urls" -dist "$dist" -duration "${LG_SECONDS}s" -conns 32 -keys 10000 "$@" \
+      -redis-stats "127.0.0.1:$RPORT" -json "$f.json" -label "$name-$dist-$n" >"$f.txt"
+    part[$n]=$(row "$f.txt" "%rps | %p50 | %p99 | %scripts_per_s")
+    hot[$n]=$(row "$f.txt" "%hot_share")
   done
-  echo "| $dist | no | ${part[1]} | ${part[2]} | ${hot[1]} / ${hot[2]} |" >>"$S"
+  echo "| $dist | $leasing | ${part[1]} | ${part[2]} | ${hot[1]} / ${hot[2]} |" >>"$S"
+}
+for dist in uniform zipf hot40; do
+  http_row "$dist" no http "http://127.0.0.1:$LPORT/check" "http://127.0.0.1:$LPORT2/check"
 done
 if [ "$LEASE_WIRED" = 1 ]; then
-  # The names proposed to the integrator (issue 5 report): LIMITER_LEASE_BLOCK > 0 turns leasing on.
+  # LIMITER_LEASE_BLOCK > 0 turns leasing on.
   LPORT3=$(free_port)
   LPORT4=$(free_port)
   start_limiter "$LPORT3" 2 LIMITER_LEASE_BLOCK=100 LIMITER_LEASE_HOT_OPS=100
   start_limiter "$LPORT4" 2 LIMITER_LEASE_BLOCK=100 LIMITER_LEASE_HOT_OPS=100
   for dist in zipf hot40; do
-    for urls in "http://127.0.0.1:$LPORT3/check" "http://127.0.0.1:$LPORT3/check,http://127.0.0.1:$LPORT4/check"; do
-      n=$(echo "$urls" | tr ',' '\n' | wc -l)
-      "$OUT/bin/loadgen" -url "$urls" -dist "$dist" -duration "${LG_SECONDS}s" -conns 32 -keys 10000 -key-prefix lease_ \
-        -redis-stats "127.0.0.1:$RPORT" -json "$OUT/http-lease-$dist-$n.json" -label "http-lease-$dist-$n" >"$OUT/http-lease-$dist-$n.txt"
-      part[$n]=$(row "$OUT/http-lease-$dist-$n.txt" "%rps | %p50 | %p99 | %scripts_per_s")
-      hot[$n]=$(row "$OUT/http-lease-$dist-$n.txt" "%hot_share")
-    done
-    echo "| $dist | yes | ${part[1]} | ${part[2]} | ${hot[1]} / ${hot[2]} |" >>"$S"
+    http_row "$dist" yes http-lease "http://127.0.0.1:$LPORT3/check" "http://127.0.0.1:$LPORT4/check" -key-prefix lease_
   done
 fi
 {
@@ -197,6 +201,7 @@ fi
   echo "| distribution | decisions/s | p50 µs | p99 µs | Redis scripts/s | round trips per decision | with leasing: decisions/s | p50 µs | p99 µs | Redis scripts/s | round trips per decision |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 } >>"$S"
+declare -A part # one table row per distribution: without and with leasing
 for dist in uniform zipf hot40 one; do
   for lease in "" "-lease -lease-hot 100"; do
     tag=$([ -n "$lease" ] && echo yes || echo no)
