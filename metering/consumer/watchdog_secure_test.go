@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,8 +54,9 @@ func TestWatchdogSeesLagOnASecureBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 	restarted := make(chan struct{})
+	var once sync.Once // a stall lasting on is counted (and restarted) again
 	st := &partState{}
-	st.start(0, func() { close(restarted) })
+	st.start(0, func() { once.Do(func() { close(restarted) }) })
 	c := &Consumer{
 		cfg:   Config{Brokers: []string{k.Addr()}, Topic: k.Topic(), StallAfter: 400 * time.Millisecond, TLS: sec.TLS, SASL: sec.SASL},
 		log:   slog.New(slog.NewTextHandler(io.Discard, nil)),
