@@ -239,15 +239,4 @@ S="$OUT/section.md"
 } >"$S"
 cat "$S"
 
-touch "$MD"
-# The section replaces the previous one where it stands; a file without it
-# gets it first, after the title block (the lines before the first "## ").
-awk -v sec="$S" -v has="$(grep -c '^## /check against the HTTP floor' "$MD" || true)" '
-  function put() { while ((getline line < sec) > 0) print line; print ""; done = 1 }
-  /^## \/check against the HTTP floor/ { put(); skip = 1; next }
-  skip && /^## / { skip = 0 }
-  !skip && !done && !has && /^## / { put() }
-  !skip { print }
-  END { if (!done) put() }' "$MD" | cat -s >"$OUT/BENCHMARKS.new"
-cp "$OUT/BENCHMARKS.new" "$MD"
-echo "bench: wrote the section to $MD (raw outputs in $OUT)" >&2
+splice_section "## /check against the HTTP floor" "$S" first

@@ -52,3 +52,24 @@ start_redis() {
   PIDS+=($RPID)
   wait_port "$RPORT"
 }
+
+# splice_section HEADING FILE WHERE: FILE (a section, its "## " heading
+# line first) takes the place in $MD of the section whose heading line
+# starts with HEADING, up to the next "## ", so that a run replaces its
+# own figures and leaves the others alone. Where $MD has no such section,
+# WHERE says where it goes: first (after the title block, the lines before
+# the first "## ") or last.
+splice_section() {
+  local heading=$1 sec=$2 where=$3
+  touch "$MD"
+  awk -v head="$heading" -v sec="$sec" -v first="$([ "$where" = first ] && echo 1 || echo 0)" '
+    function put() { while ((getline line < sec) > 0) print line; print ""; done = 1 }
+    NR == FNR { if (index($0, head) == 1) has = 1; next }
+    index($0, head) == 1 { put(); skip = 1; next }
+    skip && /^## / { skip = 0 }
+    !skip && !done && !has && first && /^## / { put() }
+    !skip { print }
+    END { if (!done) { if (FNR > 0) print ""; put() } }' "$MD" "$MD" | cat -s | sed -e :a -e '/^\n*$/{$d;N;ba' -e '}' >"$OUT/BENCHMARKS.new"
+  cp "$OUT/BENCHMARKS.new" "$MD"
+  echo "bench: wrote the section to $MD (raw outputs in $OUT)" >&2
+}

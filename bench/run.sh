@@ -277,15 +277,4 @@ wait "$PROF2_PID" 2>/dev/null || true
 } >>"$S"
 cat bench/notes.md >>"$S"
 
-# ---- splice into BENCHMARKS.md ----
-# The section replaces the previous one where it stands; a file without it
-# gets it at the end.
-touch "$MD"
-awk -v sec="$S" '
-  function put() { while ((getline line < sec) > 0) print line; print ""; done = 1 }
-  /^## Hot keys and scale-out/ { put(); skip = 1; next }
-  skip && /^## / { skip = 0 }
-  !skip { print }
-  END { if (!done) { print ""; put() } }' "$MD" | cat -s | sed -e :a -e '/^\n*$/{$d;N;ba' -e '}' >"$OUT/BENCHMARKS.new"
-cp "$OUT/BENCHMARKS.new" "$MD"
-echo "bench: wrote the section to $MD (raw outputs in $OUT)" >&2
+splice_section "## Hot keys and scale-out" "$S" last
