@@ -10,6 +10,11 @@ import (
 	"fmt"
 )
 
+// DefaultTopic is the decisions topic's name unless KAFKA_TOPIC says
+// otherwise: the limiter publishes there, the meter-consumer and the
+// notifier read it.
+const DefaultTopic = "ratelimit.decisions"
+
 // EventVersion is the version of the encoding written in the "v" field.
 // Decoders accept every version up to this one.
 const EventVersion = 1

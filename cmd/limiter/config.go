@@ -12,6 +12,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
+	"github.com/ratewarden/ratewarden/metering"
 )
 
 // config is everything the limiter reads from its environment.
@@ -70,7 +71,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Redis:             redisclient.FromEnv(e),
 		PolicyFile:        e.String("POLICY_FILE", "deploy/policy.yaml"),
 		KafkaBrokers:      e.List("KAFKA_BROKERS"),
-		KafkaTopic:        e.String("KAFKA_TOPIC", "ratelimit.decisions"),
+		KafkaTopic:        e.String("KAFKA_TOPIC", metering.DefaultTopic),
 		Kafka:             kafkaconn.FromEnv(e, getenv),
 		KafkaCheckEvery:   e.Duration("LIMITER_KAFKA_CHECK_EVERY", 10*s, 100*ms, time.Hour),
 		ExpectedInstances: int(e.Int("LIMITER_EXPECTED_INSTANCES", 1, 1, 100000)),

@@ -11,6 +11,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/metering"
 )
 
 // config is everything the binary reads from the environment (CONTRACT.md,
@@ -46,7 +47,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	e := envconfig.New(getenv)
 	c := config{
 		KafkaBrokers:    e.List("KAFKA_BROKERS"),
-		KafkaTopic:      e.String("KAFKA_TOPIC", "ratelimit.decisions"),
+		KafkaTopic:      e.String("KAFKA_TOPIC", metering.DefaultTopic),
 		Kafka:           kafkaconn.FromEnv(e, getenv),
 		KafkaCheckEvery: e.Duration("METER_KAFKA_CHECK_EVERY", 10*time.Second, 100*time.Millisecond, time.Hour),
 		ClickHouse:      chconn.FromEnv(e),

@@ -18,6 +18,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ratewarden/ratewarden/metering"
 )
 
 // Config says where the broker listens and what it holds. The zero value
@@ -25,7 +27,7 @@ import (
 // partitions.
 type Config struct {
 	Port       int    // loopback port; 0 = any free port
-	Topic      string // created at start; default ratelimit.decisions
+	Topic      string // created at start; default metering.DefaultTopic
 	Partitions int    // of Topic; default 4
 	// MinSessionTimeout is the shortest consumer-group session the broker
 	// accepts; default 1 s (kfake's own default, 6 s, slows crash tests).
@@ -67,7 +69,7 @@ type Broker struct {
 // Start starts the broker and creates the topic.
 func Start(cfg Config) (*Broker, error) {
 	if cfg.Topic == "" {
-		cfg.Topic = "ratelimit.decisions"
+		cfg.Topic = metering.DefaultTopic
 	}
 	if cfg.Partitions <= 0 {
 		cfg.Partitions = 4

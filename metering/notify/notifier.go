@@ -56,7 +56,7 @@ const EventType = "ratelimit.soft_limit.crossed"
 // Config configures a Notifier. Zero values take the documented defaults.
 type Config struct {
 	Brokers []string // required
-	Topic   string   // default ratelimit.decisions
+	Topic   string   // default metering.DefaultTopic
 	GroupID string   // default "notifier"
 	// TLS and SASL say how to reach the brokers (internal/kafkaconn builds
 	// them from the environment); nil = plaintext, no authentication.
@@ -191,7 +191,7 @@ func New(cfg Config) (*Notifier, error) {
 		return nil, fmt.Errorf("notify: %w", err)
 	}
 	if cfg.Topic == "" {
-		cfg.Topic = "ratelimit.decisions"
+		cfg.Topic = metering.DefaultTopic
 	}
 	if cfg.GroupID == "" {
 		cfg.GroupID = "notifier"
