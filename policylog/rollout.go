@@ -296,3 +296,13 @@ func (s *State) restateRollout(rec Record) Outcome {
 	s.head = max(s.head, rec.Revision)
 	return Outcome{Result: Applied, Record: rec, Head: s.head}
 }
+
+// CandidateSnapshot is the open rollout's candidate with the overrides in
+// force, as the limiter evaluates it in shadow (nil when no rollout is
+// open); now is the clock of expiry.
+func (s *State) CandidateSnapshot(now func() time.Time) *policy.WithOverrides {
+	if s.ro.open == nil {
+		return nil
+	}
+	return policy.NewWithOverrides(s.ro.open.Candidate, s.ov.Clone(), now)
+}
