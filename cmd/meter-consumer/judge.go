@@ -17,7 +17,7 @@ import (
 )
 
 // judgeComponent is the rollout judge (policylog/judge) when POLICY_JUDGE
-// is on: every meter-consumer that runs it takes part in the election (a
+// is true: every meter-consumer that runs it takes part in the election (a
 // consumer group of the policy topic), and the one holding the topic's
 // partition writes the verdict of each rollout once its shadow window is
 // over (POLICY_JUDGE_SETTLE after its end, default 30 s). nil when off.

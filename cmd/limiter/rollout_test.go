@@ -1,0 +1,328 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ratewarden/ratewarden/internal/kafkaconn"
+	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/policylog"
+	"github.com/ratewarden/ratewarden/policylog/kafkalog"
+)
+
+// The policy in force during the rollout tests: nothing is rejected at
+// the traffic they send.
+const rolloutBase = `version: 1
+default_tier: free
+tiers:
+  free: { rate: 1000, burst: 1000 }
+`
+
+// rolloutSame decides every request as rolloutBase does.
+const rolloutSame = rolloutBase + "# the same limits, reformatted\n"
+
+// rolloutTight would reject all but the first request of each key.
+const rolloutTight = `version: 1
+default_tier: free
+tiers:
+  free: { rate: 0.001, burst: 1 }
+`
+
+var (
+	meterBinOnce sync.Once
+	meterBinPath string
+	meterBinErr  error
+)
+
+// meterBinary builds the meter-consumer once for the rollout tests.
+func meterBinary(t *testing.T) string {
+	t.Helper()
+	meterBinOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "meter-bin-")
+		if err != nil {
+			meterBinErr = err
+			return
+		}
+		meterBinPath = filepath.Join(dir, "meter-consumer")
+		if out, err := exec.Command("go", "build", "-race", "-o", meterBinPath, "../meter-consumer").CombinedOutput(); err != nil {
+			meterBinErr = fmt.Errorf("build meter-consumer: %v\n%s", err, out)
+		}
+	})
+	if meterBinErr != nil {
+		t.Fatal(meterBinErr)
+	}
+	return meterBinPath
+}
+
+// meterProc is a meter-consumer started for a test.
+type meterProc struct {
+	addr string
+	cmd  *exec.Cmd
+	logs *syncBuffer
+	done chan struct{}
+}
+
+// startJudgingMeter runs the meter-consumer with the rollout judge on (a
+// short settle and session: the tests wait for records, never for time).
+func startJudgingMeter(t *testing.T, k *testenv.Kafka, ch *testenv.ClickHouse, db string, env ...string) *meterProc {
+	t.Helper()
+	m := &meterProc{addr: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), logs: &syncBuffer{}, done: make(chan struct{})}
+	m.cmd = exec.Command(meterBinary(t))
+	m.cmd.Env = append(append(os.Environ(), "KAFKA_BROKERS="+k.Addr(), "CLICKHOUSE_ADDR="+ch.Addr(), "CLICKHOUSE_DATABASE="+db,
+		"METER_ADDR="+m.addr, "METER_BATCH_WAIT=50ms", "METER_SESSION_TIMEOUT=2s",
+		"POLICY_JUDGE=true", "POLICY_JUDGE_SETTLE=2s"), env...)
+	m.cmd.Stderr = m.logs
+	m.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := m.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { m.cmd.Wait(); close(m.done) }()
+	t.Cleanup(func() {
+		m.cmd.Process.Signal(syscall.SIGTERM)
+		<-m.done
+		if t.Failed() {
+			t.Logf("meter-consumer %s logs:\n%s", m.addr, m.logs.String())
+		}
+	})
+	waitFor(t, "meter-consumer ready", 90*time.Second, func() bool {
+		select {
+		case <-m.done:
+			t.Fatalf("meter-consumer exited:\n%s", m.logs.String())
+		default:
+		}
+		resp, err := http.Get("http://" + m.addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	return m
+}
+
+// metric is the value of the first sample of /metrics starting with
+// prefix (-1 when there is none).
+func (m *meterProc) metric(t *testing.T, prefix string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + m.addr + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, prefix+" ") {
+			var v float64
+			fmt.Sscan(strings.TrimPrefix(line, prefix+" "), &v)
+			return v
+		}
+	}
+	return -1
+}
+
+// logged is one record of the policy log and what the apply rule made of
+// it.
+type logged struct {
+	rec policylog.Record
+	out policylog.Outcome
+}
+
+// readLog reads the whole policy log and applies it.
+func readLog(t *testing.T, k *testenv.Kafka) ([]logged, *policylog.State) {
+	t.Helper()
+	l, err := kafkalog.New(kafkalog.Config{Brokers: []string{k.Addr()}, Security: &kafkaconn.Security{}, Wait: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st := policylog.NewState(true)
+	var out []logged
+	for {
+		entries, end, err := l.Fetch(ctx, st.NextOffset())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			if e.Offset < st.NextOffset() {
+				continue
+			}
+			o := st.Apply(e)
+			out = append(out, logged{rec: o.Record, out: o})
+		}
+		if st.NextOffset() >= end {
+			return out, st
+		}
+	}
+}
+
+// verdictsOf are the verdict records of rollout rev.
+func verdictsOf(recs []logged, rev int64) []logged {
+	var out []logged
+	for _, r := range recs {
+		if r.rec.Kind == policylog.KindVerdict && r.rec.Verdict != nil && r.rec.Verdict.Rollout == rev {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// pushRollout opens a rollout with the CLI and returns its revision.
+func pushRollout(t *testing.T, env []string, doc, shadowFor, bound string) int64 {
+	t.Helper()
+	out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "cand.yaml", doc), "--shadow-for", shadowFor,
+		"--max-newly-rejected", bound, "-m", "try "+shadowFor, "--author", "ops", "--json")
+	var res writeResult
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Result != policylog.Applied {
+		t.Fatalf("push --shadow-for: %d %q %q", code, out, errOut)
+	}
+	return res.Revision
+}
+
+// driveUntilVerdict sends decisions from a few keys to the limiters until
+// rollout rev has a verdict applied in the log (bounded in count and
+// time), and returns the log.
+func driveUntilVerdict(t *testing.T, k *testenv.Kafka, fleet []*limiterProc, rev int64) []logged {
+	t.Helper()
+	deadline := time.Now().Add(120 * time.Second)
+	for i := 0; i < 20000; i++ {
+		p := fleet[i%len(fleet)]
+		if _, code := p.check(t, fmt.Sprintf("acct_%d", i%7), "api:read", 1); code != 200 {
+			t.Fatalf("/check: %d", code)
+		}
+		if i%50 == 49 {
+			recs, _ := readLog(t, k)
+			for _, v := range verdictsOf(recs, rev) {
+				if v.out.Result == policylog.Applied {
+					return recs
+				}
+			}
+			if time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	t.Fatalf("rollout %d: no verdict applied", rev)
+	return nil
+}
+
+// TestRolloutPromotesAndWithdraws: on real traffic through two limiters,
+// a candidate that decides as the policy in force is promoted, and one
+// that would reject most decisions is withdrawn; each verdict is one
+// record with the measured share, which every limiter applies, which
+// history shows and policy_audit keeps.
+func TestRolloutPromotesAndWithdraws(t *testing.T) {
+	r := testenv.StartRedis(t)
+	k := testenv.StartKafka(t, "ratelimit.decisions", 2)
+	ch := testenv.StartClickHouse(t)
+	db := ch.Database(t)
+	env := []string{"KAFKA_BROKERS=" + k.Addr()}
+	if out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "base.yaml", rolloutBase), "-m", "base"); code != 0 {
+		t.Fatalf("push: %q %q", out, errOut)
+	}
+	meter := startJudgingMeter(t, k, ch, db)
+	var fleet []*limiterProc
+	for i := range 2 {
+		fleet = append(fleet, startLimiter(t, rolloutBase, append(env, "REDIS_ADDRS="+r.Addr(), "POLICY_SOURCE=kafka", "LIMITER_GRPC_ADDR=",
+			fmt.Sprintf("LIMITER_INSTANCE_ID=r%d", i))...))
+	}
+
+	// 1. The same limits: promoted.
+	rev := pushRollout(t, env, rolloutSame, "3s", "0.5%")
+	for _, p := range fleet {
+		pol := waitRevision(t, p, int(rev))
+		if ro, _ := pol["rollout"].(map[string]any); ro == nil || ro["revision"] != float64(rev) || ro["maxNewlyRejected"] != 0.005 {
+			t.Fatalf("%s: /readyz policy during the rollout: %v", p.url, pol)
+		}
+	}
+	recs := driveUntilVerdict(t, k, fleet, rev)
+	vs := verdictsOf(recs, rev)
+	if len(vs) != 1 || vs[0].rec.Verdict.Decision != policylog.Promote {
+		t.Fatalf("rollout %d: verdicts %+v, want one promote", rev, vs)
+	}
+	v := vs[0].rec.Verdict
+	t.Logf("rollout %d: %s, %d decisions, %d newly rejected (%v)", rev, v.Decision, v.Decisions, v.NewlyRejected, v.Reason)
+	if v.Decisions == 0 || v.NewlyRejected != 0 || v.Share != 0 || v.MaxNewlyRejected != 0.005 {
+		t.Fatalf("promote verdict: %+v", v)
+	}
+	promoted := vs[0].out.Head
+	for _, p := range fleet {
+		pol := waitRevision(t, p, int(promoted))
+		if pol["rollout"] != nil {
+			t.Errorf("%s: a rollout still shown after its verdict: %v", p.url, pol)
+		}
+	}
+	out, _, code := runCLI(t, env, "policy", "show")
+	if code != 0 || !strings.Contains(out, "# the same limits, reformatted") {
+		t.Fatalf("after the promote, the document in force: %d %q", code, out)
+	}
+
+	// 2. A tight candidate: withdrawn, and the document stays.
+	rev = pushRollout(t, env, rolloutTight, "3s", "0.5%")
+	recs = driveUntilVerdict(t, k, fleet, rev)
+	vs = verdictsOf(recs, rev)
+	if len(vs) != 1 || vs[0].rec.Verdict.Decision != policylog.Withdraw {
+		t.Fatalf("rollout %d: verdicts %+v, want one withdraw", rev, vs)
+	}
+	v = vs[0].rec.Verdict
+	t.Logf("rollout %d: %s, %d decisions, %d newly rejected (%v)", rev, v.Decision, v.Decisions, v.NewlyRejected, v.Reason)
+	if v.Decisions == 0 || v.Share <= 0.005 || v.Share != float64(v.NewlyRejected)/float64(v.Decisions) {
+		t.Fatalf("withdraw verdict: %+v", v)
+	}
+	for _, p := range fleet {
+		waitRevision(t, p, int(vs[0].out.Head))
+		if d, _ := p.check(t, "fresh-key", "api:read", 1); d.Limit != 1000 {
+			t.Errorf("%s: after the withdraw, the limit is %d, want the promoted document's 1000", p.url, d.Limit)
+		}
+	}
+	if n := meter.metric(t, `meter_rollout_verdicts_total{decision="withdraw",result="applied"}`); n != 1 {
+		t.Errorf("meter_rollout_verdicts_total withdraw applied = %v", n)
+	}
+	if n := meter.metric(t, `meter_rollout_verdicts_total{decision="promote",result="applied"}`); n != 1 {
+		t.Errorf("meter_rollout_verdicts_total promote applied = %v", n)
+	}
+
+	out, _, code = runCLI(t, env, "policy", "history")
+	if code != 0 || !strings.Contains(out, "verdict promote rollout 2") || !strings.Contains(out, fmt.Sprintf("verdict withdraw rollout %d", rev)) ||
+		!strings.Contains(out, "rollout (shadow 3s, max 0.5%)") {
+		t.Errorf("history: %d\n%s", code, out)
+	}
+	// The rollup holds at least what the judge counted (events that came
+	// after the verdict are in it too), and decisions_raw agrees with it.
+	conn := ch.Conn(t)
+	waitFor(t, "policy_audit holds both verdicts", 60*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var n uint64
+		err := conn.QueryRow(ctx, "SELECT count() FROM "+db+".policy_audit FINAL WHERE kind = 'verdict' AND result = 'applied'").Scan(&n)
+		return err == nil && n == 2
+	})
+	var decisions, newly, raw, rawNewly uint64
+	waitFor(t, "rollout_shadow and decisions_raw agree", 60*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := conn.QueryRow(ctx, "SELECT sum(decisions), sum(newly_rejected) FROM "+db+".rollout_shadow WHERE rollout = ?", rev).Scan(&decisions, &newly); err != nil {
+			return false
+		}
+		if err := conn.QueryRow(ctx, "SELECT count(), countIf(allowed = 1 AND shadow_rejected = 1) FROM "+db+".decisions_raw WHERE shadow_revision = ?", rev).Scan(&raw, &rawNewly); err != nil {
+			return false
+		}
+		return raw == decisions && rawNewly == newly
+	})
+	if decisions < v.Decisions || newly < v.NewlyRejected {
+		t.Errorf("rollout_shadow %d/%d, decisions_raw %d/%d, the verdict counted %d/%d", decisions, newly, raw, rawNewly, v.Decisions, v.NewlyRejected)
+	}
+}
