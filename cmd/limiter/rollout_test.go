@@ -326,3 +326,158 @@ func TestRolloutPromotesAndWithdraws(t *testing.T) {
 		t.Errorf("rollout_shadow %d/%d, decisions_raw %d/%d, the verdict counted %d/%d", decisions, newly, raw, rawNewly, v.Decisions, v.NewlyRejected)
 	}
 }
+
+// TestRolloutJudgeKilledMidRollout: two meter-consumers run the judge;
+// the one elected is SIGKILLed while the rollout is open, and the other,
+// the consumer group's new owner of the policy topic, writes its one
+// verdict.
+func TestRolloutJudgeKilledMidRollout(t *testing.T) {
+	r := testenv.StartRedis(t)
+	k := testenv.StartKafka(t, "ratelimit.decisions", 2)
+	ch := testenv.StartClickHouse(t)
+	db := ch.Database(t)
+	env := []string{"KAFKA_BROKERS=" + k.Addr()}
+	if out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "base.yaml", rolloutBase), "-m", "base"); code != 0 {
+		t.Fatalf("push: %q %q", out, errOut)
+	}
+	meters := []*meterProc{startJudgingMeter(t, k, ch, db), startJudgingMeter(t, k, ch, db)}
+	leader := -1
+	waitFor(t, "one judge elected", 60*time.Second, func() bool {
+		n := 0
+		for i, m := range meters {
+			if m.metric(t, "meter_rollout_judge_leader") == 1 {
+				leader, n = i, n+1
+			}
+		}
+		return n == 1
+	})
+	successor := meters[1-leader]
+	fleet := []*limiterProc{startLimiter(t, rolloutBase, append(env, "REDIS_ADDRS="+r.Addr(), "POLICY_SOURCE=kafka", "LIMITER_GRPC_ADDR=")...)}
+
+	// The window is long enough that the kill lands inside it on any
+	// machine: the rollout's end is checked against the kill below.
+	rev := pushRollout(t, env, rolloutSame, "8s", "0.5%")
+	for i := 0; i < 50; i++ {
+		fleet[0].check(t, fmt.Sprintf("acct_%d", i%5), "api:read", 1)
+	}
+	if err := meters[leader].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-meters[leader].done
+	killedAt := time.Now()
+	_, st := readLog(t, k)
+	ro, open := st.Rollout()
+	if !open || ro.Record.Revision != rev {
+		t.Fatalf("after the kill, rollout %d is not open (the kill came too late to test anything)", rev)
+	}
+	t.Logf("judge %d killed %v before the rollout's end", leader, ro.Record.Rollout.EndsAt.Sub(killedAt).Round(time.Millisecond))
+
+	recs := driveUntilVerdict(t, k, fleet, rev)
+	waitFor(t, "the successor is the judge", 60*time.Second, func() bool { return successor.metric(t, "meter_rollout_judge_leader") == 1 })
+	// A record after the verdict, read back: the log up to it holds every
+	// verdict any judge wrote about the rollout.
+	if out, errOut, code := runCLI(t, env, "override", "set", "acct_x", "--rate", "5", "--burst", "5", "--reason", "after the verdict"); code != 0 {
+		t.Fatalf("override: %q %q", out, errOut)
+	}
+	recs, _ = readLog(t, k)
+	vs := verdictsOf(recs, rev)
+	if len(vs) != 1 || vs[0].out.Result != policylog.Applied || vs[0].rec.Verdict.Decision != policylog.Promote {
+		t.Fatalf("rollout %d: %d verdicts %+v, want one promote applied", rev, len(vs), vs)
+	}
+	if want := fmt.Sprintf("/%d", successor.cmd.Process.Pid); !strings.HasSuffix(vs[0].rec.Author, want) {
+		t.Errorf("the verdict's author is %q, want the successor (pid %s)", vs[0].rec.Author, want)
+	}
+	if n := successor.metric(t, `meter_rollout_verdicts_total{decision="promote",result="applied"}`); n != 1 {
+		t.Errorf("the successor's promote verdicts applied: %v", n)
+	}
+}
+
+// TestRolloutTwoVerdictsRace: two judges racing through a rebalance both
+// write a verdict on the same head, and a third writes one after the
+// first was applied. The apply rule takes the first alone: every limiter
+// applies it and refuses the others, and policy_audit keeps all three.
+func TestRolloutTwoVerdictsRace(t *testing.T) {
+	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
+	ch := testenv.StartClickHouse(t)
+	db := ch.Database(t)
+	env := []string{"KAFKA_BROKERS=" + k.Addr()}
+	if out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "base.yaml", rolloutBase), "-m", "base"); code != 0 {
+		t.Fatalf("push: %q %q", out, errOut)
+	}
+	startJudgingMeter(t, k, ch, db, "POLICY_JUDGE=false") // the audit only: the verdicts are written below
+	var fleet []*limiterProc
+	for range 2 {
+		fleet = append(fleet, startLimiter(t, rolloutBase, append(env, "POLICY_SOURCE=kafka", "LIMITER_GRPC_ADDR=")...))
+	}
+	rev := pushRollout(t, env, rolloutSame, "1h", "0.5%")
+	_, st := readLog(t, k)
+	ro, ok := st.Rollout()
+	if !ok {
+		t.Fatal("no open rollout")
+	}
+	l, err := kafkalog.New(kafkalog.Config{Brokers: []string{k.Addr()}, Security: &kafkaconn.Security{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	verdict := func(revision, parent int64, decision, judge string) {
+		rec := policylog.Record{Revision: revision, Parent: parent, Kind: policylog.KindVerdict, Author: judge, Message: decision + " by " + judge,
+			Time: time.Now().UTC(), Verdict: &policylog.Verdict{Rollout: rev, Decision: decision, Decisions: 100, MaxNewlyRejected: 0.005}}
+		if decision == policylog.Promote {
+			rec.Document = ro.Record.Document
+		}
+		rec.Seal()
+		b, err := rec.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Append(ctx, rec.LogKey(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	verdict(rev+1, rev, policylog.Promote, "judge-a")  // first: applied
+	verdict(rev+1, rev, policylog.Withdraw, "judge-b") // the same head: a conflict
+	verdict(rev+2, rev+1, policylog.Withdraw, "judge-c")
+
+	for _, p := range fleet {
+		pol := waitRevision(t, p, int(rev+1))
+		if pol["rollout"] != nil {
+			t.Errorf("%s: the rollout is still open: %v", p.url, pol)
+		}
+		waitFor(t, "both refusals counted", 30*time.Second, func() bool {
+			return p.metric(t, `limiter_policy_log_records_total{code="conflict",result="refused"}`) == 2
+		})
+	}
+	out, _, code := runCLI(t, env, "policy", "show")
+	if code != 0 || !strings.Contains(out, "# the same limits, reformatted") || !strings.Contains(out, "by judge-a") {
+		t.Errorf("the document in force: %d %q", code, out)
+	}
+	conn := ch.Conn(t)
+	type row struct{ author, result, code, reason string }
+	var rows []row
+	waitFor(t, "three verdicts in policy_audit", 60*time.Second, func() bool {
+		qctx, qcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer qcancel()
+		rs, err := conn.Query(qctx, "SELECT author, result, code, reason FROM "+db+".policy_audit FINAL WHERE kind = 'verdict' ORDER BY kafka_offset")
+		if err != nil {
+			return false
+		}
+		defer rs.Close()
+		rows = rows[:0]
+		for rs.Next() {
+			var x row
+			if rs.Scan(&x.author, &x.result, &x.code, &x.reason) == nil {
+				rows = append(rows, x)
+			}
+		}
+		return len(rows) == 3
+	})
+	if rows[0].author != "judge-a" || rows[0].result != policylog.Applied ||
+		rows[1].author != "judge-b" || rows[1].result != policylog.Refused || rows[1].code != policylog.CodeConflict ||
+		rows[2].author != "judge-c" || rows[2].result != policylog.Refused || rows[2].code != policylog.CodeConflict ||
+		!strings.Contains(rows[2].reason, fmt.Sprintf("rollout %d was already closed at revision %d by judge-a", rev, rev+1)) {
+		t.Errorf("policy_audit verdicts: %+v", rows)
+	}
+}
