@@ -356,7 +356,7 @@ func TestRolloutJudgeKilledMidRollout(t *testing.T) {
 
 	// The window is long enough that the kill lands inside it on any
 	// machine: the rollout's end is checked against the kill below.
-	rev := pushRollout(t, env, rolloutSame, "8s", "0.5%")
+	rev := pushRollout(t, env, rolloutSame, "15s", "0.5%")
 	for i := 0; i < 50; i++ {
 		fleet[0].check(t, fmt.Sprintf("acct_%d", i%5), "api:read", 1)
 	}
