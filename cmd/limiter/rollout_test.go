@@ -481,3 +481,31 @@ func TestRolloutTwoVerdictsRace(t *testing.T) {
 		t.Errorf("policy_audit verdicts: %+v", rows)
 	}
 }
+
+func TestParseShare(t *testing.T) {
+	for in, want := range map[string]float64{"0.5%": 0.005, "0.005": 0.005, "0%": 0, "100%": 1, " 2% ": 0.02} {
+		if got, err := parseShare(in); err != nil || got != want {
+			t.Errorf("parseShare(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "x", "101%", "-1%", "1.5", "NaN"} {
+		if _, err := parseShare(in); err == nil {
+			t.Errorf("parseShare(%q) accepted", in)
+		}
+	}
+}
+
+// A rollout's flags are checked before anything is written: exit 2.
+func TestPushRolloutFlags(t *testing.T) {
+	f := writeTemp(t, "p.yaml", rolloutBase)
+	for _, args := range [][]string{
+		{"policy", "push", f, "-m", "x", "--shadow-for", "15m"},                                // no bound
+		{"policy", "push", f, "-m", "x", "--max-newly-rejected", "0.5%"},                       // no window
+		{"policy", "push", f, "-m", "x", "--shadow-for", "15m", "--max-newly-rejected", "5"},   // above 1
+		{"policy", "push", f, "-m", "x", "--shadow-for", "200h", "--max-newly-rejected", "1%"}, // too long
+	} {
+		if _, errOut, code := runCLI(t, []string{"KAFKA_BROKERS=127.0.0.1:1"}, args...); code != 2 || !strings.Contains(errOut, "a rollout needs") {
+			t.Errorf("%v: exit %d %q", args, code, errOut)
+		}
+	}
+}
