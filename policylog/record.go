@@ -1,5 +1,6 @@
 // Package policylog is the policy control plane's domain: the records of
-// the policy log (the policy document, per-key overrides), the
+// the policy log (the policy document, per-key overrides, rollouts and
+// their verdicts: rollout.go), the
 // deterministic rule that applies them in log order, and the state they
 // build (a document and its overrides at a revision). Every reader that
 // applies the same records reaches the same state with no coordination.
