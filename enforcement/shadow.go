@@ -8,6 +8,9 @@ import "time"
 type ShadowVerdict struct {
 	Name       string // the shadow rule (or candidate policy's rule) evaluated; "" = none
 	WouldAllow bool   // what the shadow limit would have decided
+	// Rollout is the policy log's revision of the rollout whose candidate
+	// decided (0 = a shadow rule, or a candidate file).
+	Rollout int64
 }
 
 // ShadowEvaluator evaluates shadow limits beside enforcement (package

@@ -194,7 +194,7 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				return e, 0, false
 			}
 			e.Cost, err = strconv.ParseUint(string(n), 10, 64)
-		case "remaining", "limit", "policy_revision", "decided_us":
+		case "remaining", "limit", "policy_revision", "decided_us", "shadow_revision":
 			n, g := num()
 			if !g {
 				return e, 0, false
@@ -208,6 +208,8 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				bit, e.Limit = 1<<11, x
 			case "policy_revision":
 				bit, e.PolicyRevision = 1<<18, x
+			case "shadow_revision":
+				bit, e.ShadowRevision = 1<<20, x
 			default:
 				bit, e.DecidedUS = 1<<19, x
 			}

@@ -46,6 +46,10 @@ func (e *Event) AppendEncode(dst []byte) []byte {
 		dst = append(dst, `,"trace_id":`...)
 		dst = jsonstr.Append(dst, e.TraceID)
 	}
+	if e.ShadowRevision != 0 {
+		dst = append(dst, `,"shadow_revision":`...)
+		dst = strconv.AppendInt(dst, e.ShadowRevision, 10)
+	}
 	return append(dst, '}')
 }
 

@@ -63,6 +63,11 @@ type Event struct {
 	// instant instead. Added within version 1: decoders that do not know
 	// it ignore it.
 	DecidedUS int64 `json:"decided_us,omitempty"`
+	// ShadowRevision is the policy log's revision of the rollout whose
+	// candidate gave the shadow verdict (Shadow, ShadowRejected); absent
+	// for a shadow rule or a candidate file. Added within version 1:
+	// decoders that do not know it ignore it.
+	ShadowRevision int64 `json:"shadow_revision,omitempty"`
 }
 
 type wireEvent struct {

@@ -16,7 +16,7 @@ func TestShadowVerdictIsBackwardCompatible(t *testing.T) {
 	}
 	for _, rejected := range []bool{false, true} {
 		e := sample()
-		e.Shadow, e.ShadowRejected = "search-trial", rejected
+		e.Shadow, e.ShadowRejected, e.ShadowRevision = "search-trial", rejected, 7
 		want, err := e.Encode()
 		if err != nil {
 			t.Fatal(err)

@@ -142,7 +142,7 @@ func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {
 func (c *Client) apply(e Entry) Outcome {
 	o := c.st.Apply(e)
 	h := HistoryItem{Offset: e.Offset, LogKey: e.Key, Result: o.Result, Code: o.Code, Reason: o.Reason, Meta: metaOf(&o.Record), Restates: o.Record.Restates}
-	if o.Result == Applied && o.Record.Kind == KindPolicy {
+	if o.Result == Applied && o.Record.changesDocument() {
 		h.Document = o.Record.Document
 	}
 	c.history = append(c.history, h)
@@ -209,6 +209,9 @@ func (c *Client) Write(ctx context.Context, rec Record, expect int64) (Outcome, 
 	}
 	if err := c.st.validate(&rec); err != nil {
 		o := c.st.refuse(rec, CodeInvalid, err.Error())
+		if err == errAlreadyDecided {
+			o = c.st.refuse(rec, CodeConflict, c.st.decidedReason(rec.Verdict))
+		}
 		return o, &Refusal{o}
 	}
 	o, err := c.append(ctx, rec)
@@ -274,6 +277,8 @@ func (c *Client) restate(ctx context.Context, refused Record) error {
 		rev := int64(-1)
 		if ok {
 			rev = cur.Revision
+		} else if logKey == RolloutKey {
+			return nil // nothing in force to keep in place
 		} else {
 			cur = Record{Kind: refused.Kind, Key: refused.Key, Scope: refused.Scope, Deleted: true, Author: refused.Author,
 				Message: "restated: no override", Time: time.Now().UTC()}
@@ -304,6 +309,12 @@ func (c *Client) restate(ctx context.Context, refused Record) error {
 }
 
 func (c *Client) recordOf(logKey string) (Record, bool) {
+	if logKey == RolloutKey {
+		if c.st.ro.rec == nil {
+			return Record{}, false
+		}
+		return *c.st.ro.rec, true
+	}
 	if logKey == DocumentKey {
 		if c.st.doc == nil {
 			return Record{}, false

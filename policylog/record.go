@@ -1,5 +1,6 @@
 // Package policylog is the policy control plane's domain: the records of
-// the policy log (the policy document, per-key overrides), the
+// the policy log (the policy document, per-key overrides, rollouts and
+// their verdicts: rollout.go), the
 // deterministic rule that applies them in log order, and the state they
 // build (a document and its overrides at a revision). Every reader that
 // applies the same records reaches the same state with no coordination.
@@ -96,6 +97,12 @@ type Record struct {
 	// Deleted says the key had no override.
 	RefusedRevision int64  `json:"refused_revision,omitempty"`
 	RefusedSHA256   string `json:"refused_sha256,omitempty"`
+
+	// Rollout is the trial a KindRollout record opens (its candidate is
+	// Document); Verdict is a KindVerdict record's decision (Document is
+	// the candidate when it promotes). See rollout.go.
+	Rollout *Rollout `json:"rollout,omitempty"`
+	Verdict *Verdict `json:"verdict,omitempty"`
 }
 
 // OverrideLogKey is the log key of an override: "override/<key>" or
@@ -111,14 +118,18 @@ func OverrideLogKey(key, scope string) string {
 
 // LogKey is the log key the record belongs under.
 func (r *Record) LogKey() string {
-	if r.Kind == KindOverride {
+	switch r.Kind {
+	case KindOverride:
 		return OverrideLogKey(r.Key, r.Scope)
+	case KindRollout, KindVerdict:
+		return r.rolloutLogKey()
 	}
 	return r.Kind
 }
 
 // Content is the bytes SHA256 covers: the document for KindPolicy; for an
-// override its key, scope and value (JSON), or "deleted".
+// override its key, scope and value (JSON), or "deleted"; for a rollout or
+// a verdict, the document with the rollout or verdict (JSON).
 func (r *Record) Content() []byte {
 	switch r.Kind {
 	case KindPolicy:
@@ -131,6 +142,8 @@ func (r *Record) Content() []byte {
 		}
 		b, _ := json.Marshal([]string{r.Key, r.Scope, v})
 		return b
+	case KindRollout, KindVerdict:
+		return r.rolloutContent()
 	}
 	return nil
 }
@@ -146,6 +159,9 @@ func hashHex(b []byte) string {
 // Subject describes what the record changes, for history and audit:
 // "policy", or "override <key>[ scope <scope>]".
 func (r *Record) Subject() string {
+	if r.Kind == KindRollout || r.Kind == KindVerdict {
+		return r.rolloutSubject()
+	}
 	if r.Kind != KindOverride {
 		return r.Kind
 	}
@@ -175,12 +191,15 @@ func Decode(key string, value []byte) (Record, error) {
 		return Record{}, fmt.Errorf("%w: %v", ErrGarbled, err)
 	}
 	switch r.Kind {
-	case KindPolicy, KindOverride:
+	case KindPolicy, KindOverride, KindRollout, KindVerdict:
 	default:
 		return r, fmt.Errorf("%w: unknown kind %q", ErrGarbled, r.Kind)
 	}
 	if r.Kind == KindOverride && r.Key == "" {
 		return r, fmt.Errorf("%w: an override without a key", ErrGarbled)
+	}
+	if err := decodeRollout(&r); err != nil {
+		return r, fmt.Errorf("%w: %v", ErrGarbled, err)
 	}
 	if lk := r.LogKey(); lk != key {
 		return r, fmt.Errorf("%w: filed under log key %q, belongs under %q", ErrGarbled, key, lk)

@@ -43,6 +43,8 @@ type Outcome struct {
 	// Taken is, for a conflict, the applied record that holds the revision
 	// the refused one asked for (zero when it is no longer known).
 	Taken Meta
+	// Superseded is the rollout an applied document closed (0 = none).
+	Superseded int64
 }
 
 // Meta is what history and conflicts say about an applied record.
@@ -80,6 +82,8 @@ type State struct {
 	recent   map[int64]Meta
 	// compacted: a gap in offsets was seen (see validate).
 	compacted bool
+	// ro is the rollout part (rollout.go).
+	ro rollouts
 }
 
 type subject struct {
@@ -199,13 +203,20 @@ func (s *State) Apply(e Entry) Outcome {
 		return o
 	}
 	if err := s.validate(&rec); err != nil {
+		if err == errAlreadyDecided {
+			return s.refuse(rec, CodeConflict, s.decidedReason(rec.Verdict))
+		}
 		return s.refuse(rec, CodeInvalid, err.Error())
+	}
+	var superseded int64
+	if o := s.ro.open; o != nil && rec.Kind == KindPolicy {
+		superseded = o.Record.Revision
 	}
 	s.install(rec)
 	s.head = rec.Revision
 	s.recent[rec.Revision] = metaOf(&rec)
 	delete(s.recent, rec.Revision-recentKept)
-	return Outcome{Result: Applied, Record: rec, Head: s.head}
+	return Outcome{Result: Applied, Record: rec, Head: s.head, Superseded: superseded}
 }
 
 func (s *State) refuse(rec Record, code, reason string) Outcome {
@@ -217,9 +228,12 @@ func (s *State) refuse(rec Record, code, reason string) Outcome {
 // always on the full log, it is a no-op.
 func (s *State) restate(rec Record) Outcome {
 	lk := rec.LogKey()
+	if lk == RolloutKey {
+		return s.restateRollout(rec)
+	}
 	var cur subject
 	ok := false
-	if rec.Kind == KindPolicy {
+	if lk == DocumentKey {
 		if s.doc != nil {
 			cur, ok = subject{revision: s.docRec.Revision, sha: shaKey(s.docRec.SHA256)}, true
 		}
@@ -239,6 +253,14 @@ func (s *State) restate(rec Record) Outcome {
 	if ok && !wrong && cur.revision >= rec.Revision {
 		return ignored
 	}
+	if rec.Kind == KindVerdict { // a promote: its rollout is long closed
+		if err := s.validateDocument(rec.Document); err != nil {
+			return s.refuse(rec, CodeInvalid, err.Error())
+		}
+		s.install(rec)
+		s.head = max(s.head, rec.Revision)
+		return Outcome{Result: Applied, Record: rec, Head: s.head}
+	}
 	if err := s.validate(&rec); err != nil {
 		return s.refuse(rec, CodeInvalid, err.Error())
 	}
@@ -257,11 +279,9 @@ func (s *State) restate(rec Record) Outcome {
 func (s *State) validate(rec *Record) error {
 	switch rec.Kind {
 	case KindPolicy:
-		p, err := policy.Parse([]byte(rec.Document))
-		if err != nil {
-			return err
-		}
-		return s.strands(p)
+		return s.validateDocument(rec.Document)
+	case KindRollout, KindVerdict:
+		return s.validateRollout(rec)
 	case KindOverride:
 		if rec.Deleted {
 			if _, ok := s.subjects[rec.LogKey()]; !ok && !s.compacted {
@@ -280,6 +300,15 @@ func (s *State) validate(rec *Record) error {
 	return nil
 }
 
+// validateDocument checks a document as a push of it would be checked.
+func (s *State) validateDocument(doc string) error {
+	p, err := policy.Parse([]byte(doc))
+	if err != nil {
+		return err
+	}
+	return s.strands(p)
+}
+
 // strands refuses a document that drops a tier some override names: the
 // override would otherwise resolve to nothing.
 func (s *State) strands(p *policy.Policy) error {
@@ -292,10 +321,13 @@ func (s *State) strands(p *policy.Policy) error {
 
 // install makes rec the record in force of its log key.
 func (s *State) install(rec Record) {
-	switch rec.Kind {
-	case KindPolicy:
+	if rec.changesDocument() {
 		s.doc, _ = policy.Parse([]byte(rec.Document)) // validated just before
 		s.docRec = rec
+	}
+	switch rec.Kind {
+	case KindPolicy, KindRollout, KindVerdict:
+		s.installRollout(rec)
 	case KindOverride:
 		k := policy.OverrideKey{Key: rec.Key, Scope: rec.Scope}
 		lk := rec.LogKey()

@@ -52,6 +52,7 @@ var shardingKeys = map[string]string{
 	WebhookDeliveries: "cityHash64(key)",
 	KafkaEpochs:       "kafka_partition",
 	PolicyAudit:       "kafka_offset", // a record written twice lands on one shard, where FINAL collapses it
+	RolloutShadow:     "rand()",
 }
 
 var (

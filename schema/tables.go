@@ -20,6 +20,9 @@ const (
 	KafkaEpochs = "kafka_epochs"
 	// PolicyAudit keeps every policy log record, applied or refused (0053).
 	PolicyAudit = "policy_audit"
+	// RolloutShadow is the per-minute rollup of a policy rollout's shadow
+	// verdicts, which the rollout judge reads (0056).
+	RolloutShadow = "rollout_shadow"
 )
 
 // RollupTables are the usage rollups, finest first.

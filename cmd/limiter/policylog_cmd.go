@@ -32,6 +32,7 @@ import (
 
 const policyLogUsage = `usage:
   limiter policy push FILE -m MESSAGE [--author A] [--expect-revision N] [--json]
+  limiter policy push FILE --shadow-for D --max-newly-rejected P -m MESSAGE [--author A] [--json]
   limiter policy rollback REVISION -m MESSAGE [--author A] [--json]
   limiter policy history [--limit N] [--json]
   limiter policy show [REVISION]
@@ -182,6 +183,8 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 	f := newCLIFlags("limiter policy "+verb, policyLogUsage, stdout, stderr)
 	var message, author *string
 	var expect, limit *int64
+	var shadowFor *time.Duration
+	var maxNewly *string
 	asJSON := new(bool)
 	switch verb {
 	case "push", "rollback":
@@ -190,6 +193,8 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 		f.BoolVar(asJSON, "json", false, "print the outcome as JSON")
 		if verb == "push" {
 			expect = f.Int64("expect-revision", policylog.NoExpect, "refuse unless the head is this revision")
+			shadowFor = f.Duration("shadow-for", 0, "a rollout: the candidate in shadow this long, then judged (docs/policy.md)")
+			maxNewly = f.String("max-newly-rejected", "", "a rollout's bound: promote if at most this share (0.5% or 0.005) is newly rejected")
 		}
 	case "history":
 		limit = f.Int64("limit", 20, "the last N entries")
@@ -240,10 +245,25 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 		}
 		doc = b
 	}
+	var bound float64
+	if shadowFor != nil && (*shadowFor != 0 || *maxNewly != "") {
+		var err error
+		if bound, err = parseShare(*maxNewly); err != nil || *shadowFor <= 0 || *shadowFor > policylog.MaxShadowFor {
+			fmt.Fprintf(stderr, "a rollout needs --shadow-for (above 0, at most %s) and --max-newly-rejected (a share such as 0.5%%)\n%s\n", policylog.MaxShadowFor, policyLogUsage)
+			return 2
+		}
+	}
 	return withLog(stderr, func(ctx context.Context, c *policylog.Client) int {
 		switch verb {
 		case "push":
+			if *shadowFor > 0 {
+				o, err := c.StartRollout(ctx, string(doc), *shadowFor, bound, *author, *message, *expect)
+				return reportRollout(o, err, *asJSON, stdout, stderr)
+			}
 			o, err := c.Push(ctx, string(doc), *author, *message, *expect)
+			if err == nil && o.Superseded != 0 && !*asJSON {
+				fmt.Fprintf(stdout, "rollout %d superseded: its candidate is no longer in shadow, and it gets no verdict\n", o.Superseded)
+			}
 			return report(o, err, *asJSON, stdout, stderr)
 		case "rollback":
 			o, err := c.Rollback(ctx, revs[0], *author, *message)
@@ -280,10 +300,17 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 func printHistory(c *policylog.Client, limit int, asJSON bool, stdout io.Writer) int {
 	items := c.RecentHistory(limit)
 	if asJSON {
-		_ = json.NewEncoder(stdout).Encode(map[string]any{"head": c.State().Head(), "entries": items})
+		body := map[string]any{"head": c.State().Head(), "entries": items}
+		if ro := rolloutInfoOf(c.State()); ro != nil {
+			body["rollout"] = ro
+		}
+		_ = json.NewEncoder(stdout).Encode(body)
 		return 0
 	}
 	fmt.Fprintf(stdout, "head: revision %d\n", c.State().Head())
+	if ro := rolloutInfoOf(c.State()); ro != nil {
+		fmt.Fprintf(stdout, "open rollout: revision %d by %s, in shadow until %s, max newly rejected %s\n", ro.Revision, ro.Author, ro.EndsAt.Format(time.RFC3339), policylog.FormatShare(ro.MaxNewlyRejected))
+	}
 	for _, h := range items {
 		what := h.Subject
 		if what == "" {

@@ -125,6 +125,10 @@ type policyTail struct {
 	logger  *slog.Logger
 	info    atomic.Pointer[policyInfo]
 	rev     atomic.Int64
+	// shadow follows the open rollout (rollout.go); rolloutRev is the one
+	// it was given (0 = none). Set before Run.
+	shadow     rolloutTarget
+	rolloutRev int64
 }
 
 func newPolicyTail(cfg config, reg prometheus.Registerer, logger *slog.Logger) (*policyTail, error) {
@@ -218,7 +222,8 @@ func (t *policyTail) fromState(st *policylog.State, source string) enforcement.P
 		return nil
 	}
 	_, rec := st.Document()
-	t.publish(policyInfo{Version: snap.Version(), Hash: snap.Hash(), Revision: st.Head(), Source: source, Overrides: st.Overrides(), Author: rec.Author})
+	t.publish(policyInfo{Version: snap.Version(), Hash: snap.Hash(), Revision: st.Head(), Source: source, Overrides: st.Overrides(), Author: rec.Author,
+		Rollout: rolloutInfoOf(st)})
 	return snap
 }
 
@@ -240,6 +245,7 @@ func (t *policyTail) publish(info policyInfo) {
 // start) is swapped in and written to the cache. Failed reads are counted
 // and retried every second; the policy in force stays.
 func (t *policyTail) Run(ctx context.Context) error {
+	t.syncRollout() // a rollout open at start
 	failing, restarted := false, false
 	for ctx.Err() == nil {
 		caughtUp, err := t.client.Poll(ctx)
@@ -283,6 +289,7 @@ func (t *policyTail) Run(ctx context.Context) error {
 		}
 		restarted = false
 		t.target.SetPolicy(p)
+		t.syncRollout()
 		t.logger.Info("policy revision applied", "revision", st.Head(), "hash", t.current().Hash, "overrides", st.Overrides(), "previous", cur.Revision, "previous_source", cur.Source)
 		t.writeCache()
 	}

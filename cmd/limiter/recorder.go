@@ -52,6 +52,7 @@ func (m *meteringRecorder) Record(req enforcement.Request, d enforcement.Decisio
 		// The shadow verdict, when a shadow limit was evaluated.
 		Shadow:         d.Shadow.Name,
 		ShadowRejected: d.Shadow.Name != "" && !d.Shadow.WouldAllow,
+		ShadowRevision: d.Shadow.Rollout,
 		Domain:         req.Domain,
 		PolicyRevision: m.policyRevision(),
 		TraceID:        traceID,

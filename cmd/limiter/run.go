@@ -100,6 +100,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		if r, ok := meter.rec.(*meteringRecorder); ok {
 			r.revision = tail.revision
 		}
+		tail.shadow = sh // an open rollout's candidate is the shadow policy (rollout.go)
 		stopTail = startTail(ctx, tail, lim)
 	}
 	defer func() { stopTail() }()
@@ -452,6 +453,8 @@ type policyInfo struct {
 	// LogError: in log mode, why the log cannot be read now (the revision
 	// in force stays); empty while it can.
 	LogError string `json:"logError,omitempty"`
+	// Rollout is the open rollout of the policy log, if any (rollout.go).
+	Rollout *rolloutInfo `json:"rollout,omitempty"`
 }
 
 // readinessCauseWait is how long /readyz waits for a fresh diagnosis.

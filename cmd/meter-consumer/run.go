@@ -147,6 +147,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	components = append(components, audit)
+	if j, err := judgeComponent(cfg, conn, &schemaReady, reg, log); err != nil { // the rollout judge (judge.go)
+		return err
+	} else if j != nil {
+		components = append(components, *j)
+	}
 	// The soft-limit notifier: its own consumer group ("notifier"), so a slow
 	// webhook receiver never delays metering (metering/notify).
 	if cfg.WebhookURL != "" {

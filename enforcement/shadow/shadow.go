@@ -26,6 +26,7 @@ package shadow
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -87,15 +88,28 @@ type Config struct {
 type Evaluator struct {
 	cfg   Config
 	inner *enforcement.Limiter
-	// last is the enforced policy the inner limiter's policy was built
-	// from: a reload of the enforced policy (new pointer) rebuilds it, so
-	// the inner entries re-resolve as the enforced ones do.
-	last atomic.Pointer[policyRef]
+	// held is what the inner limiter's policy was last set to: a
+	// candidate's ref, or (rules set) the enforced policy whose shadow
+	// rules it resolves. A reload of the enforced policy (new pointer)
+	// rebuilds it, so the inner entries re-resolve as the enforced ones
+	// do; a decision that finds another shadow policy in force sets it
+	// (under mu, so that held always names what the inner limiter holds).
+	held atomic.Pointer[policyRef]
+	mu   sync.Mutex
 	// candidate is Config.Candidate as last set (nil: none).
 	candidate atomic.Pointer[policyRef]
+	// rollout is the candidate of an open rollout of the policy log (nil:
+	// none); while set it is the shadow policy, ahead of the others.
+	rollout atomic.Pointer[policyRef]
 }
 
-type policyRef struct{ p enforcement.Policy }
+// policyRef is a shadow policy; rollout is the revision of the rollout it
+// is the candidate of (0 = none).
+type policyRef struct {
+	p       enforcement.Policy
+	rollout int64
+	rules   bool // p is an enforced policy; its shadow rules are the shadow policy
+}
 
 var _ enforcement.ShadowEvaluator = (*Evaluator)(nil)
 
@@ -147,7 +161,7 @@ func New(cfg Config) (*Evaluator, error) {
 	}
 	e := &Evaluator{cfg: cfg, inner: inner}
 	if cfg.Candidate != nil {
-		e.candidate.Store(&policyRef{cfg.Candidate})
+		e.candidate.Store(&policyRef{p: cfg.Candidate})
 	}
 	return e, nil
 }
@@ -161,8 +175,21 @@ func (e *Evaluator) SetCandidate(p enforcement.Policy) {
 	if p == nil || e.candidate.Load() == nil {
 		return
 	}
-	e.inner.SetPolicy(p)
-	e.candidate.Store(&policyRef{p})
+	e.candidate.Store(&policyRef{p: p})
+}
+
+// SetRollout makes p, the candidate of rollout rev of the policy log, the
+// shadow policy of every decision (the verdicts carry rev), ahead of a
+// candidate file and of shadow rules; nil ends it, and the shadow policy
+// is again what it was. Its caller is the one reader of the policy log; a
+// decision evaluated while the rollout changes may be decided under
+// either, which only blurs the edge of the rollout's window.
+func (e *Evaluator) SetRollout(p enforcement.Policy, rev int64) {
+	if p == nil {
+		e.rollout.Store(nil)
+		return
+	}
+	e.rollout.Store(&policyRef{p: p, rollout: rev})
 }
 
 // SetInstances follows the fleet's live count, as the enforced limiter does.
@@ -174,13 +201,22 @@ func (e *Evaluator) Close(ctx context.Context) error { return e.inner.Close(ctx)
 // Evaluate implements enforcement.ShadowEvaluator.
 func (e *Evaluator) Evaluate(p enforcement.Policy, req enforcement.Request, d enforcement.Decision, _ time.Time) enforcement.ShadowVerdict {
 	var res limits.Resolved
-	if cand := e.candidate.Load(); cand != nil {
+	var rollout int64
+	cand := e.rollout.Load()
+	if cand == nil {
+		cand = e.candidate.Load()
+	}
+	if cand != nil {
+		rollout = cand.rollout
+		if e.held.Load() != cand {
+			e.hold(cand, func(ref *policyRef) bool { return ref == cand })
+		}
 		r, err := cand.p.Resolve(req.Key, req.Scope, req.Tier)
 		if err != nil {
 			// The candidate cannot decide this request at all (e.g. a
 			// tier it does not define): it would refuse it.
 			e.evaluated(refusedByCandidate, false, d.Allowed)
-			return enforcement.ShadowVerdict{Name: refusedByCandidate, WouldAllow: false}
+			return enforcement.ShadowVerdict{Name: refusedByCandidate, WouldAllow: false, Rollout: rollout}
 		}
 		res = r
 	} else {
@@ -193,9 +229,9 @@ func (e *Evaluator) Evaluate(p enforcement.Policy, req enforcement.Request, d en
 			return enforcement.ShadowVerdict{} // an enforced error never gets here
 		}
 		res = r
-		if ref := e.last.Load(); ref == nil || ref.p != p {
-			e.last.Store(&policyRef{p})
-			e.inner.SetPolicy(rulesOf{sr})
+		rules := rulesOf{sr}
+		if ref := e.held.Load(); ref == nil || !ref.rules || ref.p != rules {
+			e.hold(&policyRef{p: rules, rules: true}, func(ref *policyRef) bool { return ref != nil && ref.rules && ref.p == rules })
 		}
 	}
 	if same(p, req, res) {
@@ -206,7 +242,7 @@ func (e *Evaluator) Evaluate(p enforcement.Policy, req enforcement.Request, d en
 			return enforcement.ShadowVerdict{}
 		}
 		e.evaluated(res.Policy, d.WouldAllow, d.Allowed)
-		return enforcement.ShadowVerdict{Name: res.Policy, WouldAllow: d.WouldAllow}
+		return enforcement.ShadowVerdict{Name: res.Policy, WouldAllow: d.WouldAllow, Rollout: rollout}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
@@ -215,7 +251,7 @@ func (e *Evaluator) Evaluate(p enforcement.Policy, req enforcement.Request, d en
 	case errors.Is(err, enforcement.ErrCostExceedsLimit):
 		// Under the shadow limit this request could never be allowed.
 		e.evaluated(res.Policy, false, d.Allowed)
-		return enforcement.ShadowVerdict{Name: res.Policy, WouldAllow: false}
+		return enforcement.ShadowVerdict{Name: res.Policy, WouldAllow: false, Rollout: rollout}
 	case err != nil:
 		e.unavailable("error")
 		return enforcement.ShadowVerdict{}
@@ -226,7 +262,19 @@ func (e *Evaluator) Evaluate(p enforcement.Policy, req enforcement.Request, d en
 		return enforcement.ShadowVerdict{}
 	}
 	e.evaluated(sd.Policy, sd.WouldAllow, d.Allowed)
-	return enforcement.ShadowVerdict{Name: sd.Policy, WouldAllow: sd.WouldAllow}
+	return enforcement.ShadowVerdict{Name: sd.Policy, WouldAllow: sd.WouldAllow, Rollout: rollout}
+}
+
+// hold sets the inner limiter's policy to ref's unless held already
+// matches.
+func (e *Evaluator) hold(ref *policyRef, matches func(*policyRef) bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if matches(e.held.Load()) {
+		return
+	}
+	e.inner.SetPolicy(ref.p)
+	e.held.Store(ref)
 }
 
 // same reports whether the shadow limit is exactly the limit the enforced

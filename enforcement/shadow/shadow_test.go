@@ -314,3 +314,53 @@ type failing struct{}
 func (failing) Take(context.Context, string, string, enforcement.Limit, int64) (enforcement.Verdict, error) {
 	return enforcement.Verdict{}, fmt.Errorf("shadow store down")
 }
+
+// A rollout's candidate is the shadow policy while it is set, ahead of
+// the enforced policy's shadow rules, and its verdicts carry the
+// rollout's revision; cleared, the shadow rules are back.
+func TestRolloutCandidate(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
+	ev, err := shadow.New(shadow.Config{Authority: enforcement.NewMemoryAuthority(clk.now, 1000), Now: clk.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ev.Close(context.Background()) })
+	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.now, 1000), Policy: mustParse(t, withShadowYAML), Now: clk.now, Shadow: ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close(context.Background()) })
+	check := func(scope string) enforcement.ShadowVerdict {
+		t.Helper()
+		d, err := lim.Check(context.Background(), enforcement.Request{Key: "acct_1", Scope: scope, Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Shadow
+	}
+	if v := check("api:search"); v.Name != "search-trial" || v.Rollout != 0 {
+		t.Fatalf("before the rollout: %+v", v)
+	}
+	if v := check("web"); v.Name != "" {
+		t.Fatalf("before the rollout, an uncovered scope: %+v", v)
+	}
+	// The candidate: web gets a burst of 1, so its second decision is one
+	// the candidate denies and the policy in force allows.
+	ev.SetRollout(mustParse(t, enforcedYAML+"  - { name: web-tight, scope: web, rate: 0.001, burst: 1 }\n"), 7)
+	if v := check("web"); v.Name != "web-tight" || v.Rollout != 7 || !v.WouldAllow {
+		t.Fatalf("under the rollout, first: %+v", v)
+	}
+	if v := check("web"); v.Name != "web-tight" || v.Rollout != 7 || v.WouldAllow {
+		t.Fatalf("under the rollout, second: %+v", v)
+	}
+	if v := check("api:search"); v.Name != "search" || v.Rollout != 7 {
+		t.Fatalf("under the rollout, search (the candidate has no trial rule): %+v", v)
+	}
+	ev.SetRollout(nil, 0)
+	if v := check("api:search"); v.Name != "search-trial" || v.Rollout != 0 {
+		t.Fatalf("after the rollout: %+v", v)
+	}
+	if v := check("web"); v.Name != "" {
+		t.Fatalf("after the rollout, an uncovered scope: %+v", v)
+	}
+}

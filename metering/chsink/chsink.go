@@ -6,12 +6,13 @@
 //
 // The consumer reads one Kafka partition in offset order and hands the sink
 // batches: the distinct events of a contiguous offset range (..., last], all
-// with event_time in one UTC month. The sink writes a batch as five INSERTs,
+// with event_time in one UTC month. The sink writes a batch as six INSERTs,
 // sent concurrently, one per table: decisions_raw (one row per event, with
 // its partition and offset), usage_minute, usage_hour and usage_day (one row
-// per key, scope, tier and bucket) and shadow_hour (one row per shadow limit,
-// key and hour), each rollup plus one marker row, whose key is the empty
-// string, that records the partition and `last`. Each INSERT is one
+// per key, scope, tier and bucket), shadow_hour (one row per shadow limit,
+// key and hour) and rollout_shadow (one row per policy rollout and minute),
+// each rollup plus one marker row, whose key is the empty string (rollout
+// 0), that records the partition and `last`. Each INSERT is one
 // block into one monthly partition, which ClickHouse applies atomically:
 // after a crash a table has either all of an INSERT or none of it.
 //
@@ -46,22 +47,23 @@ const (
 	Hour
 	Day
 	ShadowHour
+	RolloutShadow
 	numTables
 )
 
-var tableNames = [numTables]string{schema.DecisionsRaw, schema.UsageMinute, schema.UsageHour, schema.UsageDay, schema.ShadowHour}
+var tableNames = [numTables]string{schema.DecisionsRaw, schema.UsageMinute, schema.UsageHour, schema.UsageDay, schema.ShadowHour, schema.RolloutShadow}
 
 // addedLater marks tables created by a later migration than the others: until
 // such a table holds a marker of a partition, it does not pull that
 // partition's resume point back, so an upgraded consumer does not re-read its
 // topic from the start (the new table starts with the next batch; the shadow
 // verdicts of events consumed before the upgrade are in decisions_raw).
-var addedLater = [numTables]bool{ShadowHour: true}
+var addedLater = [numTables]bool{ShadowHour: true, RolloutShadow: true}
 
 // String is the table's name in ClickHouse.
 func (t Table) String() string { return tableNames[t] }
 
-var bucketMillis = [numTables]int64{0, 60_000, 3_600_000, 86_400_000, 3_600_000}
+var bucketMillis = [numTables]int64{0, 60_000, 3_600_000, 86_400_000, 3_600_000, 60_000}
 
 // Progress is, per table, the highest Kafka offset of one partition that the
 // table holds; -1 when it holds none.
@@ -120,7 +122,11 @@ func (s *Sink) Progress(ctx context.Context, partition int) (Progress, error) {
 		// Raw: ORDER BY (kafka_partition, kafka_offset) makes this a range
 		// read. Rollups: markers are the key '' prefix of ORDER BY.
 		q := "SELECT count(), max(kafka_offset) FROM " + s.table(t) + " WHERE kafka_partition = ?"
-		if t != Raw {
+		switch t {
+		case Raw:
+		case RolloutShadow:
+			q += " AND rollout = 0"
+		default:
 			q += " AND key = ''"
 		}
 		var n, maxOff uint64
@@ -208,6 +214,8 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 				rows, err = s.writeRaw(ctx, partition, todo)
 			case ShadowHour:
 				rows, err = s.writeShadow(ctx, partition, todo, last)
+			case RolloutShadow:
+				rows, err = s.writeRollout(ctx, partition, todo, last)
 			default:
 				rows, err = s.writeRollup(ctx, t, partition, todo, last)
 			}
@@ -247,10 +255,13 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 		traces                                                 = make([]*string, n) // NULL: not traced
 		// Nullable: NULL when the event has none (file mode, a local
 		// decision, an older event); the pointers point into nullable.
-		revisions, decided = make([]*int64, n), make([]*int64, n)
-		nullable           = make([]int64, 2*n)
+		revisions, decided, shadowRevs = make([]*int64, n), make([]*int64, n), make([]*int64, n)
+		nullable                       = make([]int64, 2*n)
 	)
 	for i := range recs {
+		if e := &recs[i].Event; e.ShadowRevision != 0 {
+			shadowRevs[i] = &e.ShadowRevision
+		}
 		if e := &recs[i].Event; e.PolicyRevision != 0 || e.DecidedUS != 0 {
 			nullable[2*i], nullable[2*i+1] = e.PolicyRevision, e.DecidedUS
 			if e.PolicyRevision != 0 {
@@ -273,8 +284,8 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 			traces[i] = &e.TraceID
 		}
 	}
-	if err := s.insert(ctx, Raw, "event_id, ts, event_time, key, scope, tier, cost, allowed, source, remaining, limit_value, policy, dry_run, warning, instance, kafka_partition, kafka_offset, domain, shadow, shadow_rejected, trace_id, policy_revision, decided_us",
-		[]any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets, domains, shadows, shadowRejected, traces, revisions, decided}); err != nil {
+	if err := s.insert(ctx, Raw, "event_id, ts, event_time, key, scope, tier, cost, allowed, source, remaining, limit_value, policy, dry_run, warning, instance, kafka_partition, kafka_offset, domain, shadow, shadow_rejected, trace_id, policy_revision, decided_us, shadow_revision",
+		[]any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets, domains, shadows, shadowRejected, traces, revisions, decided, shadowRevs}); err != nil {
 		return 0, err
 	}
 	return n, nil
@@ -392,6 +403,63 @@ func (s *Sink) writeShadow(ctx context.Context, partition int, recs []Record, la
 	batches[m], parts[m], offsets[m] = 1, uint32(partition), uint64(last)
 	if err := s.insert(ctx, ShadowHour, "shadow, key, start, decisions, would_reject, rejected, batches, kafka_partition, kafka_offset",
 		[]any{shadows, keys, starts, decisions, wouldReject, rejected, batches, parts, offsets}); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+type rolloutKey struct {
+	rollout int64
+	start   int64 // ms
+}
+
+// writeRollout writes the shadow verdicts of rollouts' candidates in recs,
+// per rollout and minute, with the batch's marker (rollout 0; also when no
+// event carried such a verdict).
+func (s *Sink) writeRollout(ctx context.Context, partition int, recs []Record, last int64) (int, error) {
+	width := bucketMillis[RolloutShadow]
+	agg := make(map[rolloutKey]*[4]uint64) // decisions, newly rejected, would reject, rejected
+	var order []rolloutKey
+	for i := range recs {
+		e := &recs[i].Event
+		if e.ShadowRevision == 0 || e.Shadow == "" {
+			continue
+		}
+		k := rolloutKey{e.ShadowRevision, e.TS - e.TS%width}
+		c := agg[k]
+		if c == nil {
+			c = &[4]uint64{}
+			agg[k] = c
+			order = append(order, k)
+		}
+		c[0]++
+		if e.ShadowRejected && e.Allowed {
+			c[1]++
+		}
+		if e.ShadowRejected {
+			c[2]++
+		}
+		if !e.Allowed {
+			c[3]++
+		}
+	}
+	n := len(order) + 1
+	var (
+		rollouts                                                  = make([]int64, n)
+		starts                                                    = make([]time.Time, n)
+		decisions, newly, wouldReject, rejected, batches, offsets = make([]uint64, n), make([]uint64, n), make([]uint64, n), make([]uint64, n), make([]uint64, n), make([]uint64, n)
+		parts                                                     = make([]uint32, n)
+	)
+	for i, k := range order {
+		c := agg[k]
+		rollouts[i], starts[i] = k.rollout, time.UnixMilli(k.start).UTC()
+		decisions[i], newly[i], wouldReject[i], rejected[i] = c[0], c[1], c[2], c[3]
+	}
+	m := n - 1
+	starts[m] = markerStart(recs)
+	batches[m], parts[m], offsets[m] = 1, uint32(partition), uint64(last)
+	if err := s.insert(ctx, RolloutShadow, "rollout, start, decisions, newly_rejected, would_reject, rejected, batches, kafka_partition, kafka_offset",
+		[]any{rollouts, starts, decisions, newly, wouldReject, rejected, batches, parts, offsets}); err != nil {
 		return 0, err
 	}
 	return n, nil

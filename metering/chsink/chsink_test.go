@@ -166,6 +166,9 @@ func TestWriteRecordsShadowVerdictsAndDomain(t *testing.T) {
 		if i < 6 {
 			e.Shadow, e.ShadowRejected = "tight", i%3 == 0 // offsets 0 and 3 would be rejected
 		}
+		if i < 4 {
+			e.ShadowRevision = 7 // the candidate of rollout 7 gave the verdict
+		}
 		if i == 9 {
 			e.Domain = "edge"
 		}
@@ -195,26 +198,35 @@ func TestWriteRecordsShadowVerdictsAndDomain(t *testing.T) {
 	if dec != 6 || would != 2 || rej != 3 {
 		t.Fatalf("shadow_hour decisions/would_reject/rejected = %d/%d/%d, want 6/2/3", dec, would, rej)
 	}
-	var n, nDomain uint64
-	if err := conn.QueryRow(ctx, "SELECT countIf(shadow = 'tight' AND shadow_rejected = 1), countIf(domain = 'edge') FROM "+db+".decisions_raw WHERE kafka_partition = 1 AND kafka_offset <= 9").Scan(&n, &nDomain); err != nil {
+	// Rollout 7: offsets 0..3; 0 and 3 would be rejected, 1 and 3 were:
+	// offset 0 alone is newly rejected (allowed, and the candidate denies).
+	var newly uint64
+	if err := conn.QueryRow(ctx, "SELECT sum(decisions), sum(newly_rejected), sum(would_reject), sum(rejected) FROM "+db+".rollout_shadow WHERE rollout = 7").Scan(&dec, &newly, &would, &rej); err != nil {
 		t.Fatal(err)
 	}
-	if n != 2 || nDomain != 1 {
-		t.Fatalf("decisions_raw: %d rows shadow-rejected by tight, %d with domain edge; want 2 and 1", n, nDomain)
+	if dec != 4 || newly != 1 || would != 2 || rej != 2 {
+		t.Fatalf("rollout_shadow decisions/newly_rejected/would_reject/rejected = %d/%d/%d/%d, want 4/1/2/2", dec, newly, would, rej)
+	}
+	var n, nDomain, nRollout uint64
+	if err := conn.QueryRow(ctx, "SELECT countIf(shadow = 'tight' AND shadow_rejected = 1), countIf(domain = 'edge'), countIf(shadow_revision = 7) FROM "+db+".decisions_raw WHERE kafka_partition = 1 AND kafka_offset <= 9").Scan(&n, &nDomain, &nRollout); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 || nDomain != 1 || nRollout != 4 {
+		t.Fatalf("decisions_raw: %d rows shadow-rejected by tight, %d with domain edge, %d of rollout 7; want 2, 1 and 4", n, nDomain, nRollout)
 	}
 	fresh, err := s.Progress(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fresh[chsink.ShadowHour] != 9 {
-		t.Fatalf("shadow_hour progress = %d, want 9", fresh[chsink.ShadowHour])
+	if fresh[chsink.ShadowHour] != 9 || fresh[chsink.RolloutShadow] != 9 {
+		t.Fatalf("shadow_hour, rollout_shadow progress = %d, %d, want 9", fresh[chsink.ShadowHour], fresh[chsink.RolloutShadow])
 	}
 }
 
 // shadow_hour came with a later migration: on an upgraded consumer it has no
 // marker yet, and must not send the resume point back to the topic's start.
 func TestATableAddedLaterDoesNotRewindTheResumePoint(t *testing.T) {
-	p := chsink.Progress{500, 500, 500, 500, -1}
+	p := chsink.Progress{500, 500, 500, 500, -1, -1}
 	if got := p.Resume(); got != 501 {
 		t.Fatalf("resume with shadow_hour never written = %d, want 501", got)
 	}
@@ -222,7 +234,7 @@ func TestATableAddedLaterDoesNotRewindTheResumePoint(t *testing.T) {
 	if got := p.Resume(); got != 401 {
 		t.Fatalf("resume with shadow_hour at 400 = %d, want 401", got)
 	}
-	if got := (chsink.Progress{-1, -1, -1, -1, -1}).Resume(); got != 0 {
+	if got := (chsink.Progress{-1, -1, -1, -1, -1, -1}).Resume(); got != 0 {
 		t.Fatalf("resume of empty tables = %d, want 0", got)
 	}
 }

@@ -209,11 +209,16 @@ func (h *Handler) getPolicy(w http.ResponseWriter, r *http.Request) {
 			fail(w, http.StatusNotFound, "no_policy", "the policy log holds no document yet", nil)
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{
+		body := map[string]any{
 			"revision": c.State().Head(), "documentRevision": rec.Revision, "hash": doc.Hash(), "sha256": rec.SHA256,
 			"author": rec.Author, "message": rec.Message, "time": rec.Time, "document": rec.Document,
 			"overrides": c.State().Overrides(),
-		})
+		}
+		if ro, ok := c.State().Rollout(); ok {
+			body["rollout"] = map[string]any{"revision": ro.Record.Revision, "endsAt": ro.Record.Rollout.EndsAt,
+				"maxNewlyRejected": ro.Record.Rollout.MaxNewlyRejected, "author": ro.Record.Author, "message": ro.Record.Message}
+		}
+		writeJSON(w, http.StatusOK, body)
 	})
 }
 
@@ -222,6 +227,12 @@ type putPolicyBody struct {
 	Message        string `json:"message"`
 	Author         string `json:"author"`
 	ExpectRevision *int64 `json:"expectRevision"`
+	// ShadowFor (a Go duration, "15m") and MaxNewlyRejected (a fraction,
+	// 0.005 = 0.5%) make the write a rollout: the document enters as the
+	// fleet's shadow policy, and the judge promotes or withdraws it when
+	// the time is up (docs/policy.md, "Rollouts that check themselves").
+	ShadowFor        string   `json:"shadowFor"`
+	MaxNewlyRejected *float64 `json:"maxNewlyRejected"`
 }
 
 func (h *Handler) putPolicy(w http.ResponseWriter, r *http.Request) {
@@ -241,7 +252,21 @@ func (h *Handler) putPolicy(w http.ResponseWriter, r *http.Request) {
 	if b.ExpectRevision != nil {
 		expect = *b.ExpectRevision
 	}
+	var shadowFor time.Duration
+	if b.ShadowFor != "" || b.MaxNewlyRejected != nil {
+		d, err := time.ParseDuration(b.ShadowFor)
+		if err != nil || d <= 0 || d > policylog.MaxShadowFor || b.MaxNewlyRejected == nil || !(*b.MaxNewlyRejected >= 0 && *b.MaxNewlyRejected <= 1) {
+			fail(w, http.StatusBadRequest, "invalid_request", fmt.Sprintf("a rollout needs shadowFor (a duration above 0, at most %s) and maxNewlyRejected (a fraction from 0 to 1)", policylog.MaxShadowFor), nil)
+			return
+		}
+		shadowFor = d
+	}
 	h.with(w, r, func(ctx context.Context, c *policylog.Client) {
+		if shadowFor > 0 {
+			o, err := c.StartRollout(ctx, b.Document, shadowFor, *b.MaxNewlyRejected, b.Author, b.Message, expect)
+			answer(w, o, err)
+			return
+		}
 		o, err := c.Push(ctx, b.Document, b.Author, b.Message, expect)
 		answer(w, o, err)
 	})

@@ -173,3 +173,32 @@ func TestOperatorAPIAuth(t *testing.T) {
 		t.Errorf("without a log: %d %v", code, body)
 	}
 }
+
+// TestOperatorAPIRollout: PUT with shadowFor and maxNewlyRejected opens a
+// rollout, which GET shows; a second one while it is open is refused, and
+// a bad bound is a 400.
+func TestOperatorAPIRollout(t *testing.T) {
+	a := start(t, true)
+	if code, body := a.do("PUT", "/v1/admin/policy", admin, jsonBody(map[string]any{"document": docA, "message": "first", "author": "alice"})); code != 200 {
+		t.Fatalf("PUT policy: %d %v", code, body)
+	}
+	code, body := a.do("PUT", "/v1/admin/policy", admin, jsonBody(map[string]any{"document": docA + "# candidate\n", "message": "try", "author": "alice",
+		"shadowFor": "15m", "maxNewlyRejected": 0.005}))
+	if code != 200 || body["revision"] != float64(2) || !strings.Contains(body["subject"].(string), "rollout (shadow 15m0s, max 0.5%)") {
+		t.Fatalf("PUT rollout: %d %v", code, body)
+	}
+	code, body = a.do("GET", "/v1/admin/policy", admin, "")
+	ro, _ := body["rollout"].(map[string]any)
+	if code != 200 || ro == nil || ro["revision"] != float64(2) || ro["maxNewlyRejected"] != 0.005 || body["documentRevision"] != float64(1) {
+		t.Fatalf("GET policy during a rollout: %d %v", code, body)
+	}
+	code, body = a.do("PUT", "/v1/admin/policy", admin, jsonBody(map[string]any{"document": docA + "# another\n", "message": "again", "author": "bob",
+		"shadowFor": "15m", "maxNewlyRejected": 0.005}))
+	if e, _ := body["error"].(map[string]any); code != 400 || !strings.Contains(e["message"].(string), "rollout 2 is open") {
+		t.Fatalf("a second rollout: %d %v", code, body)
+	}
+	code, body = a.do("PUT", "/v1/admin/policy", admin, jsonBody(map[string]any{"document": docA, "message": "x", "author": "bob", "shadowFor": "15m", "maxNewlyRejected": 5}))
+	if code != 400 || !strings.Contains(body["error"].(map[string]any)["message"].(string), "maxNewlyRejected") {
+		t.Fatalf("a bound above 1: %d %v", code, body)
+	}
+}
