@@ -32,6 +32,7 @@ import (
 
 const policyLogUsage = `usage:
   limiter policy push FILE -m MESSAGE [--author A] [--expect-revision N] [--json]
+      [--no-replay] [--replay-window 1h] [--replay-max-rows N] [--replay-timeout 20s]
   limiter policy rollback REVISION -m MESSAGE [--author A] [--json]
   limiter policy history [--limit N] [--json]
   limiter policy show [REVISION]
@@ -139,10 +140,18 @@ type writeResult struct {
 	// asked for, and why.
 	TakenBy      string `json:"takenBy,omitempty"`
 	TakenMessage string `json:"takenMessage,omitempty"`
+	// Preview: push's replay of recorded traffic under the candidate
+	// (pushcheck.go).
+	Preview *pushPreview `json:"preview,omitempty"`
 }
 
 // report prints a write's outcome and returns the exit code.
 func report(o policylog.Outcome, err error, asJSON bool, stdout, stderr io.Writer) int {
+	return reportWith(o, err, nil, asJSON, stdout, stderr)
+}
+
+// reportWith is report, with push's preview in the JSON.
+func reportWith(o policylog.Outcome, err error, preview *pushPreview, asJSON bool, stdout, stderr io.Writer) int {
 	var ref *policylog.Refusal
 	if err != nil && !errors.As(err, &ref) {
 		fmt.Fprintln(stderr, "policy log: "+err.Error())
@@ -152,6 +161,7 @@ func report(o policylog.Outcome, err error, asJSON bool, stdout, stderr io.Write
 	if ref != nil {
 		res = writeResult{Result: policylog.Refused, Revision: o.Head, Code: o.Code, Reason: o.Reason, TakenBy: o.Taken.Author, TakenMessage: o.Taken.Message}
 	}
+	res.Preview = preview
 	if asJSON {
 		out := stdout
 		if ref != nil {
@@ -182,6 +192,7 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 	f := newCLIFlags("limiter policy "+verb, policyLogUsage, stdout, stderr)
 	var message, author *string
 	var expect, limit *int64
+	var pv pushPreviewArgs
 	asJSON := new(bool)
 	switch verb {
 	case "push", "rollback":
@@ -190,6 +201,7 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 		f.BoolVar(asJSON, "json", false, "print the outcome as JSON")
 		if verb == "push" {
 			expect = f.Int64("expect-revision", policylog.NoExpect, "refuse unless the head is this revision")
+			pv = addPushPreviewFlags(f.FlagSet) // pushcheck.go
 		}
 	case "history":
 		limit = f.Int64("limit", 20, "the last N entries")
@@ -225,26 +237,32 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 		revs = append(revs, n)
 	}
 	var doc []byte
+	var parsed *policy.Policy
 	if verb == "push" {
 		b, err := os.ReadFile(f.args[0])
 		if err != nil {
 			fmt.Fprintln(stderr, err)
 			return 1
 		}
-		if _, err := policy.Parse(b); err != nil { // every problem, before anything is written
+		p, err := policy.Parse(b)
+		if err != nil { // every problem, before anything is written
 			fmt.Fprintln(stderr, "refused (invalid):")
 			for _, line := range strings.Split(err.Error(), "\n") {
 				fmt.Fprintln(stderr, "  "+line)
 			}
 			return 1
 		}
-		doc = b
+		if !checkWriterStores(documentStores(p), os.Getenv, stderr) {
+			return 1
+		}
+		doc, parsed = b, p
 	}
 	return withLog(stderr, func(ctx context.Context, c *policylog.Client) int {
 		switch verb {
 		case "push":
+			preview := previewPush(ctx, pv, parsed, c.State(), *asJSON, os.Getenv, stdout, stderr) // pushcheck.go
 			o, err := c.Push(ctx, string(doc), *author, *message, *expect)
-			return report(o, err, *asJSON, stdout, stderr)
+			return reportWith(o, err, preview, *asJSON, stdout, stderr)
 		case "rollback":
 			o, err := c.Rollback(ctx, revs[0], *author, *message)
 			return report(o, err, *asJSON, stdout, stderr)
@@ -415,6 +433,9 @@ func overrideCommand(args []string, stdout, stderr io.Writer) int {
 			o.Expires = t
 		}
 	}
+	if verb == "set" && o.Store != "" && !checkWriterStores(map[string]string{o.Store: "the override of " + f.args[0]}, os.Getenv, stderr) {
+		return 1
+	}
 	return withLog(stderr, func(ctx context.Context, c *policylog.Client) int {
 		switch verb {
 		case "set":
@@ -484,6 +505,9 @@ func printOverrides(w io.Writer, recs []policylog.Record, asJSON bool) {
 		}
 		if o.Quota > 0 {
 			what = append(what, fmt.Sprintf("quota %d/%s", o.Quota, o.QuotaPeriod))
+		}
+		if o.Store != "" {
+			what = append(what, "store "+o.Store)
 		}
 		if !o.Expires.IsZero() {
 			what = append(what, "expires "+o.Expires.Format(time.RFC3339))
