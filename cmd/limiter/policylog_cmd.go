@@ -28,6 +28,7 @@ import (
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
+	"github.com/ratewarden/ratewarden/policylog/preview"
 )
 
 const policyLogUsage = `usage:
@@ -142,7 +143,7 @@ type writeResult struct {
 	TakenMessage string `json:"takenMessage,omitempty"`
 	// Preview: push's replay of recorded traffic under the candidate
 	// (pushcheck.go).
-	Preview *pushPreview `json:"preview,omitempty"`
+	Preview *preview.Outcome `json:"preview,omitempty"`
 }
 
 // report prints a write's outcome and returns the exit code.
@@ -151,7 +152,7 @@ func report(o policylog.Outcome, err error, asJSON bool, stdout, stderr io.Write
 }
 
 // reportWith is report, with push's preview in the JSON.
-func reportWith(o policylog.Outcome, err error, preview *pushPreview, asJSON bool, stdout, stderr io.Writer) int {
+func reportWith(o policylog.Outcome, err error, pv *preview.Outcome, asJSON bool, stdout, stderr io.Writer) int {
 	var ref *policylog.Refusal
 	if err != nil && !errors.As(err, &ref) {
 		fmt.Fprintln(stderr, "policy log: "+err.Error())
@@ -161,7 +162,7 @@ func reportWith(o policylog.Outcome, err error, preview *pushPreview, asJSON boo
 	if ref != nil {
 		res = writeResult{Result: policylog.Refused, Revision: o.Head, Code: o.Code, Reason: o.Reason, TakenBy: o.Taken.Author, TakenMessage: o.Taken.Message}
 	}
-	res.Preview = preview
+	res.Preview = pv
 	if asJSON {
 		out := stdout
 		if ref != nil {
@@ -192,7 +193,7 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 	f := newCLIFlags("limiter policy "+verb, policyLogUsage, stdout, stderr)
 	var message, author *string
 	var expect, limit *int64
-	var pv pushPreviewArgs
+	var replayFlags pushPreviewArgs
 	asJSON := new(bool)
 	switch verb {
 	case "push", "rollback":
@@ -201,7 +202,7 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 		f.BoolVar(asJSON, "json", false, "print the outcome as JSON")
 		if verb == "push" {
 			expect = f.Int64("expect-revision", policylog.NoExpect, "refuse unless the head is this revision")
-			pv = addPushPreviewFlags(f.FlagSet) // pushcheck.go
+			replayFlags = addPushPreviewFlags(f.FlagSet) // pushcheck.go
 		}
 	case "history":
 		limit = f.Int64("limit", 20, "the last N entries")
@@ -260,9 +261,9 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 	return withLog(stderr, func(ctx context.Context, c *policylog.Client) int {
 		switch verb {
 		case "push":
-			preview := previewPush(ctx, pv, parsed, c.State(), *asJSON, os.Getenv, stdout, stderr) // pushcheck.go
+			pv := previewPush(ctx, replayFlags, parsed, c.State(), *asJSON, os.Getenv, stdout, stderr) // pushcheck.go
 			o, err := c.Push(ctx, string(doc), *author, *message, *expect)
-			return reportWith(o, err, preview, *asJSON, stdout, stderr)
+			return reportWith(o, err, pv, *asJSON, stdout, stderr)
 		case "rollback":
 			o, err := c.Rollback(ctx, revs[0], *author, *message)
 			return report(o, err, *asJSON, stdout, stderr)

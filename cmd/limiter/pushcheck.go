@@ -40,25 +40,16 @@ func addPushPreviewFlags(f *flag.FlagSet) pushPreviewArgs {
 	}
 }
 
-// pushPreview is the preview's outcome in push's --json output.
-type pushPreview struct {
-	// Status: replayed, skipped (--no-replay) or unavailable (ClickHouse
-	// unreachable or not set up: the push went on without a preview).
-	Status string `json:"status"`
-	Reason string `json:"reason,omitempty"`
-	*preview.Result
-}
-
 // previewPush replays recorded traffic under doc with the overrides in
 // force in st, printing the outcome (on stdout unless asJSON; a preview
 // that could not run is said on stderr either way). It never fails a push.
-func previewPush(ctx context.Context, a pushPreviewArgs, doc *policy.Policy, st *policylog.State, asJSON bool, getenv func(string) string, stdout, stderr io.Writer) *pushPreview {
+func previewPush(ctx context.Context, a pushPreviewArgs, doc *policy.Policy, st *policylog.State, asJSON bool, getenv func(string) string, stdout, stderr io.Writer) *preview.Outcome {
 	if *a.off {
-		return &pushPreview{Status: "skipped", Reason: "--no-replay"}
+		return &preview.Outcome{Status: preview.Skipped, Reason: "--no-replay"}
 	}
-	unavailable := func(why string) *pushPreview {
+	unavailable := func(why string) *preview.Outcome {
 		fmt.Fprintf(stderr, "replay skipped: %s; pushing without a preview (--no-replay skips this step)\n", why)
-		return &pushPreview{Status: "unavailable", Reason: why}
+		return &preview.Outcome{Status: preview.Unavailable, Reason: why}
 	}
 	env := envconfig.New(getenv)
 	ch := chconn.FromEnv(env)
@@ -89,7 +80,7 @@ func previewPush(ctx context.Context, a pushPreviewArgs, doc *policy.Policy, st 
 	if !asJSON {
 		writePreview(stdout, res, *a.window)
 	}
-	return &pushPreview{Status: "replayed", Result: &res}
+	return &preview.Outcome{Status: preview.Replayed, Result: &res}
 }
 
 func writePreview(w io.Writer, r preview.Result, window time.Duration) {

@@ -59,6 +59,23 @@ type Result struct {
 	Seconds float64            `json:"seconds"`
 }
 
+// Outcome is a preview as a write's answer carries it (the CLI's --json,
+// the operator API's "preview").
+type Outcome struct {
+	// Status: replayed, skipped (not asked for) or unavailable (ClickHouse
+	// unreachable or not set up: the write went on without a preview).
+	Status string `json:"status"`
+	Reason string `json:"reason,omitempty"`
+	*Result
+}
+
+// Outcome statuses.
+const (
+	Replayed    = "replayed"
+	Skipped     = "skipped"
+	Unavailable = "unavailable"
+)
+
 // Rule is one rule's part of the newly rejected decisions.
 type Rule struct {
 	Name          string `json:"name"`
