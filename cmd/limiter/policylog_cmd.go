@@ -225,6 +225,12 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "-m MESSAGE is required\n"+policyLogUsage)
 		return 2
 	}
+	if verb == "push" {
+		if p := replayFlags.problem(); p != "" {
+			fmt.Fprintln(stderr, p+"\n"+policyLogUsage)
+			return 2
+		}
+	}
 	revs := make([]int64, 0, 2)
 	for _, a := range f.args {
 		if verb == "push" {

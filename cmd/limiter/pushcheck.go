@@ -40,6 +40,19 @@ func addPushPreviewFlags(f *flag.FlagSet) pushPreviewArgs {
 	}
 }
 
+// problem is what is wrong with the flags ("" = nothing).
+func (a pushPreviewArgs) problem() string {
+	switch {
+	case *a.window <= 0:
+		return "--replay-window must be positive"
+	case *a.maxRows <= 0:
+		return "--replay-max-rows must be positive"
+	case *a.timeout <= 0:
+		return "--replay-timeout must be positive"
+	}
+	return ""
+}
+
 // previewPush replays recorded traffic under doc with the overrides in
 // force in st, printing the outcome (on stdout unless asJSON; a preview
 // that could not run is said on stderr either way). It never fails a push.
@@ -56,7 +69,7 @@ func previewPush(ctx context.Context, a pushPreviewArgs, doc *policy.Policy, st 
 	if err := env.Err(); err != nil {
 		return unavailable("ClickHouse is not configured: " + err.Error())
 	}
-	ctx, cancel := context.WithTimeout(ctx, max(*a.timeout, time.Millisecond))
+	ctx, cancel := context.WithTimeout(ctx, *a.timeout)
 	defer cancel()
 	// A short dial and per-read deadline under the whole one: an address
 	// that accepts and never answers costs a few seconds, not the push.
