@@ -80,8 +80,11 @@ func TestPushPreviewsRecordedTraffic(t *testing.T) {
 	db := ch.Database(t)
 	startMeter(t, k, ch, db)
 	env := []string{"KAFKA_BROKERS=" + k.Addr(), "CLICKHOUSE_ADDR=" + ch.Addr(), "CLICKHOUSE_DATABASE=" + db, "REDIS_STORES="}
+	// A deadline no loaded machine reaches for 20 rows: the counts below
+	// are of the whole window, not of a partial replay.
+	slow := "--replay-timeout=45s"
 
-	out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "a.yaml", pushInForce), "-m", "in force", "--author", "alice")
+	out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "a.yaml", pushInForce), "-m", "in force", "--author", "alice", slow)
 	if code != 0 || !strings.Contains(out, "applied: revision 1") || !strings.Contains(out, "newly rejected: 0 of 0 decisions") {
 		t.Fatalf("first push: %d %q %q", code, out, errOut)
 	}
@@ -106,7 +109,7 @@ func TestPushPreviewsRecordedTraffic(t *testing.T) {
 	waitRaw(t, ch, db, total)
 
 	cand := writeTemp(t, "b.yaml", pushCandidate)
-	out, errOut, code = runCLI(t, env, "policy", "push", cand, "-m", "halve free", "--author", "bob")
+	out, errOut, code = runCLI(t, env, "policy", "push", cand, "-m", "cut free", "--author", "bob", slow)
 	t.Logf("push with the preview:\n%s%s", out, errOut)
 	if code != 0 || !strings.Contains(out, "applied: revision 3") {
 		t.Fatalf("push: %d %q %q", code, out, errOut)
@@ -127,7 +130,7 @@ func TestPushPreviewsRecordedTraffic(t *testing.T) {
 	}
 
 	// The same, as JSON (the candidate is pushed again: revision 4).
-	out, errOut, code = runCLI(t, env, "policy", "push", cand, "-m", "again", "--json")
+	out, errOut, code = runCLI(t, env, "policy", "push", cand, "-m", "again", "--json", slow)
 	res := decodePush(t, out)
 	pv := res.Preview
 	if code != 0 || res.Result != "applied" || pv == nil || pv.Status != "replayed" {
@@ -144,7 +147,7 @@ func TestPushPreviewsRecordedTraffic(t *testing.T) {
 	}
 
 	// A row budget below the window's rows samples keys and says so.
-	out, _, code = runCLI(t, env, "policy", "push", cand, "-m", "budget", "--json", "--replay-max-rows", "5")
+	out, _, code = runCLI(t, env, "policy", "push", cand, "-m", "budget", "--json", "--replay-max-rows", "5", slow)
 	if res := decodePush(t, out); code != 0 || res.Preview == nil || res.Preview.Recorded != uint64(total) ||
 		res.Preview.Sample >= 1 || res.Preview.Decisions > 5 {
 		t.Fatalf("push with a budget of 5 rows: %d %+v", code, res.Preview)
@@ -216,9 +219,11 @@ func TestOverrideStoreRoutesTheKey(t *testing.T) {
 	if out, errOut, code := runCLI(t, cli, "policy", "push", writeTemp(t, "a.yaml", pushInForce), "-m", "m", "--no-replay"); code != 0 {
 		t.Fatalf("push: %d %q %q", code, out, errOut)
 	}
-	withAcme := startLimiter(t, logBootstrap, append(storesEnv(def, acme), "KAFKA_BROKERS="+k.Addr(), "POLICY_SOURCE=kafka", "LIMITER_GRPC_ADDR=")...)
+	// A store deadline a loaded machine does not reach: these stores are up.
+	withAcme := startLimiter(t, logBootstrap, append(storesEnv(def, acme), "KAFKA_BROKERS="+k.Addr(), "POLICY_SOURCE=kafka", "LIMITER_GRPC_ADDR=",
+		"LIMITER_STORE_TIMEOUT=2s")...)
 	without := startLimiter(t, logBootstrap, "REDIS_ADDRS="+def.Addr(), "KAFKA_BROKERS="+k.Addr(), "POLICY_SOURCE=kafka", "LIMITER_GRPC_ADDR=",
-		"LIMITER_STORE_TIMEOUT=500ms")
+		"LIMITER_STORE_TIMEOUT=2s")
 
 	out, errOut, code := runCLI(t, cli, "override", "set", "acct_big", "--store", "acme", "--reason", "dedicated capacity")
 	if code != 0 || !strings.Contains(out, "applied: revision 2") {
