@@ -298,4 +298,15 @@ func TestOverrideStoreRoutesTheKey(t *testing.T) {
 	if out, errOut, code := runCLI(t, cli, "override", "set", "acct_z", "--scope", "api", "--store", "acme", "--reason", "r"); code != 1 || !strings.Contains(errOut, "routes the whole key") {
 		t.Fatalf("override set --scope --store: %d %q %q", code, out, errOut)
 	}
+	// A limiter started on a log whose document names a store it lacks
+	// starts, and decides that key degraded.
+	late := startLimiter(t, logBootstrap, "REDIS_ADDRS="+def.Addr(), "KAFKA_BROKERS="+k.Addr(), "POLICY_SOURCE=kafka", "LIMITER_GRPC_ADDR=",
+		"LIMITER_STORE_TIMEOUT=2s")
+	waitRevision(t, late, 3)
+	if d, _ := late.check(t, "acct_y", "api", 1); d.Source != "degraded" {
+		t.Errorf("acct_y on a limiter started without acme: %+v, want degraded", d)
+	}
+	if st, _ := late.readyz(t)["stores"].(map[string]any); fmt.Sprint(st["acme"]) == "<nil>" || st["acme"].(map[string]any)["status"] != "missing" {
+		t.Errorf("readyz stores of a limiter started without acme: %v", st)
+	}
 }
