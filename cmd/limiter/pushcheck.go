@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sort"
 	"text/tabwriter"
 	"time"
 
@@ -136,17 +137,23 @@ func checkWriterStores(names map[string]string, getenv func(string) string, stde
 	if len(names) == 0 {
 		return true
 	}
+	sorted := make([]string, 0, len(names))
+	for name := range names {
+		sorted = append(sorted, name)
+	}
+	sort.Strings(sorted)
 	raw := getenv("REDIS_STORES")
 	if raw == "" {
-		for name, where := range names {
+		for _, name := range sorted {
+			where := names[name]
 			fmt.Fprintf(stderr, "warning: %s routes keys to store %q; REDIS_STORES is not set here, so it is not checked (a limiter without that store decides those keys degraded)\n", where, name)
 		}
 		return true
 	}
 	known := parseStores(raw, func(string, ...any) {})
 	ok := true
-	for name, where := range names {
-		if known[name] == nil {
+	for _, name := range sorted {
+		if where := names[name]; known[name] == nil {
 			fmt.Fprintf(stderr, "refused: %s routes keys to store %q, which REDIS_STORES does not name (a limiter without it decides those keys degraded; unset REDIS_STORES to push without this check)\n", where, name)
 			ok = false
 		}
