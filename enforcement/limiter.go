@@ -561,7 +561,11 @@ func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *en
 	// Failure policy: fail open at the shared tier, while the tightened local
 	// bucket and the quota share keep enforcing.
 	l.epochOf(lim.Store).Add(1)
-	l.lastStoreFail.Store(nowUS)
+	if !errors.Is(err, ErrUnknownStore) {
+		// A store this limiter lacks is not a failing store: readiness
+		// names it as missing, and the other stores stay as they are.
+		l.lastStoreFail.Store(nowUS)
+	}
 	if l.cfg.Observer != nil {
 		l.cfg.Observer.AuthorityFailed(err)
 	}

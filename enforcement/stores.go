@@ -7,8 +7,11 @@ import (
 )
 
 // ErrUnknownStore is returned for a limit whose Store names no store the
-// limiter has. A policy naming one is refused before it is in force, so
-// this is only a safeguard; the failure policy decides such a request.
+// limiter has. A policy file naming one is refused, but the policy log
+// applies the same records on every limiter whatever its stores, so a
+// limiter may lack one the log names: the failure policy then decides the
+// keys routed to it (degraded, as if that store were down), and the
+// limiter's readiness names the store as missing.
 var ErrUnknownStore = errors.New("enforcement: unknown store")
 
 // Stores routes every call about a bucket to the store its limit names

@@ -26,8 +26,11 @@ type Override struct {
 	QuotaPeriod string    `json:"quota_period,omitempty"` // hour, day, month
 	Expires     time.Time `json:"expires,omitzero"`       // zero = never
 	Reason      string    `json:"reason"`
-	// Store names the dedicated store the key is decided by, once named
-	// stores exist; it is carried and validated for shape only.
+	// Store routes the key to a named store (dedicated capacity,
+	// REDIS_STORES): every scope of the key is then decided, leased and
+	// counted by that store, ahead of the document's routing. Only an
+	// override of the whole key (no scope) may set it; alone, it moves the
+	// key and leaves its limit to the document. "" = the document's routing.
 	Store string `json:"store,omitempty"`
 }
 
@@ -46,8 +49,8 @@ func (o Override) Validate(p *Policy) error {
 	}
 	hasRate := o.Rate != 0 || o.Burst != 0 || o.Period != ""
 	switch {
-	case o.Tier == "" && !hasRate && o.Quota == 0:
-		fail("override: sets nothing: give a tier, or a rate and burst, or a quota")
+	case o.Tier == "" && !hasRate && o.Quota == 0 && o.Store == "":
+		fail("override: sets nothing: give a tier, or a rate and burst, or a quota, or a store")
 	case o.Tier != "" && hasRate:
 		fail("override: a tier or a rate and burst, not both")
 	}
@@ -80,8 +83,8 @@ func (o Override) Validate(p *Policy) error {
 			fail("quota_period: %q is not hour, day or month", o.QuotaPeriod)
 		}
 	}
-	if len(o.Store) > 64 {
-		fail("store: at most 64 bytes")
+	if o.Store != "" && !limits.ValidStoreName(o.Store) {
+		fail("store: %q is not a store name (letters, digits, '_' and '-', at most 64; not %q)", truncate(o.Store, 40), limits.DefaultStore)
 	}
 	return errors.Join(errs...)
 }
@@ -101,6 +104,7 @@ type compiledOverride struct {
 	quota   int64
 	expires int64  // Unix nanoseconds; 0 = never
 	tier    uint16 // 1 + index in Overrides.tiers; 0 = none
+	store   uint16 // 1 + index in Overrides.stores; 0 = the document's routing
 	qperiod limits.Period
 }
 
@@ -110,6 +114,13 @@ type compiledOverride struct {
 type Overrides struct {
 	m     map[OverrideKey]compiledOverride
 	tiers []string // the tier names overrides use, interned
+	// stores are the store names overrides route to, interned; routed[i]
+	// counts the overrides naming stores[i] (Stores lists those in use),
+	// and routing their sum, so that resolution looks for a key's store
+	// only when some override routes one.
+	stores  []string
+	routed  []int
+	routing int
 }
 
 // NewOverrides returns an empty set with room for n overrides.
@@ -138,27 +149,80 @@ func (s *Overrides) tierName(i uint16) string {
 	return s.tiers[i-1]
 }
 
+// storeIndex interns a store name (1-based; 0 = none). Stores are few.
+func (s *Overrides) storeIndex(name string) uint16 {
+	if name == "" {
+		return 0
+	}
+	for i, t := range s.stores {
+		if t == name {
+			return uint16(i + 1)
+		}
+	}
+	s.stores = append(s.stores, name)
+	s.routed = append(s.routed, 0)
+	return uint16(len(s.stores))
+}
+
+func (s *Overrides) storeName(i uint16) string {
+	if i == 0 {
+		return ""
+	}
+	return s.stores[i-1]
+}
+
+// count adds d to the routing counts of c's store.
+func (s *Overrides) count(c compiledOverride, d int) {
+	if c.store != 0 {
+		s.routed[c.store-1] += d
+		s.routing += d
+	}
+}
+
+// Stores lists the store names some override of the set routes a key to
+// (sorted; expired overrides included).
+func (s *Overrides) Stores() []string {
+	var out []string
+	for i, n := range s.routed {
+		if n > 0 {
+			out = append(out, s.stores[i])
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // Len is the number of overrides in the set.
 func (s *Overrides) Len() int { return len(s.m) }
 
 // Put adds or replaces the override of k. o must be valid (Validate).
 func (s *Overrides) Put(k OverrideKey, o Override) {
-	c := compiledOverride{tier: s.tierIndex(o.Tier), burst: o.Burst, quota: o.Quota, qperiod: quotaPeriods[o.QuotaPeriod]}
+	c := compiledOverride{tier: s.tierIndex(o.Tier), store: s.storeIndex(o.Store), burst: o.Burst, quota: o.Quota, qperiod: quotaPeriods[o.QuotaPeriod]}
 	if o.Rate > 0 {
 		c.rate = o.Rate / periodSeconds[o.Period]
 	}
 	if !o.Expires.IsZero() {
 		c.expires = o.Expires.UnixNano()
 	}
+	if old, ok := s.m[k]; ok {
+		s.count(old, -1)
+	}
+	s.count(c, 1)
 	s.m[k] = c
 }
 
 // Delete removes the override of k.
-func (s *Overrides) Delete(k OverrideKey) { delete(s.m, k) }
+func (s *Overrides) Delete(k OverrideKey) {
+	if old, ok := s.m[k]; ok {
+		s.count(old, -1)
+		delete(s.m, k)
+	}
+}
 
 // Clone returns a copy of s that can be changed without touching s.
 func (s *Overrides) Clone() *Overrides {
-	c := &Overrides{m: make(map[OverrideKey]compiledOverride, len(s.m)), tiers: append([]string(nil), s.tiers...)}
+	c := &Overrides{m: make(map[OverrideKey]compiledOverride, len(s.m)), tiers: append([]string(nil), s.tiers...),
+		stores: append([]string(nil), s.stores...), routed: append([]int(nil), s.routed...), routing: s.routing}
 	for k, v := range s.m {
 		c.m[k] = v
 	}
@@ -178,6 +242,18 @@ func (s *Overrides) lookup(key, scope string, now int64) (compiledOverride, bool
 		return c, true
 	}
 	return compiledOverride{}, false
+}
+
+// storeOf is the store the override of the whole key routes it to at now
+// ("" = none: the document's routing).
+func (s *Overrides) storeOf(key string, now int64) string {
+	if s.routing == 0 {
+		return ""
+	}
+	if c, ok := s.m[OverrideKey{Key: key}]; ok && c.store != 0 && (c.expires == 0 || now < c.expires) {
+		return s.storeName(c.store)
+	}
+	return ""
 }
 
 // WithOverrides is a document with its overrides: the policy a limiter in
@@ -214,11 +290,19 @@ func (w *WithOverrides) Resolve(key, scope, tier string) (limits.Resolved, error
 // ResolveAt is Resolve judged at now. An override naming a tier resolves as
 // if the request had that tier, with no rule applied (it is ahead of every
 // rule); one with a rate and burst replaces the limit of the request's own
-// tier. Its Policy is "override:<key>". global_ceiling caps both.
+// tier. Its Policy is "override:<key>". global_ceiling caps both. The
+// store is the whole key's override's, else the document's (the key's
+// entry, else the tier's); an override that sets only a store leaves the
+// document's resolution as it is.
 func (w *WithOverrides) ResolveAt(key, scope, tier string, now time.Time) (limits.Resolved, error) {
-	c, ok := w.ov.lookup(key, scope, now.UnixNano())
-	if !ok {
-		return w.Policy.Resolve(key, scope, tier)
+	at := now.UnixNano()
+	c, ok := w.ov.lookup(key, scope, at)
+	if !ok || (c.tier == 0 && c.rate == 0 && c.quota == 0) {
+		res, err := w.Policy.Resolve(key, scope, tier)
+		if st := w.ov.storeOf(key, at); st != "" && err == nil {
+			res.Store = st
+		}
+		return res, err
 	}
 	if c.tier != 0 {
 		tier = w.ov.tierName(c.tier)
@@ -246,7 +330,30 @@ func (w *WithOverrides) ResolveAt(key, scope, tier string, now time.Time) (limit
 		res.Rate = min(res.Rate, cl.Rate)
 		res.Burst = min(res.Burst, cl.Burst)
 	}
+	if st, ok := w.file.KeyStores[key]; ok {
+		res.Store = st // the key's own store, whatever its tier (as Resolve)
+	}
+	if st := w.ov.storeOf(key, at); st != "" {
+		res.Store = st
+	}
 	return res, nil
+}
+
+// Stores is every store name the document or an override routes keys to
+// (sorted; the default store not included).
+func (w *WithOverrides) Stores() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, list := range [][]string{w.Policy.Stores(), w.ov.Stores()} {
+		for _, st := range list {
+			if !seen[st] {
+				seen[st] = true
+				out = append(out, st)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // MissingTiers lists the overrides that name a tier p does not define, as
@@ -275,7 +382,7 @@ func (s *Overrides) MissingTiers(p *Policy) []string {
 // its reason).
 func (s *Overrides) Each(fn func(OverrideKey, Override)) {
 	for k, c := range s.m {
-		o := Override{Tier: s.tierName(c.tier), Rate: c.rate, Burst: c.burst, Quota: c.quota}
+		o := Override{Tier: s.tierName(c.tier), Store: s.storeName(c.store), Rate: c.rate, Burst: c.burst, Quota: c.quota}
 		if c.qperiod != limits.PeriodNone {
 			o.QuotaPeriod = c.qperiod.String()
 		}

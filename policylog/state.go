@@ -295,6 +295,11 @@ func (s *State) validate(rec *Record) error {
 		if s.doc == nil && !s.compacted {
 			return fmt.Errorf("no policy document yet: push one before overrides")
 		}
+		if rec.Scope != "" && rec.Override.Store != "" {
+			// A key is decided by exactly one store: its quota and leases
+			// span its scopes.
+			return fmt.Errorf("store: routes the whole key: set it on the override of %q without a scope", rec.Key)
+		}
 		return rec.Override.Validate(s.doc) // nil: the tier is not checked
 	}
 	return nil

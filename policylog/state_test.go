@@ -92,6 +92,10 @@ func TestApplyRule(t *testing.T) {
 		{e: entry(14, ovr(4, 3, "acct_1", "x", &policy.Override{Rate: 1, Burst: 1, Reason: "r"})), result: policylog.Applied, head: 4, overrides: 2, freeRate: 11},
 		{e: entry(15, ovr(5, 4, "acct_1", "", nil)), result: policylog.Applied, head: 5, overrides: 1, freeRate: 11},
 		{e: entry(16, ovr(6, 5, "acct_1", "", nil)), result: policylog.Refused, code: policylog.CodeInvalid, reason: "no override of override acct_1", head: 5, overrides: 1, freeRate: 11},
+		// A store routes the whole key (its quota and leases span its scopes);
+		// whether a limiter has the store is not the log's question.
+		{e: entry(17, ovr(6, 5, "acct_2", "x", &policy.Override{Store: "acme", Reason: "r"})), result: policylog.Refused, code: policylog.CodeInvalid, reason: "routes the whole key", head: 5, overrides: 1, freeRate: 11},
+		{e: entry(18, ovr(6, 5, "acct_2", "", &policy.Override{Store: "acme", Reason: "r"})), result: policylog.Applied, head: 6, overrides: 2, freeRate: 11},
 	}
 	s := policylog.NewState(true)
 	for i, st := range steps {

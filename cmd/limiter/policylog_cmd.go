@@ -28,10 +28,12 @@ import (
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
+	"github.com/ratewarden/ratewarden/policylog/preview"
 )
 
 const policyLogUsage = `usage:
   limiter policy push FILE -m MESSAGE [--author A] [--expect-revision N] [--json]
+      [--no-replay] [--replay-window 1h] [--replay-max-rows N] [--replay-timeout 20s]
   limiter policy push FILE --shadow-for D --max-newly-rejected P -m MESSAGE [--author A] [--json]
   limiter policy rollback REVISION -m MESSAGE [--author A] [--json]
   limiter policy history [--limit N] [--json]
@@ -140,10 +142,18 @@ type writeResult struct {
 	// asked for, and why.
 	TakenBy      string `json:"takenBy,omitempty"`
 	TakenMessage string `json:"takenMessage,omitempty"`
+	// Preview: push's replay of recorded traffic under the candidate
+	// (pushcheck.go).
+	Preview *preview.Outcome `json:"preview,omitempty"`
 }
 
 // report prints a write's outcome and returns the exit code.
 func report(o policylog.Outcome, err error, asJSON bool, stdout, stderr io.Writer) int {
+	return reportWith(o, err, nil, asJSON, stdout, stderr)
+}
+
+// reportWith is report, with push's preview in the JSON.
+func reportWith(o policylog.Outcome, err error, pv *preview.Outcome, asJSON bool, stdout, stderr io.Writer) int {
 	var ref *policylog.Refusal
 	if err != nil && !errors.As(err, &ref) {
 		fmt.Fprintln(stderr, "policy log: "+err.Error())
@@ -153,6 +163,7 @@ func report(o policylog.Outcome, err error, asJSON bool, stdout, stderr io.Write
 	if ref != nil {
 		res = writeResult{Result: policylog.Refused, Revision: o.Head, Code: o.Code, Reason: o.Reason, TakenBy: o.Taken.Author, TakenMessage: o.Taken.Message}
 	}
+	res.Preview = pv
 	if asJSON {
 		out := stdout
 		if ref != nil {
@@ -185,6 +196,7 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 	var expect, limit *int64
 	var shadowFor *time.Duration
 	var maxNewly *string
+	var replayFlags pushPreviewArgs
 	asJSON := new(bool)
 	switch verb {
 	case "push", "rollback":
@@ -195,6 +207,7 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 			expect = f.Int64("expect-revision", policylog.NoExpect, "refuse unless the head is this revision")
 			shadowFor = f.Duration("shadow-for", 0, "a rollout: the candidate in shadow this long, then judged (docs/policy.md)")
 			maxNewly = f.String("max-newly-rejected", "", "a rollout's bound: promote if at most this share (0.5% or 0.005) is newly rejected")
+			replayFlags = addPushPreviewFlags(f.FlagSet) // pushcheck.go
 		}
 	case "history":
 		limit = f.Int64("limit", 20, "the last N entries")
@@ -217,6 +230,12 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "-m MESSAGE is required\n"+policyLogUsage)
 		return 2
 	}
+	if verb == "push" {
+		if p := replayFlags.problem(); p != "" {
+			fmt.Fprintln(stderr, p+"\n"+policyLogUsage)
+			return 2
+		}
+	}
 	revs := make([]int64, 0, 2)
 	for _, a := range f.args {
 		if verb == "push" {
@@ -230,20 +249,25 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 		revs = append(revs, n)
 	}
 	var doc []byte
+	var parsed *policy.Policy
 	if verb == "push" {
 		b, err := os.ReadFile(f.args[0])
 		if err != nil {
 			fmt.Fprintln(stderr, err)
 			return 1
 		}
-		if _, err := policy.Parse(b); err != nil { // every problem, before anything is written
+		p, err := policy.Parse(b)
+		if err != nil { // every problem, before anything is written
 			fmt.Fprintln(stderr, "refused (invalid):")
 			for _, line := range strings.Split(err.Error(), "\n") {
 				fmt.Fprintln(stderr, "  "+line)
 			}
 			return 1
 		}
-		doc = b
+		if !checkWriterStores(documentStores(p), os.Getenv, stderr) {
+			return 1
+		}
+		doc, parsed = b, p
 	}
 	var bound float64
 	if shadowFor != nil && (*shadowFor != 0 || *maxNewly != "") {
@@ -256,15 +280,16 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 	return withLog(stderr, func(ctx context.Context, c *policylog.Client) int {
 		switch verb {
 		case "push":
+			pv := previewPush(ctx, replayFlags, parsed, c.State(), *asJSON, os.Getenv, stdout, stderr) // pushcheck.go
 			if *shadowFor > 0 {
 				o, err := c.StartRollout(ctx, string(doc), *shadowFor, bound, *author, *message, *expect)
-				return reportRollout(o, err, *asJSON, stdout, stderr)
+				return reportRollout(o, err, pv, *asJSON, stdout, stderr)
 			}
 			o, err := c.Push(ctx, string(doc), *author, *message, *expect)
 			if err == nil && o.Superseded != 0 && !*asJSON {
 				fmt.Fprintf(stdout, "rollout %d superseded: its candidate is no longer in shadow, and it gets no verdict\n", o.Superseded)
 			}
-			return report(o, err, *asJSON, stdout, stderr)
+			return reportWith(o, err, pv, *asJSON, stdout, stderr)
 		case "rollback":
 			o, err := c.Rollback(ctx, revs[0], *author, *message)
 			return report(o, err, *asJSON, stdout, stderr)
@@ -442,6 +467,9 @@ func overrideCommand(args []string, stdout, stderr io.Writer) int {
 			o.Expires = t
 		}
 	}
+	if verb == "set" && o.Store != "" && !checkWriterStores(map[string]string{o.Store: "the override of " + f.args[0]}, os.Getenv, stderr) {
+		return 1
+	}
 	return withLog(stderr, func(ctx context.Context, c *policylog.Client) int {
 		switch verb {
 		case "set":
@@ -501,6 +529,9 @@ func printOverrides(w io.Writer, recs []policylog.Record, asJSON bool) {
 		}
 		if o.Quota > 0 {
 			what = append(what, fmt.Sprintf("quota %d/%s", o.Quota, o.QuotaPeriod))
+		}
+		if o.Store != "" {
+			what = append(what, "store "+o.Store)
 		}
 		if !o.Expires.IsZero() {
 			what = append(what, "expires "+o.Expires.Format(time.RFC3339))

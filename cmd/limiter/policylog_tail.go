@@ -129,6 +129,9 @@ type policyTail struct {
 	// it was given (0 = none). Set before Run.
 	shadow     rolloutTarget
 	rolloutRev int64
+	// missing lists the stores a policy routes keys to that this limiter
+	// lacks (stores.go); nil = not checked.
+	missing func(enforcement.Policy) []string
 }
 
 func newPolicyTail(cfg config, reg prometheus.Registerer, logger *slog.Logger) (*policyTail, error) {
@@ -291,6 +294,11 @@ func (t *policyTail) Run(ctx context.Context) error {
 		t.target.SetPolicy(p)
 		t.syncRollout()
 		t.logger.Info("policy revision applied", "revision", st.Head(), "hash", t.current().Hash, "overrides", st.Overrides(), "previous", cur.Revision, "previous_source", cur.Source)
+		if t.missing != nil {
+			if m := t.missing(p); len(m) > 0 {
+				t.logger.Warn("the policy in force routes keys to stores REDIS_STORES does not name: those keys decide degraded here", "stores", m, "revision", st.Head())
+			}
+		}
 		t.writeCache()
 	}
 	t.log.Close()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/policylog"
+	"github.com/ratewarden/ratewarden/policylog/preview"
 )
 
 // rolloutInfo is /readyz's policy.rollout: the open rollout.
@@ -88,8 +89,8 @@ func parseShare(s string) (float64, error) {
 
 // reportRollout prints a rollout's outcome (as report does) and, once
 // applied, when it ends.
-func reportRollout(o policylog.Outcome, err error, asJSON bool, stdout, stderr io.Writer) int {
-	code := report(o, err, asJSON, stdout, stderr)
+func reportRollout(o policylog.Outcome, err error, pv *preview.Outcome, asJSON bool, stdout, stderr io.Writer) int {
+	code := reportWith(o, err, pv, asJSON, stdout, stderr)
 	if code == 0 && !asJSON && o.Record.Rollout != nil {
 		fmt.Fprintf(stdout, "rollout %d: the candidate is the fleet's shadow policy until %s; then the judge promotes it if at most %s of the decisions are newly rejected, else withdraws it\n",
 			o.Head, o.Record.Rollout.EndsAt.Format(time.RFC3339), policylog.FormatShare(o.Record.Rollout.MaxNewlyRejected))

@@ -47,11 +47,14 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	// The file, or the policy log read to its end (policylog_tail.go).
 	pol, doc, tail, err := loadPolicy(ctx, cfg, reg, log)
-	if err == nil {
-		err = checkStores(cfg.Stores)(doc) // a store the policy names must exist
+	if err == nil && tail == nil {
+		err = checkStores(cfg.Stores)(doc) // a store the policy file names must exist
 	}
 	if err != nil {
 		return err
+	}
+	if missing := missingStores(pol, cfg.Stores); len(missing) > 0 {
+		log.Warn("the policy log routes keys to stores REDIS_STORES does not name: those keys decide degraded here", "stores", missing)
 	}
 
 	auth, err := buildAuthority(ctx, cfg, metrics, log)
@@ -86,6 +89,12 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	limitmetrics.RegisterLocal(reg, lim)
+	if cfg.Redis.Enabled() {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "limiter_policy_missing_stores",
+			Help: "Stores the policy in force routes keys to that REDIS_STORES does not name (their keys decide degraded).",
+		}, func() float64 { return float64(len(missingStores(lim.Policy(), cfg.Stores))) }))
+	}
 	closeFleet, err := startFleet(auth, cfg, lim, metrics, log)
 	if err != nil {
 		return err
@@ -101,6 +110,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			r.revision = tail.revision
 		}
 		tail.shadow = sh // an open rollout's candidate is the shadow policy (rollout.go)
+		tail.missing = func(p enforcement.Policy) []string { return missingStores(p, cfg.Stores) }
 		stopTail = startTail(ctx, tail, lim)
 	}
 	defer func() { stopTail() }()
@@ -131,7 +141,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		b := readiness(r.Context(), auth.info, lim.StoreFailing(), reloader.current(), meter.ready)
-		addStores(&b, auth)
+		addStores(&b, auth, missingStores(lim.Policy(), cfg.Stores))
 		writeJSON(w, http.StatusOK, b)
 	})
 	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot)))
@@ -410,13 +420,15 @@ type readyBody struct {
 	Stores map[string]storeReady `json:"stores,omitempty"`
 }
 
-// addStores fills b.Stores; a named store that is degraded makes the whole
-// limiter's status degraded too (its keys are), the reason naming it.
-func addStores(b *readyBody, a *authority) {
+// addStores fills b.Stores; a named store that is degraded or missing
+// (the policy in force routes keys to it, REDIS_STORES does not name it)
+// makes the whole limiter's status degraded too (its keys are), the
+// reason naming it.
+func addStores(b *readyBody, a *authority, missing []string) {
 	if len(a.stores) == 0 {
 		return
 	}
-	b.Stores = make(map[string]storeReady, len(a.stores))
+	b.Stores = make(map[string]storeReady, len(a.stores)+len(missing))
 	var down []string
 	for _, h := range a.stores {
 		r := readyOf(h, a.fleet.get(h.name))
@@ -424,6 +436,11 @@ func addStores(b *readyBody, a *authority) {
 		if h.name != limits.DefaultStore && r.Status != "ok" {
 			down = append(down, h.name)
 		}
+	}
+	for _, name := range missing {
+		b.Stores[name] = storeReady{Status: "missing", Breaker: "none",
+			Reason: "the policy in force routes keys to it, but REDIS_STORES does not name it: its keys decide with tightened local limits"}
+		down = append(down, name)
 	}
 	if len(down) > 0 && b.Status == "ok" {
 		b.Status = "degraded"

@@ -106,6 +106,30 @@ func checkStores(stores []namedStore) func(p *policy.Policy) error {
 	}
 }
 
+// missingStores lists the stores the policy in force routes keys to (its
+// document's and its overrides' routing) that this limiter lacks. In file
+// mode such a policy is refused (checkStores); the policy log's apply rule
+// cannot depend on one limiter's REDIS_STORES, so in log mode the revision
+// applies here too and the keys routed to a missing store decide degraded,
+// as if that store were down (enforcement.ErrUnknownStore).
+func missingStores(p enforcement.Policy, configured []namedStore) []string {
+	r, ok := p.(interface{ Stores() []string })
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, name := range r.Stores() {
+		found := false
+		for _, s := range configured {
+			found = found || s.Name == name
+		}
+		if !found {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // storeHandle is one built store, default or named.
 type storeHandle struct {
 	name   string // limits.DefaultStore for REDIS_ADDRS's

@@ -4,14 +4,17 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
+	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog/chaudit"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
 	"github.com/ratewarden/ratewarden/policylog/opsapi"
+	"github.com/ratewarden/ratewarden/policylog/preview"
 )
 
 // policyLogConfig is how usage-api reaches the policy log for the
@@ -46,6 +49,17 @@ func withPolicyAPI(cfg config, conn driver.Conn, next http.Handler, log *slog.Lo
 				rows = []chaudit.Row{}
 			}
 			return rows, err
+		},
+		// What a push would newly reject, from the last hour of
+		// decisions_raw; bounded well within the API's own deadline.
+		Preview: func(ctx context.Context, candidate *policy.WithOverrides) (any, error) {
+			ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			res, err := preview.Run(ctx, conn, preview.Config{Database: cfg.Database}, candidate, time.Now())
+			if err != nil {
+				return nil, err
+			}
+			return preview.Outcome{Status: preview.Replayed, Result: &res}, nil
 		}}
 	closeLog := func() {}
 	if len(cfg.PolicyLog.Brokers) > 0 {

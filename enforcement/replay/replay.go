@@ -73,6 +73,10 @@ type Config struct {
 	// for a different replayed verdict to count as clock granularity, not
 	// a difference (default 10 ms).
 	Tolerance time.Duration
+	// TopNewlyRejected ranks the report's keys by the decisions the
+	// candidate newly rejects (allowed then), listing only those it newly
+	// rejects; false ranks them by the candidate's rejections.
+	TopNewlyRejected bool
 	// MaxKeys bounds the keys tracked for the per-key report and the
 	// buckets held (default 1,000,000). Keys first seen beyond it are
 	// decided and counted in the totals, not listed.
@@ -335,13 +339,17 @@ func (e *Engine) Report() Report {
 	}
 	top := make([]KeyCounts, 0, len(e.keys))
 	for _, k := range e.keys {
-		if k.Rejected > 0 || k.RecordedRejected > 0 {
+		if e.cfg.TopNewlyRejected && k.NewlyRejected > 0 || !e.cfg.TopNewlyRejected && (k.Rejected > 0 || k.RecordedRejected > 0) {
 			top = append(top, *k)
 		}
 	}
-	// The keys the candidate limits most, then the ones it newly limits.
+	// The keys the candidate limits most, then the ones it newly limits
+	// (or those it newly limits most, then the most limited).
 	sort.Slice(top, func(i, j int) bool {
 		a, b := top[i], top[j]
+		if e.cfg.TopNewlyRejected && a.NewlyRejected != b.NewlyRejected {
+			return a.NewlyRejected > b.NewlyRejected
+		}
 		if a.Rejected != b.Rejected {
 			return a.Rejected > b.Rejected
 		}

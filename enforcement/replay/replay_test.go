@@ -186,3 +186,28 @@ func TestReplayDecidesAtTheStoresInstant(t *testing.T) {
 		t.Fatalf("at the limiter's clock: %+v, want the last one to differ beyond the tolerance", ag)
 	}
 }
+
+// TopNewlyRejected lists only the keys the candidate newly rejects, the
+// most first, ahead of keys it rejects more but only as they were then.
+func TestTopNewlyRejectedRanksByChange(t *testing.T) {
+	p, err := policy.Parse([]byte(tighter))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := replay.New(replay.Config{Policy: p, TopNewlyRejected: true})
+	// k1: 6 requests, 3 rejected then and now (no change); k2: 3 allowed
+	// then, the candidate's bucket of 1 rejects 2 of them.
+	for i := range 6 {
+		e.Add(row(int64(i), "k1", "web", i < 3))
+	}
+	for i := range 3 {
+		e.Add(row(int64(i), "k2", "web", true))
+	}
+	rep := e.Report()
+	if len(rep.TopKeys) != 1 || rep.TopKeys[0].Key != "k2" || rep.TopKeys[0].NewlyRejected != 2 {
+		t.Fatalf("top keys %+v, want k2 alone with 2 newly rejected", rep.TopKeys)
+	}
+	if rep.Total.NewlyRejected != 2 || rep.Rules["k2-trial"].NewlyRejected != 2 {
+		t.Fatalf("total %+v rules %+v", rep.Total, rep.Rules)
+	}
+}

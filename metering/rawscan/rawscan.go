@@ -77,6 +77,27 @@ func (q Query) toSQL(from, to time.Time) (string, []any) {
 	return sql + " ORDER BY ifNull(decided_us, toInt64(ts) * 1000), remaining DESC, allowed DESC, kafka_partition, kafka_offset", args
 }
 
+// countSQL counts the rows of [q.From, q.To) (Sample ignored): what a
+// bounded replay reads first, to pick a sample that fits its row budget.
+func (q Query) countSQL() (string, []any) {
+	return "SELECT count() FROM " + q.Database + "." + schema.DecisionsRaw +
+			" WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?",
+		[]any{uint32(q.From.Unix()), uint32(q.To.Unix()), uint64(q.From.UnixMilli()), uint64(q.To.UnixMilli())}
+}
+
+// Count is the number of decisions recorded in [q.From, q.To), every key.
+func Count(ctx context.Context, conn driver.Conn, q Query) (uint64, error) {
+	if err := q.Validate(); err != nil {
+		return 0, fmt.Errorf("rawscan: %w", err)
+	}
+	sql, args := q.countSQL()
+	var n uint64
+	if err := conn.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("rawscan: count decisions_raw: %w", err)
+	}
+	return n, nil
+}
+
 // Validate reports every problem with q at once.
 func (q Query) Validate() error {
 	var errs []error

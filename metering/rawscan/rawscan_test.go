@@ -28,6 +28,19 @@ func TestQueryBindsEveryValue(t *testing.T) {
 	}
 }
 
+func TestCountBindsEveryValue(t *testing.T) {
+	from := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
+	to := from.Add(time.Hour)
+	sql, args := Query{Database: "ratelimit", From: from, To: to, Sample: 0.5}.countSQL()
+	want := "SELECT count() FROM ratelimit.decisions_raw WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?"
+	if sql != want {
+		t.Fatalf("sql:\n got %s\nwant %s", sql, want)
+	}
+	if got := fmt.Sprint(args...); got != fmt.Sprint(uint32(from.Unix()), uint32(to.Unix()), uint64(from.UnixMilli()), uint64(to.UnixMilli())) {
+		t.Fatalf("args %v", args)
+	}
+}
+
 func TestValidateReportsEveryProblem(t *testing.T) {
 	now := time.Now()
 	err := Query{Database: "x; DROP TABLE y", From: now, To: now, Sample: 2}.Validate()

@@ -38,6 +38,13 @@ type Config struct {
 	// only that revision's records); nil = GET /v1/admin/policy/audit
 	// answers 503.
 	Audit func(ctx context.Context, revision int64, limit int) (any, error)
+	// Preview replays recorded traffic under a candidate (the pushed
+	// document with the overrides in force) and returns what it would
+	// newly reject (policylog/preview), or why it cannot; it bounds its
+	// own cost. PUT /v1/admin/policy carries it as "preview" and goes on
+	// without one when it fails; ?dryRun=true answers with it and writes
+	// nothing. nil = no preview (a dry run answers 503).
+	Preview func(ctx context.Context, candidate *policy.WithOverrides) (any, error)
 }
 
 // Handler serves the operator API. Safe for concurrent use: requests are
@@ -135,12 +142,18 @@ func (h *Handler) with(w http.ResponseWriter, r *http.Request, fn func(ctx conte
 	fn(ctx, h.client)
 }
 
+// DryRun is Result.Result of PUT /v1/admin/policy?dryRun=true: the
+// preview only, nothing written (Revision is the head).
+const DryRun = "dry-run"
+
 // Result is the answer to a write.
 type Result struct {
 	Revision int64  `json:"revision"`
-	Result   string `json:"result"` // applied | refused
+	Result   string `json:"result"` // applied | dry-run
 	SHA256   string `json:"sha256,omitempty"`
 	Subject  string `json:"subject,omitempty"`
+	// Preview: a push's replay of recorded traffic under the candidate.
+	Preview any `json:"preview,omitempty"`
 }
 
 type errorBody struct {
@@ -170,11 +183,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // answer maps a write's outcome to the response: 200, 409 (conflict),
 // 400 (every validation error), 503 (the log could not be reached).
-func answer(w http.ResponseWriter, o policylog.Outcome, err error) {
+func answer(w http.ResponseWriter, o policylog.Outcome, err error) { answerWith(w, o, err, nil) }
+
+// answerWith is answer with a push's preview in the 200.
+func answerWith(w http.ResponseWriter, o policylog.Outcome, err error, preview any) {
 	var ref *policylog.Refusal
 	switch {
 	case err == nil:
-		writeJSON(w, http.StatusOK, Result{Revision: o.Head, Result: policylog.Applied, SHA256: o.Record.SHA256, Subject: o.Record.Subject()})
+		writeJSON(w, http.StatusOK, Result{Revision: o.Head, Result: policylog.Applied, SHA256: o.Record.SHA256, Subject: o.Record.Subject(), Preview: preview})
 	case errors.As(err, &ref):
 		var b errorBody
 		b.Error.Code, b.Error.Message, b.Error.Revision = o.Code, o.Reason, o.Head
@@ -244,7 +260,8 @@ func (h *Handler) putPolicy(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, "invalid_request", "message and author are required", nil)
 		return
 	}
-	if _, err := policy.Parse([]byte(b.Document)); err != nil {
+	doc, err := policy.Parse([]byte(b.Document))
+	if err != nil {
 		fail(w, http.StatusBadRequest, policylog.CodeInvalid, "the document is refused", strings.Split(err.Error(), "\n"))
 		return
 	}
@@ -261,14 +278,40 @@ func (h *Handler) putPolicy(w http.ResponseWriter, r *http.Request) {
 		}
 		shadowFor = d
 	}
+	dry := r.URL.Query().Get("dryRun") == "true"
+	if dry && h.cfg.Preview == nil {
+		fail(w, http.StatusServiceUnavailable, "replay_unavailable", "no preview here: usage-api replays recorded traffic from ClickHouse", nil)
+		return
+	}
 	h.with(w, r, func(ctx context.Context, c *policylog.Client) {
+		var preview any
+		if h.cfg.Preview != nil {
+			ov := policy.NewOverrides(0)
+			if snap := c.State().Snapshot(nil); snap != nil {
+				ov = snap.Overrides()
+			}
+			p, err := h.cfg.Preview(ctx, policy.NewWithOverrides(doc, ov, nil))
+			switch {
+			case err != nil && dry:
+				fail(w, http.StatusServiceUnavailable, "replay_unavailable", "cannot replay recorded traffic: "+err.Error(), nil)
+				return
+			case err != nil: // the push goes on: the preview informs, never blocks
+				preview = map[string]string{"status": "unavailable", "reason": err.Error()}
+			default:
+				preview = p
+			}
+		}
+		if dry {
+			writeJSON(w, http.StatusOK, Result{Revision: c.State().Head(), Result: DryRun, Preview: preview})
+			return
+		}
 		if shadowFor > 0 {
 			o, err := c.StartRollout(ctx, b.Document, shadowFor, *b.MaxNewlyRejected, b.Author, b.Message, expect)
-			answer(w, o, err)
+			answerWith(w, o, err, preview)
 			return
 		}
 		o, err := c.Push(ctx, b.Document, b.Author, b.Message, expect)
-		answer(w, o, err)
+		answerWith(w, o, err, preview)
 	})
 }
 

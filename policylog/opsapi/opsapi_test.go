@@ -1,18 +1,22 @@
 package opsapi_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering/usage"
+	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
 	"github.com/ratewarden/ratewarden/policylog/opsapi"
 )
@@ -200,5 +204,59 @@ func TestOperatorAPIRollout(t *testing.T) {
 	code, body = a.do("PUT", "/v1/admin/policy", admin, jsonBody(map[string]any{"document": docA, "message": "x", "author": "bob", "shadowFor": "15m", "maxNewlyRejected": 5}))
 	if code != 400 || !strings.Contains(body["error"].(map[string]any)["message"].(string), "maxNewlyRejected") {
 		t.Fatalf("a bound above 1: %d %v", code, body)
+	}
+}
+
+// TestOperatorAPIPushPreview: PUT /v1/admin/policy hands the preview the
+// candidate as it would be enforced (the pushed document with the
+// overrides in force) and answers with what it returned; ?dryRun=true
+// answers with it and writes nothing; a preview that fails never blocks
+// the push.
+func TestOperatorAPIPushPreview(t *testing.T) {
+	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
+	l, err := kafkalog.New(kafkalog.Config{Brokers: []string{k.Addr()}, Security: &kafkaconn.Security{}, Wait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	var failing atomic.Bool
+	h, err := opsapi.New(opsapi.Config{AdminToken: admin, Log: l,
+		// Reports how the candidate resolves an overridden key and another.
+		Preview: func(_ context.Context, c *policy.WithOverrides) (any, error) {
+			if failing.Load() {
+				return nil, errors.New("clickhouse unreachable")
+			}
+			a, _ := c.Resolve("acct_1", "x", "")
+			b, _ := c.Resolve("acct_2", "x", "")
+			return map[string]any{"acct_1": a.Burst, "acct_2": b.Burst}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	a := api{t, srv.URL}
+	if code, body := a.do("PUT", "/v1/admin/policy", admin, jsonBody(map[string]any{"document": docA, "message": "first", "author": "alice"})); code != 200 {
+		t.Fatalf("PUT policy: %d %v", code, body)
+	}
+	if code, body := a.do("PUT", "/v1/admin/overrides/acct_1", admin, jsonBody(map[string]any{"tier": "pro", "reason": "deal", "author": "billing"})); code != 200 {
+		t.Fatalf("PUT override: %d %v", code, body)
+	}
+	tighter := strings.Replace(docA, "free: { rate: 10, burst: 20 }", "free: { rate: 10, burst: 5 }", 1)
+	code, body := a.do("PUT", "/v1/admin/policy?dryRun=true", admin, jsonBody(map[string]any{"document": tighter, "message": "m", "author": "bob"}))
+	if pv, _ := body["preview"].(map[string]any); code != 200 || body["result"] != "dry-run" || body["revision"] != 2.0 || pv["acct_1"] != 200.0 || pv["acct_2"] != 5.0 {
+		t.Fatalf("dry run: %d %v, want revision 2 unchanged, acct_1 at pro's 200 by its override, acct_2 at the candidate's 5", code, body)
+	}
+	code, body = a.do("PUT", "/v1/admin/policy", admin, jsonBody(map[string]any{"document": tighter, "message": "m", "author": "bob"}))
+	if pv, _ := body["preview"].(map[string]any); code != 200 || body["revision"] != 3.0 || pv["acct_2"] != 5.0 {
+		t.Fatalf("push with a preview: %d %v", code, body)
+	}
+	failing.Store(true)
+	code, body = a.do("PUT", "/v1/admin/policy", admin, jsonBody(map[string]any{"document": docA, "message": "back", "author": "bob"}))
+	if pv, _ := body["preview"].(map[string]any); code != 200 || body["revision"] != 4.0 || pv["status"] != "unavailable" || pv["reason"] != "clickhouse unreachable" {
+		t.Fatalf("push with the preview failing: %d %v", code, body)
+	}
+	if code, body := a.do("PUT", "/v1/admin/policy?dryRun=true", admin, jsonBody(map[string]any{"document": docA, "message": "m", "author": "bob"})); code != 503 {
+		t.Fatalf("dry run with the preview failing: %d %v, want 503", code, body)
 	}
 }
