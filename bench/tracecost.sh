@@ -14,9 +14,10 @@
 # Part 1, throughput: ROUNDS rounds of the floor (bench/barejson) then each
 # configuration, order rotated per round, under `wrk -t2 -c32`; req/s ÷ the
 # floor's run of that round. Part 2, CPU per decision over a fixed count:
-# PASSES passes of each configuration (order rotated) driven by
-# `loadgen -rate RATE -duration FIXED_SECONDS` (open model: the same
-# requests, RATE × FIXED_SECONDS, whatever the machine's speed); the
+# PASSES passes in which every configuration is driven at the same time,
+# each by its own `loadgen -rate RATE -duration FIXED_SECONDS` (open model:
+# the same requests, RATE × FIXED_SECONDS, whatever the machine's speed;
+# TOGETHER=0 drives them one after the other, rotated); the
 # server's user + system time (/proc/PID/stat) ÷ the decisions it counted
 # (limiter_decisions_total), and its allocations (go_memstats_mallocs_total)
 # ÷ the same. Prints one line per run, then the medians and spreads.
@@ -24,9 +25,10 @@
 #   WRK_SECONDS   (default 10)   each wrk run
 #   ROUNDS        (default 3)    throughput rounds
 #   PASSES        (default 6)    fixed-count passes
-#   RATE          (default 5000) requests per second of the fixed-count runs
+#   RATE          (default 3000) requests per second of each fixed-count run
 #   FIXED_SECONDS (default 10)   each fixed-count run
 #   GOGC_RUNS     (optional, 1)  also off and 1% with GOGC=400
+#   ROUNDS=0 or PASSES=0 skips that part
 #   BASE_REV      (default 935b203^1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +37,7 @@ export GOFLAGS=${GOFLAGS:--tags=vtprotobuf}
 WRK_SECONDS=${WRK_SECONDS:-10}
 ROUNDS=${ROUNDS:-3}
 PASSES=${PASSES:-6}
-RATE=${RATE:-5000}
+RATE=${RATE:-3000}
 FIXED_SECONDS=${FIXED_SECONDS:-10}
 BASE_REV=${BASE_REV-935b203^1}
 OUT=$(mktemp -d /tmp/ratewarden-tracecost.XXXXXX)
@@ -63,7 +65,8 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0"); self.end_headers()
     def log_message(self, *a): pass
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()' "$SPORT" &
-PIDS+=($!)
+SINKPID=$!
+PIDS+=($SINKPID)
 FPORT=$(free_port)
 "$OUT/barejson" -addr "127.0.0.1:$FPORT" 2>>"$OUT/floor.log" &
 FPID=$!
@@ -104,35 +107,61 @@ for round in $(seq 1 "$ROUNDS"); do
   floor_rps=
   for name in floor $(rotated "$round"); do
     l=$(cut -d' ' -f1 /proc/loadavg)
+    t0=$(ticks "${PID[$name]}")
+    s0=$(ticks "$SINKPID")
     wrk -t2 -c32 -d"${WRK_SECONDS}s" -s bench/wrk/uniform.lua "http://127.0.0.1:${PORT[$name]}/check" >"$OUT/$name$round.wrk" 2>&1
+    t1=$(ticks "${PID[$name]}")
+    s1=$(ticks "$SINKPID")
     rps=$(awk '/^Requests\/sec/ {print $2}' "$OUT/$name$round.wrk")
     [ "$name" = floor ] && floor_rps=$rps
-    printf 'wrk %d %-20s %9.0f req/s  ÷floor %.2f  load %s\n' "$round" "$name" "$rps" "$(awk -v a="$rps" -v b="$floor_rps" 'BEGIN {print a / b}')" "$l"
+    printf 'wrk %d %-20s %9.0f req/s  ÷floor %.2f  CPU %5.1f µs/req  sink %d ticks  load %s\n' "$round" "$name" "$rps" \
+      "$(awk -v a="$rps" -v b="$floor_rps" 'BEGIN {print a / b}')" \
+      "$(awk -v a="$t0" -v b="$t1" -v r="$rps" -v s="$WRK_SECONDS" -v hz="$(getconf CLK_TCK)" 'BEGIN {print (b - a) * 1e6 / hz / (r * s)}')" \
+      "$((s1 - s0))" "$l"
   done
 done | tee "$OUT/wrk.txt"
 
-for name in "${RUNS[@]}"; do # warm-up: connections, the exporter's start, the heap's size
+[ "$PASSES" -gt 0 ] && for name in "${RUNS[@]}"; do # warm-up: connections, the exporter's start, the heap's size
   "$OUT/loadgen" -url "http://127.0.0.1:${PORT[$name]}/check" -rate "$RATE" -duration 2s -conns 32 -keys 10000 >/dev/null
 done
-echo "-- CPU per decision: loadgen -rate $RATE -duration ${FIXED_SECONDS}s -conns 32 -keys 10000, $PASSES passes (rotated)"
+# One configuration's counters: "CPU-ticks decisions mallocs".
+snap() { echo "$(ticks "${PID[$1]}") $(metric limiter_decisions_total "${PORT[$1]}") $(metric go_memstats_mallocs_total "${PORT[$1]}")"; }
+drive() { # name pass
+  "$OUT/loadgen" -url "http://127.0.0.1:${PORT[$1]}/check" -rate "$RATE" -duration "${FIXED_SECONDS}s" -conns 32 -keys 10000 \
+    -dist uniform -label "$1$2" >"$OUT/$1$2.loadgen"
+}
+report() { # pass name load "before" "after"
+  read -r t0 d0 m0 <<<"$4"
+  read -r t1 d1 m1 <<<"$5"
+  awk -v pass="$1" -v n="$2" -v a="$t0" -v b="$t1" -v d="$((d1 - d0))" -v m="$((m1 - m0))" -v hz="$(getconf CLK_TCK)" -v l="$3" \
+    'BEGIN {printf "cpu %d %-20s %7d decisions  CPU %6.2f µs/decision  %5.1f allocs/decision  load %s\n", pass, n, d, (b - a) * 1e6 / hz / d, m / d, l}'
+}
+if [ "${TOGETHER:-1}" = 1 ]; then
+  echo "-- CPU per decision: every configuration at once, each under its own loadgen -rate $RATE -duration ${FIXED_SECONDS}s -conns 32 -keys 10000, $PASSES passes"
+else
+  echo "-- CPU per decision: loadgen -rate $RATE -duration ${FIXED_SECONDS}s -conns 32 -keys 10000, $PASSES passes (rotated)"
+fi
 for pass in $(seq 1 "$PASSES"); do
-  for name in $(rotated "$pass"); do
-    l=$(cut -d' ' -f1 /proc/loadavg)
-    p=${PORT[$name]}
-    d0=$(metric limiter_decisions_total "$p")
-    m0=$(metric go_memstats_mallocs_total "$p")
-    t0=$(ticks "${PID[$name]}")
-    "$OUT/loadgen" -url "http://127.0.0.1:$p/check" -rate "$RATE" -duration "${FIXED_SECONDS}s" -conns 32 -keys 10000 \
-      -dist uniform -label "$name$pass" >"$OUT/$name$pass.loadgen"
-    t1=$(ticks "${PID[$name]}")
-    d1=$(metric limiter_decisions_total "$p")
-    m1=$(metric go_memstats_mallocs_total "$p")
-    awk -v pass="$pass" -v n="$name" -v a="$t0" -v b="$t1" -v d="$((d1 - d0))" -v m="$((m1 - m0))" -v hz="$(getconf CLK_TCK)" -v l="$l" \
-      'BEGIN {printf "cpu %d %-20s %7d decisions  CPU %6.2f µs/decision  %5.1f allocs/decision  load %s\n", pass, n, d, (b - a) * 1e6 / hz / d, m / d, l}'
-  done
+  l=$(cut -d' ' -f1 /proc/loadavg)
+  if [ "${TOGETHER:-1}" = 1 ]; then
+    # All at once: whatever else runs on the machine weighs on each
+    # configuration during the same seconds.
+    declare -A B=()
+    for name in "${RUNS[@]}"; do B[$name]=$(snap "$name"); done
+    for name in "${RUNS[@]}"; do drive "$name" "$pass" & done
+    wait $(jobs -p) 2>/dev/null || true
+    for name in "${RUNS[@]}"; do report "$pass" "$name" "$l" "${B[$name]}" "$(snap "$name")"; done
+  else
+    for name in $(rotated "$pass"); do
+      l=$(cut -d' ' -f1 /proc/loadavg)
+      b=$(snap "$name")
+      drive "$name" "$pass"
+      report "$pass" "$name" "$l" "$b" "$(snap "$name")"
+    done
+  fi
 done | tee "$OUT/cpu.txt"
 
-med() { sort -g | awk '{a[NR] = $1} END {m = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2; printf "%.3f (%.3f–%.3f)", m, a[1], a[NR]}'; }
+med() { sort -g | awk '{a[NR] = $1} END {if (NR == 0) {print "–"; exit} m = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2; printf "%.3f (%.3f–%.3f)", m, a[1], a[NR]}'; }
 echo "-- medians (min–max); \"÷ off\": each pass's CPU per decision over off's in the same pass"
 for name in "${RUNS[@]}"; do
   printf '%-20s req/s ÷ floor %s; CPU µs/decision %s; ÷ off %s; allocs/decision %s\n' "$name" \
