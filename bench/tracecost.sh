@@ -28,6 +28,7 @@
 #   RATE          (default 3000) requests per second of each fixed-count run
 #   FIXED_SECONDS (default 10)   each fixed-count run
 #   GOGC_RUNS     (optional, 1)  also off and 1% with GOGC=400
+#   SATURATED_ROUNDS (default 0) part 3's rounds
 #   ROUNDS=0 or PASSES=0 skips that part
 #   BASE_REV      (default 935b203^1)
 set -euo pipefail
@@ -161,6 +162,24 @@ for pass in $(seq 1 "$PASSES"); do
   fi
 done | tee "$OUT/cpu.txt"
 
+# Part 3, saturated: every configuration under its own `wrk -t1 -c16` at
+# the same time, SATURATED_ROUNDS rounds; CPU per request and req/s.
+for round in $(seq 1 "${SATURATED_ROUNDS:-0}"); do
+  l=$(cut -d' ' -f1 /proc/loadavg)
+  declare -A T0=() W=()
+  for name in "${RUNS[@]}"; do T0[$name]=$(ticks "${PID[$name]}"); done
+  for name in "${RUNS[@]}"; do
+    wrk -t1 -c16 -d"${WRK_SECONDS}s" -s bench/wrk/uniform.lua "http://127.0.0.1:${PORT[$name]}/check" >"$OUT/sat-$name$round.wrk" 2>&1 &
+    W[$name]=$!
+  done
+  wait "${W[@]}"
+  for name in "${RUNS[@]}"; do
+    rps=$(awk '/^Requests\/sec/ {print $2}' "$OUT/sat-$name$round.wrk")
+    awk -v r="$round" -v n="$name" -v rps="$rps" -v a="${T0[$name]}" -v b="$(ticks "${PID[$name]}")" -v s="$WRK_SECONDS" -v hz="$(getconf CLK_TCK)" -v l="$l" \
+      'BEGIN {printf "sat %d %-20s %9.0f req/s  CPU %6.2f µs/req  load %s\n", r, n, rps, (b - a) * 1e6 / hz / (rps * s), l}'
+  done
+done | tee "$OUT/sat.txt"
+
 med() { sort -g | awk '{a[NR] = $1} END {if (NR == 0) {print "–"; exit} m = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2; printf "%.3f (%.3f–%.3f)", m, a[1], a[NR]}'; }
 echo "-- medians (min–max); \"÷ off\": each pass's CPU per decision over off's in the same pass"
 for name in "${RUNS[@]}"; do
@@ -169,5 +188,8 @@ for name in "${RUNS[@]}"; do
     "$(awk -v n="$name" '$1 == "cpu" && $3 == n {print $7}' "$OUT/cpu.txt" | med)" \
     "$(awk -v n="$name" '$1 == "cpu" && $3 == "off" {off[$2] = $7} $1 == "cpu" && $3 == n {v[$2] = $7} END {for (p in v) print v[p] / off[p]}' "$OUT/cpu.txt" | med)" \
     "$(awk -v n="$name" '$1 == "cpu" && $3 == n {print $9}' "$OUT/cpu.txt" | med)"
+  [ "${SATURATED_ROUNDS:-0}" -gt 0 ] && printf '%-20s saturated: req/s ÷ off %s; CPU µs/req ÷ off %s\n' "$name" \
+    "$(awk -v n="$name" '$1 == "sat" && $3 == "off" {o[$2] = $4} $1 == "sat" && $3 == n {v[$2] = $4} END {for (p in v) print v[p] / o[p]}' "$OUT/sat.txt" | med)" \
+    "$(awk -v n="$name" '$1 == "sat" && $3 == "off" {o[$2] = $7} $1 == "sat" && $3 == n {v[$2] = $7} END {for (p in v) print v[p] / o[p]}' "$OUT/sat.txt" | med)"
 done
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
