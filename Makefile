@@ -79,3 +79,9 @@ bench: bench-floor
 
 bench-floor:
 	@bench/floor.sh
+
+# The same /check table for two revisions of the limiter, interleaved pass
+# by pass (bench/compare.sh): make bench-compare BASE=<rev> [HEAD=<rev>].
+.PHONY: bench-compare
+bench-compare:
+	@BASE="$(BASE)" HEAD="$(or $(HEAD),HEAD)" bench/compare.sh

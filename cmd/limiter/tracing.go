@@ -133,16 +133,17 @@ func tracedCheck(tr *tracing.Provider, lim *enforcement.Limiter) checker {
 }
 
 // grpcTracing is the gRPC server's stats handler (otelgrpc): a server span
-// per call, child of the traceparent in the call's metadata. None when
-// tracing is off. Its metrics go to a no-op meter: the limiter's gRPC
-// metrics are its own Prometheus series.
+// per sampled call, child of the traceparent in the call's metadata; a
+// call without one that the sampler drops skips otelgrpc (GRPCServer).
+// None when tracing is off. Its metrics go to a no-op meter: the
+// limiter's gRPC metrics are its own Prometheus series.
 func grpcTracing(tr *tracing.Provider) []grpc.ServerOption {
 	if tr == nil || !tr.Enabled() {
 		return nil
 	}
-	return []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(
+	return []grpc.ServerOption{grpc.StatsHandler(tr.GRPCServer(otelgrpc.NewServerHandler(
 		otelgrpc.WithTracerProvider(tr.TracerProvider()),
 		otelgrpc.WithPropagators(tr.Propagator()),
 		otelgrpc.WithMeterProvider(metricnoop.NewMeterProvider()),
-	))}
+	)))}
 }

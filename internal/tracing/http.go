@@ -1,6 +1,7 @@
 package tracing
 
 import (
+	"context"
 	"net/http"
 
 	"go.opentelemetry.io/otel/codes"
@@ -15,32 +16,45 @@ import (
 // tracing is off it returns h itself: nothing is added to a request.
 //
 // It is kept smaller than otelhttp on purpose, for the decision path: a
-// request without a traceparent skips the propagator; an unsampled one is
-// served with its own *http.Request (nothing downstream of the limiter
-// would use the span's context: it makes no child span and propagates
-// nothing), so it pays for the sampler's verdict and a non-recording span
-// only; the ResponseWriter is wrapped (for the status code) only when the
-// request is sampled.
+// request without a traceparent is first put to the sampler's rule for a
+// new trace (root.go), and one the sampler would drop is served as is,
+// without calling the tracer: no span, no context, no allocation. A
+// request with a traceparent goes through the propagator and the SDK's
+// sampler; if that drops it, it is served with its own *http.Request
+// (nothing downstream of the limiter would use the span's context: it
+// makes no child span and propagates nothing). The ResponseWriter is
+// wrapped (for the status code) only when the request is sampled.
 func (p *Provider) Handler(route string, h http.Handler) http.Handler {
 	if !p.Enabled() {
 		return h
 	}
-	tracer, prop := p.tracer, p.prop
+	tracer, prop, root := p.tracer, p.prop, p.root
 	// Built once: an option, and the variadic slice of a call through an
 	// interface, are each an allocation.
 	server := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
-		// net/http canonicalises incoming header names: a map lookup finds
-		// the field without the allocation of Header.Get's canonicalising.
-		if _, ok := r.Header["Traceparent"]; ok {
-			ctx = prop.Extract(ctx, propagation.HeaderCarrier(r.Header))
-		}
 		name := route
 		if name == "" {
 			name = r.Method
 		}
-		ctx, span := tracer.Start(ctx, name, server...)
+		var span trace.Span
+		// net/http canonicalises incoming header names: a map lookup finds
+		// the field without the allocation of Header.Get's canonicalising.
+		if _, ok := r.Header["Traceparent"]; ok {
+			ctx, span = tracer.Start(prop.Extract(ctx, propagation.HeaderCarrier(r.Header)), name, server...)
+		} else if tid, keep := root.newRoot(); !keep {
+			h.ServeHTTP(w, r)
+			return
+		} else if tid.IsValid() {
+			// The SDK takes the drawn id (idGenerator) and samples it again,
+			// with the same verdict; the request's context does not carry
+			// the drawn id further.
+			_, span = tracer.Start(context.WithValue(ctx, drawnKey{}, tid), name, server...)
+			ctx = trace.ContextWithSpan(ctx, span)
+		} else {
+			ctx, span = tracer.Start(ctx, name, server...)
+		}
 		if !span.IsRecording() {
 			h.ServeHTTP(w, r)
 			span.End()

@@ -61,6 +61,7 @@ type Provider struct {
 	prop   propagation.TextMapPropagator
 	lazy   *lazyProcessor // nil when off
 	proto  string         // "http/protobuf" or "grpc"; "" when off
+	root   rootRule       // the sampler's verdict on a new trace (root.go)
 }
 
 // New reads the tracing variables through getenv (os.Getenv in the
@@ -89,7 +90,7 @@ func New(getenv func(string) string, service string) (*Provider, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	sampler, err := SamplerFrom(getenv)
+	sampler, root, err := samplerFrom(getenv)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -117,8 +118,9 @@ func New(getenv func(string) string, service string) (*Provider, error) {
 		sdktrace.WithSampler(sampler),
 		sdktrace.WithResource(res),
 		sdktrace.WithSpanProcessor(lazy),
+		sdktrace.WithIDGenerator(idGenerator{}),
 	)
-	return &Provider{tp: sdk, sdk: sdk, tracer: sdk.Tracer(Scope), prop: prop, lazy: lazy, proto: protocol}, nil
+	return &Provider{tp: sdk, sdk: sdk, tracer: sdk.Tracer(Scope), prop: prop, lazy: lazy, proto: protocol, root: root}, nil
 }
 
 // Enabled reports whether spans are exported (an endpoint is set).
@@ -166,37 +168,44 @@ func protocolFrom(getenv func(string) string) (string, error) {
 // value stops the binary at start instead of being logged and replaced.
 // Unset: parentbased_always_on, the specification's default.
 func SamplerFrom(getenv func(string) string) (sdktrace.Sampler, error) {
+	s, _, err := samplerFrom(getenv)
+	return s, err
+}
+
+// samplerFrom is SamplerFrom with the sampler's rule for a new trace.
+func samplerFrom(getenv func(string) string) (sdktrace.Sampler, rootRule, error) {
 	name := strings.ToLower(strings.TrimSpace(getenv(envSampler)))
 	arg := strings.TrimSpace(getenv(envSamplerArg))
-	ratio := func() (sdktrace.Sampler, error) {
+	ratio := func() (sdktrace.Sampler, rootRule, error) {
 		if arg == "" {
-			return sdktrace.TraceIDRatioBased(1), nil
+			return sdktrace.TraceIDRatioBased(1), ratioRule(1), nil
 		}
 		f, err := strconv.ParseFloat(arg, 64)
 		if err != nil || f < 0 || f > 1 {
-			return nil, fmt.Errorf("%s=%q: want a ratio in [0, 1]", envSamplerArg, arg)
+			return nil, rootRule{}, fmt.Errorf("%s=%q: want a ratio in [0, 1]", envSamplerArg, arg)
 		}
-		return sdktrace.TraceIDRatioBased(f), nil
+		return sdktrace.TraceIDRatioBased(f), ratioRule(f), nil
 	}
+	always, never := rootRule{kind: rootAlways}, rootRule{kind: rootNever}
 	switch name {
 	case "", "parentbased_always_on":
-		return sdktrace.ParentBased(sdktrace.AlwaysSample()), nil
+		return sdktrace.ParentBased(sdktrace.AlwaysSample()), always, nil
 	case "always_on":
-		return sdktrace.AlwaysSample(), nil
+		return sdktrace.AlwaysSample(), always, nil
 	case "always_off":
-		return sdktrace.NeverSample(), nil
+		return sdktrace.NeverSample(), never, nil
 	case "parentbased_always_off":
-		return sdktrace.ParentBased(sdktrace.NeverSample()), nil
+		return sdktrace.ParentBased(sdktrace.NeverSample()), never, nil
 	case "traceidratio":
 		return ratio()
 	case "parentbased_traceidratio":
-		s, err := ratio()
+		s, r, err := ratio()
 		if err != nil {
-			return nil, err
+			return nil, rootRule{}, err
 		}
-		return sdktrace.ParentBased(s), nil
+		return sdktrace.ParentBased(s), r, nil
 	}
-	return nil, fmt.Errorf("%s=%q: want always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio", envSampler, name)
+	return nil, rootRule{}, fmt.Errorf("%s=%q: want always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio", envSampler, name)
 }
 
 // newExporter builds the OTLP exporter of protocol; it reads its endpoint

@@ -6,9 +6,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/internal/tracing/otlptest"
@@ -147,5 +150,85 @@ func TestNewStartsNothing(t *testing.T) {
 	}
 	if n := rcv.Requests(); n != 0 {
 		t.Fatalf("%d export requests without a span", n)
+	}
+}
+
+// A request without a traceparent is sampled by the configured ratio on a
+// trace id drawn before the tracer is called: the kept ones reach the
+// receiver with that id (the SDK's sampler, given the same id, agrees),
+// and every other one is served with the caller's own request and writer.
+func TestHandlerSamplesNewTracesByTheRatio(t *testing.T) {
+	rcv := otlptest.StartHTTP(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.Endpoint())
+	t.Setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+	t.Setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+	p, err := tracing.New(os.Getenv, "limiter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req *http.Request
+	var rec *httptest.ResponseRecorder
+	sampled := map[string]bool{}
+	untouched := 0
+	h := p.Handler("POST /check", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sc := trace.SpanContextFromContext(r.Context())
+		switch {
+		case r == req && w == http.ResponseWriter(rec) && !sc.IsValid():
+			untouched++
+		case sc.IsSampled() && r != req:
+			sampled[sc.TraceID().String()] = true
+		default:
+			t.Errorf("request served with span %v, own request %v", sc, r == req)
+		}
+	}))
+	const n = 400
+	for range n {
+		req = httptest.NewRequest(http.MethodPost, "/check", nil)
+		rec = httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+	}
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Half on average: outside [100, 300] once in more than 10^20 runs.
+	if len(sampled) < 100 || len(sampled) > 300 || untouched+len(sampled) != n {
+		t.Fatalf("%d sampled, %d served untouched, of %d", len(sampled), untouched, n)
+	}
+	spans := rcv.Wait(t, "the sampled spans", 30*time.Second, func(s []otlptest.Span) bool { return len(s) >= len(sampled) })
+	if len(spans) != len(sampled) {
+		t.Fatalf("%d spans exported, %d requests sampled", len(spans), len(sampled))
+	}
+	for _, s := range spans {
+		if !sampled[s.TraceID] || s.ParentSpanID != "" {
+			t.Errorf("span %+v: not one of the sampled requests' roots", s)
+		}
+		// TraceIDRatioBased(0.5): the id's 9th byte is below 0x80.
+		if b, _ := strconv.ParseUint(s.TraceID[16:18], 16, 8); b >= 0x80 {
+			t.Errorf("trace %s kept, but the ratio rule drops it", s.TraceID)
+		}
+	}
+}
+
+// A request that the sampler drops before any span allocates nothing in
+// Handler (testing.AllocsPerRun counts, machine speed aside).
+func TestUnsampledRequestAllocatesNothing(t *testing.T) {
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1") // never reached: nothing is sampled
+	for _, c := range []struct{ sampler, arg string }{
+		{"parentbased_traceidratio", "1e-15"}, {"traceidratio", "1e-15"}, {"parentbased_always_off", ""},
+	} {
+		t.Setenv("OTEL_TRACES_SAMPLER", c.sampler)
+		t.Setenv("OTEL_TRACES_SAMPLER_ARG", c.arg)
+		p, err := tracing.New(os.Getenv, "limiter")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := p.Handler("POST /check", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		req, rec := httptest.NewRequest(http.MethodPost, "/check", nil), httptest.NewRecorder()
+		if a := testing.AllocsPerRun(1000, func() { h.ServeHTTP(rec, req) }); a != 0 {
+			t.Errorf("%s %s: %v allocations per unsampled request", c.sampler, c.arg, a)
+		}
+		if err := p.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
