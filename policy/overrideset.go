@@ -1,0 +1,354 @@
+package policy
+
+// The override set is built to hold millions of overrides in one copy
+// that the policy log's state and every policy in force share.
+//
+// Layout: overrides are spread over overrideShards shards by a hash of
+// their key. A shard maps a key to the first of its entries in a slab of
+// fixed-width entries (numbers, an interned tier and scope, no pointers);
+// the entries of one key (its own, one per scope) are chained. Finding
+// the override of a request is one hash, one map probe and a walk of that
+// key's chain.
+//
+// Sharing: Snapshot returns an immutable view that shares every shard
+// with the set it was taken from. That set copies a shard the first time
+// it changes it afterwards (copy on write), so a revision that changes one
+// override copies one shard (a thousandth of a million overrides), not
+// the set, and a reader of the log applies a million records to one set
+// and takes one snapshot at the end.
+
+import (
+	"hash/maphash"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/ratewarden/ratewarden/limits"
+)
+
+// overrideShards is the number of shards: what one change of a snapshot's
+// set copies is about 1/overrideShards of the set.
+const overrideShards = 1 << 10
+
+// noEntry ends a chain of entries.
+const noEntry = ^uint32(0)
+
+// OverrideTag is what the policy log remembers of the record an override
+// came from: its revision and the first 64 bits of its SHA-256.
+type OverrideTag struct {
+	Revision int64
+	SHA      uint64
+}
+
+// entry is an Override reduced to what resolution and the log's apply
+// rule need, in 64 bytes.
+type entry struct {
+	rate    float64 // tokens per second; 0 = the tier's
+	burst   int64
+	quota   int64
+	expires int64 // Unix nanoseconds; 0 = never
+	tag     OverrideTag
+	next    uint32 // the key's next entry (noEntry: the last)
+	scope   uint32 // 1 + index in Overrides.scopes; 0 = the key's own
+	tier    uint16 // 1 + index in Overrides.tiers; 0 = none
+	qperiod uint8  // limits.Period
+}
+
+// shard is a part of the set: keys to their first entry in ents; freed
+// entries are chained from free, for reuse.
+type shard struct {
+	keys map[string]uint32
+	ents []entry
+	free uint32
+}
+
+func (sh *shard) clone() *shard {
+	return &shard{keys: maps.Clone(sh.keys), ents: slices.Clone(sh.ents), free: sh.free}
+}
+
+// Overrides is a set of validated overrides, ready to resolve. Build it
+// with NewOverrides and Put; a set handed to WithOverrides must not be
+// changed afterwards: hand it a Snapshot, which never changes and is safe
+// for concurrent reads, and keep changing the set. A set is not safe for
+// concurrent changes.
+type Overrides struct {
+	seed   maphash.Seed
+	shards []*shard // nil until the first Put; a nil shard is empty
+	own    []bool   // own[i]: shards[i] is not shared with a snapshot
+	n      int
+	hint   int      // expected overrides per shard, for a new shard's map
+	tiers  []string // the tier names overrides use, interned (few)
+	scopes []string // the scopes overrides name, interned
+	// scopeIDs indexes scopes (1-based); nil in a snapshot.
+	scopeIDs map[string]uint32
+}
+
+// NewOverrides returns an empty set with room for about n overrides.
+func NewOverrides(n int) *Overrides {
+	return &Overrides{seed: maphash.MakeSeed(), hint: n / overrideShards, scopeIDs: map[string]uint32{}}
+}
+
+func (s *Overrides) shardOf(key string) int {
+	return int(maphash.String(s.seed, key) & (overrideShards - 1))
+}
+
+// mutable is shard i, copied first when a snapshot shares it.
+func (s *Overrides) mutable(i int) *shard {
+	if s.shards == nil {
+		s.shards, s.own = make([]*shard, overrideShards), make([]bool, overrideShards)
+	}
+	sh := s.shards[i]
+	switch {
+	case sh == nil:
+		sh = &shard{keys: make(map[string]uint32, s.hint), free: noEntry}
+	case !s.own[i]:
+		sh = sh.clone()
+	default:
+		return sh
+	}
+	s.shards[i], s.own[i] = sh, true
+	return sh
+}
+
+// tierIndex interns a tier name (1-based; 0 = none). Tiers are few.
+func (s *Overrides) tierIndex(name string) uint16 {
+	if name == "" {
+		return 0
+	}
+	for i, t := range s.tiers {
+		if t == name {
+			return uint16(i + 1)
+		}
+	}
+	s.tiers = append(s.tiers, name)
+	return uint16(len(s.tiers))
+}
+
+func (s *Overrides) tierName(i uint16) string {
+	if i == 0 {
+		return ""
+	}
+	return s.tiers[i-1]
+}
+
+// scopeIndex interns a scope (1-based; 0 = none).
+func (s *Overrides) scopeIndex(scope string) uint32 {
+	if scope == "" {
+		return 0
+	}
+	if i, ok := s.scopeIDs[scope]; ok {
+		return i
+	}
+	s.scopes = append(s.scopes, scope)
+	s.scopeIDs[scope] = uint32(len(s.scopes))
+	return uint32(len(s.scopes))
+}
+
+func (s *Overrides) scopeName(i uint32) string {
+	if i == 0 {
+		return ""
+	}
+	return s.scopes[i-1]
+}
+
+// Len is the number of overrides in the set.
+func (s *Overrides) Len() int { return s.n }
+
+// Put adds or replaces the override of k. o must be valid (Validate).
+func (s *Overrides) Put(k OverrideKey, o Override) { s.PutTagged(k, o, OverrideTag{}) }
+
+// PutTagged is Put remembering tag with the override (Tag returns it).
+func (s *Overrides) PutTagged(k OverrideKey, o Override, tag OverrideTag) {
+	e := entry{tier: s.tierIndex(o.Tier), burst: o.Burst, quota: o.Quota, qperiod: uint8(quotaPeriods[o.QuotaPeriod]),
+		tag: tag, scope: s.scopeIndex(k.Scope), next: noEntry}
+	if o.Rate > 0 {
+		e.rate = o.Rate / periodSeconds[o.Period]
+	}
+	if !o.Expires.IsZero() {
+		e.expires = o.Expires.UnixNano()
+	}
+	sh := s.mutable(s.shardOf(k.Key))
+	first, ok := sh.keys[k.Key]
+	if ok {
+		for i := first; i != noEntry; i = sh.ents[i].next {
+			if sh.ents[i].scope == e.scope {
+				e.next = sh.ents[i].next
+				sh.ents[i] = e
+				return
+			}
+		}
+		e.next = first
+	}
+	i := sh.free
+	if i != noEntry {
+		sh.free = sh.ents[i].next
+		sh.ents[i] = e
+	} else {
+		i = uint32(len(sh.ents))
+		sh.ents = append(sh.ents, e)
+	}
+	sh.keys[k.Key] = i
+	s.n++
+}
+
+// Delete removes the override of k.
+func (s *Overrides) Delete(k OverrideKey) {
+	if s.n == 0 {
+		return
+	}
+	si := s.shardOf(k.Key)
+	if s.shards[si] == nil {
+		return
+	}
+	first, ok := s.shards[si].keys[k.Key]
+	if !ok {
+		return
+	}
+	scope, known := s.scopeIDs[k.Scope]
+	if k.Scope != "" && !known {
+		return
+	}
+	sh := s.mutable(si)
+	prev := noEntry
+	for i := first; i != noEntry; prev, i = i, sh.ents[i].next {
+		if sh.ents[i].scope != scope {
+			continue
+		}
+		switch next := sh.ents[i].next; {
+		case prev != noEntry:
+			sh.ents[prev].next = next
+		case next == noEntry:
+			delete(sh.keys, k.Key)
+		default:
+			sh.keys[k.Key] = next
+		}
+		sh.ents[i] = entry{next: sh.free}
+		sh.free = i
+		s.n--
+		return
+	}
+}
+
+// Tag is the tag the override of k was put with, and whether k has one.
+func (s *Overrides) Tag(k OverrideKey) (OverrideTag, bool) {
+	if e := s.entryOf(k); e != nil {
+		return e.tag, true
+	}
+	return OverrideTag{}, false
+}
+
+// entryOf is k's entry (nil: none).
+func (s *Overrides) entryOf(k OverrideKey) *entry {
+	scoped, own := s.find(k.Key, k.Scope)
+	if k.Scope == "" {
+		return own
+	}
+	return scoped
+}
+
+// find returns the entries of key in scope and of key alone (nil: none).
+// It is the hot path: one hash, one map probe, a walk of the key's chain.
+func (s *Overrides) find(key, scope string) (scoped, own *entry) {
+	if s.n == 0 {
+		return nil, nil
+	}
+	sh := s.shards[s.shardOf(key)]
+	if sh == nil {
+		return nil, nil
+	}
+	i, ok := sh.keys[key]
+	if !ok {
+		return nil, nil
+	}
+	for ; i != noEntry; i = sh.ents[i].next {
+		e := &sh.ents[i]
+		if e.scope == 0 {
+			own = e
+		} else if scope != "" && s.scopes[e.scope-1] == scope {
+			scoped = e
+		}
+	}
+	return scoped, own
+}
+
+// Snapshot returns the set as it is now, immutable and safe for
+// concurrent reads; it shares the set's storage, which s copies, shard by
+// shard, as it changes afterwards.
+func (s *Overrides) Snapshot() *Overrides {
+	clear(s.own)
+	return &Overrides{seed: s.seed, shards: slices.Clone(s.shards), n: s.n,
+		tiers: s.tiers[:len(s.tiers):len(s.tiers)], scopes: s.scopes[:len(s.scopes):len(s.scopes)]}
+}
+
+// Clone returns a copy of s that can be changed without touching s; the
+// two share storage until either changes it.
+func (s *Overrides) Clone() *Overrides {
+	c := s.Snapshot()
+	c.hint = s.hint
+	c.tiers, c.scopes, c.scopeIDs = slices.Clone(s.tiers), slices.Clone(s.scopes), maps.Clone(s.scopeIDs)
+	if c.scopeIDs == nil {
+		c.scopeIDs = map[string]uint32{}
+	}
+	if c.shards != nil {
+		c.own = make([]bool, overrideShards)
+	}
+	return c
+}
+
+// each calls fn for every entry of the set, in no order.
+func (s *Overrides) each(fn func(OverrideKey, *entry)) {
+	for _, sh := range s.shards {
+		if sh == nil {
+			continue
+		}
+		for key, first := range sh.keys {
+			for i := first; i != noEntry; i = sh.ents[i].next {
+				fn(OverrideKey{Key: key, Scope: s.scopeName(sh.ents[i].scope)}, &sh.ents[i])
+			}
+		}
+	}
+}
+
+// MissingTiers lists the overrides that name a tier p does not define, as
+// "override <key>[ scope <scope>] names tier <tier>", sorted.
+func (s *Overrides) MissingTiers(p *Policy) []string {
+	missing := map[uint16]bool{}
+	for i, name := range s.tiers {
+		if _, ok := p.tiers[name]; !ok {
+			missing[uint16(i+1)] = true
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	var out []string
+	s.each(func(k OverrideKey, e *entry) {
+		if !missing[e.tier] {
+			return
+		}
+		what := "override " + k.Key
+		if k.Scope != "" {
+			what += " scope " + k.Scope
+		}
+		out = append(out, what+" names tier "+strconv.Quote(s.tierName(e.tier)))
+	})
+	slices.Sort(out)
+	return out
+}
+
+// Each calls fn for every override of the set, in no order, as an Override
+// that Put would compile to the same entry (its rate per second, without
+// its reason).
+func (s *Overrides) Each(fn func(OverrideKey, Override)) {
+	s.each(func(k OverrideKey, e *entry) {
+		o := Override{Tier: s.tierName(e.tier), Rate: e.rate, Burst: e.burst, Quota: e.quota}
+		if p := limits.Period(e.qperiod); p != limits.PeriodNone {
+			o.QuotaPeriod = p.String()
+		}
+		if e.expires != 0 {
+			o.Expires = time.Unix(0, e.expires).UTC()
+		}
+		fn(k, o)
+	})
+}
