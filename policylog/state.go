@@ -77,9 +77,9 @@ type State struct {
 	// force share it (Snapshot).
 	ov *policy.Overrides
 	// recs: per override log key, its record in force, when keep is set.
-	recs     map[string]*Record
-	keep     bool
-	recent   map[int64]Meta
+	recs   map[string]*Record
+	keep   bool
+	recent map[int64]Meta
 	// compacted: a gap in offsets was seen (see validate).
 	compacted bool
 }
