@@ -63,8 +63,8 @@ type shard struct {
 	free uint32
 }
 
-func (sh *shard) clone() *shard {
-	return &shard{keys: maps.Clone(sh.keys), ents: slices.Clone(sh.ents), free: sh.free}
+func (sh *shard) clone() shard {
+	return shard{keys: maps.Clone(sh.keys), ents: slices.Clone(sh.ents), free: sh.free}
 }
 
 // Overrides is a set of validated overrides, ready to resolve. Build it
@@ -74,8 +74,8 @@ func (sh *shard) clone() *shard {
 // concurrent changes.
 type Overrides struct {
 	seed   maphash.Seed
-	shards []*shard // nil until the first Put; a nil shard is empty
-	own    []bool   // own[i]: shards[i] is not shared with a snapshot
+	shards []shard // nil until the first Put; a shard with nil keys is empty
+	own    []bool  // own[i]: shards[i] is not shared with a snapshot
 	n      int
 	hint   int      // expected overrides per shard, for a new shard's map
 	tiers  []string // the tier names overrides use, interned (few)
@@ -96,18 +96,16 @@ func (s *Overrides) shardOf(key string) int {
 // mutable is shard i, copied first when a snapshot shares it.
 func (s *Overrides) mutable(i int) *shard {
 	if s.shards == nil {
-		s.shards, s.own = make([]*shard, overrideShards), make([]bool, overrideShards)
+		s.shards, s.own = make([]shard, overrideShards), make([]bool, overrideShards)
 	}
-	sh := s.shards[i]
+	sh := &s.shards[i]
 	switch {
-	case sh == nil:
-		sh = &shard{keys: make(map[string]uint32, s.hint), free: noEntry}
+	case sh.keys == nil:
+		*sh = shard{keys: make(map[string]uint32, s.hint), free: noEntry}
 	case !s.own[i]:
-		sh = sh.clone()
-	default:
-		return sh
+		*sh = sh.clone()
 	}
-	s.shards[i], s.own[i] = sh, true
+	s.own[i] = true
 	return sh
 }
 
@@ -198,7 +196,7 @@ func (s *Overrides) Delete(k OverrideKey) {
 		return
 	}
 	si := s.shardOf(k.Key)
-	if s.shards[si] == nil {
+	if s.shards[si].keys == nil {
 		return
 	}
 	first, ok := s.shards[si].keys[k.Key]
@@ -253,10 +251,7 @@ func (s *Overrides) find(key, scope string) (scoped, own *entry) {
 	if s.n == 0 {
 		return nil, nil
 	}
-	sh := s.shards[s.shardOf(key)]
-	if sh == nil {
-		return nil, nil
-	}
+	sh := &s.shards[s.shardOf(key)]
 	i, ok := sh.keys[key]
 	if !ok {
 		return nil, nil
@@ -298,10 +293,8 @@ func (s *Overrides) Clone() *Overrides {
 
 // each calls fn for every entry of the set, in no order.
 func (s *Overrides) each(fn func(OverrideKey, *entry)) {
-	for _, sh := range s.shards {
-		if sh == nil {
-			continue
-		}
+	for si := range s.shards {
+		sh := &s.shards[si]
 		for key, first := range sh.keys {
 			for i := first; i != noEntry; i = sh.ents[i].next {
 				fn(OverrideKey{Key: key, Scope: s.scopeName(sh.ents[i].scope)}, &sh.ents[i])
