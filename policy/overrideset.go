@@ -20,6 +20,7 @@ package policy
 import (
 	"hash/maphash"
 	"maps"
+	"math/bits"
 	"slices"
 	"strconv"
 	"time"
@@ -29,7 +30,10 @@ import (
 
 // overrideShards is the number of shards: what one change of a snapshot's
 // set copies is about 1/overrideShards of the set.
-const overrideShards = 1 << 10
+const (
+	shardBits      = 10
+	overrideShards = 1 << shardBits
+)
 
 // noEntry ends a chain of entries.
 const noEntry = ^uint32(0)
@@ -42,8 +46,9 @@ type OverrideTag struct {
 }
 
 // entry is an Override reduced to what resolution and the log's apply
-// rule need, in 64 bytes.
+// rule need, and its key, in 80 bytes.
 type entry struct {
+	key     string
 	rate    float64 // tokens per second; 0 = the tier's
 	burst   int64
 	quota   int64
@@ -55,16 +60,88 @@ type entry struct {
 	qperiod uint8  // limits.Period
 }
 
-// shard is a part of the set: keys to their first entry in ents; freed
-// entries are chained from free, for reuse.
+// shard is a part of the set: an open-addressing table (linear probing)
+// from a key to its first entry in ents, and the entries; freed entries
+// are chained from free, for reuse. A slot is 0 (empty) or the high 32
+// bits of the key's hash and 1 + the entry's index: a probe compares a
+// key only when those bits match, so a key without an override costs
+// about one cache line of the table.
 type shard struct {
-	keys map[string]uint32
-	ents []entry
-	free uint32
+	seed  maphash.Seed // the set's
+	slots []uint64
+	used  int // occupied slots
+	ents  []entry
+	free  uint32
 }
 
 func (sh *shard) clone() shard {
-	return shard{keys: maps.Clone(sh.keys), ents: slices.Clone(sh.ents), free: sh.free}
+	return shard{seed: sh.seed, slots: slices.Clone(sh.slots), used: sh.used, ents: slices.Clone(sh.ents), free: sh.free}
+}
+
+// home is where a key of hash h starts probing (the low bits chose the
+// shard).
+func (sh *shard) home(h uint64) int { return int(h>>shardBits) & (len(sh.slots) - 1) }
+
+// lookup is the slot of key (hash h) and its first entry.
+func (sh *shard) lookup(h uint64, key string) (pos int, first uint32, ok bool) {
+	if len(sh.slots) == 0 {
+		return 0, 0, false
+	}
+	tag := h >> 32 << 32
+	mask := len(sh.slots) - 1
+	for pos = sh.home(h); ; pos = (pos + 1) & mask {
+		v := sh.slots[pos]
+		if v == 0 {
+			return pos, 0, false
+		}
+		if v&^0xffffffff == tag && sh.ents[uint32(v)-1].key == key {
+			return pos, uint32(v) - 1, true
+		}
+	}
+}
+
+// insert puts first, the first entry of a key of hash h not in the table.
+func (sh *shard) insert(h uint64, first uint32) {
+	if (sh.used+1)*4 > len(sh.slots)*3 {
+		sh.grow()
+	}
+	mask := len(sh.slots) - 1
+	pos := sh.home(h)
+	for sh.slots[pos] != 0 {
+		pos = (pos + 1) & mask
+	}
+	sh.slots[pos] = h>>32<<32 | uint64(first+1)
+	sh.used++
+}
+
+func (sh *shard) grow() {
+	old := sh.slots
+	sh.slots, sh.used = make([]uint64, max(8, 2*len(old))), 0
+	for _, v := range old {
+		if v != 0 {
+			sh.insert(sh.hashOf(v), uint32(v)-1)
+		}
+	}
+}
+
+// hashOf is the hash of the key of slot value v.
+func (sh *shard) hashOf(v uint64) uint64 { return maphash.String(sh.seed, sh.ents[uint32(v)-1].key) }
+
+// remove empties slot pos, moving back the slots after it that probed
+// past it (backward-shift deletion: no tombstones).
+func (sh *shard) remove(pos int) {
+	mask := len(sh.slots) - 1
+	sh.slots[pos] = 0
+	sh.used--
+	for j := (pos + 1) & mask; sh.slots[j] != 0; j = (j + 1) & mask {
+		k := sh.home(sh.hashOf(sh.slots[j]))
+		// The slot at j may fill the hole at pos when its home is not
+		// in (pos, j], cyclically.
+		if (j > pos && (k <= pos || k > j)) || (j < pos && k <= pos && k > j) {
+			sh.slots[pos], sh.slots[j] = sh.slots[j], 0
+			pos = j
+		}
+	}
 }
 
 // Overrides is a set of validated overrides, ready to resolve. Build it
@@ -74,7 +151,7 @@ func (sh *shard) clone() shard {
 // concurrent changes.
 type Overrides struct {
 	seed   maphash.Seed
-	shards []shard // nil until the first Put; a shard with nil keys is empty
+	shards []shard // nil until the first Put; a shard with no slots is empty
 	own    []bool  // own[i]: shards[i] is not shared with a snapshot
 	n      int
 	hint   int      // expected overrides per shard, for a new shard's map
@@ -89,9 +166,10 @@ func NewOverrides(n int) *Overrides {
 	return &Overrides{seed: maphash.MakeSeed(), hint: n / overrideShards, scopeIDs: map[string]uint32{}}
 }
 
-func (s *Overrides) shardOf(key string) int {
-	return int(maphash.String(s.seed, key) & (overrideShards - 1))
-}
+// hash is key's hash: its low shardBits choose the shard.
+func (s *Overrides) hash(key string) uint64 { return maphash.String(s.seed, key) }
+
+func shardOf(h uint64) int { return int(h & (overrideShards - 1)) }
 
 // mutable is shard i, copied first when a snapshot shares it.
 func (s *Overrides) mutable(i int) *shard {
@@ -100,8 +178,11 @@ func (s *Overrides) mutable(i int) *shard {
 	}
 	sh := &s.shards[i]
 	switch {
-	case sh.keys == nil:
-		*sh = shard{keys: make(map[string]uint32, s.hint), free: noEntry}
+	case sh.slots == nil:
+		*sh = shard{seed: s.seed, free: noEntry}
+		if s.hint > 0 {
+			sh.slots, sh.ents = make([]uint64, max(8, 1<<bits.Len(uint(s.hint*4/3)))), make([]entry, 0, s.hint)
+		}
 	case !s.own[i]:
 		*sh = sh.clone()
 	}
@@ -158,7 +239,7 @@ func (s *Overrides) Put(k OverrideKey, o Override) { s.PutTagged(k, o, OverrideT
 
 // PutTagged is Put remembering tag with the override (Tag returns it).
 func (s *Overrides) PutTagged(k OverrideKey, o Override, tag OverrideTag) {
-	e := entry{tier: s.tierIndex(o.Tier), burst: o.Burst, quota: o.Quota, qperiod: uint8(quotaPeriods[o.QuotaPeriod]),
+	e := entry{key: k.Key, tier: s.tierIndex(o.Tier), burst: o.Burst, quota: o.Quota, qperiod: uint8(quotaPeriods[o.QuotaPeriod]),
 		tag: tag, scope: s.scopeIndex(k.Scope), next: noEntry}
 	if o.Rate > 0 {
 		e.rate = o.Rate / periodSeconds[o.Period]
@@ -166,8 +247,9 @@ func (s *Overrides) PutTagged(k OverrideKey, o Override, tag OverrideTag) {
 	if !o.Expires.IsZero() {
 		e.expires = o.Expires.UnixNano()
 	}
-	sh := s.mutable(s.shardOf(k.Key))
-	first, ok := sh.keys[k.Key]
+	h := s.hash(k.Key)
+	sh := s.mutable(shardOf(h))
+	pos, first, ok := sh.lookup(h, k.Key)
 	if ok {
 		for i := first; i != noEntry; i = sh.ents[i].next {
 			if sh.ents[i].scope == e.scope {
@@ -186,7 +268,11 @@ func (s *Overrides) PutTagged(k OverrideKey, o Override, tag OverrideTag) {
 		i = uint32(len(sh.ents))
 		sh.ents = append(sh.ents, e)
 	}
-	sh.keys[k.Key] = i
+	if ok {
+		sh.slots[pos] = sh.slots[pos]&^0xffffffff | uint64(i+1)
+	} else {
+		sh.insert(h, i)
+	}
 	s.n++
 }
 
@@ -195,12 +281,9 @@ func (s *Overrides) Delete(k OverrideKey) {
 	if s.n == 0 {
 		return
 	}
-	si := s.shardOf(k.Key)
-	if s.shards[si].keys == nil {
-		return
-	}
-	first, ok := s.shards[si].keys[k.Key]
-	if !ok {
+	h := s.hash(k.Key)
+	si := shardOf(h)
+	if _, _, ok := s.shards[si].lookup(h, k.Key); !ok {
 		return
 	}
 	scope, known := s.scopeIDs[k.Scope]
@@ -208,6 +291,7 @@ func (s *Overrides) Delete(k OverrideKey) {
 		return
 	}
 	sh := s.mutable(si)
+	pos, first, _ := sh.lookup(h, k.Key)
 	prev := noEntry
 	for i := first; i != noEntry; prev, i = i, sh.ents[i].next {
 		if sh.ents[i].scope != scope {
@@ -217,9 +301,9 @@ func (s *Overrides) Delete(k OverrideKey) {
 		case prev != noEntry:
 			sh.ents[prev].next = next
 		case next == noEntry:
-			delete(sh.keys, k.Key)
+			sh.remove(pos)
 		default:
-			sh.keys[k.Key] = next
+			sh.slots[pos] = sh.slots[pos]&^0xffffffff | uint64(next+1)
 		}
 		sh.ents[i] = entry{next: sh.free}
 		sh.free = i
@@ -246,13 +330,15 @@ func (s *Overrides) entryOf(k OverrideKey) *entry {
 }
 
 // find returns the entries of key in scope and of key alone (nil: none).
-// It is the hot path: one hash, one map probe, a walk of the key's chain.
+// It is the hot path: one hash, one probe of a table, a walk of the
+// key's chain.
 func (s *Overrides) find(key, scope string) (scoped, own *entry) {
 	if s.n == 0 {
 		return nil, nil
 	}
-	sh := &s.shards[s.shardOf(key)]
-	i, ok := sh.keys[key]
+	h := s.hash(key)
+	sh := &s.shards[shardOf(h)]
+	_, i, ok := sh.lookup(h, key)
 	if !ok {
 		return nil, nil
 	}
@@ -295,9 +381,12 @@ func (s *Overrides) Clone() *Overrides {
 func (s *Overrides) each(fn func(OverrideKey, *entry)) {
 	for si := range s.shards {
 		sh := &s.shards[si]
-		for key, first := range sh.keys {
-			for i := first; i != noEntry; i = sh.ents[i].next {
-				fn(OverrideKey{Key: key, Scope: s.scopeName(sh.ents[i].scope)}, &sh.ents[i])
+		for _, v := range sh.slots {
+			if v == 0 {
+				continue
+			}
+			for i := uint32(v) - 1; i != noEntry; i = sh.ents[i].next {
+				fn(OverrideKey{Key: sh.ents[i].key, Scope: s.scopeName(sh.ents[i].scope)}, &sh.ents[i])
 			}
 		}
 	}

@@ -1,0 +1,62 @@
+package policy
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestOverrideSetAgainstAMap: random puts and deletes (keys in a few
+// scopes) agree with a plain map, and a snapshot keeps what it saw while
+// the set changes on.
+func TestOverrideSetAgainstAMap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	s := NewOverrides(0)
+	want := map[OverrideKey]int64{}
+	var snap *Overrides
+	var snapWant map[OverrideKey]int64
+	scopes := []string{"", "", "a", "b"}
+	for step := range 200000 {
+		k := OverrideKey{Key: fmt.Sprintf("k%d", rng.IntN(5000)), Scope: scopes[rng.IntN(len(scopes))]}
+		if rng.IntN(3) == 0 {
+			s.Delete(k)
+			delete(want, k)
+		} else {
+			b := int64(step + 1)
+			s.Put(k, Override{Rate: 1, Burst: b, Reason: "r"})
+			want[k] = b
+		}
+		if step%50000 == 0 {
+			snap, snapWant = s.Snapshot(), map[OverrideKey]int64{}
+			for k, v := range want {
+				snapWant[k] = v
+			}
+		}
+	}
+	check := func(name string, s *Overrides, want map[OverrideKey]int64) {
+		if s.Len() != len(want) {
+			t.Errorf("%s: %d overrides, want %d", name, s.Len(), len(want))
+		}
+		n := 0
+		s.Each(func(k OverrideKey, o Override) {
+			n++
+			if want[k] != o.Burst {
+				t.Errorf("%s: %v burst %d, want %d", name, k, o.Burst, want[k])
+			}
+		})
+		if n != len(want) {
+			t.Errorf("%s: Each gave %d, want %d", name, n, len(want))
+		}
+		for i := range 5000 {
+			for _, sc := range scopes {
+				k := OverrideKey{Key: fmt.Sprintf("k%d", i), Scope: sc}
+				e := s.entryOf(k)
+				if b, ok := want[k]; ok != (e != nil) || (ok && e.burst != b) {
+					t.Fatalf("%s: %v: entry %+v, want %d %v", name, k, e, b, ok)
+				}
+			}
+		}
+	}
+	check("set", s, want)
+	check("snapshot", snap, snapWant)
+}
