@@ -60,3 +60,37 @@ func TestOverrideSetAgainstAMap(t *testing.T) {
 	check("set", s, want)
 	check("snapshot", snap, snapWant)
 }
+
+// TestOverrideSnapshotWhileChanging: readers of a snapshot run beside the
+// set's changes (run with -race); each snapshot keeps what it saw.
+func TestOverrideSnapshotWhileChanging(t *testing.T) {
+	s := NewOverrides(0)
+	for i := range 3000 {
+		s.Put(OverrideKey{Key: fmt.Sprintf("k%d", i)}, Override{Tier: "pro", Reason: "r"})
+	}
+	snap := s.Snapshot()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 3000 {
+			s.Put(OverrideKey{Key: fmt.Sprintf("k%d", i), Scope: "a"}, Override{Tier: "ent", Reason: "r"})
+			s.Delete(OverrideKey{Key: fmt.Sprintf("k%d", i)})
+			s.Put(OverrideKey{Key: fmt.Sprintf("n%d", i)}, Override{Tier: "free", Reason: "r"})
+			if i%500 == 0 {
+				_ = s.Snapshot()
+			}
+		}
+	}()
+	for range 3 {
+		for i := range 3000 {
+			scoped, own := snap.find(fmt.Sprintf("k%d", i), "a")
+			if scoped != nil || own == nil || snap.tierName(own.tier) != "pro" {
+				t.Fatalf("k%d: the snapshot changed: %+v %+v", i, scoped, own)
+			}
+		}
+	}
+	<-done
+	if snap.Len() != 3000 || s.Len() != 6000 {
+		t.Errorf("snapshot %d, set %d overrides; want 3000, 6000", snap.Len(), s.Len())
+	}
+}
