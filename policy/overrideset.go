@@ -4,11 +4,11 @@ package policy
 // that the policy log's state and every policy in force share.
 //
 // Layout: overrides are spread over overrideShards shards by a hash of
-// their key. A shard maps a key to the first of its entries in a slab of
-// fixed-width entries (numbers, an interned tier and scope, no pointers);
-// the entries of one key (its own, one per scope) are chained. Finding
-// the override of a request is one hash, one map probe and a walk of that
-// key's chain.
+// their key. A shard's open-addressing table maps a key to the first of
+// its entries in a slab of fixed-width entries (the key, numbers, an
+// interned tier and scope); the entries of one key (its own, one per
+// scope) are chained. Finding the override of a request is one hash, one
+// probe of a table and a walk of that key's chain.
 //
 // Sharing: Snapshot returns an immutable view that shares every shard
 // with the set it was taken from. That set copies a shard the first time
