@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/ratewarden/ratewarden/limits"
@@ -96,166 +96,6 @@ type OverrideKey struct {
 	Scope string
 }
 
-// compiledOverride is an Override reduced to what resolution needs, kept
-// small: a million of them must fit in a few hundred megabytes.
-type compiledOverride struct {
-	rate    float64 // tokens per second; 0 = the tier's
-	burst   int64
-	quota   int64
-	expires int64  // Unix nanoseconds; 0 = never
-	tier    uint16 // 1 + index in Overrides.tiers; 0 = none
-	store   uint16 // 1 + index in Overrides.stores; 0 = the document's routing
-	qperiod limits.Period
-}
-
-// Overrides is a set of validated overrides, ready to resolve. Build it
-// with NewOverrides and Put; once handed to WithOverrides it must not be
-// changed (it is then read by concurrent decisions without a lock).
-type Overrides struct {
-	m     map[OverrideKey]compiledOverride
-	tiers []string // the tier names overrides use, interned
-	// stores are the store names overrides route to, interned; routed[i]
-	// counts the overrides naming stores[i] (Stores lists those in use),
-	// and routing their sum, so that resolution looks for a key's store
-	// only when some override routes one.
-	stores  []string
-	routed  []int
-	routing int
-}
-
-// NewOverrides returns an empty set with room for n overrides.
-func NewOverrides(n int) *Overrides {
-	return &Overrides{m: make(map[OverrideKey]compiledOverride, n)}
-}
-
-// tierIndex interns a tier name (1-based; 0 = none). Tiers are few.
-func (s *Overrides) tierIndex(name string) uint16 {
-	if name == "" {
-		return 0
-	}
-	for i, t := range s.tiers {
-		if t == name {
-			return uint16(i + 1)
-		}
-	}
-	s.tiers = append(s.tiers, name)
-	return uint16(len(s.tiers))
-}
-
-func (s *Overrides) tierName(i uint16) string {
-	if i == 0 {
-		return ""
-	}
-	return s.tiers[i-1]
-}
-
-// storeIndex interns a store name (1-based; 0 = none). Stores are few.
-func (s *Overrides) storeIndex(name string) uint16 {
-	if name == "" {
-		return 0
-	}
-	for i, t := range s.stores {
-		if t == name {
-			return uint16(i + 1)
-		}
-	}
-	s.stores = append(s.stores, name)
-	s.routed = append(s.routed, 0)
-	return uint16(len(s.stores))
-}
-
-func (s *Overrides) storeName(i uint16) string {
-	if i == 0 {
-		return ""
-	}
-	return s.stores[i-1]
-}
-
-// count adds d to the routing counts of c's store.
-func (s *Overrides) count(c compiledOverride, d int) {
-	if c.store != 0 {
-		s.routed[c.store-1] += d
-		s.routing += d
-	}
-}
-
-// Stores lists the store names some override of the set routes a key to
-// (sorted; expired overrides included).
-func (s *Overrides) Stores() []string {
-	var out []string
-	for i, n := range s.routed {
-		if n > 0 {
-			out = append(out, s.stores[i])
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
-// Len is the number of overrides in the set.
-func (s *Overrides) Len() int { return len(s.m) }
-
-// Put adds or replaces the override of k. o must be valid (Validate).
-func (s *Overrides) Put(k OverrideKey, o Override) {
-	c := compiledOverride{tier: s.tierIndex(o.Tier), store: s.storeIndex(o.Store), burst: o.Burst, quota: o.Quota, qperiod: quotaPeriods[o.QuotaPeriod]}
-	if o.Rate > 0 {
-		c.rate = o.Rate / periodSeconds[o.Period]
-	}
-	if !o.Expires.IsZero() {
-		c.expires = o.Expires.UnixNano()
-	}
-	if old, ok := s.m[k]; ok {
-		s.count(old, -1)
-	}
-	s.count(c, 1)
-	s.m[k] = c
-}
-
-// Delete removes the override of k.
-func (s *Overrides) Delete(k OverrideKey) {
-	if old, ok := s.m[k]; ok {
-		s.count(old, -1)
-		delete(s.m, k)
-	}
-}
-
-// Clone returns a copy of s that can be changed without touching s.
-func (s *Overrides) Clone() *Overrides {
-	c := &Overrides{m: make(map[OverrideKey]compiledOverride, len(s.m)), tiers: append([]string(nil), s.tiers...),
-		stores: append([]string(nil), s.stores...), routed: append([]int(nil), s.routed...), routing: s.routing}
-	for k, v := range s.m {
-		c.m[k] = v
-	}
-	return c
-}
-
-// lookup returns the override in force for (key, scope) at now: the
-// key-and-scope one first, else the key's own; an expired one is skipped.
-func (s *Overrides) lookup(key, scope string, now int64) (compiledOverride, bool) {
-	if len(s.m) == 0 {
-		return compiledOverride{}, false
-	}
-	if c, ok := s.m[OverrideKey{key, scope}]; ok && (c.expires == 0 || now < c.expires) {
-		return c, true
-	}
-	if c, ok := s.m[OverrideKey{Key: key}]; ok && (c.expires == 0 || now < c.expires) {
-		return c, true
-	}
-	return compiledOverride{}, false
-}
-
-// storeOf is the store the override of the whole key routes it to at now
-// ("" = none: the document's routing).
-func (s *Overrides) storeOf(key string, now int64) string {
-	if s.routing == 0 {
-		return ""
-	}
-	if c, ok := s.m[OverrideKey{Key: key}]; ok && c.store != 0 && (c.expires == 0 || now < c.expires) {
-		return s.storeName(c.store)
-	}
-	return ""
-}
-
 // WithOverrides is a document with its overrides: the policy a limiter in
 // log mode enforces. It implements enforcement.Policy and, through the
 // embedded document, the shadow resolution (overrides are not trialled).
@@ -282,9 +122,19 @@ func NewWithOverrides(p *Policy, ov *Overrides, now func() time.Time) *WithOverr
 func (w *WithOverrides) Overrides() *Overrides { return w.ov }
 
 // Resolve implements enforcement.Policy: the override of (key, scope), else
-// of key, when one is in force at now, else the document's resolution.
+// of key, when one is in force now, else the document's resolution. The
+// clock is read only when an override of the key has an expiry.
 func (w *WithOverrides) Resolve(key, scope, tier string) (limits.Resolved, error) {
-	return w.ResolveAt(key, scope, tier, w.now())
+	scoped, own := w.ov.find(key, scope)
+	if scoped == nil && own == nil {
+		return w.Policy.Resolve(key, scope, tier)
+	}
+	var now int64
+	if (scoped != nil && scoped.expires != 0) || (own != nil && own.expires != 0) {
+		now = w.now().UnixNano()
+	}
+	res, err := w.resolve(inForce(scoped, own, now), key, scope, tier)
+	return w.ov.route(res, err, own, now), err
 }
 
 // ResolveAt is Resolve judged at now. An override naming a tier resolves as
@@ -296,13 +146,28 @@ func (w *WithOverrides) Resolve(key, scope, tier string) (limits.Resolved, error
 // document's resolution as it is.
 func (w *WithOverrides) ResolveAt(key, scope, tier string, now time.Time) (limits.Resolved, error) {
 	at := now.UnixNano()
-	c, ok := w.ov.lookup(key, scope, at)
-	if !ok || (c.tier == 0 && c.rate == 0 && c.quota == 0) {
-		res, err := w.Policy.Resolve(key, scope, tier)
-		if st := w.ov.storeOf(key, at); st != "" && err == nil {
-			res.Store = st
-		}
-		return res, err
+	scoped, own := w.ov.find(key, scope)
+	res, err := w.resolve(inForce(scoped, own, at), key, scope, tier)
+	return w.ov.route(res, err, own, at), err
+}
+
+// inForce is the override that applies at now: the key-and-scope one
+// first, else the key's own; an expired one is skipped (nil: none).
+func inForce(scoped, own *entry, now int64) *entry {
+	if scoped != nil && (scoped.expires == 0 || now < scoped.expires) {
+		return scoped
+	}
+	if own != nil && (own.expires == 0 || now < own.expires) {
+		return own
+	}
+	return nil
+}
+
+// resolve is the resolution of (key, scope, tier) under the override c
+// (nil: the document's).
+func (w *WithOverrides) resolve(c *entry, key, scope, tier string) (limits.Resolved, error) {
+	if c == nil || (c.tier == 0 && c.rate == 0 && c.quota == 0) { // none, or a store only
+		return w.Policy.Resolve(key, scope, tier)
 	}
 	if c.tier != 0 {
 		tier = w.ov.tierName(c.tier)
@@ -324,7 +189,7 @@ func (w *WithOverrides) ResolveAt(key, scope, tier string, now time.Time) (limit
 		res.Rate, res.Burst = c.rate, c.burst
 	}
 	if c.quota > 0 {
-		res.QuotaLimit, res.QuotaPeriod, res.QuotaID = c.quota, c.qperiod, "override:"+key
+		res.QuotaLimit, res.QuotaPeriod, res.QuotaID = c.quota, limits.Period(c.qperiod), "override:"+key
 	}
 	if cl := w.ceiling; cl != nil {
 		res.Rate = min(res.Rate, cl.Rate)
@@ -332,9 +197,6 @@ func (w *WithOverrides) ResolveAt(key, scope, tier string, now time.Time) (limit
 	}
 	if st, ok := w.file.KeyStores[key]; ok {
 		res.Store = st // the key's own store, whatever its tier (as Resolve)
-	}
-	if st := w.ov.storeOf(key, at); st != "" {
-		res.Store = st
 	}
 	return res, nil
 }
@@ -352,43 +214,6 @@ func (w *WithOverrides) Stores() []string {
 			}
 		}
 	}
-	sort.Strings(out)
+	slices.Sort(out)
 	return out
-}
-
-// MissingTiers lists the overrides that name a tier p does not define, as
-// "override <key>[ scope <scope>] names tier <tier>", sorted.
-func (s *Overrides) MissingTiers(p *Policy) []string {
-	var out []string
-	for k, c := range s.m {
-		name := s.tierName(c.tier)
-		if name == "" {
-			continue
-		}
-		if _, ok := p.tiers[name]; !ok {
-			what := "override " + k.Key
-			if k.Scope != "" {
-				what += " scope " + k.Scope
-			}
-			out = append(out, fmt.Sprintf("%s names tier %q", what, name))
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
-// Each calls fn for every override of the set, in no order, as an Override
-// that Put would compile to the same entry (its rate per second, without
-// its reason).
-func (s *Overrides) Each(fn func(OverrideKey, Override)) {
-	for k, c := range s.m {
-		o := Override{Tier: s.tierName(c.tier), Store: s.storeName(c.store), Rate: c.rate, Burst: c.burst, Quota: c.quota}
-		if c.qperiod != limits.PeriodNone {
-			o.QuotaPeriod = c.qperiod.String()
-		}
-		if c.expires != 0 {
-			o.Expires = time.Unix(0, c.expires).UTC()
-		}
-		fn(k, o)
-	}
 }

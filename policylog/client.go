@@ -45,8 +45,11 @@ type Client struct {
 	OnApply func(Entry, Outcome)
 }
 
-// NewClient returns a client that has read nothing yet; keep is passed to
-// NewState.
+// NewClient returns a client that has read nothing yet. keep is passed to
+// NewState, and makes the client keep the history of what it read
+// (History, RecentHistory, DocumentAt: what writers print and roll back
+// to); a reader that only enforces keeps neither, so that a log of a
+// million overrides costs it only the overrides.
 func NewClient(log Log, keep bool) *Client {
 	return &Client{log: log, keep: keep, st: NewState(keep)}
 }
@@ -61,7 +64,8 @@ var ErrStartedOver = errors.New("the policy log started over")
 // State is the state read so far. The caller must not change it.
 func (c *Client) State() *State { return c.st }
 
-// History is every entry read so far, in log order.
+// History is every entry read so far, in log order (none unless the
+// client keeps records).
 func (c *Client) History() []HistoryItem { return c.history }
 
 // HistoryEntry is one record of the log as operators see it (the CLI's
@@ -141,11 +145,13 @@ func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {
 
 func (c *Client) apply(e Entry) Outcome {
 	o := c.st.Apply(e)
-	h := HistoryItem{Offset: e.Offset, LogKey: e.Key, Result: o.Result, Code: o.Code, Reason: o.Reason, Meta: metaOf(&o.Record), Restates: o.Record.Restates}
-	if o.Result == Applied && o.Record.changesDocument() {
-		h.Document = o.Record.Document
+	if c.keep {
+		h := HistoryItem{Offset: e.Offset, LogKey: e.Key, Result: o.Result, Code: o.Code, Reason: o.Reason, Meta: metaOf(&o.Record), Restates: o.Record.Restates}
+		if o.Result == Applied && o.Record.changesDocument() {
+			h.Document = o.Record.Document
+		}
+		c.history = append(c.history, h)
 	}
-	c.history = append(c.history, h)
 	if c.OnApply != nil {
 		c.OnApply(e, o)
 	}
@@ -321,9 +327,9 @@ func (c *Client) recordOf(logKey string) (Record, bool) {
 		}
 		return c.st.docRec, true
 	}
-	sub, ok := c.st.subjects[logKey]
-	if !ok || sub.rec == nil {
+	r, ok := c.st.recs[logKey]
+	if !ok {
 		return Record{}, false
 	}
-	return *sub.rec, true
+	return *r, true
 }

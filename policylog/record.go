@@ -181,10 +181,19 @@ var ErrGarbled = errors.New("garbled record")
 // Decode reads a log value under log key key, checking what no later step
 // can: the shape, the kind, the log key and the content hash.
 func Decode(key string, value []byte) (Record, error) {
-	var r Record
 	if len(value) > MaxRecord {
-		return r, fmt.Errorf("%w: %d bytes, more than %d", ErrGarbled, len(value), MaxRecord)
+		return Record{}, fmt.Errorf("%w: %d bytes, more than %d", ErrGarbled, len(value), MaxRecord)
 	}
+	if r, ok := decodeOverride(value); ok && r.LogKey() == key {
+		return r, nil
+	}
+	return decodeJSON(key, value)
+}
+
+// decodeJSON is Decode through encoding/json, for every record
+// decodeOverride does not take.
+func decodeJSON(key string, value []byte) (Record, error) {
+	var r Record
 	dec := json.NewDecoder(bytes.NewReader(value))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {

@@ -74,29 +74,32 @@ type State struct {
 	lastOffset int64 // -1 before the first entry
 	doc        *policy.Policy
 	docRec     Record
-	ov         *policy.Overrides
-	// subjects: per override log key, the revision of its record in force
-	// (and the record itself when keep is set).
-	subjects map[string]subject
-	keep     bool
-	recent   map[int64]Meta
+	// ov is every override in force, each tagged with the revision and
+	// hash of its record (what the apply rule compares); the policies in
+	// force share it (Snapshot).
+	ov *policy.Overrides
+	// recs: per override log key, its record in force, when keep is set.
+	recs   map[string]*Record
+	keep   bool
+	recent map[int64]Meta
 	// compacted: a gap in offsets was seen (see validate).
 	compacted bool
 	// ro is the rollout part (rollout.go).
 	ro rollouts
 }
 
+// subject is what the apply rule compares of the record in force of a
+// log key.
 type subject struct {
 	revision int64
-	sha      uint64  // the first 64 bits of the record's SHA-256 (shaKey)
-	rec      *Record // nil unless the State keeps content
+	sha      uint64 // the first 64 bits of the record's SHA-256 (shaKey)
 }
 
 // NewState returns an empty state. keep makes it hold every override's
 // record (for writers, which print them and restate them); a limiter
 // keeps only what resolution needs.
 func NewState(keep bool) *State {
-	return &State{lastOffset: -1, ov: policy.NewOverrides(0), subjects: map[string]subject{}, keep: keep, recent: map[int64]Meta{}}
+	return &State{lastOffset: -1, ov: policy.NewOverrides(0), recs: map[string]*Record{}, keep: keep, recent: map[int64]Meta{}}
 }
 
 // Head is the revision in force (0 = nothing applied yet).
@@ -114,21 +117,19 @@ func (s *State) Overrides() int { return s.ov.Len() }
 // Override is the record in force of the override of (key, scope), when
 // the State keeps content.
 func (s *State) Override(key, scope string) (Record, bool) {
-	sub, ok := s.subjects[OverrideLogKey(key, scope)]
-	if !ok || sub.rec == nil {
+	r, ok := s.recs[OverrideLogKey(key, scope)]
+	if !ok {
 		return Record{}, false
 	}
-	return *sub.rec, true
+	return *r, true
 }
 
 // OverrideRecords lists the overrides in force by key and scope, when the
 // State keeps content.
 func (s *State) OverrideRecords() []Record {
-	out := make([]Record, 0, len(s.subjects))
-	for _, sub := range s.subjects {
-		if sub.rec != nil {
-			out = append(out, *sub.rec)
-		}
+	out := make([]Record, 0, len(s.recs))
+	for _, r := range s.recs {
+		out = append(out, *r)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Key != out[j].Key {
@@ -146,12 +147,14 @@ func (s *State) Taken(rev int64) (Meta, bool) {
 }
 
 // Snapshot is the policy in force as an immutable value for the limiter
-// (nil before a document is applied); now is the clock of expiry.
+// (nil before a document is applied); now is the clock of expiry. It
+// shares the overrides with the State (policy.Overrides.Snapshot): taking
+// one copies nothing, and a later change copies only what it touches.
 func (s *State) Snapshot(now func() time.Time) *policy.WithOverrides {
 	if s.doc == nil {
 		return nil
 	}
-	return policy.NewWithOverrides(s.doc, s.ov.Clone(), now)
+	return policy.NewWithOverrides(s.doc, s.ov.Snapshot(), now)
 }
 
 // shaKey is the first 64 bits of a hex SHA-256: enough to tell one
@@ -238,7 +241,9 @@ func (s *State) restate(rec Record) Outcome {
 			cur, ok = subject{revision: s.docRec.Revision, sha: shaKey(s.docRec.SHA256)}, true
 		}
 	} else {
-		cur, ok = s.subjects[lk]
+		var tag policy.OverrideTag
+		tag, ok = s.ov.Tag(policy.OverrideKey{Key: rec.Key, Scope: rec.Scope})
+		cur = subject{revision: tag.Revision, sha: tag.SHA}
 	}
 	wrong := ok && rec.RefusedRevision != 0 && cur.revision == rec.RefusedRevision && cur.sha == shaKey(rec.RefusedSHA256)
 	ignored := Outcome{Result: Ignored, Record: rec, Head: s.head}
@@ -247,7 +252,7 @@ func (s *State) restate(rec Record) Outcome {
 			return ignored
 		}
 		s.ov.Delete(policy.OverrideKey{Key: rec.Key, Scope: rec.Scope})
-		delete(s.subjects, lk)
+		delete(s.recs, lk)
 		return Outcome{Result: Applied, Record: rec, Head: s.head}
 	}
 	if ok && !wrong && cur.revision >= rec.Revision {
@@ -284,7 +289,7 @@ func (s *State) validate(rec *Record) error {
 		return s.validateRollout(rec)
 	case KindOverride:
 		if rec.Deleted {
-			if _, ok := s.subjects[rec.LogKey()]; !ok && !s.compacted {
+			if _, ok := s.ov.Tag(policy.OverrideKey{Key: rec.Key, Scope: rec.Scope}); !ok && !s.compacted {
 				return fmt.Errorf("no override of %s to delete", rec.Subject())
 			}
 			return nil
@@ -335,19 +340,18 @@ func (s *State) install(rec Record) {
 		s.installRollout(rec)
 	case KindOverride:
 		k := policy.OverrideKey{Key: rec.Key, Scope: rec.Scope}
-		lk := rec.LogKey()
 		if rec.Deleted {
 			s.ov.Delete(k)
-			delete(s.subjects, lk)
+			if s.keep {
+				delete(s.recs, rec.LogKey())
+			}
 			return
 		}
-		s.ov.Put(k, *rec.Override)
-		sub := subject{revision: rec.Revision, sha: shaKey(rec.SHA256)}
+		s.ov.PutTagged(k, *rec.Override, policy.OverrideTag{Revision: rec.Revision, SHA: shaKey(rec.SHA256)})
 		if s.keep {
 			r := rec
-			sub.rec = &r
+			s.recs[rec.LogKey()] = &r
 		}
-		s.subjects[lk] = sub
 	}
 }
 
