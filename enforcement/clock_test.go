@@ -15,7 +15,6 @@ func TestDefaultClockWallTimeMatchesTheWallClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close(t.Context())
 	for i := 0; i < 3; i++ {
 		before := time.Now()
 		r := l.read()

@@ -21,6 +21,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/policy"
@@ -112,15 +113,14 @@ type storeHandle struct {
 	kind   string
 	shared *redisstore.Shared
 	conn   *redisclient.Client
-	hb     *fleet.Heartbeat // nil until startFleet
+	hb     *fleet.Heartbeat // nil until buildFleet
 }
 
-// openStore connects one store and starts its Run; the returned closer
-// stops it and closes its client.
-func openStore(ctx context.Context, name string, rc redisclient.Config, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*storeHandle, func(context.Context) error, error) {
+// openStore connects one store and loads its scripts; add runs it.
+func openStore(ctx context.Context, name string, rc redisclient.Config, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*storeHandle, error) {
 	conn, err := rc.Open(redisclient.Options{Timeout: time.Second, MaxRetries: -1, PoolSize: 64, MinIdleConns: 8})
 	if err != nil {
-		return nil, nil, fmt.Errorf("store %s: %w", name, err)
+		return nil, fmt.Errorf("store %s: %w", name, err)
 	}
 	if name != limits.DefaultStore {
 		log = log.With("store", name)
@@ -149,15 +149,14 @@ func openStore(ctx context.Context, name string, rc redisclient.Config, cfg conf
 		// does; a Cluster's slots are read again every second until then.
 		log.Warn("could not load the scripts or the cluster's slots at start; serving degraded until Redis answers", "err", err)
 	}
-	stop := runInBackground(shared.Run)
-	h := &storeHandle{name: name, kind: conn.Kind(), shared: shared, conn: conn}
-	return h, func(ctx context.Context) error {
-		err := stop(ctx)
-		if cerr := conn.Close(); err == nil {
-			err = cerr
-		}
-		return err
-	}, nil
+	return &storeHandle{name: name, kind: conn.Kind(), shared: shared, conn: conn}, nil
+}
+
+// add runs the store (its pipeline, guards and slot refresher); its
+// client closes after Run has returned.
+func (h *storeHandle) add(g *lifecycle.Group) {
+	g.OnStop("redis client "+h.name, func(context.Context) error { return h.conn.Close() })
+	g.Add("store "+h.name, h.shared.Run)
 }
 
 // fleetCounts keeps each store's fleet count; the limiter divides by the
