@@ -22,6 +22,10 @@ import (
 	"github.com/ratewarden/ratewarden/internal/redislog"
 )
 
+// ShutdownGrace is how long a binary's components have to stop after
+// SIGTERM: the contract's 10 s, less a second for the process to exit.
+const ShutdownGrace = 9 * time.Second
+
 // Main reads the configuration with load, logs JSON on stderr (go-redis's
 // own lines too), and runs run until SIGTERM or SIGINT. It returns the exit
 // code: 2 for an invalid configuration (one line on stderr naming the
