@@ -3,13 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"sort"
 	"strings"
 	"time"
 
@@ -172,19 +170,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	log.Info("limiter listening", "addr", ln.Addr().String(), "store", auth.info.kind,
 		"expected_instances", cfg.ExpectedInstances, "policy", cfg.PolicyFile, "instance", cfg.InstanceID,
 		"tls", cfg.ListenTLS != nil)
-	g.Server("http", func() error {
-		var err error
-		if cfg.ListenTLS != nil {
-			srv.TLSConfig = cfg.ListenTLS.Config()
-			err = srv.ServeTLS(ln, "", "")
-		} else {
-			err = srv.Serve(ln)
-		}
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
-		return fmt.Errorf("serve: %w", err)
-	}, srv.Shutdown)
+	if cfg.ListenTLS != nil {
+		srv.TLSConfig = cfg.ListenTLS.Config()
+	}
+	g.HTTPServer("http", srv, ln)
 	g.OnStop("log", func(context.Context) error { log.Info("shutting down"); return nil })
 	return g.Run(ctx, cfg.ShutdownGrace)
 }
@@ -442,23 +431,10 @@ func readiness(ctx context.Context, s storeInfo, storeFailing bool, p policyInfo
 	if s.states == nil {
 		return b
 	}
-	b.Breaker = "closed"
 	var down []string
-	for shard, st := range s.states() {
-		switch st {
-		case redisstore.Open:
-			b.Breaker = "open"
-			down = append(down, shard)
-		case redisstore.HalfOpen:
-			if b.Breaker != "open" {
-				b.Breaker = "half-open"
-			}
-			down = append(down, shard)
-		}
-	}
+	b.Breaker, down = breakerOf(s.states())
 	switch {
 	case len(down) > 0:
-		sort.Strings(down)
 		b.Status = "degraded"
 		b.Reason = "shared store unavailable (" + strings.Join(down, ", ") + "): deciding with tightened local limits"
 	case storeFailing:

@@ -197,21 +197,10 @@ type storeReady struct {
 
 // readyOf is the readiness of one store.
 func readyOf(h *storeHandle, instances int) storeReady {
-	r := storeReady{Status: "ok", Store: h.kind, Breaker: "closed", Instances: instances}
-	var down []string
+	r := storeReady{Status: "ok", Store: h.kind, Instances: instances}
 	states := h.shared.States()
-	for shard, st := range states {
-		switch st {
-		case redisstore.Open:
-			r.Breaker = "open"
-			down = append(down, shard)
-		case redisstore.HalfOpen:
-			if r.Breaker != "open" {
-				r.Breaker = "half-open"
-			}
-			down = append(down, shard)
-		}
-	}
+	var down []string
+	r.Breaker, down = breakerOf(states)
 	if h.kind == redisclient.KindCluster {
 		r.Shards = map[string]string{}
 		for shard, st := range states {
@@ -220,7 +209,6 @@ func readyOf(h *storeHandle, instances int) storeReady {
 	}
 	switch {
 	case len(down) > 0:
-		sort.Strings(down)
 		r.Status = "degraded"
 		r.Reason = "unavailable (" + strings.Join(down, ", ") + "): its keys decide with tightened local limits"
 	case h.shared.Failing():
@@ -231,6 +219,28 @@ func readyOf(h *storeHandle, instances int) storeReady {
 		r.Reason = "the fleet heartbeat cannot reach it"
 	}
 	return r
+}
+
+// breakerOf is a store's breaker as /readyz reports it: "open" when a
+// shard's is, else "half-open" when one is, else "closed"; down names the
+// shards not closed, sorted.
+func breakerOf(states map[string]redisstore.State) (breaker string, down []string) {
+	breaker = "closed"
+	for shard, st := range states {
+		switch st {
+		case redisstore.Open:
+			breaker = "open"
+		case redisstore.HalfOpen:
+			if breaker != "open" {
+				breaker = "half-open"
+			}
+		default:
+			continue
+		}
+		down = append(down, shard)
+	}
+	sort.Strings(down)
+	return breaker, down
 }
 
 func breakerName(st redisstore.State) string {

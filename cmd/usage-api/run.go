@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -131,23 +130,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		onHUP = append(onHUP, cfg.ListenTLS.Reload)
 	}
 	g.Add("sighup", newHUPReader(onHUP, log).Run)
-	g.Server("http", func() error {
-		var err error
-		if cfg.ListenTLS != nil {
-			err = hs.ServeTLS(ln, "", "")
-		} else {
-			err = hs.Serve(ln)
-		}
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
-		return fmt.Errorf("serve: %w", err)
-	}, func(ctx context.Context) error {
-		if err := hs.Shutdown(ctx); err != nil {
-			return fmt.Errorf("shutdown: %w", err)
-		}
-		return nil
-	})
+	g.HTTPServer("http", hs, ln)
 	g.OnStop("log", func(context.Context) error { log.Info("shutting down"); return nil })
 	log.Info("usage-api listening", "addr", ln.Addr().String(), "tls", cfg.ListenTLS != nil, "clickhouse", cfg.ClickHouse.Describe(), "database", cfg.Database, "policy_file", cfg.PolicyFile,
 		"cluster", cfg.Cluster.Name)

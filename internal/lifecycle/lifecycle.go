@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -76,6 +78,24 @@ func (g *Group) Add(name string, run func(ctx context.Context) error) {
 // is waited for. serve returning an error before stop time stops the group.
 func (g *Group) Server(name string, serve func() error, shutdown func(ctx context.Context) error) {
 	g.parts = append(g.parts, part{name: name, run: func(context.Context) error { return serve() }, stop: shutdown})
+}
+
+// HTTPServer registers srv serving on ln, with TLS when srv.TLSConfig is
+// set (its certificates there): at stop time srv.Shutdown drains the
+// requests in flight within what is left of the grace.
+func (g *Group) HTTPServer(name string, srv *http.Server, ln net.Listener) {
+	g.Server(name, func() error {
+		var err error
+		if srv.TLSConfig != nil {
+			err = srv.ServeTLS(ln, "", "")
+		} else {
+			err = srv.Serve(ln)
+		}
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("serve: %w", err)
+	}, srv.Shutdown)
 }
 
 // OnStop registers release, called in its turn at stop time (so after
