@@ -179,6 +179,22 @@ func (m *MemoryAuthority) Sweep(now time.Time) int {
 	})
 }
 
+// Run sweeps every 10 s until ctx ends (Sweep at the authority's clock):
+// the background work of a long-lived MemoryAuthority, such as single-node
+// mode's. It returns nil when ctx ends.
+func (m *MemoryAuthority) Run(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			m.Sweep(m.now())
+		}
+	}
+}
+
 // Len is the number of buckets held.
 func (m *MemoryAuthority) Len() int { return m.buckets.len() }
 

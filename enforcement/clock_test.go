@@ -1,6 +1,7 @@
 package enforcement
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -15,7 +16,6 @@ func TestDefaultClockWallTimeMatchesTheWallClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close(t.Context())
 	for i := 0; i < 3; i++ {
 		before := time.Now()
 		r := l.read()
@@ -38,4 +38,33 @@ type fixedPolicy struct{}
 
 func (fixedPolicy) Resolve(string, string, string) (Resolved, error) {
 	return Resolved{Limit: Limit{Rate: 10, Burst: 10}, Policy: "p", Tier: "t", Cost: 1}, nil
+}
+
+// Run is the limiter's and the memory authority's background work: it
+// ends, returning nil, when its context does, and the limiter decides
+// before, during and after it.
+func TestRunEndsWithItsContext(t *testing.T) {
+	mem := NewMemoryAuthority(nil, 10)
+	l, err := New(Config{Authority: mem, Policy: fixedPolicy{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		if d, err := l.Check(t.Context(), Request{Key: "k", Scope: "s"}); err != nil || !d.Allowed {
+			t.Fatalf("%s Run: %+v %v", when, d, err)
+		}
+	}
+	check("before")
+	ctx, cancel := context.WithCancel(t.Context())
+	errs := make(chan error, 2)
+	go func() { errs <- l.Run(ctx) }()
+	go func() { errs <- mem.Run(ctx) }()
+	check("during")
+	cancel()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("Run = %v, want nil", err)
+		}
+	}
+	check("after")
 }

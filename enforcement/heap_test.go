@@ -70,7 +70,6 @@ func heapPerKey(b *testing.B, pol enforcement.Policy) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer l.Close(ctx)
 	b.ReportAllocs()
 	before := heapInUse()
 	b.ResetTimer()

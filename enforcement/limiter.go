@@ -131,9 +131,6 @@ type Limiter struct {
 	// store last answered and last failed: readiness reports a store whose
 	// latest call failed even before the breaker has seen enough to open.
 	lastStoreOK, lastStoreFail atomic.Int64
-	stop                       chan struct{}
-	stopOnce                   sync.Once
-	done                       chan struct{}
 
 	storeEpochs sync.Map // store name → *atomic.Uint64 (epochOf)
 }
@@ -314,7 +311,8 @@ func (l *Limiter) trimExtra(e *entry, now int64) {
 	}
 }
 
-// New returns a Limiter and starts its sweeper; Close stops it.
+// New returns a Limiter. It starts nothing: Check works at once, and Run
+// does the background work (the sweeper, the clock's wall anchor).
 func New(cfg Config) (*Limiter, error) {
 	if cfg.Authority == nil {
 		return nil, errors.New("enforcement: Config.Authority is required")
@@ -337,11 +335,7 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.IdleAfter <= 0 {
 		cfg.IdleAfter = time.Minute
 	}
-	l := &Limiter{
-		cfg:  cfg,
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
-	}
+	l := &Limiter{cfg: cfg}
 	l.entries = newTable(tableConfig[entry]{
 		maxEntries: cfg.MaxKeys,
 		maxBytes:   cfg.MaxBytes / 3 * 2,
@@ -357,7 +351,6 @@ func New(cfg Config) (*Limiter, error) {
 	l.startClock()
 	l.policy.Store(&policyBox{p: cfg.Policy})
 	l.instances.Store(int64(cfg.ExpectedInstances))
-	go l.sweepLoop()
 	return l, nil
 }
 
@@ -401,17 +394,6 @@ func (l *Limiter) StoreFailing() bool { return l.lastStoreFail.Load() > l.lastSt
 
 // Policy returns the policy in force.
 func (l *Limiter) Policy() Policy { return l.policy.Load().p }
-
-// Close stops the sweeper. It is idempotent.
-func (l *Limiter) Close(ctx context.Context) error {
-	l.stopOnce.Do(func() { close(l.stop) })
-	select {
-	case <-l.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
 
 // micros is µs on the limiter's clock for an offset from its epoch, ≥ 1 so
 // that 0 keeps meaning "never seen". With the default clock this is
@@ -1052,17 +1034,19 @@ func (l *Limiter) Tightened(lim Limit) Limit { return l.tightened(lim, l.instN()
 // Entries is the number of (key, scope) entries the local tier holds.
 func (l *Limiter) Entries() int { return l.entries.len() }
 
-func (l *Limiter) sweepLoop() {
-	defer close(l.done)
+// Run does the limiter's background work until ctx ends: every 10 s it
+// sweeps idle entries (Sweep), and every second it re-reads the default
+// clock's wall anchor (clock.go). Without Run the local tier only grows to
+// its bounds and evicts from there. Run returns nil when ctx ends.
+func (l *Limiter) Run(ctx context.Context) error {
 	t := time.NewTicker(10 * time.Second)
 	defer t.Stop()
-	// The default clock's wall anchor is re-read every second (clock.go).
 	a := time.NewTicker(anchorEvery)
 	defer a.Stop()
 	for {
 		select {
-		case <-l.stop:
-			return
+		case <-ctx.Done():
+			return nil
 		case <-t.C:
 			l.Sweep()
 		case <-a.C:

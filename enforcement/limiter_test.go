@@ -74,7 +74,6 @@ func newLimiter(t *testing.T, cfg enforcement.Config) *enforcement.Limiter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	return l
 }
 

@@ -79,7 +79,6 @@ func BenchmarkCheckResolution(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				defer lim.Close(context.Background())
 				req := enforcement.Request{Key: r.key, Scope: r.scope, Tier: r.tier, Cost: 0, HasCost: true}
 				ctx := context.Background()
 				b.ReportAllocs()
@@ -113,7 +112,6 @@ func BenchmarkCheckRedis(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer lim.Close(context.Background())
 			ctx := context.Background()
 			i := 0
 			b.ReportAllocs()

@@ -71,7 +71,6 @@ func checkServer(t *testing.T, src string) (func(body string) checkBody, *promet
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { lim.Close(context.Background()) })
 	h := httpapi.NewCheckHandler(lim, "", nil)
 	return func(body string) checkBody {
 		t.Helper()

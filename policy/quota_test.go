@@ -88,7 +88,6 @@ func newQuotaEnv(t *testing.T) *quotaEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { lim.Close(context.Background()) })
 	return &quotaEnv{lim: lim, rdb: rdb, store: store, pol: pol}
 }
 
@@ -157,7 +156,6 @@ func TestBucketAndQuotaInOneDecision(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer other.Close(context.Background())
 		if d, err := other.Check(context.Background(), enforcement.Request{Key: "qa", Scope: "s", Tier: "qday", Cost: 10, HasCost: true}); err != nil || !d.Allowed {
 			t.Fatalf("first request refused: %+v %v", d, err)
 		}

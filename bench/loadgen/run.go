@@ -144,12 +144,15 @@ func (p fixedPolicy) Resolve(_, _, tier string) (enforcement.Resolved, error) {
 }
 
 type inprocTarget struct {
-	o       *options
-	keys    []string
-	lims    []*enforcement.Limiter
-	leases  []*lease.Authority
-	pipes   []*redisstore.Pipelined
-	clients []*redis.Client
+	o      *options
+	keys   []string
+	lims   []*enforcement.Limiter
+	leases []*lease.Authority
+	// stopLeases end each lease's Run (its sweeper), which returns the
+	// tokens it holds.
+	stopLeases []func() error
+	pipes      []*redisstore.Pipelined
+	clients    []*redis.Client
 }
 
 func newInprocTarget(ctx context.Context, o *options) (*inprocTarget, error) {
@@ -175,6 +178,10 @@ func newInprocTarget(ctx context.Context, o *options) (*inprocTarget, error) {
 		if o.lease {
 			la := lease.New(auth, store, lease.Config{Block: o.leaseBlock, MaxBlockFraction: 1, HotOpsPerSec: o.leaseHot, Timeout: o.leaseTimeout})
 			t.leases = append(t.leases, la)
+			lctx, stop := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- la.Run(lctx) }()
+			t.stopLeases = append(t.stopLeases, func() error { stop(); return <-done })
 			auth = la
 		}
 		l, err := enforcement.New(enforcement.Config{Authority: auth, Policy: fixedPolicy{lim}, ExpectedInstances: o.instances})
@@ -196,8 +203,8 @@ func (t *inprocTarget) decide(ctx context.Context, worker, k int) (outcome, erro
 
 func (t *inprocTarget) close(ctx context.Context) *lease.Stats {
 	var st *lease.Stats
-	for _, la := range t.leases {
-		_ = la.Close(ctx)
+	for i, la := range t.leases {
+		_ = t.stopLeases[i]()
 		s := la.Stats()
 		if st == nil {
 			st = &lease.Stats{}
@@ -208,9 +215,6 @@ func (t *inprocTarget) close(ctx context.Context) *lease.Stats {
 		st.Returns += s.Returns
 		st.Direct += s.Direct
 		st.Failures += s.Failures
-	}
-	for _, l := range t.lims {
-		_ = l.Close(ctx)
 	}
 	for _, p := range t.pipes {
 		_ = p.Close(ctx)

@@ -54,7 +54,6 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer lim.Close(context.Background())
 	mux := http.NewServeMux()
 	mux.Handle("POST /check", httpapi.NewCheckHandler(lim, "", nil))
 	srv := &http.Server{Addr: *addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}

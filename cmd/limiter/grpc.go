@@ -168,16 +168,21 @@ func (a grpcAuth) check(ctx context.Context, method string) error {
 	return status.Error(codes.Unauthenticated, "a valid bearer token is required (metadata authorization: Bearer <token>)")
 }
 
-// startGRPC serves the Envoy rate limit service, the gRPC health service
-// and reflection on LIMITER_GRPC_ADDR. The returned func stops it
-// gracefully: health turns NOT_SERVING, new calls are refused, calls in
-// flight finish (until ctx ends; then they are cut). extra are more
-// server options (the tracing stats handler).
-func startGRPC(cfg config, lim checker, reg prometheus.Registerer, log *slog.Logger, extra ...grpc.ServerOption) (func(context.Context) error, error) {
-	noop := func(context.Context) error { return nil }
+// grpcServer is the Envoy rate limit service, the gRPC health service and
+// reflection, listening on LIMITER_GRPC_ADDR: Serve serves until Shutdown.
+type grpcServer struct {
+	srv *grpc.Server
+	hs  *health.Server
+	ln  net.Listener
+}
+
+// newGRPC listens on LIMITER_GRPC_ADDR and builds the server; nil when the
+// service is off. extra are more server options (the tracing stats
+// handler).
+func newGRPC(cfg config, lim checker, reg prometheus.Registerer, log *slog.Logger, extra ...grpc.ServerOption) (*grpcServer, error) {
 	if cfg.GRPCAddr == "" {
 		log.Info("LIMITER_GRPC_ADDR is empty: the Envoy rate limit service (gRPC) is off")
-		return noop, nil
+		return nil, nil
 	}
 	ln, err := net.Listen("tcp", cfg.GRPCAddr)
 	if err != nil {
@@ -185,7 +190,7 @@ func startGRPC(cfg config, lim checker, reg prometheus.Registerer, log *slog.Log
 			// Not asked for by name: the limiter still serves /check.
 			log.Warn("the Envoy rate limit service (gRPC) is off: LIMITER_GRPC_ADDR is unset and its default address is taken; set LIMITER_GRPC_ADDR",
 				"addr", cfg.GRPCAddr, "err", err)
-			return noop, nil
+			return nil, nil
 		}
 		return nil, fmt.Errorf("listen on LIMITER_GRPC_ADDR %s: %w", cfg.GRPCAddr, err)
 	}
@@ -238,25 +243,32 @@ func startGRPC(cfg config, lim checker, reg prometheus.Registerer, log *slog.Log
 	healthpb.RegisterHealthServer(srv, hs)
 	reflection.Register(srv)
 
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
 	log.Info("envoy rate limit service listening", "addr", ln.Addr().String(), "service", rlsv3.RateLimitService_ServiceDesc.ServiceName,
 		"tls", cfg.ListenTLS != nil, "generated_marshalers", vtcodec.Enabled)
-	return func(ctx context.Context) error {
-		hs.Shutdown() // NOT_SERVING: health checkers stop sending first
-		stopped := make(chan struct{})
-		go func() { srv.GracefulStop(); close(stopped) }()
-		var err error
-		select {
-		case <-stopped:
-		case <-ctx.Done():
-			srv.Stop() // the grace period is over: cut what is left
-			<-stopped
-			err = errors.New("grpc: calls still in flight at the end of the shutdown grace were cut")
-		}
-		if serr := <-served; serr != nil && !errors.Is(serr, grpc.ErrServerStopped) {
-			err = errors.Join(err, fmt.Errorf("grpc serve: %w", serr))
-		}
-		return err
-	}, nil
+	return &grpcServer{srv: srv, hs: hs, ln: ln}, nil
+}
+
+// Serve serves until Shutdown; it returns nil once stopped.
+func (g *grpcServer) Serve() error {
+	if err := g.srv.Serve(g.ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("grpc serve: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops the server gracefully: health turns NOT_SERVING, new
+// calls are refused, calls in flight finish until ctx ends; then they are
+// cut, and that is the error.
+func (g *grpcServer) Shutdown(ctx context.Context) error {
+	g.hs.Shutdown() // NOT_SERVING: health checkers stop sending first
+	stopped := make(chan struct{})
+	go func() { g.srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+		return nil
+	case <-ctx.Done():
+		g.srv.Stop() // the grace period is over: cut what is left
+		<-stopped
+		return errors.New("grpc: calls still in flight at the end of the shutdown grace were cut")
+	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"runtime/pprof"
 	"strconv"
 	"sync/atomic"
@@ -12,7 +11,6 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
 	"github.com/ratewarden/ratewarden/internal/proccpu"
@@ -20,26 +18,19 @@ import (
 )
 
 // BenchmarkGRPCShouldRateLimit is the whole gRPC front door (the server
-// startGRPC builds, its interceptors, the codec, the service) over loopback
+// newGRPC builds, its interceptors, the codec, the service) over loopback
 // TCP, with the in-process authority so that the store does not dominate:
 // what the transport costs per decision. The client runs in the same
 // process: profile with -cpuprofile and read the server's frames.
 func BenchmarkGRPCShouldRateLimit(b *testing.B) {
 	lim := envoyrlstest.Limiter(b, envoyrlstest.BenchPolicy)
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(b))
-	// The server's goroutines (started by startGRPC, inheriting its
-	// labels) carry side=server in a CPU profile: `go tool pprof
-	// -tagfocus side=server` shows the server's share without the
-	// client's, which runs in the same process.
-	var stop func(context.Context) error
-	var err error
-	pprof.Do(context.Background(), pprof.Labels("side", "server"), func(context.Context) {
-		stop, err = startGRPC(config{GRPCAddr: addr}, lim, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer stop(context.Background())
+	// The server's goroutines (started by Serve, inheriting its labels)
+	// carry side=server in a CPU profile: `go tool pprof -tagfocus
+	// side=server` shows the server's share without the client's, which
+	// runs in the same process.
+	stop := serveGRPC(b, config{GRPCAddr: addr}, lim, pprof.Labels("side", "server"))
+	defer stop()
 	client := rlsv3.NewRateLimitServiceClient(dial(b, addr))
 	reqs := make([]*rlsv3.RateLimitRequest, 10000)
 	for i := range reqs {

@@ -6,14 +6,9 @@
 package main
 
 import (
-	"context"
-	"fmt"
-	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
-	"github.com/ratewarden/ratewarden/internal/redislog"
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 )
 
 func main() {
@@ -21,19 +16,4 @@ func main() {
 }
 
 // serve runs the limiter until SIGTERM or SIGINT and returns the exit code.
-func serve() int {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	redislog.Use(log) // go-redis's own lines as JSON too, like every other log line
-	cfg, err := loadConfig(os.Getenv)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "limiter: invalid configuration: "+err.Error())
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if err := run(ctx, cfg, log); err != nil {
-		log.Error("limiter stopped", "err", err)
-		return 1
-	}
-	return 0
-}
+func serve() int { return lifecycle.Main("limiter", loadConfig, run) }

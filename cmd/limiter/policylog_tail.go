@@ -403,16 +403,6 @@ func (t *policyTail) readCache() (*policy.WithOverrides, policyInfo, error) {
 	return policy.NewWithOverrides(doc, ov, nil), info, nil
 }
 
-// startTail runs t.Run in a goroutine until the returned stop, which
-// waits for it.
-func startTail(ctx context.Context, t *policyTail, target interface{ SetPolicy(enforcement.Policy) }) (stop func()) {
-	t.target = target
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = t.Run(ctx) }()
-	return func() { cancel(); <-done }
-}
-
 // loadPolicy is the policy to start with, by POLICY_SOURCE: the file
 // (doc is then the file, tail nil), or the policy log (tail set).
 func loadPolicy(ctx context.Context, cfg config, reg prometheus.Registerer, log *slog.Logger) (pol enforcement.Policy, doc *policy.Policy, tail *policyTail, err error) {

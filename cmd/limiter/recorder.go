@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/metering"
 )
 
@@ -68,20 +69,22 @@ func (m *meteringRecorder) policyRevision() int64 {
 }
 
 // meteringParts is the Kafka side of the limiter: the recorder that turns
-// decisions into events, and what run needs to report and stop it.
+// decisions into events, and what run needs to run and report it.
 type meteringParts struct {
-	rec   enforcement.Recorder            // nil when metering is off
-	close func(ctx context.Context) error // stops the checker, flushes the emitter
-	ready func() (bool, string)           // nil when metering is off
-	onHUP func()                          // re-reads the Kafka password
+	rec   enforcement.Recorder  // nil when metering is off
+	ready func() (bool, string) // nil when metering is off
+	onHUP func()                // re-reads the Kafka password
+	// add registers the emitter and its connection checker (nothing when
+	// metering is off).
+	add func(g *lifecycle.Group)
 }
 
-// buildRecorder starts the Kafka emitter and its connection checker when
+// buildRecorder builds the Kafka emitter and its connection checker when
 // KAFKA_BROKERS is set.
 func buildRecorder(cfg config, reg prometheus.Registerer, log *slog.Logger) (meteringParts, error) {
 	if len(cfg.KafkaBrokers) == 0 {
 		log.Warn("KAFKA_BROKERS is empty: metering is off, decisions are not recorded")
-		return meteringParts{close: func(context.Context) error { return nil }, onHUP: func() {}}, nil
+		return meteringParts{onHUP: func() {}, add: func(*lifecycle.Group) {}}, nil
 	}
 	for _, w := range cfg.Kafka.Warnings() {
 		log.Warn(w)
@@ -92,18 +95,13 @@ func buildRecorder(cfg config, reg prometheus.Registerer, log *slog.Logger) (met
 	}
 	checker, err := newKafkaChecker(cfg, reg, log)
 	if err != nil {
-		_ = em.Close(context.Background())
 		return meteringParts{}, err
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); checker.Run(ctx) }()
 	return meteringParts{
 		rec: &meteringRecorder{sink: em, ids: metering.NewIDs(), instance: cfg.InstanceID},
-		close: func(ctx context.Context) error {
-			stop()
-			<-done
-			return em.Close(ctx)
+		add: func(g *lifecycle.Group) {
+			g.Add("kafka emitter", em.Run) // flushes when stopped
+			g.Add("kafka checker", func(ctx context.Context) error { checker.Run(ctx); return nil })
 		},
 		ready: checker.Ready,
 		// The check re-reads the password first, and logs a change.

@@ -39,7 +39,6 @@ func TestEnvoyDecisionEventsCarryTheDomain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lim.Close(context.Background())
 	svc := envoyrls.New(lim, nil)
 	for i := 0; i < 4; i++ { // the 4th: the per-IP descriptor rejects, the route one is not evaluated
 		_, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{

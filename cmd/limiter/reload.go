@@ -42,6 +42,8 @@ type policyReloader struct {
 	// check, when set, refuses a valid file the binary cannot serve (a
 	// store the limiter does not have), as a parse error is refused.
 	check func(*policy.Policy) error
+	// hup receives SIGHUP from the constructor on (Run reads it).
+	hup chan os.Signal
 }
 
 func newPolicyReloader(path string, target interface{ SetPolicy(enforcement.Policy) }, reg prometheus.Registerer, log *slog.Logger) *policyReloader {
@@ -71,6 +73,11 @@ func newFileReloader(what, metricPrefix, path string, target interface{ SetPolic
 	r.results.WithLabelValues("refused")
 	r.lastOK.Set(1)
 	reg.MustRegister(r.results, r.info, r.lastOK)
+	// Registered now, not in Run: a SIGHUP sent once the limiter answers
+	// must never meet the default action, which is to exit. It starts no
+	// goroutine; the signal waits in hup for Run.
+	r.hup = make(chan os.Signal, 1)
+	signal.Notify(r.hup, syscall.SIGHUP)
 	return r
 }
 
@@ -115,22 +122,12 @@ func (r *policyReloader) reload(why string) {
 	r.log.Info(r.what+" reloaded", "trigger", why, "version", p.Version(), "hash", p.Hash())
 }
 
-// start runs the reloader (file watch and SIGHUP) in a goroutine it owns
-// until stop, which waits for it to end.
-func (r *policyReloader) start(ctx context.Context) (stop func()) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		r.run(ctx, hup)
-	}()
-	return func() {
-		signal.Stop(hup)
-		cancel()
-		<-done
-	}
+// Run reloads on file changes and SIGHUP until ctx ends, then stops
+// receiving SIGHUP. It returns nil.
+func (r *policyReloader) Run(ctx context.Context) error {
+	defer signal.Stop(r.hup)
+	r.run(ctx, r.hup)
+	return nil
 }
 
 // run watches until ctx ends. Events are debounced: editors and ConfigMap

@@ -170,7 +170,6 @@ func redisLimiter(t testing.TB, initial enforcement.Policy) *enforcement.Limiter
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { lim.Close(context.Background()) })
 	return lim
 }
 
@@ -293,7 +292,6 @@ func TestReloadOnEditorSaves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lim.Close(context.Background())
 	h := startReloader(t, path, lim, p0)
 
 	saves := []struct {
@@ -375,7 +373,6 @@ func TestReloadOnConfigMapSwap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lim.Close(context.Background())
 	h := startReloader(t, path, lim, p0)
 
 	for i, name := range []string{"..2026_11_29_10_05_00.2", "..2026_11_29_10_10_00.3"} {

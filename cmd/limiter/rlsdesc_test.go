@@ -1,14 +1,12 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
+	"runtime/pprof"
 	"testing"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
 	"github.com/ratewarden/ratewarden/internal/testenv"
@@ -29,11 +27,7 @@ func TestRegisterRLSServesTheGeneratedMethods(t *testing.T) {
 func TestRecycledRequestsDoNotLeak(t *testing.T) {
 	lim := envoyrlstest.Limiter(t, envoyrlstest.BenchPolicy)
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	stop, err := startGRPC(config{GRPCAddr: addr}, lim, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stop(context.Background()) })
+	t.Cleanup(serveGRPC(t, config{GRPCAddr: addr}, lim, pprof.Labels()))
 	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 	for i := range 50 {
 		n := 1 + i%3

@@ -3,13 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"sort"
 	"strings"
 	"time"
 
@@ -25,15 +23,22 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/enforcement/shadow"
 	"github.com/ratewarden/ratewarden/enforcement/split"
 	"github.com/ratewarden/ratewarden/internal/bearer"
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/limits"
 )
 
-// run builds the limiter from cfg, serves until ctx ends, then shuts down
-// in reverse order within the grace period.
+// run builds the limiter from cfg and runs its components under one
+// lifecycle.Group until ctx ends; then they stop in reverse order of start
+// within LIMITER_SHUTDOWN_GRACE: the HTTP and gRPC doors first (in-flight
+// requests finish), then the policy watchers, the event buffer (which
+// flushes), the fleet heartbeats (which leave), the limiter, the leases
+// (which go back), the stores and their clients, and last the spans (those
+// of the final requests included).
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	mem := applyMemoryLimit(log) // memlimit.go
 	reg := prometheus.NewRegistry()
@@ -44,6 +49,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	var g lifecycle.Group
+	g.OnStop("tracing", tr.Shutdown)
 
 	// The file, or the policy log read to its end (policylog_tail.go).
 	pol, doc, tail, err := loadPolicy(ctx, cfg, reg, log)
@@ -61,15 +68,17 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	auth.add(&g)
 	hot := hotkeys.New(hotkeys.Config{Owner: auth.info.owner})
 	reg.MustRegister(hotkeys.NewCollector(hot))
 
 	meter, err := buildRecorder(cfg, reg, log)
-	if err != nil {
-		return err
+	var sh *shadow.Evaluator
+	if err == nil {
+		sh, err = buildShadow(&g, cfg, auth, reg, log) // shadow limits (shadow.go)
 	}
-	sh, closeShadow, err := buildShadow(cfg, auth, reg, log) // shadow limits (shadow.go)
 	if err != nil {
+		auth.closeClients()
 		return err
 	}
 
@@ -86,6 +95,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		Shadow:            sh,
 	})
 	if err != nil {
+		auth.closeClients()
 		return err
 	}
 	limitmetrics.RegisterLocal(reg, lim)
@@ -95,15 +105,16 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			Help: "Stores the policy in force routes keys to that REDIS_STORES does not name (their keys decide degraded).",
 		}, func() float64 { return float64(len(missingStores(lim.Policy(), cfg.Stores))) }))
 	}
-	closeFleet, err := startFleet(auth, cfg, lim, metrics, log)
-	if err != nil {
+	g.Add("limiter", lim.Run)
+	if err := buildFleet(&g, auth, cfg, lim, metrics, log); err != nil {
+		auth.closeClients()
 		return err
 	}
+	meter.add(&g)
 
 	reloader := newPolicyReloader(cfg.PolicyFile, lim, reg, log)
 	reloader.set(doc)
 	reloader.check = checkStores(cfg.Stores)
-	stopTail := func() {}
 	if tail != nil { // log mode: the file is only the bootstrap; SIGHUP still re-reads secrets
 		reloader.path, reloader.source = "", tail.current
 		if r, ok := meter.rec.(*meteringRecorder); ok {
@@ -111,9 +122,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		tail.shadow = sh // an open rollout's candidate is the shadow policy (rollout.go)
 		tail.missing = func(p enforcement.Policy) []string { return missingStores(p, cfg.Stores) }
-		stopTail = startTail(ctx, tail, lim)
+		tail.target = lim
+		g.Add("policy log", tail.Run)
 	}
-	defer func() { stopTail() }()
 	// SIGHUP also re-reads the secrets of the connections that can rotate
 	// them without a restart.
 	reloader.alsoOnHUP = append(reloader.alsoOnHUP, meter.onHUP)
@@ -127,8 +138,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if cfg.ListenTLS != nil {
 		reloader.alsoOnHUP = append(reloader.alsoOnHUP, secretReloader("listener-certificate", cfg.ListenTLS.Reload, reg, log))
 	}
-	stopReload := reloader.start(ctx)
-	defer stopReload()
+	g.Add("policy reloader", reloader.Run)
 
 	mux := http.NewServeMux()
 	chk := tracedCheck(tr, lim) // lim itself when tracing is off
@@ -155,42 +165,28 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		WriteTimeout:      10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
-	stopGRPC, err := startGRPC(cfg, chk, reg, log, grpcTracing(tr)...) // the Envoy rate limit service (grpc.go)
+	grpcSrv, err := newGRPC(cfg, chk, reg, log, grpcTracing(tr)...) // the Envoy rate limit service (grpc.go)
 	if err != nil {
+		auth.closeClients()
 		return err
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
+		auth.closeClients()
 		return fmt.Errorf("listen on LIMITER_ADDR %s: %w", cfg.Addr, err)
+	}
+	if grpcSrv != nil {
+		g.Server("grpc", grpcSrv.Serve, grpcSrv.Shutdown)
 	}
 	log.Info("limiter listening", "addr", ln.Addr().String(), "store", auth.info.kind,
 		"expected_instances", cfg.ExpectedInstances, "policy", cfg.PolicyFile, "instance", cfg.InstanceID,
 		"tls", cfg.ListenTLS != nil)
-	serveErr := make(chan error, 1)
 	if cfg.ListenTLS != nil {
 		srv.TLSConfig = cfg.ListenTLS.Config()
-		go func() { serveErr <- srv.ServeTLS(ln, "", "") }()
-	} else {
-		go func() { serveErr <- srv.Serve(ln) }()
 	}
-
-	select {
-	case err := <-serveErr:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	log.Info("shutting down")
-	shutCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
-	defer cancel()
-	// Reverse order: stop taking requests on both doors, HTTP and gRPC
-	// (in-flight ones finish), then the
-	// policy watcher, the limiter, the event buffer, which flushes, and
-	// last the spans (those of the final requests included).
-	err = errors.Join(srv.Shutdown(shutCtx), stopGRPC(shutCtx))
-	stopReload()
-	stopTail()
-	err = errors.Join(err, lim.Close(shutCtx), closeShadow(shutCtx), closeFleet(shutCtx), auth.close(shutCtx), meter.close(shutCtx))
-	return errors.Join(err, tr.Shutdown(shutCtx))
+	g.HTTPServer("http", srv, ln)
+	g.OnStop("log", func(context.Context) error { log.Info("shutting down"); return nil })
+	return g.Run(ctx, cfg.ShutdownGrace)
 }
 
 // secretReloader is a SIGHUP action that re-reads what rotates (a
@@ -230,12 +226,11 @@ type storeInfo struct {
 	diagnose func(ctx context.Context) string
 }
 
-// authority is the shared tier as built from the configuration, with what
-// must be closed at shutdown, in order.
+// authority is the shared tier as built from the configuration, with the
+// components that run it.
 type authority struct {
 	enforcement.Authority
-	info    storeInfo
-	closers []func(context.Context) error
+	info storeInfo
 	// The leasing layer when leasing is on.
 	lease *lease.Authority
 	// stores are every shared store, the default one first, then
@@ -245,14 +240,30 @@ type authority struct {
 	// rdb is the Redis client (nil in single-node mode): the shadow tier
 	// builds its own store, in its own key namespace, on it.
 	rdb redis.UniversalClient
+	// mem is single-node mode's in-process authority (nil with Redis).
+	mem *enforcement.MemoryAuthority
 }
 
-func (a *authority) close(ctx context.Context) error {
-	var errs []error
-	for _, c := range a.closers {
-		errs = append(errs, c(ctx))
+// add registers what runs the authority: each store (its client closed
+// after it), then the leases, which go back before the stores stop.
+func (a *authority) add(g *lifecycle.Group) {
+	if a.mem != nil {
+		g.Add("memory sweeper", a.mem.Run)
 	}
-	return errors.Join(errs...)
+	for _, h := range a.stores {
+		h.add(g)
+	}
+	if a.lease != nil {
+		g.Add("leases", a.lease.Run) // returns held tokens while Redis is still open
+	}
+}
+
+// closeClients closes the stores' clients when run fails before the
+// group runs.
+func (a *authority) closeClients() {
+	for _, h := range a.stores {
+		_ = h.conn.Close()
+	}
 }
 
 // buildAuthority assembles the shared tier. With Redis the chain, from the
@@ -263,16 +274,14 @@ func (a *authority) close(ctx context.Context) error {
 func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*authority, error) {
 	if !cfg.Redis.Enabled() {
 		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")
-		mem, stopSweep := memoryAuthority(cfg.MaxKeys, localMaxBytes(cfg.LocalMaxBytes, 0))
-		a := &authority{Authority: split.New(mem, nil), info: storeInfo{kind: "memory"}}
-		a.closers = append(a.closers, stopSweep)
-		return a, nil
+		mem := memoryAuthority(cfg.MaxKeys, localMaxBytes(cfg.LocalMaxBytes, 0))
+		return &authority{Authority: split.New(mem, nil), info: storeInfo{kind: "memory"}, mem: mem}, nil
 	}
 
 	// Standalone, Cluster or Sentinel, with TLS and an ACL user as
 	// configured (internal/redisclient, the one place that reads REDIS_*);
 	// then each store REDIS_STORES names, reached alike (stores.go).
-	def, closeDef, err := openStore(ctx, limits.DefaultStore, cfg.Redis, cfg, metrics, log)
+	def, err := openStore(ctx, limits.DefaultStore, cfg.Redis, cfg, metrics, log)
 	if err != nil {
 		return nil, err
 	}
@@ -281,17 +290,13 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 	if a.info.kind == redisclient.KindCluster {
 		a.info.owner = def.shared.Owner
 	}
-	closeStores := []func(context.Context) error{closeDef}
 	for _, ns := range cfg.Stores {
-		h, closeStore, err := openStore(ctx, ns.Name, ns.Redis, cfg, nil, log)
+		h, err := openStore(ctx, ns.Name, ns.Redis, cfg, nil, log)
 		if err != nil {
-			for _, c := range closeStores {
-				_ = c(ctx)
-			}
+			a.closeClients()
 			return nil, err
 		}
 		a.stores = append(a.stores, h)
-		closeStores = append(closeStores, closeStore)
 	}
 	// Each key's calls go to the store its limit names (enforcement.Stores).
 	routed := enforcement.NewStores(def.shared, namedStores(a.stores[1:]))
@@ -308,52 +313,22 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 			Log:     log,
 		})
 		a.Authority = a.lease
-		a.closers = append(a.closers, a.lease.Close) // returns held tokens while Redis is still open
-	}
-	for i := len(closeStores) - 1; i >= 0; i-- {
-		a.closers = append(a.closers, closeStores[i])
 	}
 	return a, nil
 }
 
-// runInBackground runs run until the returned stop is called; stop ends
-// run's context and waits for it to return (or for its own ctx).
-func runInBackground(run func(context.Context) error) (stop func(context.Context) error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	return func(wait context.Context) error {
-		cancel()
-		select {
-		case err := <-done:
-			return err
-		case <-wait.Done():
-			return wait.Err()
-		}
-	}
-}
-
-// startFleet starts the fleet heartbeat when the store is shared: the live
-// instance count (never below LIMITER_EXPECTED_INSTANCES) is what the
-// limiter's local tier, degraded limits and quota share divide by, and
-// what the hot-key threshold is shared over. The returned func stops it and
-// leaves the fleet.
-func startFleet(a *authority, cfg config, lim *enforcement.Limiter, metrics *limitmetrics.Metrics, log *slog.Logger) (func(context.Context) error, error) {
+// buildFleet adds a fleet heartbeat per shared store: the live instance
+// count (never below LIMITER_EXPECTED_INSTANCES) is what the limiter's
+// local tier, degraded limits and quota share divide by, and what the
+// hot-key threshold is shared over. Each leaves its fleet when stopped.
+func buildFleet(g *lifecycle.Group, a *authority, cfg config, lim *enforcement.Limiter, metrics *limitmetrics.Metrics, log *slog.Logger) error {
 	metrics.Instances(lim.Instances())
-	var closers []func(context.Context) error
-	stop := func(ctx context.Context) error {
-		var errs []error
-		for i := len(closers) - 1; i >= 0; i-- {
-			errs = append(errs, closers[i](ctx))
-		}
-		return errors.Join(errs...)
-	}
 	for _, h := range a.stores {
 		hlog := log
 		if h.name != limits.DefaultStore {
 			hlog = log.With("store", h.name)
 		}
-		hb, err := fleet.Start(h.shared, fleet.Config{
+		hb, err := fleet.New(h.shared, fleet.Config{
 			Member: cfg.InstanceID,
 			Every:  cfg.FleetHeartbeat,
 			Log:    hlog,
@@ -367,39 +342,22 @@ func startFleet(a *authority, cfg config, lim *enforcement.Limiter, metrics *lim
 			},
 		})
 		if err != nil {
-			_ = stop(context.Background())
-			return nil, err
+			return err
 		}
 		h.hb = hb
-		closers = append(closers, hb.Close)
+		g.Add("fleet heartbeat "+h.name, hb.Run)
 		if h.name == limits.DefaultStore {
 			a.info.failing = hb.Failing
 		}
 	}
-	return stop, nil
+	return nil
 }
 
-// memoryAuthority is the in-process authority of single-node mode with its
-// sweeper, bounded as the local tier is (LIMITER_MAX_KEYS and
-// LIMITER_LOCAL_MAX_BYTES, a bound of its own); the returned func stops the
-// sweeper.
-func memoryAuthority(maxKeys int, maxBytes int64) (*enforcement.MemoryAuthority, func(context.Context) error) {
-	mem := enforcement.NewMemoryAuthorityBytes(nil, maxKeys, maxBytes)
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(10 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case now := <-t.C:
-				mem.Sweep(now)
-			}
-		}
-	}()
-	return mem, func(context.Context) error { close(stop); <-done; return nil }
+// memoryAuthority is the in-process authority of single-node mode,
+// bounded as the local tier is (LIMITER_MAX_KEYS and
+// LIMITER_LOCAL_MAX_BYTES, a bound of its own); its Run sweeps.
+func memoryAuthority(maxKeys int, maxBytes int64) *enforcement.MemoryAuthority {
+	return enforcement.NewMemoryAuthorityBytes(nil, maxKeys, maxBytes)
 }
 
 type readyBody struct {
@@ -493,23 +451,10 @@ func readiness(ctx context.Context, s storeInfo, storeFailing bool, p policyInfo
 	if s.states == nil {
 		return b
 	}
-	b.Breaker = "closed"
 	var down []string
-	for shard, st := range s.states() {
-		switch st {
-		case redisstore.Open:
-			b.Breaker = "open"
-			down = append(down, shard)
-		case redisstore.HalfOpen:
-			if b.Breaker != "open" {
-				b.Breaker = "half-open"
-			}
-			down = append(down, shard)
-		}
-	}
+	b.Breaker, down = breakerOf(s.states())
 	switch {
 	case len(down) > 0:
-		sort.Strings(down)
 		b.Status = "degraded"
 		b.Reason = "shared store unavailable (" + strings.Join(down, ", ") + "): deciding with tightened local limits"
 	case storeFailing:

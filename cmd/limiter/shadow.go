@@ -14,6 +14,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/shadow"
 	"github.com/ratewarden/ratewarden/enforcement/split"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/policy"
 )
 
@@ -50,28 +51,28 @@ func (c candidateSetter) SetPolicy(p enforcement.Policy) { c.ev.SetCandidate(p) 
 
 // buildShadow assembles the shadow tier: its own store namespace, its own
 // deadline and breaker (a slow shadow never opens the enforced breaker),
-// and the candidate policy when LIMITER_SHADOW_POLICY_FILE is set. The
-// returned func stops it; call it before the authority closes Redis.
-func buildShadow(cfg config, a *authority, reg prometheus.Registerer, log *slog.Logger) (*shadow.Evaluator, func(context.Context) error, error) {
+// and the candidate policy when LIMITER_SHADOW_POLICY_FILE is set. It adds
+// what runs it to g, after the authority's stores: it stops before the
+// client it shares with the default store closes.
+func buildShadow(g *lifecycle.Group, cfg config, a *authority, reg prometheus.Registerer, log *slog.Logger) (*shadow.Evaluator, error) {
 	log = log.With("tier", "shadow")
 	var candidate enforcement.Policy
 	var candidateFile *policy.Policy
 	if cfg.Shadow.PolicyFile != "" {
 		p, err := policy.Load(cfg.Shadow.PolicyFile)
 		if err != nil {
-			return nil, nil, fmt.Errorf("LIMITER_SHADOW_POLICY_FILE: %w", err)
+			return nil, fmt.Errorf("LIMITER_SHADOW_POLICY_FILE: %w", err)
 		}
 		candidate, candidateFile = p, p
 		log.Info("shadow policy: every decision is also evaluated under the candidate file (reported, never enforced)",
 			"file", cfg.Shadow.PolicyFile, "hash", p.Hash())
 	}
 	var store enforcement.Authority
-	var closers []func(context.Context) error
+	var run func(context.Context) error
 	if a.rdb == nil {
 		// Single-node mode: in-process buckets of their own.
-		mem, stopSweep := memoryAuthority(cfg.MaxKeys, localMaxBytes(cfg.LocalMaxBytes, 0))
-		store = mem
-		closers = append(closers, stopSweep)
+		mem := memoryAuthority(cfg.MaxKeys, localMaxBytes(cfg.LocalMaxBytes, 0))
+		store, run = mem, mem.Run
 	} else {
 		shared := redisstore.NewShared(a.rdb, redisstore.SharedConfig{
 			Prefix:   shadowKeyPrefix(cfg.Redis.KeyPrefix),
@@ -83,8 +84,7 @@ func buildShadow(cfg config, a *authority, reg prometheus.Registerer, log *slog.
 			},
 			Log: log,
 		})
-		store = shared
-		closers = append(closers, runInBackground(shared.Run))
+		store, run = shared, shared.Run
 	}
 	ev, err := shadow.New(shadow.Config{
 		Authority:         split.New(store, nil),
@@ -97,24 +97,16 @@ func buildShadow(cfg config, a *authority, reg prometheus.Registerer, log *slog.
 		Observer:          limitmetrics.NewShadow(reg),
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	closers = append([]func(context.Context) error{ev.Close}, closers...)
+	g.Add("shadow store", run)
+	g.Add("shadow limiter", ev.Run)
 	if candidateFile != nil {
 		// The candidate file reloads as the enforced one does (file watch
 		// and SIGHUP), with metrics of its own (limiter_shadow_policy_*).
 		rl := newFileReloader("shadow policy", "limiter_shadow_policy", cfg.Shadow.PolicyFile, candidateSetter{ev}, reg, log)
 		rl.set(candidateFile)
-		stop := rl.start(context.Background())
-		closers = append([]func(context.Context) error{func(context.Context) error { stop(); return nil }}, closers...)
+		g.Add("shadow policy reloader", rl.Run)
 	}
-	return ev, func(ctx context.Context) error {
-		var first error
-		for _, c := range closers {
-			if err := c(ctx); err != nil && first == nil {
-				first = err
-			}
-		}
-		return first
-	}, nil
+	return ev, nil
 }

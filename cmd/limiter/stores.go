@@ -21,6 +21,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/policy"
@@ -136,15 +137,14 @@ type storeHandle struct {
 	kind   string
 	shared *redisstore.Shared
 	conn   *redisclient.Client
-	hb     *fleet.Heartbeat // nil until startFleet
+	hb     *fleet.Heartbeat // nil until buildFleet
 }
 
-// openStore connects one store and starts its Run; the returned closer
-// stops it and closes its client.
-func openStore(ctx context.Context, name string, rc redisclient.Config, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*storeHandle, func(context.Context) error, error) {
+// openStore connects one store and loads its scripts; add runs it.
+func openStore(ctx context.Context, name string, rc redisclient.Config, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*storeHandle, error) {
 	conn, err := rc.Open(redisclient.Options{Timeout: time.Second, MaxRetries: -1, PoolSize: 64, MinIdleConns: 8})
 	if err != nil {
-		return nil, nil, fmt.Errorf("store %s: %w", name, err)
+		return nil, fmt.Errorf("store %s: %w", name, err)
 	}
 	if name != limits.DefaultStore {
 		log = log.With("store", name)
@@ -173,15 +173,14 @@ func openStore(ctx context.Context, name string, rc redisclient.Config, cfg conf
 		// does; a Cluster's slots are read again every second until then.
 		log.Warn("could not load the scripts or the cluster's slots at start; serving degraded until Redis answers", "err", err)
 	}
-	stop := runInBackground(shared.Run)
-	h := &storeHandle{name: name, kind: conn.Kind(), shared: shared, conn: conn}
-	return h, func(ctx context.Context) error {
-		err := stop(ctx)
-		if cerr := conn.Close(); err == nil {
-			err = cerr
-		}
-		return err
-	}, nil
+	return &storeHandle{name: name, kind: conn.Kind(), shared: shared, conn: conn}, nil
+}
+
+// add runs the store (its pipeline, guards and slot refresher); its
+// client closes after Run has returned.
+func (h *storeHandle) add(g *lifecycle.Group) {
+	g.OnStop("redis client "+h.name, func(context.Context) error { return h.conn.Close() })
+	g.Add("store "+h.name, h.shared.Run)
 }
 
 // fleetCounts keeps each store's fleet count; the limiter divides by the
@@ -222,9 +221,10 @@ type storeReady struct {
 
 // readyOf is the readiness of one store.
 func readyOf(h *storeHandle, instances int) storeReady {
+	r := storeReady{Status: "ok", Store: h.kind, Instances: instances}
 	states := h.shared.States()
-	worst, down := breakerSummary(states)
-	r := storeReady{Status: "ok", Store: h.kind, Breaker: breakerName(worst), Instances: instances}
+	var down []string
+	r.Breaker, down = breakerOf(states)
 	if h.kind == redisclient.KindCluster {
 		r.Shards = map[string]string{}
 		for shard, st := range states {
@@ -245,19 +245,26 @@ func readyOf(h *storeHandle, instances int) storeReady {
 	return r
 }
 
-// breakerSummary is what /readyz says of a store's breakers: the worst
-// state among its shards (open, then half-open, then closed) and the
-// shards, sorted, whose breaker is not closed (their keys are degraded).
-func breakerSummary(states map[string]redisstore.State) (worst redisstore.State, down []string) {
-	worst = redisstore.Closed
+// breakerOf is a store's breaker as /readyz reports it: "open" when a
+// shard's is, else "half-open" when one is, else "closed"; down names the
+// shards not closed, sorted.
+func breakerOf(states map[string]redisstore.State) (breaker string, down []string) {
+	breaker = "closed"
 	for shard, st := range states {
-		if st == redisstore.Open || st == redisstore.HalfOpen {
-			worst = max(worst, st) // the values rise with the severity
-			down = append(down, shard)
+		switch st {
+		case redisstore.Open:
+			breaker = "open"
+		case redisstore.HalfOpen:
+			if breaker != "open" {
+				breaker = "half-open"
+			}
+		default:
+			continue
 		}
+		down = append(down, shard)
 	}
 	sort.Strings(down)
-	return worst, down
+	return breaker, down
 }
 
 func breakerName(st redisstore.State) string {

@@ -58,7 +58,6 @@ func BenchmarkCheckTracing(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer lim.Close(context.Background())
 			h := tr.Handler("POST /check", httpapi.NewCheckHandler(tracedCheck(tr, lim), "", nil))
 			body := []byte(`{"key":"acct_1","scope":"api"}`)
 			rd := bytes.NewReader(body)

@@ -6,14 +6,9 @@
 package main
 
 import (
-	"context"
-	"fmt"
-	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
-	"github.com/ratewarden/ratewarden/internal/redislog"
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 )
 
 func main() {
@@ -21,19 +16,4 @@ func main() {
 }
 
 // serve runs the consumer until SIGTERM or SIGINT and returns the exit code.
-func serve() int {
-	cfg, err := loadConfig(os.Getenv)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "meter-consumer: invalid configuration:", err)
-		return 2
-	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	redislog.Use(log) // go-redis's own lines (the quota reconciler's Redis) as JSON too, like every other log line
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if err := run(ctx, cfg, log); err != nil {
-		log.Error("meter-consumer failed", "err", err)
-		return 1
-	}
-	return 0
-}
+func serve() int { return lifecycle.Main("meter-consumer", loadConfig, run) }

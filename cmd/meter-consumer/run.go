@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/metering/consumer"
@@ -37,11 +37,11 @@ type component struct {
 	ready func() (bool, string)
 }
 
-// run builds the components, serves health and metrics, and stops
-// everything when ctx ends (SIGTERM/SIGINT).
+// run builds the components, serves health and metrics, and runs them
+// under one lifecycle.Group until ctx ends (SIGTERM/SIGINT) or one fails;
+// then they stop in reverse order within lifecycle.ShutdownGrace, the
+// health server and the ClickHouse connections last.
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -62,6 +62,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	defer store.close()
+	var g lifecycle.Group
+	g.OnStop("tracing", func(ctx context.Context) error {
+		if err := tr.Shutdown(ctx); err != nil { // the last batches' spans
+			log.Warn("flushing traces at shutdown", "err", err)
+		}
+		return nil
+	})
 
 	var schemaReady atomic.Bool
 	schemaComp := component{
@@ -196,44 +203,36 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("METER_ADDR %s: %w", cfg.MeterAddr, err)
 	}
+	// The health server stops after the components: /readyz answers while
+	// they finish.
 	srv := &http.Server{Handler: healthMux(reg, components), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
+	g.Server("health server", func() error {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("health server", "err", err)
 		}
-	}()
+		return nil
+	}, func(ctx context.Context) error { _ = srv.Shutdown(ctx); return nil })
 	log.Info("meter-consumer started", "addr", ln.Addr().String(), "kafka", cfg.KafkaBrokers, "kafka_security", cfg.Kafka.Describe(), "topic", cfg.KafkaTopic,
 		"clickhouse", cfg.ClickHouse.Describe(), "database", cfg.Database, "cluster", cfg.Cluster.Name, "shards", len(cfg.Cluster.Shards))
 
-	var wg sync.WaitGroup
-	errs := make(chan error, len(components))
 	for _, c := range components {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := c.run(ctx); err != nil {
-				errs <- fmt.Errorf("%s: %w", c.name, err)
+		g.Add(c.name, func(ctx context.Context) error {
+			err := c.run(ctx)
+			if err != nil && ctx.Err() != nil {
+				// What fails while stopping is logged; only a failure
+				// that ends the run is the binary's error.
+				log.Warn("stopping", "component", c.name, "err", err)
+				return nil
 			}
-		}()
+			return err
+		})
 	}
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case runErr = <-errs:
-	}
-	log.Info("meter-consumer stopping")
-	cancel() // when one component failed, stop the others
-	wg.Wait()
-	sctx, scancel := context.WithTimeout(context.Background(), time.Second)
-	defer scancel()
-	_ = srv.Shutdown(sctx)
-	fctx, fcancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer fcancel()
-	if err := tr.Shutdown(fctx); err != nil { // the last batches' spans
-		log.Warn("flushing traces at shutdown", "err", err)
+	g.OnStop("log", func(context.Context) error { log.Info("meter-consumer stopping"); return nil })
+	if err := g.Run(ctx, lifecycle.ShutdownGrace); err != nil {
+		return err
 	}
 	log.Info("meter-consumer stopped")
-	return runErr
+	return nil
 }
 
 // clickhouseComponent pings ClickHouse every 2 s from the start (the

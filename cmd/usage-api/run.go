@@ -2,14 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/internal/chconn"
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/metering/usage"
@@ -28,7 +27,10 @@ import (
 // redisOptions tune the client of the quota view (GET /v1/quota).
 var redisOptions = redisclient.Options{Timeout: time.Second, PoolSize: 16}
 
-// run serves until ctx ends, then drains in-flight requests (at most 10 s).
+// run serves until ctx ends, under one lifecycle.Group: then the HTTP
+// server drains in-flight requests, the schema loop and the SIGHUP reader
+// stop, the spans flush and the connections close, in that order, within
+// lifecycle.ShutdownGrace.
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	conn, err := openClickHouse(cfg, cfg.ClickHouseAddr)
 	if err != nil {
@@ -41,6 +43,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	var g lifecycle.Group
+	g.OnStop("tracing", func(ctx context.Context) error {
+		if err := tr.Shutdown(ctx); err != nil { // the spans of the last requests
+			log.Warn("flushing traces at shutdown", "err", err)
+		}
+		return nil
+	})
 
 	store, err := usage.NewStore(tr.ClickHouse(conn), cfg.Database)
 	if err != nil {
@@ -75,8 +84,6 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	// The schema (our tables and the rollups) is applied in the background
 	// until it succeeds: the API starts, and answers 503, while ClickHouse is
 	// still down.
-	var wg sync.WaitGroup
-	wg.Add(1)
 	if cfg.Cluster.Enabled() {
 		// Cluster mode: the migrations in cluster form on every node; the
 		// reads go through the Distributed tables of CLICKHOUSE_ADDR.
@@ -91,12 +98,12 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 				shards[i] = append(shards[i], c)
 			}
 		}
-		go func() {
-			defer wg.Done()
+		g.Add("schema", func(ctx context.Context) error {
 			schema.ApplyClusterUntilDone(ctx, shards, cfg.Database, cfg.Cluster.Name, log, nil)
-		}()
+			return nil
+		})
 	} else {
-		go func() { defer wg.Done(); schema.ApplyUntilDone(ctx, conn, cfg.Database, log) }()
+		g.Add("schema", func(ctx context.Context) error { schema.ApplyUntilDone(ctx, conn, cfg.Database, log); return nil })
 	}
 
 	handler, closePolicyLog, err := withPolicyAPI(cfg, conn, srv.Handler(), log) // policyops.go
@@ -118,35 +125,17 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	serveErr := make(chan error, 1)
 	if cfg.ListenTLS != nil {
 		hs.TLSConfig = cfg.ListenTLS.Config()
 		onHUP = append(onHUP, cfg.ListenTLS.Reload)
-		go func() { serveErr <- hs.ServeTLS(ln, "", "") }()
-	} else {
-		go func() { serveErr <- hs.Serve(ln) }()
 	}
-	stopHUP := onSIGHUP(onHUP, log)
-	defer stopHUP()
+	g.Add("sighup", newHUPReader(onHUP, log).Run)
+	g.HTTPServer("http", hs, ln)
+	g.OnStop("log", func(context.Context) error { log.Info("shutting down"); return nil })
 	log.Info("usage-api listening", "addr", ln.Addr().String(), "tls", cfg.ListenTLS != nil, "clickhouse", cfg.ClickHouse.Describe(), "database", cfg.Database, "policy_file", cfg.PolicyFile,
 		"cluster", cfg.Cluster.Name)
-
-	select {
-	case err := <-serveErr:
-		wg.Wait()
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err = hs.Shutdown(sctx)
-	wg.Wait()
-	if terr := tr.Shutdown(sctx); terr != nil { // the spans of the last requests
-		log.Warn("flushing traces at shutdown", "err", terr)
-	}
-	if err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("shutdown: %w", err)
+	if err := g.Run(ctx, lifecycle.ShutdownGrace); err != nil {
+		return err
 	}
 	log.Info("stopped")
 	return nil
@@ -159,29 +148,37 @@ func openClickHouse(cfg config, addr string) (driver.Conn, error) {
 	return cfg.ClickHouse.At(addr).Open(chconn.Tuning{DialTimeout: 3 * time.Second, ReadTimeout: cfg.QueryTimeout + 5*time.Second, MaxOpenConns: 16})
 }
 
-// onSIGHUP runs every reload on SIGHUP (the Redis password file and TLS
+// hupReader runs every reload on SIGHUP (the Redis password file and TLS
 // files, the listener's certificate), logging each failure (which names the
-// variable or file, never a secret; what was in force stays). Without it
-// SIGHUP would end the process. The returned func stops listening.
-func onSIGHUP(reloads []func() error, log *slog.Logger) func() {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	done, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		for {
-			select {
-			case <-done:
-				return
-			case <-hup:
-				for _, reload := range reloads {
-					if err := reload(); err != nil {
-						log.Error("re-reading on SIGHUP failed; the previous ones stay in force", "err", err)
-					}
+// variable or file, never a secret; what was in force stays).
+type hupReader struct {
+	hup     chan os.Signal
+	reloads []func() error
+	log     *slog.Logger
+}
+
+// newHUPReader registers for SIGHUP at once (no goroutine): without it a
+// SIGHUP would end the process. Run reads it.
+func newHUPReader(reloads []func() error, log *slog.Logger) *hupReader {
+	h := &hupReader{hup: make(chan os.Signal, 1), reloads: reloads, log: log}
+	signal.Notify(h.hup, syscall.SIGHUP)
+	return h
+}
+
+// Run reloads on every SIGHUP until ctx ends, then stops listening.
+func (h *hupReader) Run(ctx context.Context) error {
+	defer signal.Stop(h.hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-h.hup:
+			for _, reload := range h.reloads {
+				if err := reload(); err != nil {
+					h.log.Error("re-reading on SIGHUP failed; the previous ones stay in force", "err", err)
 				}
-				log.Info("re-read secrets and certificates on SIGHUP", "count", len(reloads))
 			}
+			h.log.Info("re-read secrets and certificates on SIGHUP", "count", len(h.reloads))
 		}
-	}()
-	return func() { signal.Stop(hup); close(done); <-stopped }
+	}
 }

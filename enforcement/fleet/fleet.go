@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -48,20 +47,18 @@ type Config struct {
 	Log *slog.Logger
 }
 
-// Heartbeat beats for one instance until Close. It is safe for concurrent use.
+// Heartbeat beats for one instance while Run runs. It is safe for
+// concurrent use.
 type Heartbeat struct {
 	store   Store
 	cfg     Config
 	count   atomic.Int64 // last count read; 0 = none yet
 	failing atomic.Bool  // the latest beat failed (each failure is counted by the store's guard)
-
-	stop     chan struct{}
-	stopOnce sync.Once
-	done     chan struct{}
 }
 
-// Start begins beating at once and every cfg.Every after; Close stops it.
-func Start(store Store, cfg Config) (*Heartbeat, error) {
+// New returns the heartbeat of cfg.Member in store. It starts nothing: Run
+// beats.
+func New(store Store, cfg Config) (*Heartbeat, error) {
 	if cfg.Member == "" {
 		return nil, errors.New("fleet: Config.Member is required")
 	}
@@ -77,9 +74,7 @@ func Start(store Store, cfg Config) (*Heartbeat, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	h := &Heartbeat{store: store, cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
-	go h.loop()
-	return h, nil
+	return &Heartbeat{store: store, cfg: cfg}, nil
 }
 
 // Count is the fleet's size as last read, 0 before the first reading.
@@ -89,15 +84,20 @@ func (h *Heartbeat) Count() int { return int(h.count.Load()) }
 // answering, whatever the traffic.
 func (h *Heartbeat) Failing() bool { return h.failing.Load() }
 
-func (h *Heartbeat) loop() {
-	defer close(h.done)
+// Run beats at once and every Every until ctx ends, then leaves the fleet
+// (within Timeout), so the others count one fewer at their next beat
+// instead of after the TTL. Leaving is a courtesy: when the store cannot be
+// told, the others stop counting this instance when its heartbeat TTL
+// expires anyway, so that is logged, not returned. Run returns nil.
+func (h *Heartbeat) Run(ctx context.Context) error {
 	t := time.NewTicker(h.cfg.Every)
 	defer t.Stop()
 	for {
 		h.beat()
 		select {
-		case <-h.stop:
-			return
+		case <-ctx.Done():
+			h.leave(context.WithoutCancel(ctx))
+			return nil
 		case <-t.C:
 		}
 	}
@@ -132,28 +132,11 @@ func (h *Heartbeat) set(n int) {
 	}
 }
 
-// Close stops beating and leaves the fleet within ctx, so the others count
-// one fewer at their next beat instead of after the TTL. It is idempotent.
-// Leaving is a courtesy: when the store cannot be told (it is down, or ctx
-// ran out), the others stop counting this instance when its heartbeat TTL
-// expires anyway, so that is logged, not returned. The error is only that
-// the heartbeat goroutine did not stop within ctx.
-func (h *Heartbeat) Close(ctx context.Context) error {
-	first := false
-	h.stopOnce.Do(func() { close(h.stop); first = true })
-	select {
-	case <-h.done:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	if !first {
-		return nil
-	}
-	lctx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
+func (h *Heartbeat) leave(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
 	defer cancel()
-	if _, err := h.store.Leave(lctx, h.cfg.Member, h.cfg.TTL); err != nil {
+	if _, err := h.store.Leave(ctx, h.cfg.Member, h.cfg.TTL); err != nil {
 		h.cfg.Log.Warn("could not leave the fleet: the others stop counting this instance when its heartbeat expires",
 			"err", err, "ttl", h.cfg.TTL)
 	}
-	return nil
 }

@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,15 +27,27 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func start(t *testing.T, store fleet.Store, member string, seen *atomic.Int64) *fleet.Heartbeat {
+// running is one member's heartbeat, running until its stop (which leaves
+// the fleet) or the test's end.
+type running struct {
+	*fleet.Heartbeat
+	stop func()
+}
+
+func start(t *testing.T, store fleet.Store, member string, seen *atomic.Int64) running {
 	t.Helper()
-	h, err := fleet.Start(store, fleet.Config{Member: member, Every: 50 * time.Millisecond, TTL: 2 * time.Second,
+	h, err := fleet.New(store, fleet.Config{Member: member, Every: 50 * time.Millisecond, TTL: 2 * time.Second,
 		OnCount: func(n int) { seen.Store(int64(n)) }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = h.Close(context.Background()) })
-	return h
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = h.Run(ctx) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return running{h, stop}
 }
 
 func TestFleetCountFollowsJoinsLeavesAndSurvivesTheStore(t *testing.T) {
@@ -44,7 +57,7 @@ func TestFleetCountFollowsJoinsLeavesAndSurvivesTheStore(t *testing.T) {
 	store := redisstore.New(rdb, "fleettest")
 
 	var seen [4]atomic.Int64
-	hs := make([]*fleet.Heartbeat, 0, 4)
+	hs := make([]running, 0, 4)
 	for i := range 4 {
 		hs = append(hs, start(t, store, fmt.Sprintf("i%d", i), &seen[i]))
 	}
@@ -59,9 +72,7 @@ func TestFleetCountFollowsJoinsLeavesAndSurvivesTheStore(t *testing.T) {
 
 	// Two leave gracefully: the others count 2 at their next beat.
 	for _, h := range hs[2:] {
-		if err := h.Close(context.Background()); err != nil {
-			t.Fatalf("leave: %v", err)
-		}
+		h.stop()
 	}
 	eventually(t, "the remaining two to count 2", func() bool { return hs[0].Count() == 2 && hs[1].Count() == 2 })
 
@@ -87,8 +98,8 @@ func TestFleetCountFollowsJoinsLeavesAndSurvivesTheStore(t *testing.T) {
 	})
 }
 
-func TestStartNeedsAMember(t *testing.T) {
-	if _, err := fleet.Start(nil, fleet.Config{}); err == nil {
+func TestNewNeedsAMember(t *testing.T) {
+	if _, err := fleet.New(nil, fleet.Config{}); err == nil {
 		t.Fatal("a heartbeat without a member name started")
 	}
 }

@@ -1,7 +1,6 @@
 package ginlimit_test
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -30,7 +29,6 @@ func TestGinMiddleware(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lim.Close(context.Background())
 
 	var scopes []string
 	gin.SetMode(gin.TestMode)

@@ -2,7 +2,6 @@ package httpapi_test
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"net/http"
 	"strconv"
@@ -36,7 +35,6 @@ func BenchmarkCheckHandlerLocalReject(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer l.Close(context.Background())
 	h := httpapi.NewCheckHandler(l, "", nil)
 	body := []byte(`{"key":"acct_free","scope":"api:orders"}`)
 	rd := bytes.NewReader(body)
@@ -72,7 +70,6 @@ func benchLimiter(b *testing.B) *enforcement.Limiter {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { l.Close(context.Background()) })
 	return l
 }
 
@@ -118,7 +115,6 @@ func benchMiddleware(b *testing.B, set func(*httpapi.Guard)) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { l.Close(context.Background()) })
 	g := &httpapi.Guard{Checker: l, Key: httpapi.HeaderKey("X-API-Key", "key:"),
 		Scope: func(*http.Request) string { return "api:orders" }}
 	if set != nil {

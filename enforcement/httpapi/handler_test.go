@@ -1,7 +1,6 @@
 package httpapi_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -57,7 +56,6 @@ func newLimiter(t *testing.T) *enforcement.Limiter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close(context.Background()) })
 	return l
 }
 

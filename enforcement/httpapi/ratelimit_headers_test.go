@@ -1,7 +1,6 @@
 package httpapi_test
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -80,7 +79,6 @@ func redisLimiter(t *testing.T, pol string) *enforcement.Limiter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close(context.Background()) })
 	return l
 }
 

@@ -3,7 +3,6 @@ package lease_test
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -32,12 +31,17 @@ tiers:
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	store := redisstore.NewShared(rdb, redisstore.SharedConfig{Prefix: "rl"})
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop() // then store.Run closes the pipeline
-	go func() { _ = store.Run(ctx) }()
-
 	var auth enforcement.Authority = split.New(store, nil)
 	leased := lease.New(auth, store, lease.Config{Block: 100, HotOpsPerSec: 500})
+
+	// Each component's Run in its own goroutine; internal/lifecycle's
+	// Group does this for the binaries.
+	storeCtx, stopStore := context.WithCancel(context.Background())
+	storeDone := make(chan error, 1)
+	go func() { storeDone <- store.Run(storeCtx) }()
+	leaseCtx, stopLease := context.WithCancel(context.Background())
+	leaseDone := make(chan error, 1)
+	go func() { leaseDone <- leased.Run(leaseCtx) }()
 	lim, err := enforcement.New(enforcement.Config{Authority: leased, Policy: pol, ExpectedInstances: 4})
 	if err != nil {
 		panic(err)
@@ -46,10 +50,10 @@ tiers:
 	d, err := lim.Check(context.Background(), enforcement.Request{Key: "acct_1", Scope: "api"})
 	fmt.Println(d.Allowed, d.Source, err)
 
-	// Shutdown in reverse order: the limiter, then the leases (which give
-	// their unused tokens back), then the client.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = lim.Close(ctx)
-	_ = leased.Close(ctx)
+	// Shutdown in reverse order: the leases (which give their unused
+	// tokens back), then the store (its pipeline), then the client.
+	stopLease()
+	_ = <-leaseDone
+	stopStore()
+	_ = <-storeDone
 }

@@ -33,7 +33,6 @@ func heapInUse() uint64 {
 // (default 100,000, the bound), measured with runtime.ReadMemStats.
 func BenchmarkHeapPerState(b *testing.B) {
 	a := lease.New(allowAll{}, nil, lease.Config{MaxKeys: 1 << 30})
-	defer a.Close(context.Background())
 	ctx := context.Background()
 	lim := enforcement.Limit{Rate: 100, Burst: 200}
 	before := heapInUse()

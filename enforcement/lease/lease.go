@@ -16,10 +16,10 @@
 // a calendar quota (the quota must be counted per decision) and split keys
 // pass straight to the next authority.
 //
-// A sweeper goroutine, owned by the Authority (Close stops it), returns the
-// unused remainder of every lease older than MaxHold, of every key that has
-// cooled down, and, at Close, of every key. The state mutex is never held
-// across a network call.
+// The Authority's Run is its sweeper: it returns the unused remainder of
+// every lease older than MaxHold, of every key that has cooled down, and,
+// when its context ends, of every key. The state mutex is never held across
+// a network call.
 //
 // # The over-admission bound
 //
@@ -188,12 +188,9 @@ type Authority struct {
 	hotSet map[*state]struct{} // hot states and states still holding tokens
 
 	pendMu  sync.Mutex
-	pending []pending // returns queued by decisions, sent by the sweeper or Close
+	pending []pending // returns queued by decisions, sent by Run
 
-	closed   atomic.Bool
-	stop     chan struct{}
-	stopOnce sync.Once
-	done     chan struct{}
+	closed atomic.Bool // Run has ended: decisions pass straight through
 }
 
 var _ enforcement.Authority = (*Authority)(nil)
@@ -229,17 +226,15 @@ type state struct {
 
 var seed = maphash.MakeSeed()
 
-// New returns a leasing Authority in front of next, leasing from store, and
-// starts its sweeper; Close stops it and returns every held token.
+// New returns a leasing Authority in front of next, leasing from store. It
+// starts nothing: Take works at once, and Run returns what is held.
 func New(next enforcement.Authority, store Store, cfg Config) *Authority {
 	cfg.defaults()
-	a := &Authority{next: next, store: store, cfg: cfg, epoch: cfg.Now(),
-		stop: make(chan struct{}), done: make(chan struct{}), hotSet: make(map[*state]struct{})}
+	a := &Authority{next: next, store: store, cfg: cfg, epoch: cfg.Now(), hotSet: make(map[*state]struct{})}
 	for i := range a.shards {
 		a.shards[i].m = make(map[id]*state)
 	}
 	a.instances.Store(1)
-	go a.sweepLoop()
 	return a
 }
 
@@ -561,15 +556,21 @@ func (a *Authority) forget() {
 	}
 }
 
-func (a *Authority) sweepLoop() {
-	defer close(a.done)
+// Run is the sweeper, until ctx ends: every Tick it returns the tokens due
+// back (held longer than MaxHold, or by keys that cooled down) and now and
+// then forgets idle keys. When ctx ends, later decisions pass straight to
+// the next authority, and Run returns every token still held, within
+// ReturnTimeout, before it returns; the error says which returns failed
+// (those tokens are lost to the bucket until it refills: the safe
+// direction). Stop Run before the store closes.
+func (a *Authority) Run(ctx context.Context) error {
 	t := time.NewTicker(a.cfg.Tick)
 	defer t.Stop()
 	forgetEvery := max(1, int(a.cfg.Window/a.cfg.Tick)*4)
 	for tick := 1; ; tick++ {
 		select {
-		case <-a.stop:
-			return
+		case <-ctx.Done():
+			return a.returnAll(context.WithoutCancel(ctx))
 		case <-t.C:
 			for _, p := range a.collect(false) {
 				a.giveBack(p.key, p.scope, p.lim, p.n)
@@ -581,16 +582,11 @@ func (a *Authority) sweepLoop() {
 	}
 }
 
-// Close stops the sweeper and returns every held token within ctx. Later
-// decisions pass straight to the next authority. It is idempotent.
-func (a *Authority) Close(ctx context.Context) error {
+// returnAll stops leasing and returns every held token within ReturnTimeout.
+func (a *Authority) returnAll(ctx context.Context) error {
 	a.closed.Store(true)
-	a.stopOnce.Do(func() { close(a.stop) })
-	select {
-	case <-a.done:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.ReturnTimeout)
+	defer cancel()
 	var errs []error
 	for _, p := range a.collect(true) {
 		if err := a.returnTokens(ctx, p.key, p.scope, p.lim, p.n); err != nil {

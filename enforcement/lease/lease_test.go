@@ -117,7 +117,22 @@ func TestLeaseScriptNeverGrantsMoreThanThere(t *testing.T) {
 type instance struct {
 	lim   *enforcement.Limiter
 	lease *lease.Authority
+	stop  func() error // ends lease.Run: the held tokens go back
 	rdb   *redis.Client
+}
+
+// running runs a's sweeper (Run) until the returned stop, which ends it
+// and returns what Run returned (every held token given back by then).
+func running(t testing.TB, a *lease.Authority) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- a.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error { once.Do(func() { cancel(); err = <-errc }); return err }
+	t.Cleanup(func() { _ = stop() })
+	return stop
 }
 
 func newInstances(t *testing.T, r *testenv.Redis, n int, prefix string, lim enforcement.Limit, withLease bool, cfg lease.Config) []*instance {
@@ -135,14 +150,13 @@ func newInstances(t *testing.T, r *testenv.Redis, n int, prefix string, lim enfo
 				cfg.Timeout = time.Second
 			}
 			in.lease = lease.New(store, store, cfg)
+			in.stop = running(t, in.lease)
 			auth = in.lease
-			t.Cleanup(func() { _ = in.lease.Close(context.Background()) })
 		}
 		l, err := enforcement.New(enforcement.Config{Authority: auth, Policy: fixedPolicy{lim}, ExpectedInstances: n})
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = l.Close(context.Background()) })
 		in.lim = l
 		out[i] = in
 	}
@@ -287,7 +301,7 @@ func TestRoundTripsPerDecision(t *testing.T) {
 		}
 		wg.Wait()
 		if ins[0].lease != nil {
-			if err := ins[0].lease.Close(context.Background()); err != nil {
+			if err := ins[0].stop(); err != nil {
 				t.Fatal(err)
 			}
 			t.Logf("lease stats: %+v", ins[0].lease.Stats())
@@ -330,6 +344,7 @@ func TestReturnsOnCloseAndCoolDown(t *testing.T) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	a := lease.New(store, store, lease.Config{Block: 100, HotOpsPerSec: 30, Window: 200 * time.Millisecond,
 		MaxHold: time.Hour, Tick: 20 * time.Millisecond, Now: clock})
+	stop := running(t, a)
 	for i := 0; i < 5; i++ {
 		if _, err := a.Take(ctx, "closing", "s", lim, 1); err != nil {
 			t.Fatal(err)
@@ -365,7 +380,7 @@ func TestReturnsOnCloseAndCoolDown(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// A key holding a lease at shutdown: Close gives it back.
+	// A key holding a lease when Run ends: Run gives it back.
 	for i := 0; i < 6; i++ {
 		if _, err := a.Take(ctx, "held", "s", lim, 1); err != nil {
 			t.Fatal(err)
@@ -374,17 +389,17 @@ func TestReturnsOnCloseAndCoolDown(t *testing.T) {
 	if got := tokens("held"); got > 895+0.01 {
 		t.Fatalf("held key: tokens %.3f, want ≤ 895 (a lease outstanding)", got)
 	}
-	if err := a.Close(ctx); err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	for key, want := range map[string]float64{"held": 994, "closing": 994, "cooling": 990} {
 		if got := tokens(key); got < want-0.01 {
-			t.Fatalf("after Close: %s has %.3f tokens, want %.0f (what was spent gone, the rest returned)", key, got, want)
+			t.Fatalf("after Run: %s has %.3f tokens, want %.0f (what was spent gone, the rest returned)", key, got, want)
 		}
 	}
-	// After Close decisions still work, straight through.
+	// After Run decisions still work, straight through.
 	if v, err := a.Take(ctx, "held", "s", lim, 1); err != nil || !v.Allowed {
-		t.Fatalf("after Close: %+v %v", v, err)
+		t.Fatalf("after Run: %+v %v", v, err)
 	}
 	st := a.Stats()
 	if st.Returns == 0 {
@@ -403,7 +418,7 @@ func TestDeadStoreFallsThrough(t *testing.T) {
 	// the dead store's, never a slow scheduler's.
 	a := lease.New(store, store, lease.Config{HotOpsPerSec: 1, Block: 5, MaxBlockFraction: 1, FailBackoff: time.Hour,
 		Timeout: 5 * time.Second})
-	defer a.Close(context.Background())
+	running(t, a)
 	ctx := context.Background()
 	lim := enforcement.Limit{Rate: 1, Burst: 100}
 	for i := 0; i < 5; i++ { // hot at once; one lease of 5 covers these

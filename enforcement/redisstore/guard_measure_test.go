@@ -104,7 +104,6 @@ func TestMeasureDegradedDecisions(t *testing.T) {
 		t.Logf("round %d: decisions %d degraded %d store calls %d errors %d breaker %v; store call p50 %v p99 %v max %v",
 			round, total.Load(), degraded.Load(), obs.calls.Load(), obs.errs.Load(), g.State(),
 			l[len(l)/2], l[len(l)*99/100], l[len(l)-1])
-		_ = lim.Close(context.Background())
 		_ = p.Close(context.Background())
 		_ = rdb.Close()
 	}

@@ -178,7 +178,6 @@ func TestHealthyStoreOnAStarvedMachineNeverFails(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		_ = lim.Close(context.Background())
 		decisions += n.Load()
 		degraded += deg.Load()
 		errs += obs.errs.Load()

@@ -110,14 +110,12 @@ func TestSharedCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer l.Close(ctx)
 		// A single guard for the whole store, the control.
 		single := runningGuard(t, store, settings, nil, nil)
 		lc, err := enforcement.New(enforcement.Config{Authority: single, Policy: fixedPolicy{lim}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer lc.Close(ctx)
 
 		dead := cl.Masters[0].Addr()
 		var keys []string

@@ -53,14 +53,12 @@ rules:
 					if err != nil {
 						b.Fatal(err)
 					}
-					defer ev.Close(context.Background())
 					cfg.Shadow = ev
 				}
 				lim, err := enforcement.New(cfg)
 				if err != nil {
 					b.Fatal(err)
 				}
-				defer lim.Close(context.Background())
 				req := enforcement.Request{Key: "k", Scope: c.scope}
 				b.ReportAllocs()
 				b.ResetTimer()

@@ -84,7 +84,7 @@ type Config struct {
 }
 
 // Evaluator implements enforcement.ShadowEvaluator. It is safe for
-// concurrent use. Close stops it.
+// concurrent use; Run does its background work.
 type Evaluator struct {
 	cfg   Config
 	inner *enforcement.Limiter
@@ -135,7 +135,7 @@ func (none) Resolve(string, string, string) (limits.Resolved, error) {
 	return limits.Resolved{}, errNoShadow
 }
 
-// New returns an Evaluator; Close stops it.
+// New returns an Evaluator. It starts nothing (Run).
 func New(cfg Config) (*Evaluator, error) {
 	if cfg.Authority == nil {
 		return nil, errors.New("shadow: Config.Authority is required")
@@ -195,8 +195,9 @@ func (e *Evaluator) SetRollout(p enforcement.Policy, rev int64) {
 // SetInstances follows the fleet's live count, as the enforced limiter does.
 func (e *Evaluator) SetInstances(n int) { e.inner.SetInstances(n) }
 
-// Close stops the inner limiter's sweeper. It is idempotent.
-func (e *Evaluator) Close(ctx context.Context) error { return e.inner.Close(ctx) }
+// Run does the inner limiter's background work until ctx ends
+// (enforcement.Limiter.Run).
+func (e *Evaluator) Run(ctx context.Context) error { return e.inner.Run(ctx) }
 
 // Evaluate implements enforcement.ShadowEvaluator.
 func (e *Evaluator) Evaluate(p enforcement.Policy, req enforcement.Request, d enforcement.Decision, _ time.Time) enforcement.ShadowVerdict {

@@ -118,14 +118,12 @@ func run(t *testing.T, pol *policy.Policy, withShadow bool, obs shadow.Observer)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { ev.Close(context.Background()) })
 		cfg.Shadow = ev
 	}
 	lim, err := enforcement.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { lim.Close(context.Background()) })
 	h := httpapi.NewCheckHandler(lim, "", nil)
 	var out [][]byte
 	for _, r := range traffic() {
@@ -218,14 +216,12 @@ tiers:
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer ev.Close(context.Background())
 			cfg.Shadow = ev
 		}
 		lim, err := enforcement.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer lim.Close(context.Background())
 		var out []enforcement.Decision
 		for i := 0; i < 30; i++ {
 			d, err := lim.Check(context.Background(), enforcement.Request{Key: "k1", Scope: "api:search"})
@@ -284,13 +280,11 @@ func TestFailingShadowStoreMeansNoVerdict(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ev.Close(context.Background())
 	pol := mustParse(t, withShadowYAML)
 	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.now, 100), Policy: pol, Shadow: ev, Now: clk.now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lim.Close(context.Background())
 	// The trial's burst is 4: four decisions need its store, which fails.
 	for i := 0; i < 4; i++ {
 		d, err := lim.Check(context.Background(), enforcement.Request{Key: "k", Scope: "api:search"})

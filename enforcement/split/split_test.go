@@ -176,7 +176,6 @@ func TestSteadyLumpinessThroughLimiter(t *testing.T) {
 				}
 			}
 		}
-		_ = l.Close(context.Background())
 		if allowed := sent - rejected; float64(allowed) > burst+rate*now.Sub(start).Seconds() {
 			t.Fatalf("split %d admitted %d, more than the limit allows", n, allowed)
 		}

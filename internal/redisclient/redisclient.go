@@ -278,6 +278,19 @@ func (c *Client) Diagnose(ctx context.Context) string {
 	return c.diag.get(ctx, func(ctx context.Context) string { return c.explain(c.Ping(ctx).Err()) })
 }
 
+// Close waits for a Diagnose probe still in flight (it ends by its own
+// deadline), so that no goroutine of the client outlives it, then closes
+// the client.
+func (c *Client) Close() error {
+	c.diag.mu.Lock()
+	running := c.diag.running
+	c.diag.mu.Unlock()
+	if running != nil {
+		<-running
+	}
+	return c.UniversalClient.Close()
+}
+
 // DiagnoseTimeout bounds the PING of Diagnose.
 const DiagnoseTimeout = time.Second
 
@@ -327,8 +340,8 @@ func (d *diagnosis) get(ctx context.Context, probe func(context.Context) string)
 	if d.running == nil {
 		done := make(chan struct{})
 		d.running = done
-		// The probe's goroutine ends by its own deadline; its answer is
-		// kept whoever still waits for it.
+		// The probe's goroutine ends by its own deadline (Close waits
+		// for it); its answer is kept whoever still waits for it.
 		deadline := time.Now().Add(DiagnoseTimeout)
 		if ctxDeadline, ok := ctx.Deadline(); ok && ctxDeadline.After(deadline) {
 			deadline = ctxDeadline

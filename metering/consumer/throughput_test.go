@@ -130,7 +130,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer em.Close(context.Background())
+	emCtx, stopEm := context.WithCancel(context.Background())
+	emDone := make(chan error, 1)
+	go func() { emDone <- em.Run(emCtx) }()
+	defer func() { stopEm(); <-emDone }()
 
 	keys := make([]string, 1000)
 	for i := range keys {

@@ -12,10 +12,11 @@
 // buffer, and writes each batch with segmentio/kafka-go (message key = the
 // rate-limit key, hashed to a partition, acks from all in-sync replicas). A
 // batch that cannot be written within WriteTimeout is dropped and counted.
-// A single writer goroutine keeps one key's events in decision order.
+// A single writer keeps one key's events in decision order.
 //
-// Close stops accepting events, writes what is buffered, and gives up
-// (counting the rest as dropped) when its context ends.
+// New starts nothing; Run is the writer. When Run's context ends it stops
+// accepting events, writes what is buffered, and gives up (counting the
+// rest as dropped) FlushTimeout later.
 package kafkaemit
 
 import (
@@ -43,6 +44,9 @@ type Config struct {
 	BatchSize    int           // messages per write, default 5,000
 	BatchWait    time.Duration // longest an event waits for its batch to fill, default 20 ms
 	WriteTimeout time.Duration // one batch write including retries, default 5 s
+	// FlushTimeout bounds the writes left when Run's context ends (the
+	// one in flight and the buffered events), default 5 s.
+	FlushTimeout time.Duration
 
 	// TLS and SASL say how to reach the brokers (internal/kafkaconn builds
 	// them from the environment); nil = plaintext, no authentication.
@@ -57,22 +61,18 @@ type Config struct {
 const (
 	ReasonBufferFull = "buffer_full" // Emit found the buffer full
 	ReasonKafka      = "kafka_error" // the batch could not be written
-	ReasonClosed     = "closed"      // Emit after Close, or left over when Close gave up
+	ReasonClosed     = "closed"      // Emit after Run ended, or left over when its flush gave up
 )
 
 // Emitter publishes events. Emit is safe for concurrent use and never
-// blocks; Close must be called once to flush and release the writer.
+// blocks; it buffers from New on, and Run (called once) writes.
 type Emitter struct {
 	cfg Config
 	log *slog.Logger
 	ch  chan metering.Event
 	w   *kafka.Writer
 
-	closing atomic.Bool
-	stop    chan struct{} // closed by Close: drain and exit
-	done    chan struct{} // closed by the loop when it has exited
-	ctx     context.Context
-	abort   context.CancelFunc // cancels in-flight writes when Close gives up
+	closing atomic.Bool // Run's context has ended: Emit drops
 
 	dropped      atomic.Uint64
 	sent         atomic.Uint64
@@ -86,9 +86,9 @@ type Emitter struct {
 	mWrite   prometheus.Histogram
 }
 
-// New validates cfg, registers the metrics and starts the writer goroutine.
-// It does not contact Kafka: a broker that is down at start only causes
-// drops, never an error.
+// New validates cfg and registers the metrics. It starts nothing and does
+// not contact Kafka: a broker that is down at start only causes drops,
+// never an error.
 func New(cfg Config) (*Emitter, error) {
 	var errs []error
 	if len(cfg.Brokers) == 0 {
@@ -115,12 +115,13 @@ func New(cfg Config) (*Emitter, error) {
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = 5 * time.Second
 	}
+	if cfg.FlushTimeout <= 0 {
+		cfg.FlushTimeout = 5 * time.Second
+	}
 	e := &Emitter{
-		cfg:  cfg,
-		log:  cfg.Logger,
-		ch:   make(chan metering.Event, cfg.Buffer),
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
+		cfg: cfg,
+		log: cfg.Logger,
+		ch:  make(chan metering.Event, cfg.Buffer),
 		w: &kafka.Writer{
 			Addr:     kafka.TCP(cfg.Brokers...),
 			Topic:    cfg.Topic,
@@ -176,13 +177,11 @@ func New(cfg Config) (*Emitter, error) {
 	for _, r := range []string{ReasonBufferFull, ReasonKafka, ReasonClosed} {
 		e.dropBy[r] = e.mDropped.WithLabelValues(r)
 	}
-	e.ctx, e.abort = context.WithCancel(context.Background())
-	go e.loop()
 	return e, nil
 }
 
 // Emit queues ev for publication and returns at once. When the buffer is
-// full, or after Close, ev is dropped and counted.
+// full, or once Run's context has ended, ev is dropped and counted.
 func (e *Emitter) Emit(ev metering.Event) {
 	if e.closing.Load() {
 		e.drop(ReasonClosed, 1)
@@ -242,9 +241,55 @@ func (b *batch) take() []kafka.Message {
 	return b.msgs
 }
 
-// loop is the single writer goroutine.
-func (e *Emitter) loop() {
-	defer close(e.done)
+// Run writes batches until ctx ends, then stops accepting events, writes
+// what is buffered and closes the writer, all within FlushTimeout of ctx's
+// end (what is left then is dropped and counted), and returns. The error
+// says that the flush was cut short, or that closing the writer failed.
+// Run must be called once.
+func (e *Emitter) Run(ctx context.Context) error {
+	// Writes are not cancelled with ctx: the one in flight when ctx ends
+	// completes, then the buffer is written, until abort FlushTimeout later.
+	wctx, abort := context.WithCancel(context.WithoutCancel(ctx))
+	defer abort()
+	cutoff := time.AfterFunc(time.Hour, abort)
+	cutoff.Stop()
+	defer cutoff.Stop()
+	ended := make(chan struct{})
+	stopAfter := context.AfterFunc(ctx, func() {
+		defer close(ended)
+		e.closing.Store(true)
+		cutoff.Reset(e.cfg.FlushTimeout)
+	})
+	e.loop(ctx, wctx)
+	if !stopAfter() {
+		<-ended // the callback has started: let it finish before Run returns
+	}
+
+	var err error
+	if wctx.Err() != nil {
+		err = fmt.Errorf("kafkaemit: flush cut short after %s: the rest was dropped", e.cfg.FlushTimeout)
+	}
+	e.closing.Store(true)
+	if cerr := e.w.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("kafkaemit: close writer: %w", cerr)
+	}
+	if tr, ok := e.w.Transport.(*kafka.Transport); ok {
+		tr.CloseIdleConnections()
+	}
+	// An Emit that raced with the end may have slipped in after the drain.
+	n := len(e.ch)
+	for i := 0; i < n; i++ {
+		<-e.ch
+	}
+	if n > 0 {
+		e.drop(ReasonClosed, n)
+	}
+	return err
+}
+
+// loop is the single writer: until ctx ends, then the drain. Writes run
+// under wctx.
+func (e *Emitter) loop(ctx, wctx context.Context) {
 	b := &batch{
 		arena: make([]byte, 0, e.cfg.BatchSize*300),
 		spans: make([][4]int, 0, e.cfg.BatchSize),
@@ -257,8 +302,8 @@ func (e *Emitter) loop() {
 		select {
 		case ev := <-e.ch:
 			b.add(&ev)
-		case <-e.stop:
-			e.drain(b)
+		case <-ctx.Done():
+			e.drain(wctx, b)
 			return
 		}
 		timer.Reset(e.cfg.BatchWait)
@@ -269,21 +314,21 @@ func (e *Emitter) loop() {
 				b.add(&ev)
 			case <-timer.C:
 				break fill
-			case <-e.stop:
+			case <-ctx.Done():
 				timer.Stop()
-				e.drain(b)
+				e.drain(wctx, b)
 				return
 			}
 		}
 		timer.Stop()
-		e.write(b.take())
+		e.write(wctx, b.take())
 	}
 }
 
-// drain writes everything still buffered (Close), unless Close gives up.
-func (e *Emitter) drain(b *batch) {
+// drain writes everything still buffered, until wctx ends.
+func (e *Emitter) drain(wctx context.Context, b *batch) {
 	for {
-		if e.ctx.Err() != nil {
+		if wctx.Err() != nil {
 			n := b.len() + len(e.ch)
 			b.take()
 			for len(e.ch) > 0 {
@@ -296,19 +341,19 @@ func (e *Emitter) drain(b *batch) {
 		case ev := <-e.ch:
 			b.add(&ev)
 			if b.len() >= e.cfg.BatchSize {
-				e.write(b.take())
+				e.write(wctx, b.take())
 			}
 		default:
 			if b.len() > 0 {
-				e.write(b.take())
+				e.write(wctx, b.take())
 			}
 			return
 		}
 	}
 }
 
-func (e *Emitter) write(msgs []kafka.Message) {
-	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.WriteTimeout)
+func (e *Emitter) write(wctx context.Context, msgs []kafka.Message) {
+	ctx, cancel := context.WithTimeout(wctx, e.cfg.WriteTimeout)
 	defer cancel()
 	start := time.Now()
 	err := e.w.WriteMessages(ctx, msgs...)
@@ -331,41 +376,4 @@ func (e *Emitter) write(msgs []kafka.Message) {
 	}
 	e.drop(ReasonKafka, failed)
 	e.log.Debug("kafka write failed", "messages", len(msgs), "failed", failed, "err", err)
-}
-
-// Close stops accepting events and writes what is buffered, within ctx.
-// When ctx ends first, the rest is dropped and counted and Close returns
-// ctx's error. Safe to call more than once.
-func (e *Emitter) Close(ctx context.Context) error {
-	first := e.closing.CompareAndSwap(false, true)
-	if first {
-		close(e.stop)
-	}
-	var err error
-	select {
-	case <-e.done:
-	case <-ctx.Done():
-		err = ctx.Err()
-		e.abort()
-		<-e.done
-	}
-	e.abort()
-	if !first {
-		return err
-	}
-	if cerr := e.w.Close(); cerr != nil && err == nil {
-		err = fmt.Errorf("kafkaemit: close writer: %w", cerr)
-	}
-	if tr, ok := e.w.Transport.(*kafka.Transport); ok {
-		tr.CloseIdleConnections()
-	}
-	// An Emit that raced with Close may have slipped in after the drain.
-	n := len(e.ch)
-	for i := 0; i < n; i++ {
-		<-e.ch
-	}
-	if n > 0 {
-		e.drop(ReasonClosed, n)
-	}
-	return err
 }

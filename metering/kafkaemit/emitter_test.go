@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,7 +27,13 @@ func event(i int) metering.Event {
 	}
 }
 
-func newEmitter(tb testing.TB, brokers string, cfg kafkaemit.Config) (*kafkaemit.Emitter, *prometheus.Registry) {
+// emitter is an Emitter whose Run runs until stop (or the test's end).
+type emitter struct {
+	*kafkaemit.Emitter
+	stop func() error // ends Run's context and returns what Run returned
+}
+
+func newEmitter(tb testing.TB, brokers string, cfg kafkaemit.Config) (emitter, *prometheus.Registry) {
 	tb.Helper()
 	reg := prometheus.NewRegistry()
 	cfg.Brokers = []string{brokers}
@@ -33,16 +42,24 @@ func newEmitter(tb testing.TB, brokers string, cfg kafkaemit.Config) (*kafkaemit
 	}
 	cfg.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil))
 	cfg.Registry = reg
+	if cfg.FlushTimeout == 0 {
+		// The flush returns as soon as the buffer is written; the bound is
+		// only for a broken one, and generous so that a loaded machine is
+		// not one.
+		cfg.FlushTimeout = time.Minute
+	}
 	e, err := kafkaemit.New(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.Close(ctx)
-	})
-	return e, reg
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- e.Run(ctx) }()
+	var once sync.Once
+	var runErr error
+	stop := func() error { once.Do(func() { cancel(); runErr = <-errc }); return runErr }
+	tb.Cleanup(func() { _ = stop() })
+	return emitter{e, stop}, reg
 }
 
 func counterValue(tb testing.TB, reg *prometheus.Registry, name, reason string) float64 {
@@ -114,18 +131,14 @@ func readAll(t *testing.T, addr, topic string, partitions, want int) map[int][]k
 	return out
 }
 
-func TestEmitsKeyedEventsAndFlushesOnClose(t *testing.T) {
+func TestEmitsKeyedEventsAndFlushesAtTheEnd(t *testing.T) {
 	k := testenv.StartKafka(t, "decisions", 4)
 	e, reg := newEmitter(t, k.Addr(), kafkaemit.Config{})
 	const n = 20000
 	for i := 0; i < n; i++ {
 		e.Emit(event(i))
 	}
-	// Close returns as soon as the buffer is flushed; the bound is only for
-	// a broken flush, and generous so that a loaded machine is not one.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := e.Close(ctx); err != nil {
+	if err := e.stop(); err != nil { // Run returns once the buffer is flushed
 		t.Fatal(err)
 	}
 	if e.Dropped() != 0 || e.Sent() != n {
@@ -185,13 +198,11 @@ func TestKafkaDownDropsAndCountsWithoutBlocking(t *testing.T) {
 	for i := 0; i < n; i++ {
 		e.Emit(event(i)) // a blocking Emit would hang here until the test times out
 	}
-	// Close returns once the last write has failed (3 attempts of at most
-	// 500 ms, refused at once here). A short bound could cut those writes
-	// off on a loaded machine, and then no drop would be counted as a Kafka
-	// error, which is asserted below.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	_ = e.Close(ctx)
+	// Run returns once the last write has failed (3 attempts of at most
+	// 500 ms, refused at once here). A short FlushTimeout could cut those
+	// writes off on a loaded machine, and then no drop would be counted as
+	// a Kafka error, which is asserted below.
+	_ = e.stop()
 	if e.Sent() != 0 || e.Dropped() != n {
 		t.Fatalf("sent %d dropped %d, want 0 and %d (every event accounted for)", e.Sent(), e.Dropped(), n)
 	}
@@ -203,7 +214,7 @@ func TestKafkaDownDropsAndCountsWithoutBlocking(t *testing.T) {
 	}
 	e.Emit(event(0))
 	if e.Dropped() != n+1 {
-		t.Fatal("Emit after Close was not counted as dropped")
+		t.Fatal("Emit after Run was not counted as dropped")
 	}
 }
 
@@ -248,4 +259,51 @@ func BenchmarkEmitBuffered(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(e.Dropped())/float64(b.N), "dropped/op")
+}
+
+// A broker that accepts connections and never answers holds a write until
+// its WriteTimeout; when Run's context ends, FlushTimeout cuts it (and the
+// rest of the buffer) short: Run returns an error, and every event is
+// accounted for, sent or dropped.
+func TestFlushTimeoutCutsAHungWriteShort(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	e, reg := newEmitter(t, ln.Addr().String(), kafkaemit.Config{WriteTimeout: time.Hour, FlushTimeout: 100 * time.Millisecond})
+	const n = 10
+	for i := 0; i < n; i++ {
+		e.Emit(event(i))
+	}
+	err = e.stop()
+	if err == nil || !strings.Contains(err.Error(), "flush cut short") {
+		t.Fatalf("Run = %v, want the flush cut short", err)
+	}
+	if e.Sent()+e.Dropped() != n || e.Sent() != 0 {
+		t.Fatalf("sent %d dropped %d, want 0 and %d", e.Sent(), e.Dropped(), n)
+	}
+	if d := counterValue(t, reg, "metering_emitter_events_dropped_total", ""); d != n {
+		t.Fatalf("dropped metric %v, want %d", d, n)
+	}
 }

@@ -12,8 +12,10 @@ import (
 	"github.com/ratewarden/ratewarden/metering/kafkaemit"
 )
 
-// The limiter builds one Emitter at start, calls Emit for every decision
-// (it never blocks), and closes it within its shutdown grace period.
+// The limiter builds one Emitter at start, runs it (Run, under the
+// binary's lifecycle.Group), and calls Emit for every decision (it never
+// blocks); at shutdown Run's context ends and Run flushes within
+// FlushTimeout.
 func Example() {
 	reg := prometheus.NewRegistry()
 	em, err := kafkaemit.New(kafkaemit.Config{
@@ -25,13 +27,15 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- em.Run(ctx) }()
 	ids := metering.NewIDs()
 	now := time.Now()
 	em.Emit(metering.Event{
 		EventID: ids.Next(now), TS: now.UnixMilli(), Key: "acct_8812", Scope: "api:search", Tier: "pro",
 		Cost: 10, Allowed: true, Source: "shared", Remaining: 90, Limit: 100, Policy: "pro-search", Instance: "lim-1",
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = em.Close(ctx) // flushes, or counts what it could not send as dropped
+	stop()
+	_ = <-done // flushed, or what could not be sent counted as dropped
 }

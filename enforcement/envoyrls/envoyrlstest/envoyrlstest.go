@@ -5,7 +5,6 @@
 package envoyrlstest
 
 import (
-	"context"
 	"testing"
 
 	"github.com/ratewarden/ratewarden/enforcement"
@@ -37,6 +36,5 @@ func Limiter(tb testing.TB, src string) *enforcement.Limiter {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { lim.Close(context.Background()) })
 	return lim
 }
