@@ -148,7 +148,7 @@ type inprocTarget struct {
 	keys    []string
 	lims    []*enforcement.Limiter
 	leases  []*lease.Authority
-	pipes   []*redisstore.Pipelined
+	stops   []func() // the pipelined stores' Run: cancel and wait
 	clients []*redis.Client
 }
 
@@ -169,7 +169,10 @@ func newInprocTarget(ctx context.Context, o *options) (*inprocTarget, error) {
 		var auth enforcement.Authority = store
 		if o.pipeline {
 			p := redisstore.NewPipelined(c, "rl", redisstore.PipelineConfig{})
-			t.pipes = append(t.pipes, p)
+			pctx, stop := context.WithCancel(context.Background())
+			ran := make(chan struct{})
+			go func() { defer close(ran); _ = p.Run(pctx) }()
+			t.stops = append(t.stops, func() { stop(); <-ran })
 			auth = p
 		}
 		if o.lease {
@@ -212,8 +215,8 @@ func (t *inprocTarget) close(ctx context.Context) *lease.Stats {
 	for _, l := range t.lims {
 		_ = l.Close(ctx)
 	}
-	for _, p := range t.pipes {
-		_ = p.Close(ctx)
+	for _, stop := range t.stops {
+		stop()
 	}
 	for _, c := range t.clients {
 		_ = c.Close()
