@@ -30,7 +30,7 @@ type config struct {
 	InstanceID        string
 
 	StoreTimeout    time.Duration
-	StoreInFlight   int // LIMITER_STORE_BATCHES_IN_FLIGHT: batches on the wire at once; 0 = redisstore's default
+	StoreInFlight   int // LIMITER_STORE_BATCHES_IN_FLIGHT: read, not used (the pipeline is full duplex)
 	BreakerFailures int
 	BreakerOpenFor  time.Duration
 	LocalHeadroom   float64

@@ -44,6 +44,7 @@ type duplexConn struct {
 	bw   *bufio.Writer
 	br   *bufio.Reader
 	num  []byte // the writer's scratch for decimal numbers
+	keys []byte // and for the key count
 	bulk []byte // the reader's buffers for bulk strings: a reply's packed results,
 	msg  []byte // and its failures' messages
 
@@ -231,7 +232,7 @@ func failCalls(calls []*call, err error) {
 // Writing RESP2 (the writer's side).
 
 func (c *duplexConn) header(kind byte, n int) {
-	c.num = append(append(c.num[:0], kind), strconv.Itoa(n)...)
+	c.num = strconv.AppendInt(append(c.num[:0], kind), int64(n), 10)
 	c.num = append(c.num, '\r', '\n')
 	_, _ = c.bw.Write(c.num)
 }
@@ -256,9 +257,9 @@ func (c *duplexConn) evalsha(calls []*call, args []byte) {
 	c.array(3 + 2*len(calls) + 1)
 	c.str("evalsha")
 	c.str(batchSHA)
-	c.header('$', len(strconv.Itoa(2*len(calls))))
-	_, _ = c.bw.WriteString(strconv.Itoa(2 * len(calls)))
-	_, _ = c.bw.WriteString("\r\n")
+	nkeys := strconv.AppendInt(c.keys[:0], int64(2*len(calls)), 10)
+	c.keys = nkeys
+	c.bytes(nkeys)
 	for _, k := range calls {
 		c.str(k.bucketKey)
 		c.str(k.quotaKey)
@@ -285,10 +286,25 @@ func (c *duplexConn) line() ([]byte, error) {
 	return ln[:len(ln)-2], nil
 }
 
+// parseInt reads a RESP integer (no allocation, as strconv's would on the
+// string conversion).
 func parseInt(b []byte) (int64, error) {
-	n, err := strconv.ParseInt(string(b), 10, 64) // no allocation: the conversion does not escape
-	if err != nil {
+	neg := len(b) > 0 && b[0] == '-'
+	if neg {
+		b = b[1:]
+	}
+	if len(b) == 0 || len(b) > 18 {
 		return 0, fmt.Errorf("%w: number %q", errProtocol, b)
+	}
+	var n int64
+	for _, d := range b {
+		if d < '0' || d > '9' {
+			return 0, fmt.Errorf("%w: number %q", errProtocol, b)
+		}
+		n = 10*n + int64(d-'0')
+	}
+	if neg {
+		n = -n
 	}
 	return n, nil
 }

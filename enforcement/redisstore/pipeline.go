@@ -619,8 +619,8 @@ func answerPacked(calls []*call, packed []byte, failed []failure) {
 		return
 	}
 	for i, c := range calls {
-		if j := slices.IndexFunc(failed, func(f failure) bool { return f.at == int64(i+1) }); j >= 0 {
-			c.answer(errVerdict, fmt.Errorf("redis bucket script for %q: %s", c.bucketKey, failed[j].msg))
+		if msg, bad := failedAt(failed, int64(i+1)); bad {
+			c.answer(errVerdict, fmt.Errorf("redis bucket script for %q: %s", c.bucketKey, msg))
 			continue
 		}
 		var res [8]int64
@@ -629,6 +629,16 @@ func answerPacked(calls []*call, packed []byte, failed []failure) {
 		}
 		c.answer(verdictOf(c.bucketKey, res[:], nil))
 	}
+}
+
+// failedAt is the message of the decision at (1-based) among failed.
+func failedAt(failed []failure, at int64) (string, bool) {
+	for _, f := range failed {
+		if f.at == at {
+			return f.msg, true
+		}
+	}
+	return "", false
 }
 
 // refused handles a script call Redis refused as a whole: NOSCRIPT (send
