@@ -26,9 +26,14 @@ import (
 // while the test runs, and checks that every verdict is its caller's: the
 // j-th decision of caller i leaves exactly burst_i − cost_i·j tokens. A
 // reply handed to the wrong caller (out of order on a connection, or one
-// left over from a closed connection) shows as another key's count.
+// left over from a closed connection) shows as another key's count. The
+// callers' deadline is a minute away, and a script call waits for the
+// latest of its callers' (PipelineConfig.Timeout): a starved machine
+// makes the test slower, never wrong.
 func exactPerCaller(t *testing.T, p enforcement.Authority, prefix string, callers, each int) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	var wg sync.WaitGroup
 	for i := range callers {
 		wg.Add(1)
@@ -38,7 +43,7 @@ func exactPerCaller(t *testing.T, p enforcement.Authority, prefix string, caller
 			burst, cost := int64(10000+37*i), int64(1+i%5)
 			lim := enforcement.Limit{Rate: 1.0 / 86400, Burst: burst}
 			for j := range each {
-				v, err := p.Take(context.Background(), key, "s", lim, cost)
+				v, err := p.Take(ctx, key, "s", lim, cost)
 				if err != nil {
 					t.Errorf("%s, decision %d: %v", key, j, err)
 					return
@@ -98,7 +103,9 @@ func TestDuplexPausedConnectionIsReplaced(t *testing.T) {
 	p := redisstore.NewPipelined(c, "dpause", redisstore.PipelineConfig{Timeout: 200 * time.Millisecond})
 	running(t, p)
 	lim := enforcement.Limit{Rate: 1.0 / 86400, Burst: 100}
-	if _, err := p.Take(ctx, "warm", "s", lim, 1); err != nil {
+	warm, cancelWarm := context.WithTimeout(ctx, time.Minute)
+	defer cancelWarm()
+	if _, err := p.Take(warm, "warm", "s", lim, 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Process().Signal(syscall.SIGSTOP); err != nil {
@@ -153,8 +160,10 @@ func TestDuplexPausedConnectionIsReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The new connection may still be dialling: wait for a first answer.
+	long, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
 	for i := 0; ; i++ {
-		_, err := p.Take(ctx, fmt.Sprint("probe", i), "s", lim, 1)
+		_, err := p.Take(long, fmt.Sprint("probe", i), "s", lim, 1)
 		if err == nil {
 			break
 		}
