@@ -215,3 +215,66 @@ func clientTLS(t *testing.T, certs *testenv.Certs) *tls.Config {
 	}
 	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, ServerName: "localhost"}
 }
+
+// TestDuplexReadOnlyRedials: a server demoted to a replica under a live
+// connection (a Sentinel failover) refuses the decision with READONLY,
+// and the connection is dialled again (under Sentinel the dialer then
+// finds the new master): a new client id once the server is a master again.
+func TestDuplexReadOnlyRedials(t *testing.T) {
+	r, other := testenv.StartRedis(t), testenv.StartRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := redis.NewClient(&redis.Options{Addr: r.Addr(), ClientName: "duplex-ro", ContextTimeoutEnabled: true})
+	defer c.Close()
+	if err := redisstore.New(c, "dro").Preload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := newPipelined(t, c, "dro")
+	lim := enforcement.Limit{Rate: 1.0 / 86400, Burst: 100}
+	if _, err := p.Take(ctx, "k", "s", lim, 1); err != nil {
+		t.Fatal(err)
+	}
+	before := duplexClientID(t, c)
+	if err := c.Do(ctx, "REPLICAOF", "127.0.0.1", fmt.Sprint(other.Port)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Take(ctx, "k", "s", lim, 1); err == nil || !strings.Contains(err.Error(), "READONLY") {
+		t.Fatalf("a decision on a replica: %v, want READONLY", err)
+	}
+	if err := c.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		if _, err := p.Take(ctx, "k2", "s", lim, 1); err == nil {
+			break
+		} else if i > 1000 {
+			t.Fatalf("not answering as a master again: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if after := duplexClientID(t, c); after == before {
+		t.Fatalf("the pipelined connection is still client %s after READONLY", before)
+	}
+}
+
+// duplexClientID is the id of the one connection named duplex-ro (the
+// pipelined store's; go-redis's own are named alike but there are none
+// open to count: the test sends nothing else through c but CLIENT LIST).
+func duplexClientID(t *testing.T, c *redis.Client) string {
+	t.Helper()
+	list, err := c.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, line := range strings.Split(list, "\n") {
+		if strings.Contains(line, "name=duplex-ro") && !strings.Contains(line, "cmd=client|list") {
+			f := strings.Fields(line)
+			ids = append(ids, strings.TrimPrefix(f[0], "id="))
+		}
+	}
+	if len(ids) != 1 {
+		t.Fatalf("%d connections named duplex-ro besides CLIENT LIST's: %v\n%s", len(ids), ids, list)
+	}
+	return ids[0]
+}

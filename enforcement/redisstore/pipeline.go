@@ -597,9 +597,12 @@ func (p *Pipelined) serve(l *lane, cn *duplexConn) error {
 		cn.pop()
 		switch {
 		case refused != "":
-			p.refused(l, g, refused)
+			p.refused(l, cn, g, refused)
 		default:
 			answerPacked(g.calls, packed, failed)
+			if len(failed) > 0 && strings.HasPrefix(failed[0].msg, "READONLY") {
+				_ = cn.nc.Close() // a demoted master: see refused
+			}
 		}
 		g.recycle()
 	}
@@ -645,10 +648,19 @@ func failedAt(failed []failure, at int64) (string, bool) {
 // it again through the server's go-redis client, as EVAL on NOSCRIPT, which
 // loads the script there and nowhere else), MOVED or ASK (send again through
 // the cluster client, which follows the redirect and reloads its slot map);
+// READONLY closes the connection, so that the lane dials the master again;
 // any other error (LOADING, …) is the decisions' error.
-func (p *Pipelined) refused(l *lane, g *group, msg string) {
+func (p *Pipelined) refused(l *lane, cn *duplexConn, g *group, msg string) {
 	var via func(ctx context.Context, calls []*call)
 	switch {
+	case strings.HasPrefix(msg, "READONLY"):
+		// A master demoted under a live connection (a Sentinel failover):
+		// dial again, which finds the new master. (Inside batch.lua the
+		// refusal is a decision's failure; serve closes the connection
+		// on it alike.)
+		failCalls(g.calls, errors.New(msg))
+		_ = cn.nc.Close()
+		return
 	case strings.HasPrefix(msg, "NOSCRIPT"):
 		via = func(ctx context.Context, calls []*call) { sendVia(ctx, l.node, calls, !l.cluster) }
 	case p.cluster != nil && (strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ")):
