@@ -179,6 +179,13 @@ func (c *duplexConn) push(g *group) bool {
 	return true
 }
 
+// inflight is how many groups wait for their reply.
+func (c *duplexConn) inflight() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.fifo) - c.head
+}
+
 // front is the group whose reply is next, or nil.
 func (c *duplexConn) front() *group {
 	c.mu.Lock()

@@ -66,9 +66,9 @@ type PipelineClient interface {
 // PipelineConfig tunes auto-pipelining. The zero value of each field is its
 // documented default.
 type PipelineConfig struct {
-	// Workers is not used: over a full-duplex connection every write goes
-	// on the wire at once, whatever is in flight (kept so that a
-	// configuration that sets it still reads).
+	// Workers is how many script calls may be in flight at once on one
+	// server's connection (default 1; see defaultInFlight). Over a Cluster,
+	// where each decision is a script call of its own, it does not apply.
 	Workers int
 	// MaxBatch is the most decisions in one script call over one server
 	// (default 256); a longer queue is written as several calls in one
@@ -169,6 +169,9 @@ func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipeli
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 256
 	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = defaultInFlight
+	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Second
 	}
@@ -182,6 +185,22 @@ func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipeli
 		p.all = append(p.all, p.one)
 	}
 	return p
+}
+
+// defaultInFlight is how many script calls go on the wire to one server
+// before the next write waits for a reply. With no bound, every write went
+// out at once and carried only the few decisions queued during the last
+// one: with nothing but decisions on the cores (BenchmarkSharedTier, 128
+// callers) Redis ran about twice the script calls per decision and
+// answered half as many decisions as the batch-per-round-trip pipeline;
+// two in flight still answered fewer. With one, a lone decision is written
+// by its caller at once, and under load the reader writes what queued the
+// moment the reply before it is read, with no hand-off to a worker.
+const defaultInFlight = 1
+
+// room reports whether l's connection takes another script call now.
+func (p *Pipelined) room(l *lane) bool {
+	return l.cluster || l.conn.inflight() < p.cfg.Workers
 }
 
 // HeedsCancel declares that Take returns as soon as its context is done
@@ -346,7 +365,7 @@ func (p *Pipelined) enqueue(l *lane, c *call) error {
 		return fmt.Errorf("redis bucket script for %q: %w", c.bucketKey, err)
 	}
 	l.queue = append(l.queue, c)
-	if !l.writing && l.conn != nil && p.full(l) {
+	if !l.writing && l.conn != nil && p.full(l) && p.room(l) {
 		l.writing = true
 		p.flush(l)
 	}
@@ -382,12 +401,23 @@ func (p *Pipelined) kick(l *lane) {
 	}
 }
 
+// resume writes what l has queued, if no one is writing (the reader, once
+// a reply made room).
+func (p *Pipelined) resume(l *lane) {
+	l.mu.Lock()
+	if !l.writing && l.conn != nil && len(l.queue) > 0 && p.full(l) {
+		l.writing = true
+		p.flush(l)
+	}
+	l.mu.Unlock()
+}
+
 // flush writes l's queue to its connection until the queue is empty,
 // letting go of l.mu while it writes, so that callers keep queueing and
 // their decisions go out in the next write. Called with l.mu held and
 // l.writing set, by the one writer; returns with l.mu held.
 func (p *Pipelined) flush(l *lane) {
-	for len(l.queue) > 0 && l.conn != nil {
+	for len(l.queue) > 0 && l.conn != nil && p.room(l) {
 		batch, cn := l.queue, l.conn
 		l.queue, l.spare = l.spare[:0], nil
 		l.mu.Unlock()
@@ -516,7 +546,7 @@ func (p *Pipelined) runLane(ctx context.Context, l *lane) {
 		wait = 0
 		l.mu.Lock()
 		l.conn, l.down = cn, nil
-		if !l.writing && len(l.queue) > 0 {
+		if !l.writing && len(l.queue) > 0 && p.full(l) {
 			l.writing = true
 			p.flush(l)
 		}
@@ -595,6 +625,9 @@ func (p *Pipelined) serve(l *lane, cn *duplexConn) error {
 			}
 		}
 		cn.pop()
+		if !l.cluster {
+			p.resume(l) // a call has left the wire: what queued meanwhile goes
+		}
 		switch {
 		case refused != "":
 			p.refused(l, cn, g, refused)
