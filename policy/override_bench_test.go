@@ -179,7 +179,6 @@ func BenchmarkCheckInterleaved(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer lim.Close(context.Background())
 		lims = append(lims, lim)
 	}
 	const nkeys, batch = 1 << 10, 2000

@@ -151,7 +151,7 @@ type inprocTarget struct {
 	// stopLeases end each lease's Run (its sweeper), which returns the
 	// tokens it holds.
 	stopLeases []func() error
-	pipes      []*redisstore.Pipelined
+	stops      []func() // the pipelined stores' Run: cancel and wait
 	clients    []*redis.Client
 }
 
@@ -172,7 +172,10 @@ func newInprocTarget(ctx context.Context, o *options) (*inprocTarget, error) {
 		var auth enforcement.Authority = store
 		if o.pipeline {
 			p := redisstore.NewPipelined(c, "rl", redisstore.PipelineConfig{})
-			t.pipes = append(t.pipes, p)
+			pctx, stop := context.WithCancel(context.Background())
+			ran := make(chan struct{})
+			go func() { defer close(ran); _ = p.Run(pctx) }()
+			t.stops = append(t.stops, func() { stop(); <-ran })
 			auth = p
 		}
 		if o.lease {
@@ -216,8 +219,8 @@ func (t *inprocTarget) close(ctx context.Context) *lease.Stats {
 		st.Direct += s.Direct
 		st.Failures += s.Failures
 	}
-	for _, p := range t.pipes {
-		_ = p.Close(ctx)
+	for _, stop := range t.stops {
+		stop()
 	}
 	for _, c := range t.clients {
 		_ = c.Close()

@@ -47,7 +47,10 @@ func main() {
 	var auth enforcement.Authority = store
 	if *pipelined {
 		p := redisstore.NewPipelined(rdb, "rl", redisstore.PipelineConfig{})
-		defer p.Close(context.Background())
+		pctx, stop := context.WithCancel(context.Background())
+		ran := make(chan struct{})
+		go func() { defer close(ran); _ = p.Run(pctx) }()
+		defer func() { stop(); <-ran }()
 		auth = p
 	}
 	lim, err := enforcement.New(enforcement.Config{Authority: redisstore.NewGuard(auth, redisstore.GuardSettings{Timeout: *timeout}, nil, nil), Policy: pol})

@@ -31,7 +31,7 @@ type config struct {
 	InstanceID        string
 
 	StoreTimeout    time.Duration
-	StoreInFlight   int // LIMITER_STORE_BATCHES_IN_FLIGHT: batches on the wire at once; 0 = redisstore's default
+	StoreInFlight   int // LIMITER_STORE_BATCHES_IN_FLIGHT: script calls in flight per server; 0 = redisstore's default
 	BreakerFailures int
 	BreakerOpenFor  time.Duration
 	LocalHeadroom   float64

@@ -361,7 +361,10 @@ func TestStoreAgreesWithGoOnRedisTime(t *testing.T) {
 	c := agreeClient(t)
 	ctx := context.Background()
 	p := NewPipelined(c, "agreepipe", PipelineConfig{})
-	t.Cleanup(func() { p.Close(context.Background()) })
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = p.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-ran })
 	for _, a := range []struct {
 		name string
 		enforcement.Authority

@@ -31,7 +31,7 @@ func TestBatchReportNamesTheBatch(t *testing.T) {
 	}
 
 	p := redisstore.NewPipelined(rdb, "breport4", redisstore.PipelineConfig{MinBatch: 4, MaxDelay: time.Minute})
-	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	running(t, p)
 	reps := make([]redisstore.BatchReport, 4)
 	var wg sync.WaitGroup
 	for i := range reps {

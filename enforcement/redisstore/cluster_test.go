@@ -37,7 +37,7 @@ func TestPipelinedClusterStoppedMasterHoldsOnlyItsKeys(t *testing.T) {
 	})
 	defer rdb.Close()
 	p := redisstore.NewPipelined(rdb, "pstop", redisstore.PipelineConfig{Timeout: time.Minute})
-	defer p.Close(context.Background())
+	running(t, p)
 	ctx := context.Background()
 	lim := enforcement.Limit{Rate: 1e6, Burst: 1e6}
 

@@ -77,6 +77,7 @@ func TestMeasureDeadlineRules(t *testing.T) {
 		rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
 			ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 64, MinIdleConns: 8})
 		p := redisstore.NewPipelined(rdb, fmt.Sprintf("l%d", round), redisstore.PipelineConfig{Timeout: time.Second})
+		stop := running(t, p)
 		_ = p.Store().Preload(context.Background())
 		var wg sync.WaitGroup
 		stopAt := time.Now().Add(2 * time.Second)
@@ -100,7 +101,7 @@ func TestMeasureDeadlineRules(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		_ = p.Close(context.Background())
+		stop()
 		_ = rdb.Close()
 	}
 	close(stop)

@@ -69,6 +69,7 @@ func TestMeasureDegradedDecisions(t *testing.T) {
 		rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
 			ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 64, MinIdleConns: 8})
 		p := redisstore.NewPipelined(rdb, fmt.Sprintf("m%d", round), redisstore.PipelineConfig{Timeout: timeout})
+		stop := running(t, p)
 		_ = p.Store().Preload(context.Background())
 		obs := &countObs{}
 		g := runningGuard(t, p, redisstore.GuardSettings{Timeout: timeout}, obs, nil)
@@ -104,7 +105,7 @@ func TestMeasureDegradedDecisions(t *testing.T) {
 		t.Logf("round %d: decisions %d degraded %d store calls %d errors %d breaker %v; store call p50 %v p99 %v max %v",
 			round, total.Load(), degraded.Load(), obs.calls.Load(), obs.errs.Load(), g.State(),
 			l[len(l)/2], l[len(l)*99/100], l[len(l)-1])
-		_ = p.Close(context.Background())
+		stop()
 		_ = rdb.Close()
 	}
 }

@@ -66,7 +66,7 @@ func client(t testing.TB, addr string) *redis.Client {
 // timeout is LIMITER_STORE_TIMEOUT.
 func pipelined(t testing.TB, rdb *redis.Client, prefix string, timeout time.Duration) *redisstore.Pipelined {
 	p := redisstore.NewPipelined(rdb, prefix, redisstore.PipelineConfig{Timeout: timeout})
-	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	running(t, p)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := p.Store().Preload(ctx); err != nil {

@@ -1,46 +1,49 @@
 package redisstore
 
-// Design: auto-pipelining. Take puts the decision on a queue and waits;
-// Workers goroutines (one over one server: defaultWorkers) each take what
-// is queued (up to MaxBatch, waiting at most MaxDelay for more when fewer
-// than MinBatch are there) and send it as one batch, then hand each caller
-// its verdict. While a batch is on the wire the queue fills, so under load
-// batches grow by themselves and Redis sees few, large writes; a lone
-// decision goes out at once (MaxDelay 0 by default). The decision is the
-// same Lua function as Store's (decide.lua), so decisions are identical;
-// only the transport differs. The workers are owned by the Pipelined
-// store: Close stops them.
+// Design: auto-pipelining over full-duplex connections. Take puts the
+// decision on its lane's queue; when no one is writing to the lane's
+// connection, the caller becomes the writer: it writes what is queued
+// (its own decision, and whatever arrived while the previous writer was
+// busy) in one flush and goes back to wait, without waiting for any reply.
+// The lane's one reader takes the replies off the connection in order and
+// hands each decision its verdict as soon as its reply is read (duplex.go).
+// So a decision waits for one round trip of its own, never for a batch
+// ahead of it to come back, and under load the decisions that queue while
+// a write is on its way go out together in the next one. The decision is
+// the same Lua function as Store's (decide.lua), so decisions are
+// identical; only the transport differs.
 //
-// A queue and its workers are a lane. Over one server there is one. Over
-// a Cluster there is one per master, chosen in Take by the master the
-// cluster client routes the decision's key to (laneOf), so that a batch
-// never spans masters and a master that does not answer holds only its own
-// lane: a batch waits for its slowest node, and a worker waits for its
-// batch, which on a dead master lasts until the batch's deadline (the
-// cluster client redials and retries it meanwhile). With one queue and
-// workers for all masters, the batches of a dead master's keys took every
-// worker while their callers had long given up, and the live masters'
-// decisions queued behind them until their own deadline passed: answered
-// degraded, and counted against their own shard's breaker.
+// A lane is one server's queue and connection. Over one server there is
+// one. Over a Cluster there is one per master, chosen in Take by the master
+// the cluster client routes the decision's key to (laneOf), so that a
+// master that does not answer holds only its own lane: a stalled
+// connection leaves the other masters' decisions untouched.
 //
-// Over one Redis server (a *redis.Client: standalone or Sentinel) a whole
-// batch is one EVALSHA of batch.lua: Redis parses one command, enters Lua
-// once and reads TIME once for all of its decisions, and the numbers go
-// both ways as packed doubles instead of text that go-redis boxes one value
-// at a time (Redis's CPU per decision is the largest cost of the allowed
-// path on a shared machine, and go-redis's EVALSHA allocates per value).
-// Over a Cluster, where one script may only touch one slot, each decision
-// is its own EVALSHA of batch.lua, in a pipeline to the lane's master.
-// Callers' call records and their wake-up channels are reused
-// (sync.Pool); what a decision still allocates here is its bucket key and
-// go-redis's boxing of its two keys.
+// Over one server (a *redis.Client: standalone or Sentinel) one write's
+// decisions are one EVALSHA of batch.lua: Redis parses one command, enters
+// Lua once and reads TIME once for all of them, and the numbers go both
+// ways as packed doubles (Redis's CPU per decision is the largest cost of
+// the allowed path on a shared machine). Over a Cluster, where one script
+// may only touch one slot, each decision is its own EVALSHA of batch.lua.
+//
+// What the lanes need beside a connection goes through the go-redis
+// client, off the hot path, in a goroutine of Run's: a decision whose
+// Cluster master is not known yet (the slot map not loaded), one refused
+// with MOVED or ASK (the cluster client follows the redirect and reloads
+// its slot map), and one refused with NOSCRIPT (the script is loaded on
+// that server, and the decision sent again). LOADING and any other error
+// of Redis's is the decision's error.
+//
+// The connections and their readers run under Run: NewPipelined starts
+// nothing. A lane dials when Run starts it, and again after its connection
+// failed or stalled; while a dial fails, its decisions fail at once (the
+// guard decides them degraded and counts them) instead of waiting.
 
 import (
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -63,61 +66,57 @@ type PipelineClient interface {
 // PipelineConfig tunes auto-pipelining. The zero value of each field is its
 // documented default.
 type PipelineConfig struct {
-	// Workers is how many batches may be on the wire at once to one
-	// server (default: 1 over one server, 4 to each master of a Cluster;
-	// see defaultWorkers).
+	// Workers is how many script calls may be in flight at once on one
+	// server's connection (default 1; see defaultInFlight). Over a Cluster,
+	// where each decision is a script call of its own, it does not apply.
 	Workers int
-	// MaxBatch is the most decisions in one pipeline (default 256).
+	// MaxBatch is the most decisions in one script call over one server
+	// (default 256); a longer queue is written as several calls in one
+	// flush.
 	MaxBatch int
-	// MinBatch and MaxDelay: a worker holding fewer than MinBatch decisions
-	// waits up to MaxDelay for more (default 0: never wait).
+	// MinBatch and MaxDelay: a queue holding fewer than MinBatch decisions
+	// waits up to MaxDelay for more before it is written (default 0: never
+	// wait).
 	MinBatch int
 	MaxDelay time.Duration
-	// Queue is the capacity of a lane's queue (default 4096); a full
-	// queue makes Take wait (bounded by its context).
+	// Queue is not used (decisions queue while a write is on its way;
+	// each caller's context bounds its wait).
 	Queue int
-	// Timeout bounds one pipeline round trip (default 1s), unless the
-	// latest deadline among the batch's callers' contexts is later: a
-	// caller that may wait longer (GuardSettings.MaxWait, on a starved
-	// process) is not failed by a shorter pipeline deadline. Each caller's
-	// own context bounds its wait.
+	// Timeout bounds one script call's round trip (default 1s), unless the
+	// latest deadline among its callers' contexts is later: a caller that
+	// may wait longer (GuardSettings.MaxWait, on a starved process) is not
+	// failed by a shorter deadline. A connection whose oldest call in
+	// flight has no reply by then is judged stalled, closed and dialled
+	// again. Each caller's own context bounds its wait.
 	Timeout time.Duration
 }
 
 // Pipelined is an enforcement.Authority that coalesces concurrent
-// decisions into pipelines. It is safe for concurrent use.
+// decisions into pipelines. It is safe for concurrent use; Run runs its
+// connections.
 type Pipelined struct {
 	store *Store
 	rdb   PipelineClient
-	// whole: a batch may be one script call whatever its keys (one
-	// server); client is then rdb as a *redis.Client.
-	whole  bool
+	// client is rdb as a *redis.Client (one server), or nil.
 	client *redis.Client
-	// cluster is rdb as a *redis.ClusterClient, or nil: then every
-	// decision takes lane one.
+	// cluster is rdb as a *redis.ClusterClient, or nil.
 	cluster *redis.ClusterClient
-	// routable: a batch over the Cluster has been answered, so the cluster
-	// client holds a slot map and finds a key's master without a network
-	// call (it never drops the map once loaded). Until then every decision
-	// takes lane one, whose batch loads the map.
+	// routable: a decision over the Cluster has been answered, so the
+	// cluster client holds a slot map and finds a key's master without a
+	// network call (it never drops the map once loaded). Until then every
+	// decision goes through the cluster client, which loads the map.
 	routable atomic.Bool
 	cfg      PipelineConfig
-	one      *lane // over one server; over a Cluster, decisions whose master is unknown
+	one      *lane // over one server
 
-	mu     sync.Mutex
-	closed bool                             // Close has begun: no new lane
-	lanes  atomic.Pointer[map[string]*lane] // by master's address; copied on write
-
-	stop      chan struct{}
-	stopOnce  sync.Once
-	drained   chan struct{} // closed when Close has answered the queues
-	drainOnce sync.Once
-	wg        sync.WaitGroup
-}
-
-// lane is one queue and the workers that send its batches.
-type lane struct {
-	queue chan *call
+	mu      sync.Mutex
+	running bool                             // Run has begun
+	closed  bool                             // Run has ended or is ending: no new lane, no new slow call
+	all     []*lane                          // every lane, for Run to start
+	lanes   atomic.Pointer[map[string]*lane] // over a Cluster, by master's address; copied on write
+	poke    chan struct{}                    // a lane was added
+	slow    sync.WaitGroup                   // the calls sent through the go-redis client
+	early   []slowCall                       // asked for before Run
 }
 
 var _ enforcement.Authority = (*Pipelined)(nil)
@@ -130,165 +129,24 @@ type call struct {
 	v          enforcement.Verdict
 	err        error
 	// done receives one value when v and err are set (buffered: the
-	// worker never waits for the caller).
+	// reader never waits for the caller).
 	done chan struct{}
-	// bucketKey is set by Take when it chose a Cluster master's lane,
-	// else by the worker; quotaKey and quotaEnd by the worker, for its batch.
+	// bucketKey, quotaKey and quotaEnd are set by Take.
 	bucketKey, quotaKey string
 	quotaEnd            int64
-	batch               int // decisions in the batch the call rode in
+	batch               int // decisions in the script call the call rode in
 }
 
 // calls recycles call records: a caller that received its answer is the
 // last user of its call. One its caller gave up on is left to the GC (the
-// worker may still write it).
+// reader may still write it).
 var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+var errVerdict enforcement.Verdict
 
 func (c *call) answer(v enforcement.Verdict, err error) {
 	c.v, c.err = v, err
 	c.done <- struct{}{}
-}
-
-// ErrClosed is returned for decisions asked of a closed Pipelined store.
-var ErrClosed = errors.New("redisstore: pipelined store closed")
-
-// NewPipelined returns an auto-pipelining authority over rdb with the key
-// layout of New(rdb, prefix), and starts its workers (over a Cluster, a
-// master's are started with the first decision routed to it).
-func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipelined {
-	client, whole := rdb.(*redis.Client)
-	cluster, _ := rdb.(*redis.ClusterClient)
-	if cfg.Workers <= 0 {
-		cfg.Workers = defaultWorkers(whole)
-	}
-	if cfg.MaxBatch <= 0 {
-		cfg.MaxBatch = 256
-	}
-	if cfg.Queue <= 0 {
-		cfg.Queue = 4096
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = time.Second
-	}
-	p := &Pipelined{store: New(rdb, prefix), rdb: rdb, whole: whole, client: client, cluster: cluster, cfg: cfg,
-		stop: make(chan struct{}), drained: make(chan struct{})}
-	p.lanes.Store(&map[string]*lane{})
-	p.one = p.startLane()
-	return p
-}
-
-// startLane makes a lane and starts its workers. Called from NewPipelined,
-// or with p.mu held and p.closed false (so that Close waits for them).
-func (p *Pipelined) startLane() *lane {
-	l := &lane{queue: make(chan *call, p.cfg.Queue)}
-	p.wg.Add(p.cfg.Workers)
-	for range p.cfg.Workers {
-		go p.work(l)
-	}
-	return l
-}
-
-// laneOf is the lane of the master the cluster client sends bucketKey to
-// (p.one when it does not know the slot's master), or nil once Close has
-// begun. Called once p.routable: the lookup is then in memory. The lanes grow with the masters ever routed to (a failover or a
-// reshard adds one); a lane left without keys costs its idle workers.
-func (p *Pipelined) laneOf(ctx context.Context, bucketKey string) *lane {
-	node, err := p.cluster.MasterForKey(ctx, bucketKey)
-	if err != nil {
-		return p.one // the batch will say why
-	}
-	addr := node.Options().Addr
-	if l := (*p.lanes.Load())[addr]; l != nil {
-		return l
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return nil
-	}
-	lanes := *p.lanes.Load()
-	if l := lanes[addr]; l != nil {
-		return l
-	}
-	next := maps.Clone(lanes)
-	next[addr] = p.startLane()
-	p.lanes.Store(&next)
-	return next[addr]
-}
-
-// defaultWorkers is how many batches go on the wire at once by default.
-//
-// Over one server, one: the next batch leaves when the previous answer is
-// back, so it holds everything that arrived meanwhile (go-redis's own
-// autopipeliner sends one batch per round trip by default too). Redis runs
-// scripts one at a time, so a second batch on the wire would only wait in
-// its socket; what it costs is per-batch work on both sides (a write, a
-// read, a wake-up of Redis and of the worker, Redis parsing a command and
-// entering Lua). So one worker makes larger batches, and both Redis and the
-// limiter spend less per decision, without a later answer at a fixed rate
-// or on a starved machine (BENCHMARKS.md). What one batch on the wire gives up is overlap: over a link whose round
-// trip is long next to Redis's time per batch, a decision may wait up to
-// one round trip for the batch ahead of it; and with nothing but decisions
-// on the cores (BenchmarkSharedTier, 128 callers in process) four batches
-// answer more. Raise Workers there (cmd/limiter:
-// LIMITER_STORE_BATCHES_IN_FLIGHT).
-//
-// Over a Cluster, four to each master (a lane per master, see the design
-// note at the top): as many batches on the wire to one master as when four
-// workers sent pipelines split over every master, before the lanes; one
-// each is not measured there.
-func defaultWorkers(whole bool) int {
-	if whole {
-		return 1
-	}
-	return 4
-}
-
-// HeedsCancel declares that Take returns as soon as its context is done
-// (HeedsCancel: the guard then needs no goroutine per call).
-func (p *Pipelined) HeedsCancel() {}
-
-// Store is the plain store with the same key layout (BucketKey, Lease, Preload).
-func (p *Pipelined) Store() *Store { return p.store }
-
-// Take implements enforcement.Authority.
-func (p *Pipelined) Take(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64) (enforcement.Verdict, error) {
-	select {
-	case <-p.stop:
-		return enforcement.Verdict{}, ErrClosed
-	default:
-	}
-	c := calls.Get().(*call)
-	c.ctx, c.key, c.scope, c.lim, c.cost = ctx, key, scope, lim, cost
-	l := p.one
-	if p.cluster != nil && p.routable.Load() {
-		c.bucketKey = p.store.BucketKey(key, scope)
-		if l = p.laneOf(ctx, c.bucketKey); l == nil {
-			c.recycle()
-			return enforcement.Verdict{}, ErrClosed
-		}
-	}
-	select {
-	case l.queue <- c:
-	case <-p.stop:
-		c.recycle()
-		return enforcement.Verdict{}, ErrClosed
-	case <-ctx.Done():
-		c.recycle()
-		return enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q: queued: %w", p.store.BucketKey(key, scope), ctx.Err())
-	}
-	select {
-	case <-c.done:
-		v, err := c.v, c.err
-		reportBatch(ctx, c.batch)
-		c.recycle()
-		return v, err
-	case <-p.drained: // enqueued as Close drained the queue
-		return enforcement.Verdict{}, ErrClosed
-	case <-ctx.Done():
-		// The worker still completes the call; its verdict is dropped.
-		return enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q: %w", p.store.BucketKey(key, scope), ctx.Err())
-	}
 }
 
 // recycle returns a call its caller is done with to the pool.
@@ -298,316 +156,658 @@ func (c *call) recycle() {
 	calls.Put(c)
 }
 
-// Close stops the workers after the pipelines on the wire complete; queued
-// decisions get ErrClosed. It is idempotent.
-func (p *Pipelined) Close(ctx context.Context) error {
+// ErrClosed is returned for decisions asked of a Pipelined store whose Run
+// has ended.
+var ErrClosed = errors.New("redisstore: pipelined store closed")
+
+// NewPipelined returns an auto-pipelining authority over rdb with the key
+// layout of New(rdb, prefix). It starts nothing: decisions are answered
+// while Run runs.
+func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipelined {
+	client, _ := rdb.(*redis.Client)
+	cluster, _ := rdb.(*redis.ClusterClient)
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 256
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = defaultInFlight
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = time.Second
+	}
+	p := &Pipelined{store: New(rdb, prefix), rdb: rdb, client: client, cluster: cluster, cfg: cfg, poke: make(chan struct{}, 1)}
+	p.lanes.Store(&map[string]*lane{})
+	if cluster == nil {
+		if client == nil {
+			panic("redisstore: NewPipelined needs a *redis.Client or a *redis.ClusterClient")
+		}
+		p.one = &lane{opt: client.Options(), node: client}
+		p.all = append(p.all, p.one)
+	}
+	return p
+}
+
+// defaultInFlight is how many script calls go on the wire to one server
+// before the next write waits for a reply. With no bound, every write went
+// out at once and carried only the few decisions queued during the last
+// one: with nothing but decisions on the cores (BenchmarkSharedTier, 128
+// callers) Redis ran about twice the script calls per decision and
+// answered half as many decisions as the batch-per-round-trip pipeline;
+// two in flight still answered fewer. With one, a lone decision is written
+// by its caller at once, and under load the reader writes what queued the
+// moment the reply before it is read, with no hand-off to a worker.
+const defaultInFlight = 1
+
+// room reports whether l's connection takes another script call now.
+func (p *Pipelined) room(l *lane) bool {
+	return l.cluster || l.conn.inflight() < p.cfg.Workers
+}
+
+// HeedsCancel declares that Take returns as soon as its context is done
+// (HeedsCancel: the guard then needs no goroutine per call).
+func (p *Pipelined) HeedsCancel() {}
+
+// Store is the plain store with the same key layout (BucketKey, Lease, Preload).
+func (p *Pipelined) Store() *Store { return p.store }
+
+// Run runs the lanes' connections until ctx ends, then answers what is
+// queued or in flight with ErrClosed and returns once every goroutine it
+// started has returned. It may run once.
+func (p *Pipelined) Run(ctx context.Context) error {
+	p.mu.Lock()
+	if p.running {
+		p.mu.Unlock()
+		return errors.New("redisstore: Pipelined.Run called twice")
+	}
+	p.running = true
+	for _, sc := range p.early {
+		p.start(sc)
+	}
+	p.early = nil
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	started := 0
+	for ctx.Err() == nil {
+		p.mu.Lock()
+		add := p.all[started:]
+		started = len(p.all)
+		p.mu.Unlock()
+		for _, l := range add {
+			wg.Add(1)
+			go func() { defer wg.Done(); p.runLane(ctx, l) }()
+		}
+		select {
+		case <-ctx.Done():
+		case <-p.poke:
+		}
+	}
 	p.mu.Lock()
 	p.closed = true
+	never := p.all[started:] // added as Run ended: never dialled
 	p.mu.Unlock()
-	p.stopOnce.Do(func() { close(p.stop) })
-	done := make(chan struct{})
-	go func() { p.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return ctx.Err()
+	for _, l := range never {
+		l.close()
 	}
-	for _, l := range *p.lanes.Load() {
-		l.drain()
-	}
-	p.one.drain()
-	p.drainOnce.Do(func() { close(p.drained) })
+	wg.Wait()
+	p.slow.Wait() // bounded by the calls' deadlines
 	return nil
 }
 
-// drain answers what is queued with ErrClosed.
-func (l *lane) drain() {
-	for {
-		select {
-		case c := <-l.queue:
-			c.answer(enforcement.Verdict{}, ErrClosed)
-		default:
-			return
+// laneOf is the lane of the master the cluster client sends bucketKey to,
+// or nil when it does not know the slot's master, and closed is true once
+// Run has ended. Called once p.routable: the lookup is then in memory. The
+// lanes grow with the masters ever routed to (a failover or a reshard adds
+// one); a lane left without keys keeps an idle connection.
+func (p *Pipelined) laneOf(ctx context.Context, bucketKey string) (l *lane, closed bool) {
+	node, err := p.cluster.MasterForKey(ctx, bucketKey)
+	if err != nil {
+		return nil, false // the cluster client will say why
+	}
+	addr := node.Options().Addr
+	if l := (*p.lanes.Load())[addr]; l != nil {
+		return l, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, true
+	}
+	lanes := *p.lanes.Load()
+	if l := lanes[addr]; l != nil {
+		return l, false
+	}
+	l = &lane{opt: node.Options(), node: node, cluster: true}
+	next := make(map[string]*lane, len(lanes)+1)
+	for k, v := range lanes {
+		next[k] = v
+	}
+	next[addr] = l
+	p.lanes.Store(&next)
+	p.all = append(p.all, l)
+	select {
+	case p.poke <- struct{}{}:
+	default:
+	}
+	return l, false
+}
+
+// Take implements enforcement.Authority.
+func (p *Pipelined) Take(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64) (enforcement.Verdict, error) {
+	c := calls.Get().(*call)
+	c.ctx, c.key, c.scope, c.lim, c.cost = ctx, key, scope, lim, cost
+	c.bucketKey = p.store.BucketKey(key, scope)
+	c.quotaKey, c.quotaEnd = p.store.quotaOf(c.bucketKey, key, lim)
+	l := p.one
+	if p.cluster != nil {
+		l = nil
+		if p.routable.Load() {
+			var closed bool
+			if l, closed = p.laneOf(ctx, c.bucketKey); closed {
+				c.recycle()
+				return errVerdict, ErrClosed
+			}
 		}
+		if l == nil { // the master is not known: through the cluster client
+			c.batch = 1
+			if !p.later([]*call{c}, p.deadline(c), p.viaCluster) {
+				c.recycle()
+				return errVerdict, ErrClosed
+			}
+		}
+	}
+	if l != nil {
+		if err := p.enqueue(l, c); err != nil {
+			c.recycle()
+			return errVerdict, err
+		}
+	}
+	select {
+	case <-c.done:
+		v, err := c.v, c.err
+		reportBatch(ctx, c.batch)
+		c.recycle()
+		return v, err
+	case <-ctx.Done():
+		// The call is still answered, by the reader or by the
+		// connection's failure; its verdict is dropped.
+		return errVerdict, fmt.Errorf("redis bucket script for %q: %w", c.bucketKey, ctx.Err())
 	}
 }
 
-func (p *Pipelined) work(l *lane) {
-	defer p.wg.Done()
-	batch := make([]*call, 0, p.cfg.MaxBatch)
-	var b batchBuf
-	for {
-		batch = batch[:0]
-		select {
-		case <-p.stop:
-			return
-		case c := <-l.queue:
-			batch = append(batch, c)
+// lane is one server's queue and connection.
+type lane struct {
+	opt     *redis.Options // how to dial the server: the client's, or the master's
+	node    *redis.Client  // the server's go-redis client (SCRIPT LOAD after NOSCRIPT)
+	cluster bool           // one decision per script call (one slot each)
+
+	mu      sync.Mutex
+	queue   []*call
+	spare   []*call
+	writing bool        // a writer holds the connection's writing side
+	conn    *duplexConn // nil while dialling
+	down    error       // the last dial's failure, until one succeeds
+	closed  bool        // Run has ended
+	timer   *time.Timer // MaxDelay's
+	args    []byte      // the writer's packed numbers
+	armed   bool        // timer is set
+}
+
+// enqueue queues c on l and, when no one is writing, writes what is queued.
+func (p *Pipelined) enqueue(l *lane, c *call) error {
+	l.mu.Lock()
+	switch {
+	case l.closed:
+		l.mu.Unlock()
+		return ErrClosed
+	case l.down != nil:
+		err := l.down
+		l.mu.Unlock()
+		return fmt.Errorf("redis bucket script for %q: %w", c.bucketKey, err)
+	}
+	l.queue = append(l.queue, c)
+	if !l.writing && l.conn != nil && p.full(l) && p.room(l) {
+		l.writing = true
+		p.flush(l)
+	}
+	l.mu.Unlock()
+	return nil
+}
+
+// full reports whether l's queue is to be written now (MinBatch, MaxDelay);
+// when not, it sets the timer that writes it. Called with l.mu held.
+func (p *Pipelined) full(l *lane) bool {
+	if p.cfg.MaxDelay <= 0 || len(l.queue) >= p.cfg.MinBatch {
+		return true
+	}
+	if !l.armed {
+		l.armed = true
+		if l.timer == nil {
+			l.timer = time.AfterFunc(p.cfg.MaxDelay, func() { p.kick(l) })
+		} else {
+			l.timer.Reset(p.cfg.MaxDelay)
 		}
-		batch = p.fill(l, batch)
-		batch = p.dropAbandoned(batch)
-		if len(batch) > 0 {
-			p.run(batch, &b)
-		}
+	}
+	return false
+}
+
+// kick writes what l has queued, if no one is writing (MaxDelay's timer).
+func (p *Pipelined) kick(l *lane) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.armed = false
+	if !l.writing && l.conn != nil && len(l.queue) > 0 {
+		l.writing = true
+		p.flush(l)
 	}
 }
 
-// fill adds what is queued, up to MaxBatch, waiting up to MaxDelay while
-// the batch is under MinBatch.
-func (p *Pipelined) fill(l *lane, batch []*call) []*call {
-	var timer <-chan time.Time
-	for len(batch) < p.cfg.MaxBatch {
-		select {
-		case c := <-l.queue:
-			batch = append(batch, c)
-			continue
-		default:
-		}
-		if len(batch) >= p.cfg.MinBatch || p.cfg.MaxDelay <= 0 {
-			return batch
-		}
-		if timer == nil {
-			timer = time.After(p.cfg.MaxDelay)
-		}
-		select {
-		case c := <-l.queue:
-			batch = append(batch, c)
-		case <-timer:
-			return batch
-		case <-p.stop:
-			return batch
-		}
+// resume writes what l has queued, if no one is writing (the reader, once
+// a reply made room).
+func (p *Pipelined) resume(l *lane) {
+	l.mu.Lock()
+	if !l.writing && l.conn != nil && len(l.queue) > 0 && p.full(l) {
+		l.writing = true
+		p.flush(l)
 	}
-	return batch
+	l.mu.Unlock()
 }
 
-// dropAbandoned answers the calls whose caller has gone (it already
-// returned; a bucket must not spend a token for nobody) and keeps the rest.
-func (p *Pipelined) dropAbandoned(batch []*call) []*call {
+// flush writes l's queue to its connection until the queue is empty,
+// letting go of l.mu while it writes, so that callers keep queueing and
+// their decisions go out in the next write. Called with l.mu held and
+// l.writing set, by the one writer; returns with l.mu held.
+func (p *Pipelined) flush(l *lane) {
+	for len(l.queue) > 0 && l.conn != nil && p.room(l) {
+		batch, cn := l.queue, l.conn
+		l.queue, l.spare = l.spare[:0], nil
+		l.mu.Unlock()
+		p.write(l, cn, batch)
+		clear(batch)
+		l.mu.Lock()
+		l.spare = batch[:0]
+	}
+	l.writing = false
+}
+
+// write sends batch on cn, one script call per MaxBatch decisions over one
+// server, one per decision over a Cluster, in one flush. A call its caller
+// gave up on is answered, not sent (a bucket must not spend a token for
+// nobody).
+func (p *Pipelined) write(l *lane, cn *duplexConn, batch []*call) {
 	kept := batch[:0]
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
-			c.answer(enforcement.Verdict{}, err)
+			c.answer(errVerdict, err)
 			continue
 		}
 		kept = append(kept, c)
 	}
-	return kept
-}
-
-// batchBuf is one worker's reusable memory for the script calls of a batch.
-type batchBuf struct {
-	keys  []string
-	args  []byte
-	cmds  []*redis.Cmd
-	spans [][2]int // the calls of each script call: batch[from:to]
-	// The whole batch's EVALSHA as go-redis writes it (wholeCmd): its
-	// arguments, and the key count they point to.
-	cmdArgs []any
-	nkeys   int
-}
-
-func (p *Pipelined) run(batch []*call, b *batchBuf) {
-	deadline := time.Now().Add(p.cfg.Timeout)
-	for _, c := range batch {
-		if d, ok := c.ctx.Deadline(); ok && d.After(deadline) {
-			deadline = d
-		}
+	if len(kept) == 0 {
+		return
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	b.pack(p.store, batch)
-	b.spans = b.spans[:0]
-	if p.whole {
-		b.spans = append(b.spans, [2]int{0, len(batch)})
-	} else { // one slot per script: one call each
-		for i := range batch {
-			b.spans = append(b.spans, [2]int{i, i + 1})
-		}
+	per := p.cfg.MaxBatch
+	if l.cluster {
+		per = 1
 	}
-	b.cmds = b.cmds[:0]
-	p.exec(ctx, b, batch, false)
-	// NOSCRIPT (a restarted or failed-over server): load the script and
-	// redo the calls it refused, once.
-	noscript := false
-	for _, cmd := range b.cmds {
-		if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			noscript = true
-		}
-	}
-	if noscript {
-		if err := p.loadScript(ctx, batch, b); err == nil {
-			p.exec(ctx, b, batch, true)
-		}
-	}
-	if p.cluster != nil && !p.routable.Load() {
-		for _, cmd := range b.cmds {
-			if cmd.Err() == nil {
-				p.routable.Store(true)
-				break
+	now := time.Now()
+	var latest time.Time
+	for i := 0; i < len(kept); i += per {
+		chunk := kept[i:min(i+per, len(kept))]
+		g := groups.Get().(*group)
+		g.calls = append(g.calls[:0], chunk...)
+		g.deadline = now.Add(p.cfg.Timeout)
+		for _, c := range chunk {
+			c.batch = len(chunk)
+			if d, ok := c.ctx.Deadline(); ok && d.After(g.deadline) {
+				g.deadline = d
 			}
 		}
+		if i == 0 || g.deadline.After(latest) {
+			latest = g.deadline
+			_ = cn.nc.SetWriteDeadline(latest)
+		}
+		if !cn.push(g) {
+			failCalls(g.calls, fmt.Errorf("%s: %w", cn.addr, errNotConnected))
+			g.recycle()
+			continue
+		}
+		l.args = packArgs(l.args[:0], chunk)
+		cn.evalsha(chunk, l.args)
 	}
-	for i, sp := range b.spans {
-		answer(batch[sp[0]:sp[1]], b.cmds[i])
+	if err := cn.bw.Flush(); err != nil {
+		// The reader's read fails on the closed connection and answers
+		// what was pushed.
+		_ = cn.nc.Close()
 	}
 }
 
-// loadScript loads batch.lua where the calls of b were refused with
-// NOSCRIPT: on the one server, or over a Cluster on the masters of those
-// calls only (their lane's), since the cluster client's SCRIPT LOAD goes to
-// every master and waits for each, a dead one too.
-func (p *Pipelined) loadScript(ctx context.Context, batch []*call, b *batchBuf) error {
-	if p.cluster == nil {
-		return batchScript.Load(ctx, p.rdb).Err()
+// packArgs appends the packed numbers of calls' decisions (batch.lua's
+// ARGV[1]).
+func packArgs(b []byte, calls []*call) []byte {
+	for _, c := range calls {
+		for _, f := range [6]float64{c.lim.Rate, float64(c.lim.Burst), float64(c.cost), float64(c.lim.QuotaLimit), float64(c.quotaEnd), c.lim.SoftLimitPercent} {
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
+		}
 	}
-	var loaded []*redis.Client
-	for i, cmd := range b.cmds {
-		if !isNoScript(cmd) {
+	return b
+}
+
+// close marks l closed and answers its queue with ErrClosed.
+func (l *lane) close() {
+	l.mu.Lock()
+	l.closed = true
+	q := l.queue
+	l.queue = nil
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	l.mu.Unlock()
+	for _, c := range q {
+		c.answer(errVerdict, ErrClosed)
+	}
+}
+
+// Redial waits after a failed dial: doubling from the first, up to the
+// last, so that a server back from a restart is reached within a fraction
+// of the breaker's open time.
+const (
+	redialFirst = 10 * time.Millisecond
+	redialMax   = 200 * time.Millisecond
+)
+
+// runLane keeps l connected until ctx ends: it dials, reads the replies
+// until the connection fails or stalls, and dials again.
+func (p *Pipelined) runLane(ctx context.Context, l *lane) {
+	defer l.close()
+	wait := time.Duration(0)
+	for {
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		cn, err := dialDuplex(ctx, l.opt)
+		if err != nil {
+			l.mu.Lock()
+			l.down = err
+			q := l.queue
+			l.queue = nil
+			l.mu.Unlock()
+			failCalls(q, err)
+			wait = min(max(2*wait, redialFirst), redialMax)
 			continue
 		}
-		node, err := p.cluster.MasterForKey(ctx, batch[b.spans[i][0]].bucketKey)
+		wait = 0
+		l.mu.Lock()
+		l.conn, l.down = cn, nil
+		if !l.writing && len(l.queue) > 0 && p.full(l) {
+			l.writing = true
+			p.flush(l)
+		}
+		l.mu.Unlock()
+		stop := context.AfterFunc(ctx, func() { _ = cn.nc.Close() })
+		err = p.serve(l, cn)
+		stop()
+		l.mu.Lock()
+		if l.conn == cn {
+			l.conn = nil
+		}
+		l.mu.Unlock()
+		switch {
+		case ctx.Err() != nil:
+			err = ErrClosed
+		case isTimeout(err):
+			err = fmt.Errorf("%s: no reply by the deadline: connection closed: %w", cn.addr, err)
+		default:
+			err = fmt.Errorf("%s: %w", cn.addr, err)
+		}
+		cn.fail(err)
+	}
+}
+
+// serve reads cn's replies and answers their groups, in order, until a read
+// fails.
+func (p *Pipelined) serve(l *lane, cn *duplexConn) error {
+	var failed []failure
+	for {
+		ln, err := cn.line()
 		if err != nil {
 			return err
 		}
-		if slices.Contains(loaded, node) {
-			continue
+		g := cn.front()
+		if g == nil {
+			return fmt.Errorf("%w: a reply with nothing in flight", errProtocol)
 		}
-		if err := batchScript.Load(ctx, node).Err(); err != nil {
-			return err
-		}
-		loaded = append(loaded, node)
-	}
-	return nil
-}
-
-// pack lays out the keys and the packed numbers of every call in the batch.
-func (b *batchBuf) pack(s *Store, batch []*call) {
-	b.keys, b.args = b.keys[:0], b.args[:0]
-	for _, c := range batch {
-		if c.bucketKey == "" { // else Take has set it
-			c.bucketKey = s.BucketKey(c.key, c.scope)
-		}
-		c.quotaKey, c.quotaEnd = s.quotaOf(c.bucketKey, c.key, c.lim)
-		c.batch = len(batch)
-		b.keys = append(b.keys, c.bucketKey, c.quotaKey)
-		for _, f := range [6]float64{c.lim.Rate, float64(c.lim.Burst), float64(c.cost), float64(c.lim.QuotaLimit), float64(c.quotaEnd), c.lim.SoftLimitPercent} {
-			b.args = binary.LittleEndian.AppendUint64(b.args, math.Float64bits(f))
-		}
-	}
-}
-
-// exec sends the script calls of b.spans (retry: only those refused with
-// NOSCRIPT, after a reload; the others' decisions are made): one EVALSHA
-// straight on the client when there is one call, else a pipeline.
-func (p *Pipelined) exec(ctx context.Context, b *batchBuf, batch []*call, retry bool) {
-	first := !retry
-	cmdOf := func(s redis.Scripter, sp [2]int) *redis.Cmd {
-		return batchScript.EvalSha(ctx, s, b.keys[2*sp[0]:2*sp[1]], b.args[48*sp[0]:48*sp[1]])
-	}
-	if len(b.spans) == 1 {
-		if first || isNoScript(b.cmds[0]) {
-			var cmd *redis.Cmd
-			if p.whole {
-				cmd = p.wholeCmd(ctx, b, batch)
-			} else {
-				cmd = cmdOf(p.rdb, b.spans[0])
+		var packed []byte
+		var refused string
+		failed = failed[:0]
+		switch ln[0] {
+		case '-':
+			refused = string(ln[1:])
+		case '*':
+			n, err := parseInt(ln[1:])
+			if err != nil {
+				return err
 			}
-			if first {
-				b.cmds = append(b.cmds, cmd)
-			} else {
-				b.cmds[0] = cmd
+			for i := range n {
+				ln, err := cn.line()
+				if err != nil {
+					return err
+				}
+				switch {
+				case i == 0 && ln[0] == '$':
+					packed, err = cn.readBulk(ln, &cn.bulk)
+				case i%2 == 1 && ln[0] == ':':
+					var at int64
+					at, err = parseInt(ln[1:])
+					failed = append(failed, failure{at: at})
+				case i%2 == 0 && ln[0] == '$' && len(failed) > 0:
+					var msg []byte
+					msg, err = cn.readBulk(ln, &cn.msg)
+					failed[len(failed)-1].msg = string(msg)
+				default:
+					err = cn.skip(ln)
+					packed = nil // not batch.lua's reply
+				}
+				if err != nil {
+					return err
+				}
+			}
+		default:
+			if err := cn.skip(ln); err != nil {
+				return err
 			}
 		}
+		cn.pop()
+		if !l.cluster {
+			p.resume(l) // a call has left the wire: what queued meanwhile goes
+		}
+		switch {
+		case refused != "":
+			p.refused(l, cn, g, refused)
+		default:
+			answerPacked(g.calls, packed, failed)
+			if len(failed) > 0 && strings.HasPrefix(failed[0].msg, "READONLY") {
+				_ = cn.nc.Close() // a demoted master: see refused
+			}
+		}
+		g.recycle()
+	}
+}
+
+// failure is a decision of a script call whose Redis call failed.
+type failure struct {
+	at  int64 // 1-based, in the call
+	msg string
+}
+
+// answerPacked answers calls from one batch.lua reply: packed results, and
+// the decisions that failed.
+func answerPacked(calls []*call, packed []byte, failed []failure) {
+	if len(packed) != 64*len(calls) {
+		failCalls(calls, fmt.Errorf("%w: %d bytes for %d decisions", errBadReply, len(packed), len(calls)))
 		return
 	}
-	pipe := p.rdb.Pipeline()
-	for i, sp := range b.spans {
-		switch {
-		case first:
-			b.cmds = append(b.cmds, cmdOf(pipe, sp))
-		case isNoScript(b.cmds[i]):
-			b.cmds[i] = cmdOf(pipe, sp)
+	for i, c := range calls {
+		if msg, bad := failedAt(failed, int64(i+1)); bad {
+			c.answer(errVerdict, fmt.Errorf("redis bucket script for %q: %s", c.bucketKey, msg))
+			continue
+		}
+		var res [8]int64
+		for j := range res {
+			res[j] = int64(math.Float64frombits(binary.LittleEndian.Uint64(packed[64*i+8*j:])))
+		}
+		c.answer(verdictOf(c.bucketKey, res[:], nil))
+	}
+}
+
+// failedAt is the message of the decision at (1-based) among failed.
+func failedAt(failed []failure, at int64) (string, bool) {
+	for _, f := range failed {
+		if f.at == at {
+			return f.msg, true
 		}
 	}
-	_, _ = pipe.Exec(ctx) // each command carries its own error
+	return "", false
 }
 
-// wholeCmd sends the whole batch as one EVALSHA of batch.lua on the one
-// server, below go-redis's Script.EvalSha: the argument list is the
-// worker's, reused, and the keys go in as pointers to the call records'
-// strings (go-redis writes a *string as the string), so that boxing them
-// allocates nothing (EvalSha boxes every key and builds a new list per
-// batch).
-func (p *Pipelined) wholeCmd(ctx context.Context, b *batchBuf, batch []*call) *redis.Cmd {
-	b.nkeys = 2 * len(batch)
-	args := append(b.cmdArgs[:0], "evalsha", batchHash, &b.nkeys)
-	for _, c := range batch {
-		args = append(args, &c.bucketKey, &c.quotaKey) // boxed pointers: no allocation
+// refused handles a script call Redis refused as a whole: NOSCRIPT (send
+// it again through the server's go-redis client, as EVAL on NOSCRIPT, which
+// loads the script there and nowhere else), MOVED or ASK (send again through
+// the cluster client, which follows the redirect and reloads its slot map);
+// READONLY closes the connection, so that the lane dials the master again;
+// any other error (LOADING, …) is the decisions' error.
+func (p *Pipelined) refused(l *lane, cn *duplexConn, g *group, msg string) {
+	var via func(ctx context.Context, calls []*call)
+	switch {
+	case strings.HasPrefix(msg, "READONLY"):
+		// A master demoted under a live connection (a Sentinel failover):
+		// dial again, which finds the new master. (Inside batch.lua the
+		// refusal is a decision's failure; serve closes the connection
+		// on it alike.)
+		failCalls(g.calls, errors.New(msg))
+		_ = cn.nc.Close()
+		return
+	case strings.HasPrefix(msg, "NOSCRIPT"):
+		via = func(ctx context.Context, calls []*call) { sendVia(ctx, l.node, calls, !l.cluster) }
+	case p.cluster != nil && (strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ")):
+		via = p.viaCluster
+	default:
+		failCalls(g.calls, errors.New(msg))
+		return
 	}
-	args = append(args, b.args)
-	b.cmdArgs = args
-	cmd := redis.NewCmd(ctx, args...)
-	_ = p.client.Process(ctx, cmd) // the error is the command's
-	return cmd
+	if !p.later(slices.Clone(g.calls), g.deadline, via) {
+		failCalls(g.calls, ErrClosed)
+	}
 }
 
-// batchHash is batch.lua's SHA1, boxed once.
-var batchHash any = batchScript.Hash()
-
-func isNoScript(cmd *redis.Cmd) bool {
-	err := cmd.Err()
-	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+// slowCall is calls to send through the go-redis client (later).
+type slowCall struct {
+	calls    []*call
+	deadline time.Time
+	fn       func(ctx context.Context, calls []*call)
 }
 
-// answer reads one batch.lua reply and answers its calls.
+// later sends calls through fn in a goroutine of Run's, with a deadline
+// (asked before Run, when Run starts); false once Run has ended (nothing
+// was started).
+func (p *Pipelined) later(calls []*call, deadline time.Time, fn func(ctx context.Context, calls []*call)) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed:
+		return false
+	case !p.running:
+		p.early = append(p.early, slowCall{calls, deadline, fn})
+	default:
+		p.start(slowCall{calls, deadline, fn})
+	}
+	return true
+}
+
+// start runs sc in a goroutine Run waits for. Called with p.mu held.
+func (p *Pipelined) start(sc slowCall) {
+	p.slow.Add(1)
+	go func() {
+		defer p.slow.Done()
+		ctx, cancel := context.WithDeadline(context.Background(), sc.deadline)
+		defer cancel()
+		sc.fn(ctx, sc.calls)
+	}()
+}
+
+// deadline is the deadline of a script call of c alone.
+func (p *Pipelined) deadline(c *call) time.Time {
+	d := time.Now().Add(p.cfg.Timeout)
+	if cd, ok := c.ctx.Deadline(); ok && cd.After(d) {
+		d = cd
+	}
+	return d
+}
+
+// viaCluster sends each call through the cluster client, which finds the
+// key's master (loading the slot map if it has none) and follows MOVED and
+// ASK.
+func (p *Pipelined) viaCluster(ctx context.Context, calls []*call) {
+	for _, c := range calls {
+		if sendVia(ctx, p.cluster, []*call{c}, false) {
+			p.routable.Store(true)
+		}
+	}
+}
+
+// sendVia sends calls (one script call when whole, else one each) through
+// a go-redis client and answers them; true when Redis answered one.
+func sendVia(ctx context.Context, rdb redis.Scripter, calls []*call, whole bool) bool {
+	per := 1
+	if whole {
+		per = len(calls)
+	}
+	ok := false
+	for i := 0; i < len(calls); i += per {
+		chunk := calls[i:min(i+per, len(calls))]
+		keys := make([]string, 0, 2*len(chunk))
+		for _, c := range chunk {
+			keys = append(keys, c.bucketKey, c.quotaKey)
+		}
+		cmd := batchScript.Run(ctx, rdb, keys, packArgs(nil, chunk)) // EVALSHA, then EVAL on NOSCRIPT
+		answer(chunk, cmd)
+		ok = ok || cmd.Err() == nil
+	}
+	return ok
+}
+
+// batchSHA is batch.lua's SHA1.
+var batchSHA = batchScript.Hash()
+
+// answer reads one batch.lua reply from go-redis and answers its calls.
 func answer(calls []*call, cmd *redis.Cmd) {
-	fail := func(err error) {
-		for _, c := range calls {
-			c.answer(enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q: %w", c.bucketKey, err))
-		}
-	}
 	reply, err := cmd.Slice()
 	if err != nil {
-		fail(err)
+		failCalls(calls, err)
 		return
 	}
 	packed, ok := "", len(reply)%2 == 1
 	if ok {
 		packed, ok = reply[0].(string)
 	}
-	if !ok || len(packed) != 64*len(calls) {
-		fail(fmt.Errorf("%w: %d values", errBadReply, len(reply)))
+	if !ok {
+		failCalls(calls, fmt.Errorf("%w: %d values", errBadReply, len(reply)))
 		return
 	}
-	// Decisions whose Redis call failed, listed after the packed results.
-	var failed map[int64]string
+	var failed []failure
 	for i := 1; i+1 < len(reply); i += 2 {
 		n, _ := reply[i].(int64)
 		msg, _ := reply[i+1].(string)
-		if failed == nil {
-			failed = make(map[int64]string)
-		}
-		failed[n] = msg
+		failed = append(failed, failure{at: n, msg: msg})
 	}
-	for i, c := range calls {
-		if msg, bad := failed[int64(i+1)]; bad {
-			c.answer(enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q: %s", c.bucketKey, msg))
-			continue
-		}
-		var res [8]int64
-		for j := range res {
-			res[j] = int64(math.Float64frombits(le64(packed[64*i+8*j:])))
-		}
-		c.answer(verdictOf(c.bucketKey, res[:], nil))
-	}
-}
-
-// le64 is the little-endian uint64 at the start of s.
-func le64(s string) uint64 {
-	_ = s[7]
-	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
-		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+	answerPacked(calls, []byte(packed), failed)
 }
 
 // BucketScriptSource is the Lua source of the bucket script, for tools that

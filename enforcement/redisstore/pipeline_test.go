@@ -25,8 +25,28 @@ import (
 func newPipelined(t testing.TB, rdb redisstore.PipelineClient, prefix string) *redisstore.Pipelined {
 	t.Helper()
 	p := redisstore.NewPipelined(rdb, prefix, redisstore.PipelineConfig{})
-	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	running(t, p)
 	return p
+}
+
+// running runs p's connections until the test ends, or until stop, which
+// waits for Run to return.
+func running(t testing.TB, p *redisstore.Pipelined) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 func TestPipelinedContract(t *testing.T) {
@@ -69,7 +89,8 @@ func TestPipelinedConcurrentExact(t *testing.T) {
 func TestPipelinedNoScript(t *testing.T) {
 	r := testenv.StartRedis(t)
 	c := newClient(t, r.Addr())
-	p := newPipelined(t, c, "pns")
+	p := redisstore.NewPipelined(c, "pns", redisstore.PipelineConfig{})
+	stop := running(t, p)
 	ctx := context.Background()
 	// One token a day: no whole token refills while the test runs, however
 	// slow the machine, so the remaining count is exact.
@@ -84,11 +105,9 @@ func TestPipelinedNoScript(t *testing.T) {
 	if err != nil || !v.Allowed || v.Remaining != 8 {
 		t.Fatalf("after SCRIPT FLUSH: %+v %v", v, err)
 	}
-	if err := p.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if _, err := p.Take(ctx, "k", "s", lim, 1); err != redisstore.ErrClosed {
-		t.Fatalf("after Close: %v, want ErrClosed", err)
+		t.Fatalf("after Run: %v, want ErrClosed", err)
 	}
 }
 
@@ -172,7 +191,7 @@ func BenchmarkSharedTier(b *testing.B) {
 	})
 	b.Run("pipelined", func(b *testing.B) {
 		p := redisstore.NewPipelined(c, "bench", redisstore.PipelineConfig{})
-		defer p.Close(context.Background())
+		defer running(b, p)()
 		defer redisCPU(b, r)()
 		benchTake(b, p, 64)
 	})
@@ -260,7 +279,7 @@ func RedisBenchmarkScript(tb testing.TB, port, n, p int) float64 {
 func batchOf(t *testing.T, c *redis.Client, prefix string, n int) *redisstore.Pipelined {
 	t.Helper()
 	p := redisstore.NewPipelined(c, prefix, redisstore.PipelineConfig{Workers: 1, MinBatch: n, MaxDelay: time.Minute})
-	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	running(t, p)
 	return p
 }
 

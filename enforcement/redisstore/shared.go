@@ -13,7 +13,7 @@ package redisstore
 //
 // The guards of one store share one starvation monitor (lag.go). Run owns
 // the background work: the monitor's probe, the Cluster's slot refresher,
-// and at its end the pipeline's workers.
+// and the pipeline's connections.
 
 import (
 	"context"
@@ -124,9 +124,10 @@ func (s *Shared) Preload(ctx context.Context) error {
 }
 
 // Run does the store's background work until ctx ends: the guards'
-// starvation monitor and, over a Cluster, the slot refresher. Then it stops
-// the pipeline's workers (the pipelines on the wire complete; queued
-// decisions get ErrClosed) and returns once all of them have returned.
+// starvation monitor, the pipeline's connections and, over a Cluster, the
+// slot refresher. Decisions are answered while it runs; when ctx ends,
+// those queued or in flight get ErrClosed, and Run returns once every
+// goroutine it started has returned.
 func (s *Shared) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -144,12 +145,13 @@ func (s *Shared) Run(ctx context.Context) error {
 			})
 		}()
 	}
+	if s.pipe != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = s.pipe.Run(ctx) }()
+	}
 	<-ctx.Done()
 	wg.Wait()
-	if s.pipe == nil {
-		return nil
-	}
-	return s.pipe.Close(context.Background()) // bounded by the pipelines' deadlines
+	return nil
 }
 
 // guardOf is the guard of shard, made on first use.

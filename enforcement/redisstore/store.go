@@ -163,6 +163,13 @@ func verdictOf(bucketKey string, res []int64, err error) (enforcement.Verdict, e
 
 var errBadReply = errors.New("unexpected reply shape")
 
+// le64 is the little-endian uint64 at the start of s.
+func le64(s string) uint64 {
+	_ = s[7]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
 // Preload loads the scripts into every reachable server so that the first
 // decisions do not pay for a NOSCRIPT round trip.
 func (s *Store) Preload(ctx context.Context) error {

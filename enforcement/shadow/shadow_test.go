@@ -318,12 +318,10 @@ func TestRolloutCandidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ev.Close(context.Background()) })
 	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.now, 1000), Policy: mustParse(t, withShadowYAML), Now: clk.now, Shadow: ev})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { lim.Close(context.Background()) })
 	check := func(scope string) enforcement.ShadowVerdict {
 		t.Helper()
 		d, err := lim.Check(context.Background(), enforcement.Request{Key: "acct_1", Scope: scope, Cost: 1})
