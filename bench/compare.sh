@@ -132,26 +132,6 @@ field() { echo "${T[$1]}" | awk -v i="$2" '{print $i}'; }
 hist() { # name -> the limiter's decision-latency histogram: "le count" lines
   curl -s "http://127.0.0.1:${PORT[$1]}/metrics" | awk -F'[{}" ]+' '/^limiter_decision_duration_seconds_bucket/ {print $3, $NF}'
 }
-quantiles() { # before after -> "p50 p99 p99.9" in µs, linear within buckets (as histogram_quantile)
-  paste "$1" "$2" | awk '
-    {le[NR] = $1; n[NR] = $4 - $2}
-    END {
-      total = n[NR]
-      split("0.5 0.99 0.999", q, " ")
-      for (j = 1; j <= 3; j++) {
-        want = q[j] * total; prev = 0; lo = 0; out = "–"
-        for (i = 1; i <= NR; i++) {
-          if (n[i] >= want) {
-            if (le[i] == "+Inf") { out = ">" lo * 1e6; break }
-            out = sprintf("%.0f", (lo + (le[i] - lo) * (want - prev) / (n[i] - prev > 0 ? n[i] - prev : 1)) * 1e6)
-            break
-          }
-          prev = n[i]; lo = le[i]
-        }
-        printf "%s%s", out, (j < 3 ? " " : "\n")
-      }
-    }'
-}
 summary() { # loadgen output -> "p50 p99 p999 dropped errors"
   awk '/^  summary / {
     for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }

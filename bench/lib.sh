@@ -73,3 +73,27 @@ splice_section() {
   cp "$OUT/BENCHMARKS.new" "$MD"
   echo "bench: wrote the section to $MD (raw outputs in $OUT)" >&2
 }
+
+# quantiles BEFORE AFTER: two "le count" dumps of a Prometheus histogram taken
+# around a run -> "p50 p99 p99.9" of the run in µs, linear within buckets
+# (as histogram_quantile).
+quantiles() {
+  paste "$1" "$2" | awk '
+    {le[NR] = $1; n[NR] = $4 - $2}
+    END {
+      total = n[NR]
+      split("0.5 0.99 0.999", q, " ")
+      for (j = 1; j <= 3; j++) {
+        want = q[j] * total; prev = 0; lo = 0; out = "–"
+        for (i = 1; i <= NR; i++) {
+          if (n[i] >= want) {
+            if (le[i] == "+Inf") { out = ">" lo * 1e6; break }
+            out = sprintf("%.0f", (lo + (le[i] - lo) * (want - prev) / (n[i] - prev > 0 ? n[i] - prev : 1)) * 1e6)
+            break
+          }
+          prev = n[i]; lo = le[i]
+        }
+        printf "%s%s", out, (j < 3 ? " " : "\n")
+      }
+    }'
+}
