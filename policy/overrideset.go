@@ -198,26 +198,34 @@ func (s *Overrides) mutable(i int) *shard {
 	return sh
 }
 
-// tierIndex interns a tier name (1-based; 0 = none). Tiers are few.
-func (s *Overrides) tierIndex(name string) uint16 {
+// internFew returns 1 + the index of name in *names, appended when new
+// (0 for ""), and whether it was. For the few names a set has (tiers,
+// stores): a scan beats a map.
+func internFew(names *[]string, name string) (uint16, bool) {
 	if name == "" {
-		return 0
+		return 0, false
 	}
-	for i, t := range s.tiers {
-		if t == name {
-			return uint16(i + 1)
-		}
+	if i := slices.Index(*names, name); i >= 0 {
+		return uint16(i + 1), false
 	}
-	s.tiers = append(s.tiers, name)
-	return uint16(len(s.tiers))
+	*names = append(*names, name)
+	return uint16(len(*names)), true
 }
 
-func (s *Overrides) tierName(i uint16) string {
+// nameAt is the name interned as i (0: "").
+func nameAt(names []string, i uint16) string {
 	if i == 0 {
 		return ""
 	}
-	return s.tiers[i-1]
+	return names[i-1]
 }
+
+func (s *Overrides) tierIndex(name string) uint16 {
+	i, _ := internFew(&s.tiers, name)
+	return i
+}
+
+func (s *Overrides) tierName(i uint16) string { return nameAt(s.tiers, i) }
 
 // scopeIndex interns a scope (1-based; 0 = none).
 func (s *Overrides) scopeIndex(scope string) uint32 {
@@ -242,27 +250,15 @@ func (s *Overrides) scopeName(i uint32) string {
 // Len is the number of overrides in the set.
 func (s *Overrides) Len() int { return s.n }
 
-// storeIndex interns a store name (1-based; 0 = none). Stores are few.
 func (s *Overrides) storeIndex(name string) uint16 {
-	if name == "" {
-		return 0
+	i, added := internFew(&s.stores, name)
+	if added {
+		s.routed = append(s.routed, 0)
 	}
-	for i, t := range s.stores {
-		if t == name {
-			return uint16(i + 1)
-		}
-	}
-	s.stores = append(s.stores, name)
-	s.routed = append(s.routed, 0)
-	return uint16(len(s.stores))
+	return i
 }
 
-func (s *Overrides) storeName(i uint16) string {
-	if i == 0 {
-		return ""
-	}
-	return s.stores[i-1]
-}
+func (s *Overrides) storeName(i uint16) string { return nameAt(s.stores, i) }
 
 // count adds d to the routing counts of store (an entry's store index).
 func (s *Overrides) count(store uint16, d int) {
