@@ -41,21 +41,16 @@ func (e *Event) AppendEncode(dst []byte) []byte {
 	dst = strconv.AppendBool(dst, e.Warning)
 	dst = append(dst, `,"instance":`...)
 	dst = jsonstr.Append(dst, e.Instance)
-	dst = e.appendShadow(dst)
-	if e.TraceID != "" {
-		dst = append(dst, `,"trace_id":`...)
-		dst = jsonstr.Append(dst, e.TraceID)
-	}
-	if e.ShadowRevision != 0 {
-		dst = append(dst, `,"shadow_revision":`...)
-		dst = strconv.AppendInt(dst, e.ShadowRevision, 10)
-	}
-	return append(dst, '}')
+	return append(e.appendOptional(dst), '}')
 }
 
-// appendShadow writes the shadow verdict's members, present only when a
-// shadow limit was evaluated (omitempty in Encode).
-func (e *Event) appendShadow(dst []byte) []byte {
+// appendOptional writes the members that are omitempty in Encode, each
+// only when set, in the Event struct's field order (Encode's order).
+func (e *Event) appendOptional(dst []byte) []byte {
+	if e.Domain != "" {
+		dst = append(dst, `,"domain":`...)
+		dst = jsonstr.Append(dst, e.Domain)
+	}
 	if e.Shadow != "" {
 		dst = append(dst, `,"shadow":`...)
 		dst = jsonstr.Append(dst, e.Shadow)
@@ -67,9 +62,17 @@ func (e *Event) appendShadow(dst []byte) []byte {
 		dst = append(dst, `,"policy_revision":`...)
 		dst = strconv.AppendInt(dst, e.PolicyRevision, 10)
 	}
+	if e.TraceID != "" {
+		dst = append(dst, `,"trace_id":`...)
+		dst = jsonstr.Append(dst, e.TraceID)
+	}
 	if e.DecidedUS != 0 {
 		dst = append(dst, `,"decided_us":`...)
 		dst = strconv.AppendInt(dst, e.DecidedUS, 10)
+	}
+	if e.ShadowRevision != 0 {
+		dst = append(dst, `,"shadow_revision":`...)
+		dst = strconv.AppendInt(dst, e.ShadowRevision, 10)
 	}
 	return dst
 }
