@@ -192,7 +192,9 @@ func tail(b []byte) string {
 // waitReady polls the HTTP /ping endpoint, then the native port.
 func (c *ClickHouse) waitReady(p *Process, within time.Duration) error {
 	deadline := time.Now().Add(within)
-	client := &http.Client{Timeout: time.Second}
+	// No idle keep-alive connection left behind: clickhouse-server waits
+	// for open connections when it is stopped.
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	url := fmt.Sprintf("http://127.0.0.1:%d/ping", c.HTTPPort)
 	for {
 		if p.Exited() {
