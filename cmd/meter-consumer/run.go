@@ -246,14 +246,12 @@ func clickhouseComponent(conn driver.Conn, log *slog.Logger) component {
 	return component{
 		name: "clickhouse",
 		run: func(ctx context.Context) error {
-			t := time.NewTicker(2 * time.Second)
-			defer t.Stop()
-			for {
+			ping := func(ctx context.Context) {
 				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				err := conn.Ping(pctx)
 				cancel()
 				if ctx.Err() != nil {
-					return nil
+					return
 				}
 				prev := why.Load()
 				if err == nil {
@@ -262,12 +260,10 @@ func clickhouseComponent(conn driver.Conn, log *slog.Logger) component {
 					why.Store(&msg)
 					log.Error("clickhouse: ping failed", "err", err)
 				}
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-t.C:
-				}
 			}
+			ping(ctx)
+			lifecycle.Every(ctx, 2*time.Second, ping)
+			return nil
 		},
 		ready: func() (bool, string) {
 			if w := why.Load(); w != nil {

@@ -55,6 +55,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/chsink"
 )
@@ -293,37 +294,34 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return nil
 }
 
+// pingLoop pings ClickHouse at once, then every second, until ctx ends.
 func (c *Consumer) pingLoop(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := c.cfg.Ping(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return
+	c.ping(ctx)
+	lifecycle.Every(ctx, time.Second, c.ping)
+}
+
+func (c *Consumer) ping(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err := c.cfg.Ping(pctx)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	was := c.pingOK.Swap(err == nil)
+	if err == nil {
+		c.m.chUp.Set(1)
+		if !was {
+			c.log.Info("clickhouse reachable")
 		}
-		was := c.pingOK.Swap(err == nil)
-		if err == nil {
-			c.m.chUp.Set(1)
-			if !was {
-				c.log.Info("clickhouse reachable")
-			}
-		} else {
-			c.m.chUp.Set(0)
-			why, prev := err.Error(), c.pingErr.Swap(nil)
-			c.pingErr.Store(&why)
-			// Logged when it starts failing, and at start (a refused
-			// login is an error from the first ping on).
-			if was || prev == nil {
-				c.log.Warn("clickhouse unreachable", "err", err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+		return
+	}
+	c.m.chUp.Set(0)
+	why, prev := err.Error(), c.pingErr.Swap(nil)
+	c.pingErr.Store(&why)
+	// Logged when it starts failing, and at start (a refused login is an
+	// error from the first ping on).
+	if was || prev == nil {
+		c.log.Warn("clickhouse unreachable", "err", err)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 )
 
 // The stall watchdog. Errors are loud (a WARN line, a restart, /readyz 503);
@@ -100,17 +102,10 @@ func (c *Consumer) watch(ctx context.Context) {
 	client, tr := c.kafkaClient("meter-consumer-watchdog")
 	defer tr.CloseIdleConnections()
 	every := min(max(c.cfg.StallAfter/4, 100*time.Millisecond), 5*time.Second)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	lifecycle.Every(ctx, every, func(ctx context.Context) {
 		parts := c.owned()
 		if len(parts) == 0 {
-			continue
+			return
 		}
 		c.probe(ctx, client, parts, min(every*4, 5*time.Second))
 		now := time.Now()
@@ -126,7 +121,7 @@ func (c *Consumer) watch(ctx context.Context) {
 				restart()
 			}
 		}
-	}
+	})
 }
 
 // probe asks the broker for the high watermarks of the running partitions.

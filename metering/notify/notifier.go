@@ -47,6 +47,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/metering"
 )
 
@@ -368,19 +369,12 @@ func (n *Notifier) reloadLoop(ctx context.Context) {
 	if n.cfg.EndpointsFile == "" {
 		return
 	}
-	t := time.NewTicker(n.cfg.ReloadEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := n.eps.reload(); err != nil {
-				n.m.reloadErrors.Inc()
-				n.log.Warn("webhook endpoints file refused; keeping the previous one", "path", n.cfg.EndpointsFile, "err", err)
-			}
+	lifecycle.Every(ctx, n.cfg.ReloadEvery, func(context.Context) {
+		if err := n.eps.reload(); err != nil {
+			n.m.reloadErrors.Inc()
+			n.log.Warn("webhook endpoints file refused; keeping the previous one", "path", n.cfg.EndpointsFile, "err", err)
 		}
-	}
+	})
 }
 
 // restoreCooldowns loads the notifications of the last cool-down period.
