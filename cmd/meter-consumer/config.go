@@ -57,7 +57,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		BatchSize:       int(e.Int("METER_BATCH_SIZE", 50_000, 1, 1_000_000)),
 		BatchWait:       e.Duration("METER_BATCH_WAIT", 500*time.Millisecond, time.Millisecond, time.Minute),
 		DedupWindow:     e.Int("METER_DEDUP_WINDOW", 250_000, 1, 100_000_000),
-		SessionTimeout:  e.Duration("METER_SESSION_TIMEOUT", 10*time.Second, time.Second, 5*time.Minute),
+		SessionTimeout:  e.Duration("METER_SESSION_TIMEOUT", kafkaconn.GroupSessionTimeout, time.Second, 5*time.Minute),
 		StallAfter:      e.Duration("METER_STALL_AFTER", 2*time.Minute, time.Second, 24*time.Hour),
 		Redis:           redisclient.FromEnv(e),
 		PolicyFile:      e.String("POLICY_FILE", "deploy/policy.yaml"),

@@ -38,6 +38,12 @@ const (
 	VarPassword  = "KAFKA_SASL_PASSWORD" // or KAFKA_SASL_PASSWORD_FILE
 )
 
+// GroupSessionTimeout is the default session timeout of every consumer
+// group (the meter consumer's, the notifier's, the judge's): how long a
+// member that died without leaving holds its partitions before the group
+// hands them on. METER_SESSION_TIMEOUT sets it for the meter-consumer.
+const GroupSessionTimeout = 10 * time.Second
+
 // Mechanism names accepted in KAFKA_SASL_MECHANISM.
 const (
 	Plain       = "plain"

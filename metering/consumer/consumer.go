@@ -55,6 +55,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
+	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/chsink"
@@ -95,7 +96,7 @@ type Config struct {
 	BatchSize      int           // messages per batch, default 50,000
 	BatchWait      time.Duration // longest a message waits in a batch, default 500 ms
 	DedupWindow    int64         // offsets per partition within which a repeated event id is a duplicate, default 250,000
-	SessionTimeout time.Duration // consumer-group session, default 10 s (heartbeats every quarter of it)
+	SessionTimeout time.Duration // consumer-group session, default kafkaconn.GroupSessionTimeout (heartbeats every quarter of it)
 	InsertTimeout  time.Duration // one batch write, default 30 s; on shutdown at most 4 s
 	// StallAfter is how long a running partition with lag may write nothing
 	// before the watchdog counts a stall and restarts its reader; default
@@ -159,7 +160,7 @@ func New(cfg Config) (*Consumer, error) {
 		cfg.DedupWindow = 250_000
 	}
 	if cfg.SessionTimeout <= 0 {
-		cfg.SessionTimeout = 10 * time.Second
+		cfg.SessionTimeout = kafkaconn.GroupSessionTimeout
 	}
 	if cfg.InsertTimeout <= 0 {
 		cfg.InsertTimeout = 30 * time.Second

@@ -47,6 +47,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
+	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/metering"
 )
@@ -80,7 +81,7 @@ type Config struct {
 	AttemptTimeout time.Duration // one HTTP attempt, default 10 s
 	MaxInFlight    int           // concurrent deliveries, default 256
 	ShutdownGrace  time.Duration // for in-flight deliveries at shutdown, default 2 s
-	SessionTimeout time.Duration // consumer-group session, default 10 s
+	SessionTimeout time.Duration // consumer-group session, default kafkaconn.GroupSessionTimeout
 	RecordEvery    time.Duration // flush interval of attempt records, default 500 ms
 
 	Conn     driver.Conn // required: attempts are recorded here
@@ -216,7 +217,7 @@ func New(cfg Config) (*Notifier, error) {
 		cfg.ShutdownGrace = 2 * time.Second
 	}
 	if cfg.SessionTimeout <= 0 {
-		cfg.SessionTimeout = 10 * time.Second
+		cfg.SessionTimeout = kafkaconn.GroupSessionTimeout
 	}
 	if cfg.RecordEvery <= 0 {
 		cfg.RecordEvery = 500 * time.Millisecond

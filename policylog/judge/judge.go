@@ -41,6 +41,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/policylog"
 )
 
@@ -62,7 +63,8 @@ type Config struct {
 	Dialer  *kafka.Dialer
 	// GroupID is the group (default "ratewarden-judge").
 	GroupID string
-	// SessionTimeout: how long a dead judge holds the role (default 10 s).
+	// SessionTimeout: how long a dead judge holds the role (default
+	// kafkaconn.GroupSessionTimeout).
 	SessionTimeout time.Duration
 	// Settle is how long after a rollout's end the judge waits before
 	// reading its counters (default 30 s): the limiters' event buffers and
@@ -102,7 +104,7 @@ func New(cfg Config) (*Judge, error) {
 		cfg.GroupID = "ratewarden-judge"
 	}
 	if cfg.SessionTimeout <= 0 {
-		cfg.SessionTimeout = 10 * time.Second
+		cfg.SessionTimeout = kafkaconn.GroupSessionTimeout
 	}
 	if cfg.Settle <= 0 {
 		cfg.Settle = 30 * time.Second
