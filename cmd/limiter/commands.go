@@ -54,10 +54,10 @@ service) with its configuration read from the environment: README.md,
 	}
 }
 
-// verb adapts a command that takes its verb as its first word to a table
-// entry, which is handed the words after the verb.
-func verb(run func(args []string, stdout, stderr io.Writer) int, name string) func([]string, io.Writer, io.Writer) int {
+// verb adapts a command that serves several verbs to the table entry of
+// one of them, which is handed the words after the verb.
+func verb(run func(verb string, args []string, stdout, stderr io.Writer) int, name string) func([]string, io.Writer, io.Writer) int {
 	return func(args []string, stdout, stderr io.Writer) int {
-		return run(append([]string{name}, args...), stdout, stderr)
+		return run(name, args, stdout, stderr)
 	}
 }

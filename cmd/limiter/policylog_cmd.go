@@ -185,12 +185,7 @@ func reportWith(o policylog.Outcome, err error, pv *preview.Outcome, asJSON bool
 }
 
 // policyLogCommand runs `limiter policy push|rollback|history|show|diff`.
-func policyLogCommand(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprintln(stderr, policyLogUsage)
-		return 2
-	}
-	verb := args[0]
+func policyLogCommand(verb string, args []string, stdout, stderr io.Writer) int {
 	f := newCLIFlags("limiter policy "+verb, policyLogUsage, stdout, stderr)
 	var message, author *string
 	var expect, limit *int64
@@ -213,7 +208,7 @@ func policyLogCommand(args []string, stdout, stderr io.Writer) int {
 		limit = f.Int64("limit", 20, "the last N entries")
 		f.BoolVar(asJSON, "json", false, "print JSON")
 	}
-	if code, ok := f.parse(args[1:]); !ok {
+	if code, ok := f.parse(args); !ok {
 		return code
 	}
 	need := map[string]int{"push": 1, "rollback": 1, "history": 0, "diff": 2}[verb]
@@ -411,12 +406,7 @@ func lineDiff(a, b string) string {
 }
 
 // overrideCommand runs `limiter override set|get|list|delete`.
-func overrideCommand(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprintln(stderr, overrideUsage)
-		return 2
-	}
-	verb := args[0]
+func overrideCommand(verb string, args []string, stdout, stderr io.Writer) int {
 	f := newCLIFlags("limiter override "+verb, overrideUsage, stdout, stderr)
 	asJSON := f.Bool("json", false, "print JSON")
 	var scope, tier, period, quotaPeriod, expires, reason, author, store *string
@@ -444,7 +434,7 @@ func overrideCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, overrideUsage)
 		return 2
 	}
-	if code, ok := f.parse(args[1:]); !ok {
+	if code, ok := f.parse(args); !ok {
 		return code
 	}
 	if want := map[string]int{"set": 1, "get": 1, "delete": 1, "list": 0}[verb]; len(f.args) != want {
@@ -546,15 +536,11 @@ func printOverrides(w io.Writer, recs []policylog.Record, asJSON bool) {
 
 // fleetCommand runs `limiter fleet status`: what each limiter says it
 // applied (its /readyz), beside the head of the log.
-func fleetCommand(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] != "status" {
-		fmt.Fprintln(stderr, fleetUsage)
-		return 2
-	}
-	f := newCLIFlags("limiter fleet status", fleetUsage, stdout, stderr)
+func fleetCommand(verb string, args []string, stdout, stderr io.Writer) int {
+	f := newCLIFlags("limiter fleet "+verb, fleetUsage, stdout, stderr)
 	urls := f.String("limiters", os.Getenv("LIMITER_FLEET_URLS"), "comma-separated base URLs of the limiters")
 	asJSON := f.Bool("json", false, "print JSON")
-	if code, ok := f.parse(args[1:]); !ok {
+	if code, ok := f.parse(args); !ok {
 		return code
 	}
 	if len(f.args) != 0 {
