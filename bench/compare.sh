@@ -23,8 +23,6 @@
 #   BENCHMARKS_FILE (default: BENCHMARKS.md of this tree; "-" prints only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-GO=${GO:-go}
 export GOFLAGS=${GOFLAGS:--tags=vtprotobuf}
 BASE=${BASE:-${1:-}}
 HEAD=${HEAD:-${2:-HEAD}}
@@ -36,8 +34,6 @@ LAT_SECONDS=${LAT_SECONDS:-20}
 LAT_RATE=${LAT_RATE:-5000}
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-compare.XXXXXX)}
 OUT=$(realpath -m "$OUT")
-MD=${BENCHMARKS_FILE:-$ROOT/BENCHMARKS.md}
-mkdir -p "$OUT/bin"
 source bench/lib.sh
 require_tools redis-server redis-cli wrk curl
 $GO build -C bench -o "$OUT/bin/" ./loadgen ./barejson # the tools' own module (bench/go.mod)
@@ -61,22 +57,8 @@ build() {
 build A "$BASE"
 build B "$HEAD"
 
-load() { cut -d' ' -f1 /proc/loadavg; }
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-us_per() { # ticks-before ticks-after requests -> µs of CPU per request
-  awk -v a="$1" -v b="$2" -v n="$3" -v hz="$(getconf CLK_TCK)" 'BEGIN {if (n > 0) printf "%.0f", (b - a) * 1e6 / hz / n; else print "–"}'
-}
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "–"}'; }
-median() { # numbers on stdin, one per line -> their median
-  sort -g | awk '{a[NR] = $1} END {if (NR == 0) print "–"; else if (NR % 2) print a[(NR + 1) / 2]; else printf "%.2f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2}'
-}
-
 start_redis
-FPORT=$(free_port)
-"$OUT/bin/barejson" -addr "127.0.0.1:$FPORT" 2>>"$OUT/floor.log" &
-FPID=$!
-PIDS+=($FPID)
-wait_port "$FPORT"
+start_floor "$OUT/bin/barejson"
 declare -A PORT PID
 limiter() { # name binary env... (LIMITER_STORE_TIMEOUT as in bench/floor.sh)
   local name=$1 bin=$2 port

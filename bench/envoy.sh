@@ -32,8 +32,6 @@
 #   BENCH_OUT    (default: a temporary directory)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-GO=${GO:-go}
 SECS=${SECONDS_EACH:-20}
 CONC=${CONC:-32}
 GRPC_CONNS=${GRPC_CONNS:-4}
@@ -42,7 +40,6 @@ FIXED_RATE=${FIXED_RATE:-2000}
 ROUNDS=${ROUNDS:-3}
 GHZ_VERSION=v0.93.0
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-envoy-bench.XXXXXX)}
-mkdir -p "$OUT/bin"
 source bench/lib.sh
 require_tools redis-server wrk h2load curl
 echo "bench: building the limiter and ghz $GHZ_VERSION into $OUT/bin" >&2
@@ -175,7 +172,6 @@ for r in $(seq 1 "$ROUNDS"); do
   ROUND_ROWS+="| $r | $c_rps | $g_rps | ${RATIOS[-1]} | $c_cpu µs | $g_cpu µs | ${CPU_RATIOS[-1]} | $c_alloc | $g_alloc | $g_err | $(cut -d' ' -f1 /proc/loadavg) |
 "
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 echo "bench: gRPC uniform (ghz)" >&2;  read -r z_rps z_p50 z_p99 z_err z_cpu z_alloc z_tool <<<"$(ghz_run grpc-uniform-ghz "$OUT/uniform.bin")"
 echo "bench: /check uniform at $FIXED_RATE/s" >&2; read -r cr_rps cr_p50 cr_p99 cr_cpu cr_alloc cr_tool <<<"$(loadgen_run check-fixed)"
 echo "bench: gRPC uniform at $FIXED_RATE/s" >&2;   read -r gr_rps gr_p50 gr_p99 gr_err gr_cpu gr_alloc gr_tool <<<"$(grpcload_run grpc-fixed -n 10000 -value acct_ -rate "$FIXED_RATE")"
@@ -187,8 +183,8 @@ over=$(( $(metric 'limiter_envoy_descriptors_total{result="over_limit"}') - ok0 
 local_rej=$(metric 'limiter_decisions_total{result="rejected",source="local"}')
 LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
 
-ratio=$(median "${RATIOS[@]}")
-cpu_ratio=$(median "${CPU_RATIOS[@]}")
+ratio=$(printf '%s\n' "${RATIOS[@]}" | median)
+cpu_ratio=$(printf '%s\n' "${CPU_RATIOS[@]}" | median)
 cat <<MD
 ## Envoy rate limit service (gRPC) beside /check
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The limiter against the HTTP floor (issue 15), in one run on this machine:
+# The limiter against the HTTP floor, in one run on this machine:
 # throughput of POST /check (the allowed path over 10,000 keys, a flood on
 # one key) next to the floor — net/http decoding and encoding the /check
 # JSON and doing no other work (bench/barejson) — under the same wrk load,
@@ -21,34 +21,19 @@
 #   BENCHMARKS_FILE (default: BENCHMARKS.md of this tree)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-GO=${GO:-go}
 WRK_SECONDS=${WRK_SECONDS:-10}
 PASSES=${PASSES:-4}
 LAT_SECONDS=${LAT_SECONDS:-20}
 LAT_RATE=${LAT_RATE:-5000}
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-floor.XXXXXX)}
-MD=${BENCHMARKS_FILE:-$ROOT/BENCHMARKS.md}
-mkdir -p "$OUT/bin"
 source bench/lib.sh
 require_tools redis-server redis-cli wrk curl
 echo "bench: building into $OUT/bin" >&2
 $GO build -o "$OUT/bin/" ./cmd/limiter
 $GO build -C bench -o "$(realpath -m "$OUT")/bin/" ./loadgen ./barejson # the tools' own module (bench/go.mod)
 
-load() { cut -d' ' -f1 /proc/loadavg; }
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-us_per() { # ticks-before ticks-after requests -> µs of CPU per request
-  awk -v a="$1" -v b="$2" -v n="$3" -v hz="$(getconf CLK_TCK)" 'BEGIN {if (n > 0) printf "%.0f", (b - a) * 1e6 / hz / n; else print "–"}'
-}
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "–"}'; }
-
 start_redis
-FPORT=$(free_port)
-"$OUT/bin/barejson" -addr "127.0.0.1:$FPORT" 2>>"$OUT/floor.log" &
-FPID=$!
-PIDS+=($FPID)
-wait_port "$FPORT"
+start_floor "$OUT/bin/barejson"
 LPORT=$(free_port)
 # LIMITER_STORE_TIMEOUT as in bench/run.sh: on two cores shared with the
 # load tool the default 5 ms deadline would measure degraded decisions.
@@ -140,9 +125,6 @@ rej_cpu_min=$(awk '{for (i = 1; i < NF; i++) if ($(i+1) == "cpu-ns/op") print $i
 END_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---- the section ----
-median() { # numbers on stdin, one per line -> their median
-  sort -g | awk '{a[NR] = $1} END {if (NR == 0) print "–"; else if (NR % 2) print a[(NR + 1) / 2]; else printf "%.2f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2}'
-}
 ratios() { # run -> each pass's req/s ÷ the floor's of that pass, one per line
   for pass in $(seq 1 "$PASSES"); do ratio "$(field "$1$pass" 1)" "$(field "floor$pass" 1)"; echo; done
 }

@@ -1,8 +1,14 @@
-# Shared plumbing of the bench scripts (floor.sh, run.sh, envoy.sh,
-# keyrotation.sh), which source it after cd-ing to the repository root and
-# setting OUT: the processes a script starts are stopped when it exits,
-# loopback ports are picked free, and a throwaway redis-server is started
-# the same way.
+# Shared plumbing of the bench scripts (floor.sh, compare.sh, run.sh,
+# envoy.sh, keyrotation.sh, tracecost.sh), which source it after cd-ing to
+# the repository root and setting OUT: the processes a script starts are
+# stopped when it exits, loopback ports are picked free, a throwaway
+# redis-server and the HTTP floor are started the same way, and the
+# figures are worked out with one formula each.
+
+ROOT=$(pwd)
+GO=${GO:-go}
+MD=${BENCHMARKS_FILE:-$ROOT/BENCHMARKS.md} # the file a script's section goes to
+mkdir -p "$OUT/bin"
 
 PIDS=() # processes to stop on exit: append every one started
 bench_cleanup() {
@@ -51,6 +57,26 @@ start_redis() {
   RPID=$!
   PIDS+=($RPID)
   wait_port "$RPORT"
+}
+
+# start_floor BINARY: bench/barejson (net/http decoding and encoding the
+# /check JSON, no other work) on a free port; sets FPORT and FPID.
+start_floor() {
+  FPORT=$(free_port)
+  "$1" -addr "127.0.0.1:$FPORT" 2>>"$OUT/floor.log" &
+  FPID=$!
+  PIDS+=($FPID)
+  wait_port "$FPORT"
+}
+
+load() { cut -d' ' -f1 /proc/loadavg; }
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # PID -> CPU ticks so far
+us_per() { # ticks-before ticks-after requests -> µs of CPU per request
+  awk -v a="$1" -v b="$2" -v n="$3" -v hz="$(getconf CLK_TCK)" 'BEGIN {if (n > 0) printf "%.0f", (b - a) * 1e6 / hz / n; else print "–"}'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "–"}'; }
+median() { # numbers on stdin, one per line -> their median
+  sort -g | awk '{a[NR] = $1} END {if (NR == 0) print "–"; else if (NR % 2) print a[(NR + 1) / 2]; else printf "%.2f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2}'
 }
 
 # splice_section HEADING FILE WHERE: FILE (a section, its "## " heading

@@ -11,13 +11,9 @@
 #   BENCHMARKS_FILE (default: BENCHMARKS.md of this tree) the file to update
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-GO=${GO:-go}
 WRK_SECONDS=${WRK_SECONDS:-20}
 LG_SECONDS=${LG_SECONDS:-10}
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-bench.XXXXXX)}
-MD=${BENCHMARKS_FILE:-$ROOT/BENCHMARKS.md}
-mkdir -p "$OUT/bin"
 source bench/lib.sh
 
 require_tools redis-server redis-cli redis-benchmark wrk

@@ -33,7 +33,6 @@
 #   BASE_REV      (default 935b203^1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
 export GOFLAGS=${GOFLAGS:--tags=vtprotobuf}
 WRK_SECONDS=${WRK_SECONDS:-10}
 ROUNDS=${ROUNDS:-3}
@@ -51,7 +50,6 @@ if [ -n "$BASE_REV" ]; then
   git archive "$BASE_REV" | tar -x -C "$OUT/base"
   (cd "$OUT/base" && go build -o "$OUT/limiter-base" ./cmd/limiter)
 fi
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 metric() { # name port -> the sum of the metric's samples
   curl -s "http://127.0.0.1:$2/metrics" | awk -v m="$1" '$1 == m || index($1, m "{") == 1 {s += $2} END {printf "%.0f", s}'
 }
@@ -68,10 +66,7 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()' "$SPORT" &
 SINKPID=$!
 PIDS+=($SINKPID)
-FPORT=$(free_port)
-"$OUT/barejson" -addr "127.0.0.1:$FPORT" 2>>"$OUT/floor.log" &
-FPID=$!
-PIDS+=($FPID)
+start_floor "$OUT/barejson"
 declare -A PORT PID
 limiter() { # name binary env...
   local name=$1 bin=$2 port
