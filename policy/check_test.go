@@ -211,7 +211,7 @@ func TestSoftLimitWarningThroughCheck(t *testing.T) {
 		}
 	}
 	// Sequential spending crosses it too. (A rejection decided by the local
-	// tier does not compute the warning: see the report of issue 4.)
+	// tier does not compute the warning.)
 	var warned []bool
 	for i := 0; i < 10; i++ {
 		warned = append(warned, post(`{"key":"seq","scope":"web"}`).Warning)

@@ -2,7 +2,7 @@
 // net/http handler that decodes the /check request body and encodes a
 // /check response with encoding/json and does no other work, so "what HTTP
 // and the /check JSON alone cost on this machine" is measured in the same
-// run as the limiter (issue 15). -fixed answers a fixed byte string instead
+// run as the limiter. -fixed answers a fixed byte string instead
 // (no JSON work at all: the bare HTTP cost).
 package main
 

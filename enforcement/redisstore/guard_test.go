@@ -449,7 +449,7 @@ func (h heeding) Take(ctx context.Context, key, scope string, lim enforcement.Li
 type deadlineKey struct{}
 
 // TestCallContextIsEachCallersOwn: the guard reuses the context it hands a
-// HeedsCancel store (issue 15); each call must still see its own caller's
+// HeedsCancel store; each call must still see its own caller's
 // values, a deadline no later than its caller's, and a context that is not
 // done, also right after calls the guard gave up on or their callers left.
 func TestCallContextIsEachCallersOwn(t *testing.T) {

@@ -15,7 +15,7 @@ import (
 // down, never stop it. kafka-go's Reader uses MaxWait as the socket deadline
 // of the whole fetch, so with the 100 ms it was given every such fetch
 // timed out, was retried silently at the same offset, and the partition
-// stopped for good (issue 11, item 1).
+// stopped for good.
 func TestFetchesSlowerThanMaxWaitStillProgress(t *testing.T) {
 	conn, db := setup(t)
 	k := testenv.StartKafka(t, "decisions", 2)

@@ -29,7 +29,7 @@ func crossings(n int) []metering.Event {
 // must slow the notifier down, never stop it. kafka-go's Reader uses MaxWait
 // as the socket deadline of the whole fetch, so with 500 ms every fetch
 // answered 1 s late timed out, was retried at the same offset for ever, and
-// nothing was ever read (the meter consumer's stall of issue 11, item 1).
+// nothing was ever read (the meter consumer's stall).
 func TestNotifierFetchesSlowerThanOldMaxWaitStillProgress(t *testing.T) {
 	conn, db := setup(t)
 	k := testenv.StartKafka(t, "decisions", 2)
