@@ -453,7 +453,7 @@ type deadlineKey struct{}
 // values, a deadline no later than its caller's, and a context that is not
 // done, also right after calls the guard gave up on or their callers left.
 func TestCallContextIsEachCallersOwn(t *testing.T) {
-	h := heeding{MemoryAuthority: enforcement.NewMemoryAuthority(nil, 0), bad: make(chan string, 1)}
+	h := heeding{MemoryAuthority: enforcement.NewMemoryAuthority(nil, 1000), bad: make(chan string, 1)}
 	g := runningGuard(t, h, redisstore.GuardSettings{Timeout: time.Millisecond, MaxWait: time.Second, ConsecutiveFailures: 1 << 30}, nil, nil)
 	var wg sync.WaitGroup
 	for w := range 4 {
