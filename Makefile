@@ -16,6 +16,12 @@ export PATH := $(PATH):/usr/local/go/bin
 # works too, with protobuf reflection instead.
 export GOFLAGS += -tags=vtprotobuf
 
+# A race-built process sleeps a second as it exits (GORACE atexit_sleep_ms,
+# time for other threads to finish a report), and the tests start a
+# race-built binary for every process they run; a race report still fails
+# the run. Set GORACE to keep the sleep.
+export GORACE ?= atexit_sleep_ms=0
+
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 

@@ -327,7 +327,7 @@ func TestBadConfigExits(t *testing.T) {
 		{[]string{"USAGE_ADMIN_TOKEN=e2e-admin-token-0123456789", "USAGE_TOKEN_SECRET=e2e-secret-0123456789abcdef", "CLICKHOUSE_DATABASE=a-b"}, "CLICKHOUSE_DATABASE"},
 	} {
 		cmd := exec.Command(filepath.Join(bins, "usage-api"))
-		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, tc.env...)
+		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "GORACE=" + os.Getenv("GORACE")}, tc.env...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		err := cmd.Run()

@@ -35,7 +35,7 @@ const exitBound = 60 * time.Second
 func Run(t *testing.T, bin string, env, addrs []string, args ...string) Result {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, env...)
+	cmd.Env = append(baseEnv(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -86,7 +86,7 @@ wait:
 func Serves(t *testing.T, bin string, env []string, addr string) bool {
 	t.Helper()
 	cmd := exec.Command(bin)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, env...)
+	cmd.Env = append(baseEnv(), env...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -117,6 +117,12 @@ func Serves(t *testing.T, bin string, env []string, addr string) bool {
 		}
 	}
 	return false
+}
+
+// baseEnv is what a run inherits: PATH, HOME and the race runtime's
+// options (the Makefile's GORACE), nothing of the binary's own variables.
+func baseEnv() []string {
+	return []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "GORACE=" + os.Getenv("GORACE")}
 }
 
 func listening(addr string) bool {
