@@ -73,7 +73,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		KafkaBrokers:      e.List("KAFKA_BROKERS"),
 		KafkaTopic:        e.String("KAFKA_TOPIC", metering.DefaultTopic),
 		Kafka:             kafkaconn.FromEnv(e, getenv),
-		KafkaCheckEvery:   e.Duration("LIMITER_KAFKA_CHECK_EVERY", 10*s, 100*ms, time.Hour),
+		KafkaCheckEvery:   e.Duration("LIMITER_KAFKA_CHECK_EVERY", kafkaconn.DefaultCheckEvery, 100*ms, time.Hour),
 		ExpectedInstances: int(e.Int("LIMITER_EXPECTED_INSTANCES", 1, 1, 100000)),
 		AuthToken:         strings.TrimSpace(e.Secret("LIMITER_AUTH_TOKEN")),
 		InstanceID:        e.String("LIMITER_INSTANCE_ID", fmt.Sprintf("%s-%d", host, os.Getpid())),

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"encoding/base64"
-	"net/url"
 	"strings"
 	"time"
 
@@ -12,6 +10,11 @@ import (
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/metering/consumer"
+	"github.com/ratewarden/ratewarden/metering/notify"
+	"github.com/ratewarden/ratewarden/metering/reconcile"
+	"github.com/ratewarden/ratewarden/policylog/judge"
+	"github.com/ratewarden/ratewarden/policylog/kafkalog"
 )
 
 // config is everything the binary reads from the environment (CONTRACT.md,
@@ -28,6 +31,8 @@ type config struct {
 	MeterAddr       string              // METER_ADDR: /healthz, /readyz, /metrics
 	WebhookURL      string              // WEBHOOK_URL: empty = notifier off
 	WebhookSecret   string              // WEBHOOK_SECRET: whsec_<base64>, required with WEBHOOK_URL
+	WebhookFile     string              // WEBHOOK_ENDPOINTS_FILE: per-key endpoints
+	WebhookCooldown time.Duration       // WEBHOOK_COOLDOWN: one notification per key and scope per cool-down
 
 	BatchSize      int           // METER_BATCH_SIZE, messages per ClickHouse batch
 	BatchWait      time.Duration // METER_BATCH_WAIT, longest a message waits in a batch
@@ -39,6 +44,11 @@ type config struct {
 	Redis          redisclient.Config // REDIS_* (internal/redisclient), the limiters' Redis
 	PolicyFile     string             // POLICY_FILE, the limiters' policy (which quotas exist)
 	ReconcileEvery time.Duration      // METER_RECONCILE_EVERY, between reconcile passes
+
+	// The policy log (docs/policy.md): its audit always, its judge when on.
+	PolicyTopic string        // POLICY_TOPIC
+	Judge       bool          // POLICY_JUDGE: take part in the rollout judge's election
+	JudgeSettle time.Duration // POLICY_JUDGE_SETTLE: after a rollout's end, before its counters are read
 }
 
 // loadConfig reads and validates the configuration; the error names every
@@ -49,20 +59,25 @@ func loadConfig(getenv func(string) string) (config, error) {
 		KafkaBrokers:    e.List("KAFKA_BROKERS"),
 		KafkaTopic:      e.String("KAFKA_TOPIC", metering.DefaultTopic),
 		Kafka:           kafkaconn.FromEnv(e, getenv),
-		KafkaCheckEvery: e.Duration("METER_KAFKA_CHECK_EVERY", 10*time.Second, 100*time.Millisecond, time.Hour),
+		KafkaCheckEvery: e.Duration("METER_KAFKA_CHECK_EVERY", kafkaconn.DefaultCheckEvery, 100*time.Millisecond, time.Hour),
 		ClickHouse:      chconn.FromEnv(e),
 		MeterAddr:       e.String("METER_ADDR", "127.0.0.1:8082"),
 		WebhookURL:      e.String("WEBHOOK_URL", ""),
 		WebhookSecret:   strings.TrimSpace(e.Secret("WEBHOOK_SECRET")),
-		BatchSize:       int(e.Int("METER_BATCH_SIZE", 50_000, 1, 1_000_000)),
-		BatchWait:       e.Duration("METER_BATCH_WAIT", 500*time.Millisecond, time.Millisecond, time.Minute),
-		DedupWindow:     e.Int("METER_DEDUP_WINDOW", 250_000, 1, 100_000_000),
+		WebhookFile:     e.String("WEBHOOK_ENDPOINTS_FILE", ""),
+		WebhookCooldown: e.Duration("WEBHOOK_COOLDOWN", notify.DefaultCooldown, time.Nanosecond, 10*365*24*time.Hour),
+		BatchSize:       int(e.Int("METER_BATCH_SIZE", consumer.DefaultBatchSize, 1, 1_000_000)),
+		BatchWait:       e.Duration("METER_BATCH_WAIT", consumer.DefaultBatchWait, time.Millisecond, time.Minute),
+		DedupWindow:     e.Int("METER_DEDUP_WINDOW", consumer.DefaultDedupWindow, 1, 100_000_000),
 		SessionTimeout:  e.Duration("METER_SESSION_TIMEOUT", kafkaconn.GroupSessionTimeout, time.Second, 5*time.Minute),
-		StallAfter:      e.Duration("METER_STALL_AFTER", 2*time.Minute, time.Second, 24*time.Hour),
+		StallAfter:      e.Duration("METER_STALL_AFTER", consumer.DefaultStallAfter, time.Second, 24*time.Hour),
 		Redis:           redisclient.FromEnv(e),
 		PolicyFile:      e.String("POLICY_FILE", "deploy/policy.yaml"),
-		ReconcileEvery:  e.Duration("METER_RECONCILE_EVERY", 30*time.Second, 100*time.Millisecond, time.Hour),
+		ReconcileEvery:  e.Duration("METER_RECONCILE_EVERY", reconcile.DefaultEvery, 100*time.Millisecond, time.Hour),
 		Cluster:         chcluster.FromEnv(e),
+		PolicyTopic:     e.String("POLICY_TOPIC", kafkalog.DefaultTopic),
+		Judge:           e.Bool("POLICY_JUDGE", false),
+		JudgeSettle:     e.Duration("POLICY_JUDGE_SETTLE", judge.DefaultSettle, 0, time.Hour),
 	}
 	if len(c.KafkaBrokers) == 0 {
 		e.Fail("KAFKA_BROKERS", "required (comma-separated host:port)")
@@ -73,18 +88,19 @@ func loadConfig(getenv func(string) string) (config, error) {
 	// Read (and checked) by chconn: copies for the code that names them.
 	c.ClickHouseAddr, c.Database = c.ClickHouse.Addr, c.ClickHouse.Database
 	e.HostPort("METER_ADDR", c.MeterAddr)
+	// The notifier's own rules (metering/notify), checked here so that a
+	// bad value is a configuration error like every other.
 	if c.WebhookURL != "" {
-		if u, err := url.Parse(c.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			e.Fail("WEBHOOK_URL", "%q is not an http(s) URL", c.WebhookURL)
+		if err := notify.CheckURL(c.WebhookURL); err != nil {
+			e.Fail("WEBHOOK_URL", "%v", err)
 		}
 		if c.WebhookSecret == "" {
 			e.Fail("WEBHOOK_SECRET", "required when WEBHOOK_URL is set")
 		}
 	}
 	if c.WebhookSecret != "" {
-		raw, ok := strings.CutPrefix(c.WebhookSecret, "whsec_")
-		if _, err := base64.StdEncoding.DecodeString(raw); !ok || raw == "" || err != nil {
-			e.Fail("WEBHOOK_SECRET", "must be whsec_<base64>")
+		if _, err := notify.ParseSecret(c.WebhookSecret); err != nil {
+			e.Fail("WEBHOOK_SECRET", "%v", err)
 		}
 	}
 	return c, e.Err()

@@ -20,7 +20,7 @@ func TestMain(m *testing.M) {
 
 func binaryCmd(env ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append([]string{"METER_CONSUMER_AS_BINARY=1", "PATH=" + os.Getenv("PATH")}, env...)
+	cmd.Env = append([]string{"METER_CONSUMER_AS_BINARY=1", "PATH=" + os.Getenv("PATH"), "GORACE=" + os.Getenv("GORACE")}, env...)
 	return cmd
 }
 
@@ -34,6 +34,11 @@ func TestInvalidConfigExitsWithOneLineNamingTheVariable(t *testing.T) {
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "CLICKHOUSE_DATABASE=bad-name"}, "CLICKHOUSE_DATABASE"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "WEBHOOK_URL=https://example.test/hook"}, "WEBHOOK_SECRET"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "WEBHOOK_URL=https://example.test/hook", "WEBHOOK_SECRET=plain"}, "WEBHOOK_SECRET"},
+		// A key shorter than the notifier accepts (16 bytes): refused here,
+		// by the notifier's rule, not when the notifier starts.
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "WEBHOOK_URL=https://example.test/hook", "WEBHOOK_SECRET=whsec_c2hvcnQ="}, "WEBHOOK_SECRET"},
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "WEBHOOK_URL=https://example.test/hook", "WEBHOOK_SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "WEBHOOK_COOLDOWN=soon"}, "WEBHOOK_COOLDOWN"},
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "POLICY_JUDGE_SETTLE=2h"}, "POLICY_JUDGE_SETTLE"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_ADDR=8082"}, "METER_ADDR"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_BATCH_SIZE=0"}, "METER_BATCH_SIZE"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_STALL_AFTER=0s"}, "METER_STALL_AFTER"},

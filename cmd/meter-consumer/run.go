@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -70,16 +71,16 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return nil
 	})
 
-	var schemaReady atomic.Bool
+	schema := schemaGate(make(chan struct{}))
 	schemaComp := component{
 		name: "schema",
 		run: func(ctx context.Context) error {
-			store.applySchema(ctx, func() { schemaReady.Store(true) })
+			store.applySchema(ctx, sync.OnceFunc(func() { close(schema) }))
 			<-ctx.Done()
 			return nil
 		},
 		ready: func() (bool, string) {
-			if !schemaReady.Load() {
+			if !schema.applied() {
 				return false, "schema not applied yet (waiting for ClickHouse)"
 			}
 			return true, ""
@@ -116,13 +117,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	meterComp := component{
 		name: "meter",
 		run: func(ctx context.Context) error {
-			// The tables must exist before the first batch.
-			for !schemaReady.Load() {
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(100 * time.Millisecond):
-				}
+			if !schema.wait(ctx) { // the tables must exist before the first batch
+				return nil
 			}
 			return meter.Run(ctx)
 		},
@@ -149,12 +145,12 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 
 	components := []component{clickhouseComponent(conn, log), schemaComp, kafkaComp, meterComp}
-	audit, err := policyAuditComponent(cfg, conn, &schemaReady, reg, log) // policy_audit (policyaudit.go)
+	audit, err := policyAuditComponent(cfg, conn, schema, reg, log) // policy_audit (policylog.go)
 	if err != nil {
 		return err
 	}
 	components = append(components, audit)
-	if j, err := judgeComponent(cfg, conn, &schemaReady, reg, log); err != nil { // the rollout judge (judge.go)
+	if j, err := judgeComponent(cfg, conn, schema, reg, log); err != nil { // the rollout judge (policylog.go)
 		return err
 	} else if j != nil {
 		components = append(components, *j)
@@ -162,28 +158,20 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	// The soft-limit notifier: its own consumer group ("notifier"), so a slow
 	// webhook receiver never delays metering (metering/notify).
 	if cfg.WebhookURL != "" {
-		ncfg, _, err := notify.ConfigFromEnv(os.Getenv) // WEBHOOK_ENDPOINTS_FILE, WEBHOOK_COOLDOWN
-		if err != nil {
-			return err
-		}
-		ncfg.Brokers, ncfg.Topic, ncfg.GroupID = cfg.KafkaBrokers, cfg.KafkaTopic, "notifier"
-		ncfg.TLS, ncfg.SASL = cfg.Kafka.TLS, cfg.Kafka.SASL
-		ncfg.URL, ncfg.Secret, ncfg.SessionTimeout = cfg.WebhookURL, cfg.WebhookSecret, cfg.SessionTimeout
-		ncfg.Conn, ncfg.Database = conn, cfg.Database
-		ncfg.Logger, ncfg.Registry = log.With("component", "notifier"), reg
-		notifier, err := notify.New(ncfg)
+		notifier, err := notify.New(notify.Config{
+			Brokers: cfg.KafkaBrokers, Topic: cfg.KafkaTopic, GroupID: "notifier", TLS: cfg.Kafka.TLS, SASL: cfg.Kafka.SASL,
+			URL: cfg.WebhookURL, Secret: cfg.WebhookSecret, EndpointsFile: cfg.WebhookFile, Cooldown: cfg.WebhookCooldown,
+			SessionTimeout: cfg.SessionTimeout, Conn: conn, Database: cfg.Database,
+			Logger: log.With("component", "notifier"), Registry: reg,
+		})
 		if err != nil {
 			return err
 		}
 		components = append(components, component{
 			name: "notifier",
 			run: func(ctx context.Context) error {
-				for !schemaReady.Load() { // webhook_deliveries must exist
-					select {
-					case <-ctx.Done():
-						return nil
-					case <-time.After(100 * time.Millisecond):
-					}
+				if !schema.wait(ctx) { // webhook_deliveries must exist
+					return nil
 				}
 				return notifier.Run(ctx)
 			},
@@ -192,7 +180,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 
 	if cfg.Redis.Enabled() {
-		rc, err := buildReconciler(cfg, conn, &schemaReady, reg, log)
+		rc, err := buildReconciler(cfg, conn, schema, reg, log)
 		if err != nil {
 			return err
 		}
@@ -306,7 +294,7 @@ var redisOptions = redisclient.Options{Timeout: 2 * time.Second, PoolSize: 16}
 // METER_RECONCILE_EVERY it raises the limiters' quota counters in Redis to
 // what the rollups record, so that a Redis that lost its state does not hand
 // out a fresh allowance. It waits for the schema like the others.
-func buildReconciler(cfg config, conn driver.Conn, schemaReady *atomic.Bool, reg *prometheus.Registry, log *slog.Logger) (component, error) {
+func buildReconciler(cfg config, conn driver.Conn, schema schemaGate, reg *prometheus.Registry, log *slog.Logger) (component, error) {
 	rlog := log.With("component", "reconciler")
 	rc, err := cfg.Redis.Open(redisOptions)
 	if err != nil {
@@ -335,15 +323,34 @@ func buildReconciler(cfg config, conn driver.Conn, schemaReady *atomic.Bool, reg
 		name: "reconciler",
 		run: func(ctx context.Context) error {
 			defer rdb.Close()
-			for !schemaReady.Load() { // the rollups must exist
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(100 * time.Millisecond):
-				}
+			if !schema.wait(ctx) { // the rollups must exist
+				return nil
 			}
 			return rec.Run(ctx)
 		},
 		ready: rec.Ready,
 	}, nil
+}
+
+// schemaGate is closed once the schema is applied: every component that
+// reads or writes the tables waits for it before its first query.
+type schemaGate chan struct{}
+
+// wait returns true once the schema is applied, false if ctx ends first.
+func (g schemaGate) wait(ctx context.Context) bool {
+	select {
+	case <-g:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (g schemaGate) applied() bool {
+	select {
+	case <-g:
+		return true
+	default:
+		return false
+	}
 }

@@ -22,12 +22,16 @@ const (
 	ResultUnreachable = "unreachable" // no broker answered
 )
 
+// DefaultCheckEvery is the time between connection checks
+// (LIMITER_KAFKA_CHECK_EVERY, METER_KAFKA_CHECK_EVERY).
+const DefaultCheckEvery = 10 * time.Second
+
 // CheckerConfig configures a Checker. Zero durations take the defaults.
 type CheckerConfig struct {
 	Brokers  []string      // required
 	Security *Security     // required
 	ClientID string        // default "ratewarden"
-	Every    time.Duration // between checks, default 10 s
+	Every    time.Duration // between checks, default DefaultCheckEvery
 	Timeout  time.Duration // one check (dial, TLS, SASL, Metadata), default 10 s
 
 	Logger   *slog.Logger          // required
@@ -66,7 +70,7 @@ func NewChecker(cfg CheckerConfig) (*Checker, error) {
 		cfg.ClientID = "ratewarden"
 	}
 	if cfg.Every <= 0 {
-		cfg.Every = 10 * time.Second
+		cfg.Every = DefaultCheckEvery
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second

@@ -83,6 +83,15 @@ var (
 	maxTS = time.Date(2105, 12, 31, 0, 0, 0, 0, time.UTC).UnixMilli()
 )
 
+// Defaults of Config, and of the meter-consumer's METER_BATCH_SIZE,
+// METER_BATCH_WAIT, METER_DEDUP_WINDOW and METER_STALL_AFTER.
+const (
+	DefaultBatchSize   = 50_000
+	DefaultBatchWait   = 500 * time.Millisecond
+	DefaultDedupWindow = 250_000
+	DefaultStallAfter  = 2 * time.Minute
+)
+
 // Config configures a Consumer. Zero durations and sizes take the
 // documented defaults.
 type Config struct {
@@ -93,14 +102,15 @@ type Config struct {
 	// Ping checks that ClickHouse answers (readiness); required.
 	Ping func(ctx context.Context) error
 
-	BatchSize      int           // messages per batch, default 50,000
-	BatchWait      time.Duration // longest a message waits in a batch, default 500 ms
-	DedupWindow    int64         // offsets per partition within which a repeated event id is a duplicate, default 250,000
+	BatchSize      int           // messages per batch, default DefaultBatchSize
+	BatchWait      time.Duration // longest a message waits in a batch, default DefaultBatchWait
+	DedupWindow    int64         // offsets per partition within which a repeated event id is a duplicate, default DefaultDedupWindow
 	SessionTimeout time.Duration // consumer-group session, default kafkaconn.GroupSessionTimeout (heartbeats every quarter of it)
 	InsertTimeout  time.Duration // one batch write, default 30 s; on shutdown at most 4 s
 	// StallAfter is how long a running partition with lag may write nothing
 	// before the watchdog counts a stall and restarts its reader; default
-	// 2 min (well above InsertTimeout: a slow INSERT is not a stall).
+	// DefaultStallAfter (well above InsertTimeout: a slow INSERT is not a
+	// stall).
 	StallAfter time.Duration
 	// FetchMaxWait is how long the broker may hold a fetch for data to
 	// arrive, default 500 ms; FetchTimeout is the time allowed on top of it
@@ -151,13 +161,13 @@ func New(cfg Config) (*Consumer, error) {
 		cfg.GroupID = "meter"
 	}
 	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 50_000
+		cfg.BatchSize = DefaultBatchSize
 	}
 	if cfg.BatchWait <= 0 {
-		cfg.BatchWait = 500 * time.Millisecond
+		cfg.BatchWait = DefaultBatchWait
 	}
 	if cfg.DedupWindow <= 0 {
-		cfg.DedupWindow = 250_000
+		cfg.DedupWindow = DefaultDedupWindow
 	}
 	if cfg.SessionTimeout <= 0 {
 		cfg.SessionTimeout = kafkaconn.GroupSessionTimeout
@@ -166,7 +176,7 @@ func New(cfg Config) (*Consumer, error) {
 		cfg.InsertTimeout = 30 * time.Second
 	}
 	if cfg.StallAfter <= 0 {
-		cfg.StallAfter = 2 * time.Minute
+		cfg.StallAfter = DefaultStallAfter
 	}
 	if cfg.FetchMaxWait <= 0 {
 		cfg.FetchMaxWait = 500 * time.Millisecond

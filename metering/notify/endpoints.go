@@ -32,7 +32,9 @@ type endpointsFile struct {
 	} `yaml:"endpoints"`
 }
 
-func checkURL(s string) error {
+// CheckURL is the rule for a webhook endpoint's address: an absolute
+// http(s) URL with a host.
+func CheckURL(s string) error {
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("%q is not an http(s) URL", s)
@@ -49,7 +51,7 @@ func parseEndpoints(b []byte, defaultKey []byte) (map[string]Endpoint, error) {
 	out := make(map[string]Endpoint, len(f.Endpoints))
 	var errs []error
 	for key, e := range f.Endpoints {
-		if err := checkURL(e.URL); err != nil {
+		if err := CheckURL(e.URL); err != nil {
 			errs = append(errs, fmt.Errorf("endpoint of %q: %w", key, err))
 			continue
 		}

@@ -55,6 +55,10 @@ import (
 // EventType is the "type" of a soft-limit webhook body.
 const EventType = "ratelimit.soft_limit.crossed"
 
+// DefaultCooldown is how long a key and scope, once notified, are not
+// notified again (WEBHOOK_COOLDOWN).
+const DefaultCooldown = time.Hour
+
 // Config configures a Notifier. Zero values take the documented defaults.
 type Config struct {
 	Brokers []string // required
@@ -75,7 +79,7 @@ type Config struct {
 	EndpointsFile string
 	ReloadEvery   time.Duration
 
-	Cooldown       time.Duration // per key and scope, default 1 h
+	Cooldown       time.Duration // per key and scope, default DefaultCooldown
 	MaxEventAge    time.Duration // older warnings are not notified; default = Cooldown
 	Retry          Schedule      // zero = DefaultSchedule
 	AttemptTimeout time.Duration // one HTTP attempt, default 10 s
@@ -92,41 +96,6 @@ type Config struct {
 	Now      func() time.Time      // default time.Now
 	Jitter   func() float64        // in [0, 1); default math/rand/v2
 	Client   *http.Client          // default: no redirects, AttemptTimeout
-}
-
-// ConfigFromEnv reads the notifier's variables through getenv (os.Getenv):
-// WEBHOOK_URL, WEBHOOK_SECRET (required with WEBHOOK_URL),
-// WEBHOOK_ENDPOINTS_FILE and WEBHOOK_COOLDOWN (a Go duration, default 1h).
-// Enabled is false when neither WEBHOOK_URL nor WEBHOOK_ENDPOINTS_FILE is set.
-// Errors name the variable.
-func ConfigFromEnv(getenv func(string) string) (cfg Config, enabled bool, err error) {
-	cfg.URL = getenv("WEBHOOK_URL")
-	cfg.Secret = getenv("WEBHOOK_SECRET")
-	cfg.EndpointsFile = getenv("WEBHOOK_ENDPOINTS_FILE")
-	if v := getenv("WEBHOOK_COOLDOWN"); v != "" {
-		d, perr := time.ParseDuration(v)
-		if perr != nil || d <= 0 {
-			return cfg, false, fmt.Errorf("WEBHOOK_COOLDOWN: %q is not a positive duration such as 1h", v)
-		}
-		cfg.Cooldown = d
-	}
-	if cfg.URL == "" && cfg.EndpointsFile == "" {
-		return cfg, false, nil
-	}
-	if cfg.URL != "" {
-		if err := checkURL(cfg.URL); err != nil {
-			return cfg, false, fmt.Errorf("WEBHOOK_URL: %w", err)
-		}
-		if cfg.Secret == "" {
-			return cfg, false, errors.New("WEBHOOK_SECRET: required when WEBHOOK_URL is set")
-		}
-	}
-	if cfg.Secret != "" {
-		if _, err := ParseSecret(cfg.Secret); err != nil {
-			return cfg, false, fmt.Errorf("WEBHOOK_SECRET: %w", err)
-		}
-	}
-	return cfg, true, nil
 }
 
 // Notifier is the soft-limit notifier. Create it with New and run it with
@@ -168,7 +137,7 @@ func New(cfg Config) (*Notifier, error) {
 	}
 	var def Endpoint
 	if cfg.URL != "" {
-		if err := checkURL(cfg.URL); err != nil {
+		if err := CheckURL(cfg.URL); err != nil {
 			errs = append(errs, fmt.Errorf("URL: %w", err))
 		}
 		def.URL = cfg.URL
@@ -202,7 +171,7 @@ func New(cfg Config) (*Notifier, error) {
 		cfg.ReloadEvery = 2 * time.Second
 	}
 	if cfg.Cooldown <= 0 {
-		cfg.Cooldown = time.Hour
+		cfg.Cooldown = DefaultCooldown
 	}
 	if cfg.MaxEventAge <= 0 {
 		cfg.MaxEventAge = cfg.Cooldown

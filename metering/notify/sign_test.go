@@ -98,20 +98,3 @@ func TestParseEndpoints(t *testing.T) {
 		t.Error("an endpoint with no secret at all was accepted")
 	}
 }
-
-func TestConfigFromEnv(t *testing.T) {
-	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-	if _, on, err := ConfigFromEnv(env(nil)); on || err != nil {
-		t.Fatalf("empty: %v %v", on, err)
-	}
-	if _, _, err := ConfigFromEnv(env(map[string]string{"WEBHOOK_URL": "http://x/y"})); err == nil || err.Error()[:14] != "WEBHOOK_SECRET" {
-		t.Fatalf("missing secret: %v", err)
-	}
-	if _, _, err := ConfigFromEnv(env(map[string]string{"WEBHOOK_URL": "nope", "WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"})); err == nil || err.Error()[:11] != "WEBHOOK_URL" {
-		t.Fatalf("bad url: %v", err)
-	}
-	c, on, err := ConfigFromEnv(env(map[string]string{"WEBHOOK_URL": "http://x/y", "WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "WEBHOOK_COOLDOWN": "10m"}))
-	if !on || err != nil || c.Cooldown != 10*time.Minute {
-		t.Fatalf("%+v %v %v", c, on, err)
-	}
-}

@@ -42,6 +42,9 @@ type Rows interface {
 	Rows(ctx context.Context, now time.Time, key string) ([]quotause.Row, error)
 }
 
+// DefaultEvery is the time between passes (METER_RECONCILE_EVERY).
+const DefaultEvery = 30 * time.Second
+
 // Config configures a Reconciler. Zero values of optional fields are
 // documented.
 type Config struct {
@@ -52,7 +55,7 @@ type Config struct {
 	// it changes: *policy.Current's Get). Required.
 	Policy func() (*policy.Policy, error)
 
-	Every        time.Duration // between passes; 0 = 30 s
+	Every        time.Duration // between passes; 0 = DefaultEvery
 	ReadTimeout  time.Duration // bound on the ClickHouse read of one pass; 0 = 20 s
 	RedisTimeout time.Duration // bound on one key's script call; 0 = 2 s
 	Workers      int           // keys raised concurrently; 0 = 8
@@ -112,7 +115,7 @@ func New(cfg Config) (*Reconciler, error) {
 		return nil, err
 	}
 	if cfg.Every <= 0 {
-		cfg.Every = 30 * time.Second
+		cfg.Every = DefaultEvery
 	}
 	if cfg.ReadTimeout <= 0 {
 		cfg.ReadTimeout = 20 * time.Second

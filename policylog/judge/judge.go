@@ -52,6 +52,10 @@ type Counter interface {
 	Count(ctx context.Context, rollout int64) (decisions, newlyRejected uint64, err error)
 }
 
+// DefaultSettle is how long after a rollout's end its counters are read
+// (POLICY_JUDGE_SETTLE).
+const DefaultSettle = 30 * time.Second
+
 // Config configures a Judge. Zero durations take the defaults.
 type Config struct {
 	Log     policylog.Log // the policy log, read and written; required
@@ -67,7 +71,7 @@ type Config struct {
 	// kafkaconn.GroupSessionTimeout).
 	SessionTimeout time.Duration
 	// Settle is how long after a rollout's end the judge waits before
-	// reading its counters (default 30 s): the limiters' event buffers and
+	// reading its counters (default DefaultSettle): the limiters' event buffers and
 	// the meter-consumer's batches.
 	Settle time.Duration
 	// Name is the verdicts' author (default "judge").
@@ -107,7 +111,7 @@ func New(cfg Config) (*Judge, error) {
 		cfg.SessionTimeout = kafkaconn.GroupSessionTimeout
 	}
 	if cfg.Settle <= 0 {
-		cfg.Settle = 30 * time.Second
+		cfg.Settle = DefaultSettle
 	}
 	if cfg.Name == "" {
 		cfg.Name = "judge"
