@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 )
 
 // Result kinds of a connection check, the values of the "result" label.
@@ -144,17 +146,7 @@ func (c *Checker) Check(ctx context.Context) string {
 // every Every, until ctx ends.
 func (c *Checker) Run(ctx context.Context) {
 	c.Check(ctx)
-	t := time.NewTicker(c.cfg.Every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-c.nudge:
-		}
-		c.Check(ctx)
-	}
+	lifecycle.EveryOrWake(ctx, c.cfg.Every, c.nudge, func(ctx context.Context) { c.Check(ctx) })
 }
 
 // Recheck makes Run re-read the password and check now (SIGHUP). It never

@@ -39,3 +39,26 @@ func TestEveryCallsOnTheTickUntilCancelled(t *testing.T) {
 		}
 	})
 }
+
+// A wake-up calls fn at once and leaves the ticks where they were.
+func TestEveryOrWakeCallsOnAWakeUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		start := time.Now()
+		wake := make(chan struct{}, 1)
+		var at []time.Duration
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			EveryOrWake(ctx, time.Second, wake, func(context.Context) { at = append(at, time.Since(start)) })
+		}()
+		time.Sleep(300 * time.Millisecond)
+		wake <- struct{}{}
+		time.Sleep(1500 * time.Millisecond)
+		cancel()
+		<-done
+		if len(at) != 2 || at[0] != 300*time.Millisecond || at[1] != time.Second {
+			t.Fatalf("calls at %v, want 300ms (the wake-up) and 1s (the tick)", at)
+		}
+	})
+}
