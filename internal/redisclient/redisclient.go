@@ -308,10 +308,15 @@ func (c *Client) explain(err error) string {
 		return "Redis refused the credentials (check REDIS_USERNAME and REDIS_PASSWORD / REDIS_PASSWORD_FILE; after rotating the file, send SIGHUP): " + msg
 	case strings.Contains(msg, "x509:") || strings.Contains(msg, "tls:") || strings.Contains(msg, "TLS handshake"):
 		return "TLS to Redis failed (check REDIS_TLS_CA_FILE, REDIS_TLS_SERVER_NAME and the client certificate): " + msg
-	case strings.Contains(msg, "connection reset") || strings.Contains(msg, "EOF"):
+	case strings.Contains(msg, "connection reset") || strings.Contains(msg, "EOF") || strings.Contains(msg, "broken pipe"):
 		if c.tls == nil {
 			return "Redis closed the connection (a TLS-only server needs REDIS_TLS=true): " + msg
 		}
+		// Under TLS 1.3 the client's handshake ends before the server has
+		// checked the client certificate; a server that refuses it sends
+		// an alert and closes, and the first command may see the close
+		// (a reset) instead of the alert.
+		return "TLS to Redis failed, or Redis closed the connection right after the handshake (check the client certificate, REDIS_TLS_CERT_FILE and REDIS_TLS_KEY_FILE): " + msg
 	}
 	return "Redis did not answer: " + msg
 }

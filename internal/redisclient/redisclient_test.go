@@ -306,3 +306,26 @@ func TestDiagnosisWaitsOnlyAsLongAsItsCaller(t *testing.T) {
 		t.Fatalf("after Redis answered: %q, want \"\"", why)
 	}
 }
+
+// A TLS 1.3 server that refuses the client certificate closes the
+// connection after the client's handshake has succeeded, and the first
+// command may see the close (a reset, a broken pipe, EOF) instead of the
+// alert: that is still a TLS diagnosis, never "did not answer".
+func TestExplainACloseAfterTheHandshake(t *testing.T) {
+	creds := &credentials{}
+	empty := ""
+	creds.pw.Store(&empty)
+	withTLS, plain := &Client{creds: creds, tls: &dialer{}}, &Client{creds: creds}
+	for _, msg := range []string{
+		"write tcp 127.0.0.1:41644->127.0.0.1:40185: write: connection reset by peer",
+		"write tcp 127.0.0.1:41644->127.0.0.1:40185: write: broken pipe",
+		"EOF",
+	} {
+		if why := withTLS.explain(fmt.Errorf("%s", msg)); !strings.Contains(why, "TLS to Redis failed") {
+			t.Errorf("TLS client, %q: %q", msg, why)
+		}
+		if why := plain.explain(fmt.Errorf("%s", msg)); !strings.Contains(why, "REDIS_TLS=true") {
+			t.Errorf("plain client, %q: %q", msg, why)
+		}
+	}
+}
