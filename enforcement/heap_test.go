@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/internal/heapstat"
 )
 
 // freshAuthority answers every Take as a shared store answers a key it has
@@ -34,14 +35,6 @@ func freeTier() fixedPolicy {
 			QuotaLimit: 100000, QuotaPeriod: enforcement.PeriodDay, QuotaID: "free"},
 		Policy: "free", Tier: "free", Cost: 1,
 	}}
-}
-
-func heapInUse() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
 }
 
 // BenchmarkHeapPerKey is the local tier's heap per tracked key under key
@@ -71,7 +64,7 @@ func heapPerKey(b *testing.B, pol enforcement.Policy) {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
-	before := heapInUse()
+	before := heapstat.Live()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		// Key and scope are fresh strings, as a decoded request's are.
@@ -84,7 +77,7 @@ func heapPerKey(b *testing.B, pol enforcement.Policy) {
 		}
 	}
 	b.StopTimer()
-	after := heapInUse()
+	after := heapstat.Live()
 	st := l.LocalStats()
 	if st.Entries != b.N {
 		b.Fatalf("%d entries for %d keys", st.Entries, b.N)

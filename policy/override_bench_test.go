@@ -9,19 +9,11 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/internal/heapstat"
 	"github.com/ratewarden/ratewarden/policy"
 )
 
 const millionOverrides = 1_000_000
-
-// heapInUse is the live heap after a full collection.
-func heapInUse() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
-}
 
 func millionSet(b *testing.B) *policy.Overrides {
 	b.Helper()
@@ -45,11 +37,11 @@ func millionSet(b *testing.B) *policy.Overrides {
 // live heap, key strings included.
 func BenchmarkOverridesLoad1M(b *testing.B) {
 	for range b.N {
-		before := heapInUse()
+		before := heapstat.Live()
 		start := time.Now()
 		ov := millionSet(b)
 		took := time.Since(start)
-		after := heapInUse()
+		after := heapstat.Live()
 		b.ReportMetric(float64(after-before)/millionOverrides, "bytes/override")
 		b.ReportMetric(took.Seconds(), "s/load")
 		runtime.KeepAlive(ov)

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/ratewarden/ratewarden/internal/heapstat"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/kafkadev"
 	"github.com/ratewarden/ratewarden/internal/testenv"
@@ -62,7 +63,7 @@ func BenchmarkTailStartOverrides(b *testing.B) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	b.ResetTimer()
 	for range b.N {
-		before := liveHeap()
+		before := heapstat.Live()
 		cpu0 := cpuTime()
 		start := time.Now()
 		tail, err := newPolicyTail(cfg, prometheus.NewRegistry(), logger)
@@ -75,7 +76,7 @@ func BenchmarkTailStartOverrides(b *testing.B) {
 		}
 		took := time.Since(start)
 		cpu := cpuTime() - cpu0
-		after := liveHeap()
+		after := heapstat.Live()
 		if got := tail.current(); got.Source != sourceKafka || got.Overrides != startOverrides {
 			b.Fatalf("started from %s with %d overrides, want kafka with %d", got.Source, got.Overrides, startOverrides)
 		}
@@ -96,15 +97,6 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// liveHeap is the live heap after a full collection.
-func liveHeap() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }
 
 // fillOverrides appends n override records (revisions 2 … n+1, after the

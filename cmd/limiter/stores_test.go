@@ -59,15 +59,6 @@ func TestDedicatedStoreHoldsItsKeysOnly(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	held := func(r *testenv.Redis, key string) bool {
-		c := redis.NewClient(&redis.Options{Addr: r.Addr()})
-		defer c.Close()
-		n, err := c.Exists(ctx, keyslot.BucketKey("rl", key, "api")).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n == 1
-	}
 	// Every Redis key of a rate-limit key carries it as its hash tag.
 	keysOf := func(r *testenv.Redis, key string) []string {
 		c := redis.NewClient(&redis.Options{Addr: r.Addr()})
@@ -82,8 +73,8 @@ func TestDedicatedStoreHoldsItsKeysOnly(t *testing.T) {
 		key    string
 		onAcme bool
 	}{{"acct_acme", true}, {"acct_big", true}, {"acct_small", false}, {"acct_other", false}} {
-		if held(acme, c.key) != c.onAcme || held(def, c.key) == c.onAcme {
-			t.Errorf("%s: bucket on acme %v, on default %v; want only on %s", c.key, held(acme, c.key), held(def, c.key),
+		if bucketHeld(t, acme, c.key) != c.onAcme || bucketHeld(t, def, c.key) == c.onAcme {
+			t.Errorf("%s: bucket on acme %v, on default %v; want only on %s", c.key, bucketHeld(t, acme, c.key), bucketHeld(t, def, c.key),
 				map[bool]string{true: "acme", false: "default"}[c.onAcme])
 		}
 		there, elsewhere := keysOf(acme, c.key), keysOf(def, c.key)
@@ -194,4 +185,17 @@ func TestPolicyNamingAnUnknownStoreIsRefused(t *testing.T) {
 	if _, err := run([]string{"REDIS_STORES=default=" + r.Addr(), "REDIS_ADDRS=" + r.Addr()}, "policy", "check", path); err == nil {
 		t.Fatal(`policy check accepted REDIS_STORES naming "default"`)
 	}
+}
+
+// bucketHeld reports whether r holds key's bucket (scope "api", the
+// default key prefix): which store a key's decisions went to.
+func bucketHeld(t *testing.T, r *testenv.Redis, key string) bool {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer c.Close()
+	n, err := c.Exists(context.Background(), keyslot.BucketKey("rl", key, "api")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
 }

@@ -5,15 +5,9 @@ import (
 	"strconv"
 	"testing"
 	"time"
-)
 
-func heapInUse() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
+	"github.com/ratewarden/ratewarden/internal/heapstat"
+)
 
 // BenchmarkHeapOfTracker: the tracker's heap once every counter of both
 // windows holds a key (b.N decisions, each a new key, over two windows):
@@ -21,7 +15,7 @@ func heapInUse() uint64 {
 // the whole tracker (B/tracker) and per counter (B/counter).
 func BenchmarkHeapOfTracker(b *testing.B) {
 	now := int64(0)
-	before := heapInUse()
+	before := heapstat.Live()
 	tr := New(Config{Now: func() time.Time { return epoch.Add(time.Duration(now)) }})
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -31,7 +25,7 @@ func BenchmarkHeapOfTracker(b *testing.B) {
 		tr.Record("ip:10."+strconv.Itoa(i>>16&255)+"."+strconv.Itoa(i>>8&255)+"."+strconv.Itoa(i&255), string([]byte("api")), true)
 	}
 	b.StopTimer()
-	after := heapInUse()
+	after := heapstat.Live()
 	total := float64(int64(after) - int64(before))
 	b.ReportMetric(total, "B/tracker")
 	b.ReportMetric(total/float64(2*tr.cfg.Shards*tr.cfg.Capacity), "B/counter")

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/lease"
+	"github.com/ratewarden/ratewarden/internal/heapstat"
 )
 
 // allowAll answers every Take as a store answers a key it has never seen,
@@ -19,14 +20,6 @@ func (allowAll) Take(_ context.Context, _, _ string, lim enforcement.Limit, cost
 	return enforcement.Verdict{Allowed: true, Remaining: lim.Burst - cost, Now: time.Now()}, nil
 }
 
-func heapInUse() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
-
 // BenchmarkHeapPerState: the lease layer's heap per tracked (key, scope)
 // under key rotation: b.N fresh keys, each decided once (cold: passed
 // through, but tracked for hot-key detection) up to Config.MaxKeys
@@ -35,7 +28,7 @@ func BenchmarkHeapPerState(b *testing.B) {
 	a := lease.New(allowAll{}, nil, lease.Config{MaxKeys: 1 << 30})
 	ctx := context.Background()
 	lim := enforcement.Limit{Rate: 100, Burst: 200}
-	before := heapInUse()
+	before := heapstat.Live()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		key := "ip:10." + strconv.Itoa(i>>16&255) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255)
@@ -44,6 +37,6 @@ func BenchmarkHeapPerState(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(int64(heapInUse())-int64(before))/float64(b.N), "B/state")
+	b.ReportMetric(float64(int64(heapstat.Live())-int64(before))/float64(b.N), "B/state")
 	runtime.KeepAlive(a)
 }
