@@ -52,16 +52,6 @@ const fleetUsage = `usage:
 // cliTimeout bounds one CLI command, reads and writes included.
 const cliTimeout = 60 * time.Second
 
-// isPolicyLogVerb reports whether `limiter policy VERB` is a verb of the
-// policy log (the others are policycmd.go's file tools).
-func isPolicyLogVerb(verb string) bool {
-	switch verb {
-	case "push", "rollback", "history", "show", "diff":
-		return true
-	}
-	return false
-}
-
 // cliFlags is a strict flag set (internal/cli): -h/--help prints the usage
 // on stdout (exit 0), an unknown flag prints it on stderr (exit 2).
 // Positional arguments may come before or after flags.

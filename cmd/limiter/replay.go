@@ -114,13 +114,6 @@ type errReplayArgs struct{ problem string }
 
 func (e errReplayArgs) Error() string { return e.problem }
 
-func orDefault(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
-}
-
 // replayCommand runs `limiter policy replay` and returns the exit code.
 func replayCommand(args []string, stdout, stderr io.Writer) int {
 	a, fs, err := parseReplayArgs(args, os.Getenv, time.Now().UTC())

@@ -169,14 +169,6 @@ const WarningHeader = "RateLimit-Warning"
 // the rule's soft_limit_percent of the bucket or the quota.
 const SoftLimitWarning = "soft-limit"
 
-// SetHeaders sets RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset
-// (whole seconds until the bucket is full, rounded up), and WarningHeader
-// when the decision reached the soft limit: the legacy fields only (a
-// Guard sets the ones its Headers mode selects).
-func SetHeaders(h http.Header, d *enforcement.Decision) {
-	setHeaders(h, d, time.Now(), ratelimitheader.Legacy)
-}
-
 // The draft's field names as http.Header keys them.
 const (
 	canonicalPolicyField    = "Ratelimit-Policy"
