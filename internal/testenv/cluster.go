@@ -3,8 +3,6 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -176,26 +174,7 @@ func (c *Cluster) startMasters(dir string, n int, args func(port int) []string, 
 
 // clusterPort picks a loopback port that is free together with its cluster
 // bus port (port + 10000).
-func clusterPort(used map[int]bool) (int, error) {
-	for attempt := 0; attempt < 200; attempt++ {
-		p := 20000 + rand.IntN(35000)
-		if used[p] || used[p+10000] || used[p-10000] {
-			continue
-		}
-		l1, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			continue
-		}
-		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+10000))
-		l1.Close()
-		if err != nil {
-			continue
-		}
-		l2.Close()
-		return p, nil
-	}
-	return 0, fmt.Errorf("no free port pair (p, p+10000) found")
-}
+func clusterPort(used map[int]bool) (int, error) { return pickPort(used, 10000) }
 
 // WaitOK waits until every live master except those in skip reports
 // cluster_state:ok with all 16384 slots assigned and knows every other

@@ -10,15 +10,19 @@ package testenv
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
 
-// FreePort returns a TCP port on 127.0.0.1 that nothing listens on right now.
+// FreePort returns a TCP port on 127.0.0.1 that nothing listens on right now,
+// outside the kernel's ephemeral range (see pickPort).
 func FreePort(tb testing.TB) int {
 	tb.Helper()
 	p, err := freePort()
@@ -28,13 +32,62 @@ func FreePort(tb testing.TB) int {
 	return p
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+func freePort() (int, error) { return pickPort(nil, 0) }
+
+// pickPort returns a loopback port p, not in used, that is free together
+// with p+pair when pair is not 0 (a cluster node's bus port).
+//
+// Every port it returns lies outside the ephemeral range
+// (net.ipv4.ip_local_port_range). A port inside it can be taken, between
+// the moment it is picked and the moment its server binds it, as the
+// source port of any outgoing connection on the machine, among them a
+// client that dials it before its server starts and connects to itself;
+// the server then fails with "address already in use".
+func pickPort(used map[int]bool, pair int) (int, error) {
+	lo, hi := ephemeralRange()
+	outside := func(p int) bool { return p >= 10000 && p <= 65535 && (p < lo || p > hi) }
+	for attempt := 0; attempt < 500; attempt++ {
+		p := 10000 + rand.IntN(55536-pair)
+		if used[p] || !outside(p) || (pair != 0 && (used[p+pair] || used[p-pair] || !outside(p+pair))) {
+			continue
+		}
+		l1, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		if pair == 0 {
+			l1.Close()
+			return p, nil
+		}
+		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+pair))
+		l1.Close()
+		if err != nil {
+			continue
+		}
+		l2.Close()
+		return p, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("no free loopback port outside the ephemeral range %d-%d", lo, hi)
+}
+
+// ephemeralRange is the kernel's range of source ports for outgoing
+// connections, Linux's default when it cannot be read, or an empty range
+// when it leaves too few ports above 10000 to choose from.
+func ephemeralRange() (lo, hi int) {
+	lo, hi = 32768, 60999
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			l, err1 := strconv.Atoi(f[0])
+			h, err2 := strconv.Atoi(f[1])
+			if err1 == nil && err2 == nil {
+				lo, hi = l, h
+			}
+		}
+	}
+	if max(lo, 10000)-10000+65535-min(hi, 65535) < 20000 {
+		return 1, 0
+	}
+	return lo, hi
 }
 
 // waitTCP waits until addr accepts connections or the deadline passes.
