@@ -45,27 +45,22 @@ func freePort() (int, error) { return pickPort(nil, 0) }
 // the server then fails with "address already in use".
 func pickPort(used map[int]bool, pair int) (int, error) {
 	lo, hi := ephemeralRange()
-	outside := func(p int) bool { return p >= 10000 && p <= 65535 && (p < lo || p > hi) }
-	for attempt := 0; attempt < 500; attempt++ {
-		p := 10000 + rand.IntN(55536-pair)
-		if used[p] || !outside(p) || (pair != 0 && (used[p+pair] || used[p-pair] || !outside(p+pair))) {
-			continue
+	usable := func(p int) bool {
+		if used[p] || (p >= lo && p <= hi) {
+			return false
 		}
-		l1, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
 		if err != nil {
-			continue
+			return false
 		}
-		if pair == 0 {
-			l1.Close()
+		l.Close()
+		return true
+	}
+	for range 500 {
+		p := 10000 + rand.IntN(55536-pair)
+		if usable(p) && (pair == 0 || !used[p-pair] && usable(p+pair)) {
 			return p, nil
 		}
-		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+pair))
-		l1.Close()
-		if err != nil {
-			continue
-		}
-		l2.Close()
-		return p, nil
 	}
 	return 0, fmt.Errorf("no free loopback port outside the ephemeral range %d-%d", lo, hi)
 }
