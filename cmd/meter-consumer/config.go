@@ -77,7 +77,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Cluster:         chcluster.FromEnv(e),
 		PolicyTopic:     e.String("POLICY_TOPIC", kafkalog.DefaultTopic),
 		Judge:           e.Bool("POLICY_JUDGE", false),
-		JudgeSettle:     e.Duration("POLICY_JUDGE_SETTLE", judge.DefaultSettle, 0, time.Hour),
+		JudgeSettle:     e.Duration("POLICY_JUDGE_SETTLE", judge.DefaultSettle, time.Millisecond, time.Hour),
 	}
 	if len(c.KafkaBrokers) == 0 {
 		e.Fail("KAFKA_BROKERS", "required (comma-separated host:port)")

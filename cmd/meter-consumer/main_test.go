@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestMain doubles as the meter-consumer binary: the tests start the test
@@ -39,6 +41,8 @@ func TestInvalidConfigExitsWithOneLineNamingTheVariable(t *testing.T) {
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "WEBHOOK_URL=https://example.test/hook", "WEBHOOK_SECRET=whsec_c2hvcnQ="}, "WEBHOOK_SECRET"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "WEBHOOK_URL=https://example.test/hook", "WEBHOOK_SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "WEBHOOK_COOLDOWN=soon"}, "WEBHOOK_COOLDOWN"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "POLICY_JUDGE_SETTLE=2h"}, "POLICY_JUDGE_SETTLE"},
+		// 0 would reach the judge as "unset", the default 30 s.
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "POLICY_JUDGE_SETTLE=0"}, "POLICY_JUDGE_SETTLE"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_ADDR=8082"}, "METER_ADDR"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_BATCH_SIZE=0"}, "METER_BATCH_SIZE"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_STALL_AFTER=0s"}, "METER_STALL_AFTER"},
@@ -50,15 +54,23 @@ func TestInvalidConfigExitsWithOneLineNamingTheVariable(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			// A value it wrongly accepts starts the service: stopped after
+			// a minute, it fails the case instead of the whole run hanging.
 			cmd := binaryCmd(c.env...)
-			out, err := cmd.CombinedOutput()
-			ee, ok := err.(*exec.ExitError)
-			if !ok || ee.ExitCode() == 0 {
-				t.Fatalf("exit %v, want non-zero; output %s", err, out)
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
 			}
-			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			stop := time.AfterFunc(time.Minute, func() { cmd.Process.Kill() })
+			err := cmd.Wait()
+			stop.Stop()
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+				t.Fatalf("exit %v, want 2 (a configuration error); output %s", err, out.String())
+			}
+			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 			if len(lines) != 1 || !strings.Contains(lines[0], c.name) {
-				t.Fatalf("want one line naming %s, got %q", c.name, out)
+				t.Fatalf("want one line naming %s, got %q", c.name, out.String())
 			}
 		})
 	}

@@ -71,8 +71,8 @@ type Config struct {
 	// kafkaconn.GroupSessionTimeout).
 	SessionTimeout time.Duration
 	// Settle is how long after a rollout's end the judge waits before
-	// reading its counters (default DefaultSettle): the limiters' event buffers and
-	// the meter-consumer's batches.
+	// reading its counters (default DefaultSettle): the limiters' event
+	// buffers and the meter-consumer's batches.
 	Settle time.Duration
 	// Name is the verdicts' author (default "judge").
 	Name     string
