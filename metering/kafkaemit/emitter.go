@@ -230,6 +230,17 @@ func (b *batch) add(ev *metering.Event) {
 
 func (b *batch) len() int { return len(b.spans) }
 
+// abandon gives the batch a new arena after a write that failed. kafka-go
+// returns from a write that timed out while its transport may still be
+// encoding the request, and may still send it, from the old arena: reusing
+// it would put the next batch's events into that request, under the old
+// messages' partitions (events in the wrong partition, and the same event id
+// in two partitions, which no per-partition deduplication can catch).
+func (b *batch) abandon() {
+	b.arena = make([]byte, 0, cap(b.arena))
+	b.msgs = make([]kafka.Message, 0, cap(b.msgs))
+}
+
 // take returns the batch's messages (valid until the next add) and empties it.
 func (b *batch) take() []kafka.Message {
 	// The arena may have moved while growing: slice it only now.
@@ -321,7 +332,9 @@ func (e *Emitter) loop(ctx, wctx context.Context) {
 			}
 		}
 		timer.Stop()
-		e.write(wctx, b.take())
+		if !e.write(wctx, b.take()) {
+			b.abandon()
+		}
 	}
 }
 
@@ -340,19 +353,20 @@ func (e *Emitter) drain(wctx context.Context, b *batch) {
 		select {
 		case ev := <-e.ch:
 			b.add(&ev)
-			if b.len() >= e.cfg.BatchSize {
-				e.write(wctx, b.take())
+			if b.len() >= e.cfg.BatchSize && !e.write(wctx, b.take()) {
+				b.abandon()
 			}
 		default:
-			if b.len() > 0 {
-				e.write(wctx, b.take())
+			if b.len() > 0 && !e.write(wctx, b.take()) {
+				b.abandon()
 			}
 			return
 		}
 	}
 }
 
-func (e *Emitter) write(wctx context.Context, msgs []kafka.Message) {
+// write writes one batch and reports whether Kafka acknowledged all of it.
+func (e *Emitter) write(wctx context.Context, msgs []kafka.Message) bool {
 	ctx, cancel := context.WithTimeout(wctx, e.cfg.WriteTimeout)
 	defer cancel()
 	start := time.Now()
@@ -362,7 +376,7 @@ func (e *Emitter) write(wctx context.Context, msgs []kafka.Message) {
 	if err == nil {
 		e.sent.Add(uint64(len(msgs)))
 		e.mSent.Add(float64(len(msgs)))
-		return
+		return true
 	}
 	// Partial failures: kafka.WriteErrors says which messages failed.
 	failed := len(msgs)
@@ -376,4 +390,5 @@ func (e *Emitter) write(wctx context.Context, msgs []kafka.Message) {
 	}
 	e.drop(ReasonKafka, failed)
 	e.log.Debug("kafka write failed", "messages", len(msgs), "failed", failed, "err", err)
+	return false
 }
