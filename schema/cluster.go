@@ -44,6 +44,7 @@ const LocalSuffix = "_local"
 // partition mod shards). A migration creating a new table must add it here.
 var shardingKeys = map[string]string{
 	DecisionsRaw:      "kafka_partition",
+	EventIDs:          "kafka_partition",
 	UsageMinute:       "rand()",
 	UsageHour:         "rand()",
 	UsageDay:          "rand()",

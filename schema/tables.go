@@ -10,6 +10,9 @@ const (
 	UsageMinute = "usage_minute"
 	UsageHour   = "usage_hour"
 	UsageDay    = "usage_day"
+	// EventIDs holds every distinct event's id and position once: the
+	// consumer's long deduplication window (0005).
+	EventIDs = "event_ids"
 	// ShadowHour is the hourly rollup of shadow-limit verdicts (0004).
 	ShadowHour = "shadow_hour"
 	// PortalTokenEvents records portal tokens issued and revoked (0050).

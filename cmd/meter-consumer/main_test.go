@@ -17,6 +17,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("METER_CONSUMER_AS_BINARY") == "1" {
 		os.Exit(serve()) // not main: the test binary's own flags are not the consumer's words
 	}
+	if os.Getenv("KAFKADEV_AS_BINARY") == "1" {
+		os.Exit(serveBroker()) // a broker in a process of its own, for SIGSTOP
+	}
 	os.Exit(m.Run())
 }
 

@@ -48,22 +48,29 @@ const (
 	Day
 	ShadowHour
 	RolloutShadow
+	// IDs is event_ids: each distinct event's id and position once, the
+	// consumer's long deduplication window (LateIDs).
+	IDs
 	numTables
 )
 
-var tableNames = [numTables]string{schema.DecisionsRaw, schema.UsageMinute, schema.UsageHour, schema.UsageDay, schema.ShadowHour, schema.RolloutShadow}
+var tableNames = [numTables]string{schema.DecisionsRaw, schema.UsageMinute, schema.UsageHour, schema.UsageDay, schema.ShadowHour, schema.RolloutShadow, schema.EventIDs}
 
 // addedLater marks tables created by a later migration than the others: until
 // such a table holds a marker of a partition, it does not pull that
 // partition's resume point back, so an upgraded consumer does not re-read its
 // topic from the start (the new table starts with the next batch; the shadow
 // verdicts of events consumed before the upgrade are in decisions_raw).
-var addedLater = [numTables]bool{ShadowHour: true, RolloutShadow: true}
+var addedLater = [numTables]bool{ShadowHour: true, RolloutShadow: true, IDs: true}
+
+// hasMarkers: the rollups carry a marker row per INSERT; decisions_raw and
+// event_ids hold one row per event, whose highest offset is the progress.
+var hasMarkers = [numTables]bool{Minute: true, Hour: true, Day: true, ShadowHour: true, RolloutShadow: true}
 
 // String is the table's name in ClickHouse.
 func (t Table) String() string { return tableNames[t] }
 
-var bucketMillis = [numTables]int64{0, 60_000, 3_600_000, 86_400_000, 3_600_000, 60_000}
+var bucketMillis = [numTables]int64{0, 60_000, 3_600_000, 86_400_000, 3_600_000, 60_000, 0}
 
 // Progress is, per table, the highest Kafka offset of one partition that the
 // table holds; -1 when it holds none.
@@ -123,7 +130,7 @@ func (s *Sink) Progress(ctx context.Context, partition int) (Progress, error) {
 		// read. Rollups: markers are the key '' prefix of ORDER BY.
 		q := "SELECT count(), max(kafka_offset) FROM " + s.table(t) + " WHERE kafka_partition = ?"
 		switch t {
-		case Raw:
+		case Raw, IDs:
 		case RolloutShadow:
 			q += " AND rollout = 0"
 		default:
@@ -142,10 +149,10 @@ func (s *Sink) Progress(ctx context.Context, partition int) (Progress, error) {
 }
 
 // RecentIDs calls fn, in offset order, for every event id decisions_raw
-// holds for partition at an offset above after (which may be negative): the
-// consumer's deduplication window.
-func (s *Sink) RecentIDs(ctx context.Context, partition int, after int64, fn func(id string, offset int64)) error {
-	rows, err := s.conn.Query(ctx, "SELECT event_id, kafka_offset FROM "+s.table(Raw)+" WHERE kafka_partition = ? AND kafka_offset >= ? ORDER BY kafka_offset",
+// holds for partition at an offset above after (which may be negative),
+// with the event's ts: the consumer's in-memory deduplication window.
+func (s *Sink) RecentIDs(ctx context.Context, partition int, after int64, fn func(id string, offset, ts int64)) error {
+	rows, err := s.conn.Query(ctx, "SELECT event_id, kafka_offset, ts FROM "+s.table(Raw)+" WHERE kafka_partition = ? AND kafka_offset >= ? ORDER BY kafka_offset",
 		uint32(partition), uint64(max(after+1, 0)))
 	if err != nil {
 		return fmt.Errorf("chsink: recent ids of partition %d: %w", partition, err)
@@ -153,11 +160,11 @@ func (s *Sink) RecentIDs(ctx context.Context, partition int, after int64, fn fun
 	defer rows.Close()
 	for rows.Next() {
 		var id string
-		var off uint64
-		if err := rows.Scan(&id, &off); err != nil {
+		var off, ts uint64
+		if err := rows.Scan(&id, &off, &ts); err != nil {
 			return fmt.Errorf("chsink: recent ids of partition %d: %w", partition, err)
 		}
-		fn(id, int64(off))
+		fn(id, int64(off), int64(ts))
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("chsink: recent ids of partition %d: %w", partition, err)
@@ -200,8 +207,8 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 			from++
 		}
 		todo := recs[from:]
-		if t == Raw && len(todo) == 0 {
-			continue // raw has no markers; its progress may lag, harmlessly
+		if !hasMarkers[t] && len(todo) == 0 {
+			continue // no markers: its progress may lag, harmlessly
 		}
 		wg.Add(1)
 		go func() {
@@ -212,6 +219,8 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 			switch t {
 			case Raw:
 				rows, err = s.writeRaw(ctx, partition, todo)
+			case IDs:
+				rows, err = s.writeIDs(ctx, partition, todo)
 			case ShadowHour:
 				rows, err = s.writeShadow(ctx, partition, todo, last)
 			case RolloutShadow:
@@ -224,7 +233,7 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 				errs[t] = err
 				return
 			}
-			if t == Raw {
+			if !hasMarkers[t] {
 				p[t] = todo[len(todo)-1].Offset
 			} else {
 				p[t] = last
@@ -286,6 +295,18 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 	}
 	if err := s.insert(ctx, Raw, "event_id, ts, event_time, key, scope, tier, cost, allowed, source, remaining, limit_value, policy, dry_run, warning, instance, kafka_partition, kafka_offset, domain, shadow, shadow_rejected, trace_id, policy_revision, decided_us, shadow_revision",
 		[]any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets, domains, shadows, shadowRejected, traces, revisions, decided, shadowRevs}); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+func (s *Sink) writeIDs(ctx context.Context, partition int, recs []Record) (int, error) {
+	n := len(recs)
+	parts, times, ids, offsets := make([]uint32, n), make([]time.Time, n), make([]string, n), make([]uint64, n)
+	for i := range recs {
+		parts[i], times[i], ids[i], offsets[i] = uint32(partition), time.Unix(recs[i].Event.TS/1000, 0).UTC(), recs[i].Event.EventID, uint64(recs[i].Offset)
+	}
+	if err := s.insert(ctx, IDs, "kafka_partition, event_time, event_id, kafka_offset", []any{parts, times, ids, offsets}); err != nil {
 		return 0, err
 	}
 	return n, nil

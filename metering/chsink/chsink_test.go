@@ -110,7 +110,7 @@ func TestWriteGivesEachTableOnlyWhatItLacks(t *testing.T) {
 		t.Fatalf("partition 3 resumes at %d, want 0", q.Resume())
 	}
 	ids := 0
-	if err := s.RecentIDs(ctx, 2, -1, func(string, int64) { ids++ }); err != nil {
+	if err := s.RecentIDs(ctx, 2, -1, func(string, int64, int64) { ids++ }); err != nil {
 		t.Fatal(err)
 	}
 	if ids != 200 {

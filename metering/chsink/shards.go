@@ -118,12 +118,30 @@ func (s *Sharded) replica(partition int) (*Sink, error) {
 }
 
 // RecentIDs reads the deduplication window from the replica Progress chose.
-func (s *Sharded) RecentIDs(ctx context.Context, partition int, after int64, fn func(id string, offset int64)) error {
+func (s *Sharded) RecentIDs(ctx context.Context, partition int, after int64, fn func(id string, offset, ts int64)) error {
 	r, err := s.replica(partition)
 	if err != nil {
 		return err
 	}
 	return r.RecentIDs(ctx, partition, after, fn)
+}
+
+// LateIDs looks late events up on the replica Progress chose.
+func (s *Sharded) LateIDs(ctx context.Context, partition int, late []Late, fn func(id string, position int64)) error {
+	r, err := s.replica(partition)
+	if err != nil {
+		return err
+	}
+	return r.LateIDs(ctx, partition, late, fn)
+}
+
+// NewestBelow reads from the replica Progress chose.
+func (s *Sharded) NewestBelow(ctx context.Context, partition int, below, fromMs int64) (int64, error) {
+	r, err := s.replica(partition)
+	if err != nil {
+		return 0, err
+	}
+	return r.NewestBelow(ctx, partition, below, fromMs)
 }
 
 // Epochs reads the partition's epochs from the replica Progress chose.

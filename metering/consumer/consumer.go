@@ -68,7 +68,12 @@ const revokeFlush = 4 * time.Second
 // Sink stores batches and reports progress (implemented by *chsink.Sink).
 type Sink interface {
 	Progress(ctx context.Context, partition int) (chsink.Progress, error)
-	RecentIDs(ctx context.Context, partition int, after int64, fn func(id string, offset int64)) error
+	RecentIDs(ctx context.Context, partition int, after int64, fn func(id string, offset, ts int64)) error
+	// The long deduplication window (dedup.go): the stored positions of
+	// late events' ids, and a bound of the decision times stored below a
+	// position.
+	LateIDs(ctx context.Context, partition int, late []chsink.Late, fn func(id string, position int64)) error
+	NewestBelow(ctx context.Context, partition int, below, fromMs int64) (int64, error)
 	Write(ctx context.Context, partition int, recs []chsink.Record, last int64, p *chsink.Progress) error
 	// The incarnations of the partition's log (epoch.go).
 	Epochs(ctx context.Context, partition int) ([]chsink.Epoch, error)
@@ -102,9 +107,12 @@ type Config struct {
 	// Ping checks that ClickHouse answers (readiness); required.
 	Ping func(ctx context.Context) error
 
-	BatchSize      int           // messages per batch, default DefaultBatchSize
-	BatchWait      time.Duration // longest a message waits in a batch, default DefaultBatchWait
-	DedupWindow    int64         // offsets per partition within which a repeated event id is a duplicate, default DefaultDedupWindow
+	BatchSize int           // messages per batch, default DefaultBatchSize
+	BatchWait time.Duration // longest a message waits in a batch, default DefaultBatchWait
+	// DedupWindow is the positions per partition whose event ids are held
+	// in memory, default DefaultDedupWindow, at least 2 × BatchSize. A
+	// duplicate further back is found in event_ids (dedup.go).
+	DedupWindow    int64
 	SessionTimeout time.Duration // consumer-group session, default kafkaconn.GroupSessionTimeout (heartbeats every quarter of it)
 	InsertTimeout  time.Duration // one batch write, default 30 s; on shutdown at most 4 s
 	// StallAfter is how long a running partition with lag may write nothing
@@ -169,6 +177,8 @@ func New(cfg Config) (*Consumer, error) {
 	if cfg.DedupWindow <= 0 {
 		cfg.DedupWindow = DefaultDedupWindow
 	}
+	// A position memory forgets must already be in ClickHouse (dedup.go).
+	cfg.DedupWindow = max(cfg.DedupWindow, 2*int64(cfg.BatchSize))
 	if cfg.SessionTimeout <= 0 {
 		cfg.SessionTimeout = kafkaconn.GroupSessionTimeout
 	}
@@ -429,12 +439,24 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 		return err
 	}
 	dd := newDedup(c.seed, c.cfg.DedupWindow)
+	loadFrom := resume - c.cfg.DedupWindow
 	lctx, cancel = context.WithTimeout(ctx, c.cfg.InsertTimeout)
-	err = c.cfg.Sink.RecentIDs(lctx, p, resume-1-c.cfg.DedupWindow, func(id string, off int64) { dd.add(id, off) })
+	err = c.cfg.Sink.RecentIDs(lctx, p, loadFrom-1, func(id string, off, ts int64) { dd.add(id, off, ts) })
 	cancel()
 	if err != nil {
 		return err
 	}
+	// What lies below the loaded positions is not in memory: bound its
+	// decision times, reading event_ids from a minute before the newest
+	// loaded event on (an older event there only makes more messages late,
+	// which costs a lookup, never a wrong verdict).
+	lctx, cancel = context.WithTimeout(ctx, c.cfg.InsertTimeout)
+	older, err := c.cfg.Sink.NewestBelow(lctx, p, loadFrom, max(dd.newest()-60_000, 0))
+	cancel()
+	if err != nil {
+		return err
+	}
+	dd.bound(older)
 	c.clearFailing(p)
 	c.log.Debug("partition resumed", "partition", p, "offset", offset, "epoch", ep.Epoch, "position", ep.Position(offset), "progress", prog[:])
 	st.start(offset, restart)
@@ -454,6 +476,7 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 		timer      = time.NewTimer(time.Hour)
 		due        <-chan time.Time // fires when the batch's first message has waited BatchWait; nil while empty
 		dups, bad  int              // in the batch, counted when it is written
+		lateAt     []int            // indexes in batch of the late events (dedup.go)
 	)
 	timer.Stop()
 	defer timer.Stop()
@@ -462,6 +485,14 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 		due = nil
 		if n == 0 {
 			return nil
+		}
+		if len(lateAt) > 0 {
+			kept, found, err := c.resolveLate(ctx, p, batch, lateAt, seenUpTo)
+			if err != nil {
+				return err
+			}
+			batch, lateAt = kept, lateAt[:0]
+			dups += found
 		}
 		// Only the partition's owner may write. A member the coordinator
 		// dropped (its heartbeats late on a loaded machine) learns it at its
@@ -545,11 +576,15 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 						return err
 					}
 				}
-				if dd.add(ev.EventID, pos) {
+				switch dd.add(ev.EventID, pos, ev.TS) {
+				case duplicate:
 					if fresh {
 						dups++
 					}
-				} else {
+				case late:
+					lateAt = append(lateAt, len(batch))
+					fallthrough
+				default:
 					if len(batch) == 0 {
 						month = mo
 					}
@@ -569,4 +604,46 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 			}
 		}
 	}
+}
+
+// resolveLate looks the late events of batch (at the indexes lateAt) up in
+// event_ids and returns batch without those stored at an earlier position
+// (filtered in place), and how many of them are beyond seenUpTo (not
+// counted as duplicates by an earlier run).
+func (c *Consumer) resolveLate(ctx context.Context, p int, batch []chsink.Record, lateAt []int, seenUpTo int64) ([]chsink.Record, int, error) {
+	late := make([]chsink.Late, len(lateAt))
+	at := make(map[string]int64, len(lateAt)) // id → its position in this batch
+	for i, j := range lateAt {
+		late[i] = chsink.Late{ID: batch[j].Event.EventID, TS: batch[j].Event.TS}
+		at[late[i].ID] = batch[j].Offset
+	}
+	c.m.lookups.Add(float64(len(late)))
+	drop := map[int64]bool{}
+	lctx, cancel := context.WithTimeout(ctx, c.cfg.InsertTimeout)
+	err := c.cfg.Sink.LateIDs(lctx, p, late, func(id string, stored int64) {
+		// Stored at its own position: this message, written by an
+		// earlier run. Stored later: an earlier run kept a later copy;
+		// this one is the first and stays.
+		if pos, ok := at[id]; ok && stored < pos {
+			drop[pos] = true
+		}
+	})
+	cancel()
+	if err != nil {
+		return batch, 0, err
+	}
+	if len(drop) == 0 {
+		return batch, 0, nil
+	}
+	kept, found := batch[:0], 0
+	for _, r := range batch {
+		if drop[r.Offset] {
+			if r.Offset > seenUpTo {
+				found++
+			}
+			continue
+		}
+		kept = append(kept, r)
+	}
+	return kept, found, nil
 }

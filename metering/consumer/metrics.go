@@ -14,6 +14,7 @@ type metrics struct {
 	batchEvents prometheus.Histogram
 	written     prometheus.Counter
 	duplicates  prometheus.Counter
+	lookups     prometheus.Counter
 	bad         prometheus.Counter
 	delay       prometheus.Histogram
 	chUp        prometheus.Gauge
@@ -38,6 +39,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		written: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "meter_events_written_total", Help: "Distinct events written (counted once, when their batch completes).",
+		}),
+		lookups: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meter_dedup_lookups_total", Help: "Late messages (not decidable from the in-memory window) whose event_id was looked up in event_ids.",
 		}),
 		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "meter_duplicates_discarded_total", Help: "Messages discarded because their event_id was already seen at an earlier offset.",
@@ -65,7 +69,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "meter_log_gap_messages_total", Help: "Messages deleted from the log (retention) before the consumer read them: never counted in the usage tables.",
 		}, []string{"partition"}),
 	}
-	for _, c := range []prometheus.Collector{m.lag, m.assigned, m.batchEvents, m.written, m.duplicates, m.bad, m.delay, m.chUp, m.restarts, m.stalls, m.epochs, m.gaps} {
+	for _, c := range []prometheus.Collector{m.lag, m.assigned, m.batchEvents, m.written, m.duplicates, m.lookups, m.bad, m.delay, m.chUp, m.restarts, m.stalls, m.epochs, m.gaps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

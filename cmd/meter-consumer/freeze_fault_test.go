@@ -1,0 +1,312 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"net/http"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/ratewarden/ratewarden/internal/kafkadev"
+	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/metering/kafkaemit"
+)
+
+// serveBroker is the test binary as a broker process (KAFKADEV_AS_BINARY):
+// kafkadev on KAFKADEV_PORT with KAFKADEV_TOPIC of 4 partitions, until
+// SIGTERM. A broker of its own can be frozen with SIGSTOP, as a stalled disk
+// or a long pause freezes a real one.
+func serveBroker() int {
+	port, _ := strconv.Atoi(os.Getenv("KAFKADEV_PORT"))
+	b, err := kafkadev.Start(kafkadev.Config{Port: port, Topic: os.Getenv("KAFKADEV_TOPIC"), Partitions: 4})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	b.Close()
+	return 0
+}
+
+// brokerProc is a kafkadev broker in its own process.
+type brokerProc struct {
+	cmd  *exec.Cmd
+	addr string
+	done chan struct{}
+}
+
+func startBroker(t *testing.T, topic string) *brokerProc {
+	t.Helper()
+	port := testenv.FreePort(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = []string{"KAFKADEV_AS_BINARY=1", "KAFKADEV_PORT=" + strconv.Itoa(port), "KAFKADEV_TOPIC=" + topic, "GORACE=" + os.Getenv("GORACE")}
+	logf, err := os.Create(filepath.Join(t.TempDir(), "broker.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	b := &brokerProc{cmd: cmd, addr: fmt.Sprintf("127.0.0.1:%d", port), done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); logf.Close(); close(b.done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(cmd.Process.Pid, syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		<-b.done
+	})
+	waitUntil(t, 30*time.Second, "the broker process to answer", func() bool {
+		c := &kafka.Client{Addr: kafka.TCP(b.addr), Timeout: time.Second}
+		_, err := c.Metadata(context.Background(), &kafka.MetadataRequest{Topics: []string{topic}})
+		return err == nil
+	})
+	return b
+}
+
+func (b *brokerProc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := syscall.Kill(b.cmd.Process.Pid, sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// logEvents reads every message of the topic's 4 partitions and returns the
+// distinct events among them (the first of each event id) and how many
+// messages repeated an id: what ClickHouse must hold, exactly.
+func logEvents(t *testing.T, addr, topic string) (distinct []metering.Event, repeats int) {
+	t.Helper()
+	seen := map[string]bool{}
+	client := &kafka.Client{Addr: kafka.TCP(addr), Timeout: 10 * time.Second}
+	for p := 0; p < 4; p++ {
+		var dec metering.Decoder
+		for off := int64(0); ; {
+			resp, err := client.Fetch(context.Background(), &kafka.FetchRequest{Topic: topic, Partition: p, Offset: off,
+				MinBytes: 1, MaxBytes: 8 << 20, MaxWait: 100 * time.Millisecond})
+			if err == nil && resp.Error != nil {
+				err = resp.Error
+			}
+			if err != nil {
+				t.Fatalf("partition %d offset %d: %v", p, off, err)
+			}
+			if off == 0 && resp.LogStartOffset != 0 {
+				t.Fatalf("partition %d starts at %d: retention deleted messages", p, resp.LogStartOffset)
+			}
+			for {
+				rec, err := resp.Records.ReadRecord()
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					t.Fatalf("partition %d: %v", p, err)
+				}
+				v, err := recordValue(rec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rec.Offset < off {
+					continue
+				}
+				off = rec.Offset + 1
+				ev, err := dec.Decode(v)
+				if err != nil {
+					t.Fatalf("partition %d offset %d: %v", p, rec.Offset, err)
+				}
+				if seen[ev.EventID] {
+					repeats++
+					continue
+				}
+				seen[ev.EventID] = true
+				distinct = append(distinct, ev)
+			}
+			if off >= resp.HighWatermark {
+				break
+			}
+		}
+	}
+	return distinct, repeats
+}
+
+// checkExact fails unless every rollup holds exactly the totals of want and
+// decisions_raw one row per event of want, and each rollup's sum of
+// requests equals decisions_raw's count.
+func checkExact(t *testing.T, conn driver.Conn, db string, want []metering.Event) {
+	t.Helper()
+	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(want), 120*time.Second)
+	waitRaw(t, conn, db, len(want), 60*time.Second)
+}
+
+// TestBrokerFrozenUnderLoadCountsEveryEventOnce freezes the broker (SIGSTOP)
+// while the real emitter publishes about 3,000 decisions/s, long enough for
+// its writes to time out and be retried, then thaws it: the retries land
+// after the originals, at new offsets, with the same event ids. Then, long
+// after (beyond the consumer's in-memory window, and after a consumer
+// restart), a producer sends early events of the stream again. Every event
+// that reached the log must be in ClickHouse exactly once: decisions_raw one
+// row per event id, every rollup equal to it.
+func TestBrokerFrozenUnderLoadCountsEveryEventOnce(t *testing.T) {
+	t.Parallel()
+	const topic = "ratelimit.decisions"
+	ch := testenv.StartClickHouse(t)
+	b := startBroker(t, topic)
+	db := ch.Database(t)
+	conn := ch.Conn(t)
+	env := []string{
+		"KAFKA_BROKERS=" + b.addr, "KAFKA_TOPIC=" + topic,
+		"CLICKHOUSE_ADDR=" + ch.Addr(), "CLICKHOUSE_DATABASE=" + db,
+		"METER_BATCH_SIZE=1000", "METER_BATCH_WAIT=100ms", "METER_SESSION_TIMEOUT=6s",
+		// Small, so that the late duplicates below land far beyond it.
+		"METER_DEDUP_WINDOW=2000",
+	}
+	mp := startMeter(t, env)
+	waitStatus(t, mp, 200, 60*time.Second)
+
+	em, err := kafkaemit.New(kafkaemit.Config{Brokers: []string{b.addr}, Topic: topic, WriteTimeout: time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	emCtx, stopEm := context.WithCancel(context.Background())
+	emDone := make(chan error, 1)
+	go func() { emDone <- em.Run(emCtx) }()
+
+	// About 3,000 decisions/s for 12 s; the broker frozen 5 s of them.
+	ids := metering.NewIDs()
+	var early []metering.Event
+	start := time.Now()
+	frozen, thawed := false, false
+	for n := 0; n < 36_000; {
+		el := time.Since(start)
+		if !frozen && el > 3*time.Second {
+			t.Log("SIGSTOP broker")
+			b.signal(t, syscall.SIGSTOP)
+			frozen = true
+		}
+		if frozen && !thawed && el > 8*time.Second {
+			t.Log("SIGCONT broker")
+			b.signal(t, syscall.SIGCONT)
+			thawed = true
+		}
+		for target := min(36_000, int(el.Seconds()*3000)); n < target; n++ {
+			now := time.Now()
+			ev := metering.Event{EventID: ids.Next(now), TS: now.UnixMilli(), Key: fmt.Sprintf("acct_%02d", n%40),
+				Scope: []string{"api:search", "api:read", "api:write"}[n%3], Tier: "pro", Cost: uint64(1 + n%5),
+				Allowed: n%4 != 0, Source: "shared", Remaining: 1, Limit: 100, Policy: "pro", Warning: n%7 == 0, Instance: "lim-1"}
+			if n < 3000 {
+				early = append(early, ev)
+			}
+			em.Emit(ev)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stopEm()
+	<-emDone
+	t.Logf("emitter: %d sent, %d dropped", em.Sent(), em.Dropped())
+
+	want, repeats := logEvents(t, b.addr, topic)
+	t.Logf("the log holds %d distinct events and %d repeated ids", len(want), repeats)
+	checkExact(t, conn, db, want)
+
+	// Much later, and after a restart of the consumer: the first 3,000
+	// events again (a producer retry, or a spool resent, long after).
+	mp.kill()
+	mp = startMeter(t, env)
+	waitStatus(t, mp, 200, 60*time.Second)
+	w := &kafka.Writer{Addr: kafka.TCP(b.addr), Topic: topic, Balancer: &kafka.Hash{}, BatchSize: 1000,
+		BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
+	msgs := make([]kafka.Message, len(early))
+	for i := range early {
+		msgs[i] = kafka.Message{Key: []byte(early[i].Key), Value: early[i].AppendEncode(nil)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	w.Close()
+	// A fresh marker to wait on: new events after the late duplicates.
+	var tail []metering.Event
+	for i := 0; i < 500; i++ {
+		now := time.Now()
+		tail = append(tail, metering.Event{EventID: ids.Next(now), TS: now.UnixMilli(), Key: "acct_tail", Scope: "api:read",
+			Tier: "pro", Cost: 1, Allowed: true, Source: "shared", Remaining: 1, Limit: 100, Policy: "pro", Instance: "lim-1"})
+	}
+	send(t, b.addr, topic, tail)
+	want2, repeats2 := logEvents(t, b.addr, topic)
+	if len(want2) != len(want)+len(tail) || repeats2 < repeats+len(early) {
+		t.Fatalf("the log holds %d distinct events (%d repeated), want %d (at least %d)", len(want2), repeats2, len(want)+len(tail), repeats+len(early))
+	}
+	checkExact(t, conn, db, want2)
+	// The late copies were found in event_ids, not let through and
+	// collapsed some other way.
+	if got := mp.counter(t, "meter_duplicates_discarded_total"); got < float64(len(early)) {
+		t.Errorf("meter_duplicates_discarded_total = %v after the late copies, want at least %d", got, len(early))
+	}
+	if got := mp.counter(t, "meter_dedup_lookups_total"); got < float64(len(early)) {
+		t.Errorf("meter_dedup_lookups_total = %v, want at least %d: the late copies were decided without event_ids", got, len(early))
+	}
+}
+
+// counter scrapes one unlabelled counter from /metrics.
+func (p *meterProc) counter(t *testing.T, name string) float64 {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + p.addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s: %v", p.addr, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", p.addr, err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		var v float64
+		if _, err := fmt.Sscanf(l, name+" %g", &v); err == nil {
+			return v
+		}
+	}
+	t.Fatalf("%s: no %s", p.addr, name)
+	return 0
+}
+
+func send(t *testing.T, addr, topic string, evs []metering.Event) {
+	t.Helper()
+	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topic, Balancer: &kafka.Hash{}, BatchSize: 1000,
+		BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
+	defer w.Close()
+	msgs := make([]kafka.Message, len(evs))
+	for i := range evs {
+		msgs[i] = kafka.Message{Key: []byte(evs[i].Key), Value: evs[i].AppendEncode(nil)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func recordValue(rec *kafka.Record) ([]byte, error) {
+	defer rec.Value.Close()
+	if rec.Key != nil {
+		defer rec.Key.Close()
+	}
+	return io.ReadAll(rec.Value)
+}
