@@ -43,17 +43,18 @@ const LocalSuffix = "_local"
 // kafka_partition (with equal weights the same shard as chsink.ShardOf,
 // partition mod shards). A migration creating a new table must add it here.
 var shardingKeys = map[string]string{
-	DecisionsRaw:      "kafka_partition",
-	EventIDs:          "kafka_partition",
-	UsageMinute:       "rand()",
-	UsageHour:         "rand()",
-	UsageDay:          "rand()",
-	ShadowHour:        "rand()",
-	PortalTokenEvents: "cityHash64(id)",
-	WebhookDeliveries: "cityHash64(key)",
-	KafkaEpochs:       "kafka_partition",
-	PolicyAudit:       "kafka_offset", // a record written twice lands on one shard, where FINAL collapses it
-	RolloutShadow:     "rand()",
+	DecisionsRaw:        "kafka_partition",
+	EventIDs:            "kafka_partition",
+	UsageMinute:         "rand()",
+	UsageHour:           "rand()",
+	UsageDay:            "rand()",
+	ShadowHour:          "rand()",
+	PortalTokenEvents:   "cityHash64(id)",
+	WebhookDeliveries:   "cityHash64(key)",
+	KafkaEpochs:         "kafka_partition",
+	NotifierCheckpoints: "kafka_partition",
+	PolicyAudit:         "kafka_offset", // a record written twice lands on one shard, where FINAL collapses it
+	RolloutShadow:       "rand()",
 }
 
 var (

@@ -19,6 +19,9 @@ const (
 	PortalTokenEvents = "portal_token_events"
 	// WebhookDeliveries records every soft-limit webhook attempt (0051).
 	WebhookDeliveries = "webhook_deliveries"
+	// NotifierCheckpoints records which event the notifier decided at which
+	// offset, to tell a log that started over from its own (0057).
+	NotifierCheckpoints = "notifier_checkpoints"
 	// KafkaEpochs records each new incarnation of a partition's log (0052).
 	KafkaEpochs = "kafka_epochs"
 	// PolicyAudit keeps every policy log record, applied or refused (0053).

@@ -21,6 +21,11 @@
 // recorded as abandoned (webhooks are at-most-once across a restart within a
 // cool-down, and each is retried up to the schedule's bound).
 //
+// Reading is a consumer group whose committed offsets are checked before
+// they are used (epoch.go, group.go): a log that started over (a recreated
+// topic, another cluster, a fresh broker) is read from its start, never
+// skipped from an old offset.
+//
 // Recording is asynchronous (recorder): a ClickHouse outage delays the
 // records, never a delivery.
 package notify
@@ -231,68 +236,55 @@ func (n *Notifier) Run(ctx context.Context) error {
 
 	deliverCtx, stopDeliveries := context.WithCancel(context.Background())
 	n.restoreCooldowns(ctx)
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:          n.cfg.Brokers,
-		Dialer:           &kafka.Dialer{ClientID: "notifier", Timeout: 10 * time.Second, DualStack: true, TLS: n.cfg.TLS, SASLMechanism: n.cfg.SASL},
-		GroupID:          n.cfg.GroupID,
-		Topic:            n.cfg.Topic,
-		MinBytes:         1,
-		MaxBytes:         readerMaxBytes,
-		MaxWait:          readerMaxWait,
-		ReadBatchTimeout: readerBatchTimeout,
-		CommitInterval:   time.Second,
-		StartOffset:      kafka.FirstOffset,
-		SessionTimeout:   n.cfg.SessionTimeout,
-		// A member told to rejoin first stops its partition readers and
-		// commits what it decided (revokeBudget); the coordinator drops a
-		// member that has not rejoined within the rebalance timeout and
-		// hands its partitions to another, which reads the events again.
-		RebalanceTimeout:  n.cfg.SessionTimeout + revokeBudget,
+	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID:                n.cfg.GroupID,
+		Brokers:           n.cfg.Brokers,
+		Dialer:            &kafka.Dialer{ClientID: "notifier", Timeout: 10 * time.Second, DualStack: true, TLS: n.cfg.TLS, SASLMechanism: n.cfg.SASL},
+		Topics:            []string{n.cfg.Topic},
+		SessionTimeout:    n.cfg.SessionTimeout,
 		HeartbeatInterval: n.cfg.SessionTimeout / 4,
-		JoinGroupBackoff:  time.Second,
-		ReadBackoffMax:    time.Second,
-		// The Reader tells failed fetches (and group and commit errors) only
-		// to this logger and retries them for ever: unset, a partition whose
-		// fetches keep failing stops without a trace.
-		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
-			n.m.kafkaErrors.Inc()
-			n.log.Warn("notifier: kafka reader", "err", fmt.Sprintf(msg, args...))
-		}),
+		// A member told to rejoin first ends its fetches and commits what
+		// it decided (revokeBudget); the coordinator drops a member that
+		// has not rejoined within the rebalance timeout and hands its
+		// partitions to another, which reads the events again.
+		RebalanceTimeout:       n.cfg.SessionTimeout + revokeBudget,
+		JoinGroupBackoff:       time.Second,
+		Timeout:                3 * time.Second,
+		StartOffset:            kafka.FirstOffset,
+		WatchPartitionChanges:  true,
+		PartitionWatchInterval: 10 * time.Second,
 	})
+	if err != nil {
+		stopDeliveries()
+		stopRec()
+		bg.Wait()
+		return fmt.Errorf("notify: group %s: %w", n.cfg.GroupID, err)
+	}
 	n.running.Store(true)
 	defer n.running.Store(false)
 	n.log.Info("notifier started", "group", n.cfg.GroupID, "topic", n.cfg.Topic, "cooldown", n.cfg.Cooldown.String())
 	for {
-		msg, err := r.FetchMessage(ctx)
+		gen, err := group.Next(ctx)
 		if ctx.Err() != nil {
 			break
 		}
 		if err != nil {
-			n.log.Warn("notifier fetch", "err", err)
+			n.kafkaError(fmt.Errorf("consumer group: %w", err))
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):
 			}
 			continue
 		}
-		n.m.events.Inc()
-		ev, err := metering.Decode(msg.Value)
-		if err != nil {
-			n.m.badEvents.Inc()
-		} else {
-			n.handle(deliverCtx, ev)
-		}
-		// Asynchronous with CommitInterval: queues the offset.
-		if err := r.CommitMessages(ctx, msg); err != nil && ctx.Err() == nil {
-			n.log.Warn("notifier commit", "err", err)
-		}
+		n.runGeneration(ctx, deliverCtx, gen)
 	}
-	// Closing the reader waits for its fetches in flight (up to
-	// readerMaxWait): it runs while the deliveries get their grace.
+	// Closing the group waits for the generation's goroutines (their
+	// fetches end with ctx) and leaves the group: it runs while the
+	// deliveries get their grace.
 	closed := make(chan struct{})
 	go func() {
 		defer close(closed)
-		if err := r.Close(); err != nil {
+		if err := group.Close(); err != nil {
 			n.log.Warn("notifier: leave group", "err", err)
 		}
 	}()
@@ -530,7 +522,7 @@ func redact(s string) string {
 
 type metrics struct {
 	events, badEvents, recordsDropped, reloadErrors prometheus.Counter
-	kafkaErrors                                     prometheus.Counter
+	kafkaErrors, epochs                             prometheus.Counter
 	notifications, attempts                         *prometheus.CounterVec
 	inFlight                                        prometheus.Gauge
 }
@@ -543,13 +535,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reloadErrors:   prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_endpoints_reload_errors_total", Help: "Refused versions of the per-key endpoints file."}),
 		kafkaErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_kafka_errors_total",
 			Help: "Errors of the notifier's Kafka reader (failed or timed-out fetches, group and commit errors), each retried and logged at WARN; rising while notifier_events_total stays flat is a stalled notifier."}),
+		epochs: prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_log_epochs_total",
+			Help: "Partition logs the notifier found had started over (a recreated topic, another cluster, a fresh broker) and read from their start."}),
 		notifications: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "notifier_notifications_total",
 			Help: "Warning events by decision: sent, suppressed (cool-down), stale, no_endpoint, dropped (no delivery slot)."}, []string{"result"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "notifier_attempts_total",
 			Help: "Webhook delivery attempts by outcome: delivered, retrying, failed, abandoned."}, []string{"outcome"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "notifier_deliveries_in_flight", Help: "Deliveries being attempted or waiting for a retry."}),
 	}
-	for _, c := range []prometheus.Collector{m.events, m.badEvents, m.recordsDropped, m.reloadErrors, m.kafkaErrors, m.notifications, m.attempts, m.inFlight} {
+	for _, c := range []prometheus.Collector{m.events, m.badEvents, m.recordsDropped, m.reloadErrors, m.kafkaErrors, m.epochs, m.notifications, m.attempts, m.inFlight} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
