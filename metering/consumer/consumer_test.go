@@ -25,6 +25,7 @@ import (
 var ch *testenv.ClickHouse
 
 func TestMain(m *testing.M) {
+	serveBrokerIfAsked()
 	code := testenv.MainWithClickHouse(m, &ch)
 	chCluster.Close() // started only by BenchmarkEndToEnd -meter.cluster
 	os.Exit(code)

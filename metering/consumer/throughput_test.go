@@ -32,6 +32,7 @@ var e2eBuffer = flag.Int("meter.buffer", 0, "BenchmarkEndToEnd: the emitter's bu
 var e2eConsumers = flag.Int("meter.consumers", 1, "BenchmarkEndToEnd: consumers in the group (each its own consumer.Consumer and ClickHouse connections)")
 var e2eCluster = flag.Bool("meter.cluster", false, "BenchmarkEndToEnd: write into a 2 shards × 2 replicas ClickHouse with ZooKeeper (cluster mode) instead of one server")
 var e2ePartitions = flag.Int("meter.partitions", 4, "BenchmarkEndToEnd: partitions of the topic")
+var e2eBrokerProc = flag.Bool("meter.broker-process", true, "BenchmarkEndToEnd: run the broker in a process of its own (this test binary re-executed), so that its CPU is measured apart from the product's")
 
 // chCluster is BenchmarkEndToEnd's cluster (-meter.cluster).
 var chCluster testenv.SharedClickHouseCluster
@@ -85,11 +86,23 @@ func BenchmarkEndToEnd(b *testing.B) {
 	// A bounded log (64 MiB per partition, ~25 s at 100,000 events/s)
 	// keeps kfake's memory, which lives in this process, from growing
 	// with the run.
-	k, err := testenv.NewKafkaWith(kafkadev.Config{Topic: "decisions", Partitions: *e2ePartitions, RetentionBytes: 64 << 20})
-	if err != nil {
-		b.Fatal(err)
+	var k broker
+	var brokerPid int
+	if *e2eBrokerProc {
+		bp, err := startBrokerProcess("decisions", *e2ePartitions)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer bp.close()
+		k, brokerPid = bp, bp.cmd.Process.Pid
+	} else {
+		kb, err := testenv.NewKafkaWith(kafkadev.Config{Topic: "decisions", Partitions: *e2ePartitions, RetentionBytes: 64 << 20})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer kb.Close()
+		k = kb
 	}
-	defer k.Close()
 	var logOut io.Writer = io.Discard
 	if *e2eLog != "" {
 		f, err := os.Create(*e2eLog)
@@ -180,7 +193,14 @@ func BenchmarkEndToEnd(b *testing.B) {
 		}
 		return s
 	}
-	goCPU0, chCPU0 := proccpu.Self().Seconds(), chCPU()
+	brokerCPU := func() float64 {
+		if brokerPid == 0 {
+			return 0
+		}
+		c, _ := proccpu.Of(brokerPid)
+		return c.Seconds()
+	}
+	goCPU0, chCPU0, brCPU0 := proccpu.Self().Seconds(), chCPU(), brokerCPU()
 
 	b.ResetTimer()
 	start := time.Now()
@@ -228,7 +248,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 	b.ReportMetric(lags[len(lags)-1], "lag-max-s")
 	b.ReportMetric(float64(em.Dropped()), "dropped")
 	delivered := float64(uint64(b.N) - em.Dropped())
+	// With the broker in its own process, this process is the product
+	// (emitter and consumers) plus the load loop; without, kfake too.
 	b.ReportMetric((proccpu.Self().Seconds()-goCPU0)/delivered*1e6, "go-cpu-s/Mevent")
+	b.ReportMetric((brokerCPU()-brCPU0)/delivered*1e6, "broker-cpu-s/Mevent")
 	b.ReportMetric((chCPU()-chCPU0)/delivered*1e6, "ch-cpu-s/Mevent")
 
 	// The rollups hold every event exactly once: never more, and all of
