@@ -207,6 +207,8 @@ func TestShardedProgressWaitsForAPartOnlyADeadReplicaHas(t *testing.T) {
 	// Replica 1 stopped after everything is copied: replica 2 answers at
 	// once and takes the writes.
 	waitQuery(t, r2, "SELECT count() FROM "+db+".decisions_raw_local", "200", "replica 2 copies the second batch")
+	// Every table's parts, not only the raw table's.
+	waitQuery(t, r2, "SELECT count() FROM system.replication_queue WHERE database = '"+db+"'", "0", "replica 2 copies every part of the second batch")
 	r1.Stop()
 	p, err = s.Progress(ctx, 0)
 	if err != nil {
