@@ -57,6 +57,9 @@ const (
 // and, unless it is a duplicate, records it as a first occurrence. Offsets
 // must not decrease.
 func (d *dedup) add(id string, offset, ts int64) verdict {
+	// Forget (and bound) what left the window first: an original just
+	// outside it must count in older before this message is judged.
+	d.evict(offset)
 	h := maphash.String(d.seed, id)
 	if first, ok := d.seen[h]; ok {
 		if first == offset {
@@ -72,7 +75,6 @@ func (d *dedup) add(id string, offset, ts int64) verdict {
 	}
 	d.seen[h] = offset
 	d.ring = append(d.ring, entry{h, offset, ts})
-	d.evict(offset)
 	return v
 }
 
