@@ -341,3 +341,36 @@ func (l *Limiter) learnSettlement(key, scope string, lim Limit, s *Settlement) {
 	reset := s.ResetAt.Sub(s.Now).Seconds()
 	e.known.shadow = Bucket{Tokens: float64(lim.Burst) - reset*lim.Rate, TS: now}
 }
+
+var _ Reserver = (*Stores)(nil)
+
+// reserverOf is the limit's store as a Reserver.
+func (s *Stores) reserverOf(name string) (Reserver, error) {
+	st, err := s.of(name)
+	if err != nil {
+		return nil, err
+	}
+	r, ok := st.(Reserver)
+	if !ok {
+		return nil, ErrReserveUnsupported
+	}
+	return r, nil
+}
+
+// Reserve is Reserver.Reserve on the limit's store.
+func (s *Stores) Reserve(ctx context.Context, key, scope string, lim Limit, cost int64, id string, ttl time.Duration) (Verdict, error) {
+	r, err := s.reserverOf(lim.Store)
+	if err != nil {
+		return Verdict{}, err
+	}
+	return r.Reserve(ctx, key, scope, lim, cost, id, ttl)
+}
+
+// Settle is Reserver.Settle on the limit's store.
+func (s *Stores) Settle(ctx context.Context, key, scope, id string, lim Limit, cost int64, unrecorded bool, ttl time.Duration) (Settlement, error) {
+	r, err := s.reserverOf(lim.Store)
+	if err != nil {
+		return Settlement{}, err
+	}
+	return r.Settle(ctx, key, scope, id, lim, cost, unrecorded, ttl)
+}
