@@ -179,6 +179,11 @@ func MonthOf(tsMillis int64) int {
 // from ClickHouse before writing again (an INSERT that failed on the client
 // side may still have been applied).
 func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int64, p *Progress) error {
+	// Settle and charge events are not requests; the tables count
+	// decisions (their costs are the decisions' estimates) until they
+	// learn the actual costs those events carry. Skipping them here keeps
+	// every table's progress at last, as for any batch.
+	recs = decisionsOnly(recs)
 	if len(recs) > 0 {
 		m := MonthOf(recs[0].Event.TS)
 		for i := range recs {
@@ -233,6 +238,23 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 	}
 	wg.Wait()
 	return errors.Join(errs[:]...)
+}
+
+// decisionsOnly is recs without settle and charge events, in place when
+// there are none.
+func decisionsOnly(recs []Record) []Record {
+	for i := range recs {
+		if !recs[i].Event.IsDecision() {
+			out := append([]Record(nil), recs[:i]...)
+			for j := i + 1; j < len(recs); j++ {
+				if recs[j].Event.IsDecision() {
+					out = append(out, recs[j])
+				}
+			}
+			return out
+		}
+	}
+	return recs
 }
 
 func b2u(b bool) uint8 {
