@@ -133,8 +133,9 @@ func debtOf(tokens float64) int64 {
 }
 
 // Reservation ids: base64url (no padding) of a version byte, 12 random
-// bytes, the expiry (ms since the epoch) and the key, scope and tier, each
-// length-prefixed.
+// bytes, the expiry (ms since the epoch), the estimate, and the key, scope
+// and tier, each length-prefixed. The estimate in the id is what a settle
+// reports and records; the store's record is what it charges from.
 const (
 	idRecorded   = 1 // the store holds a record
 	idUnrecorded = 2 // made while degraded: no record
@@ -146,16 +147,18 @@ const (
 type reservationID struct {
 	kind             byte
 	expires          int64 // ms since the epoch
+	estimate         int64
 	key, scope, tier string
 }
 
-func newReservationID(kind byte, expires time.Time, key, scope, tier string) string {
-	b := make([]byte, 0, 1+idNonce+8+len(key)+len(scope)+len(tier)+9)
+func newReservationID(kind byte, expires time.Time, estimate int64, key, scope, tier string) string {
+	b := make([]byte, 0, 1+idNonce+8+len(key)+len(scope)+len(tier)+15)
 	b = append(b, kind)
 	var nonce [idNonce]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
 	b = append(b, nonce[:]...)
 	b = binary.BigEndian.AppendUint64(b, uint64(expires.UnixMilli()))
+	b = binary.AppendUvarint(b, uint64(estimate))
 	for _, s := range []string{key, scope, tier} {
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
@@ -175,6 +178,11 @@ func parseReservationID(id string) (reservationID, error) {
 	r.kind = b[0]
 	r.expires = int64(binary.BigEndian.Uint64(b[1+idNonce:]))
 	b = b[1+idNonce+8:]
+	est, w := binary.Uvarint(b)
+	if w <= 0 || est > MaxCost {
+		return r, ErrReservationNotFound
+	}
+	r.estimate, b = int64(est), b[w:]
 	var parts [3]string
 	for i := range parts {
 		n, w := binary.Uvarint(b)
@@ -205,7 +213,7 @@ func (l *Limiter) reserveTake(ctx context.Context, req *Request, d *Decision, li
 	if l.cfg.Reservations == nil {
 		return Verdict{}, ErrReserveUnsupported
 	}
-	id := newReservationID(idRecorded, l.wall(l.read()).Add(l.cfg.ReservationTTL), req.Key, req.Scope, req.Tier)
+	id := newReservationID(idRecorded, l.wall(l.read()).Add(l.cfg.ReservationTTL), cost, req.Key, req.Scope, req.Tier)
 	v, err := l.cfg.Reservations.Reserve(ctx, req.Key, req.Scope, lim, cost, id, l.cfg.ReservationTTL)
 	if err == nil && v.Allowed {
 		d.Reservation = id
@@ -217,7 +225,7 @@ func (l *Limiter) reserveTake(ctx context.Context, req *Request, d *Decision, li
 // id with no record: its settle charges the actual cost in full.
 func (l *Limiter) degradedReservation(req *Request, d *Decision, start reading) {
 	if req.Reserve && d.WouldAllow && l.cfg.Reservations != nil {
-		d.Reservation = newReservationID(idUnrecorded, l.wall(start).Add(l.cfg.ReservationTTL), req.Key, req.Scope, req.Tier)
+		d.Reservation = newReservationID(idUnrecorded, l.wall(start).Add(l.cfg.ReservationTTL), d.Cost, req.Key, req.Scope, req.Tier)
 	}
 }
 
@@ -248,7 +256,7 @@ func (l *Limiter) Settle(ctx context.Context, id string, cost int64) (Settlement
 	if err != nil {
 		return Settlement{}, err
 	}
-	p := pendingSettle{kind: KindSettle, id: id, key: r.key, scope: r.scope, tier: r.tier, cost: cost, unrecorded: r.kind == idUnrecorded, res: res}
+	p := pendingSettle{kind: KindSettle, id: id, key: r.key, scope: r.scope, tier: r.tier, cost: cost, unrecorded: r.kind == idUnrecorded, estimate: r.estimate, res: res}
 	return l.applySettle(ctx, p, start)
 }
 
@@ -293,7 +301,7 @@ func (l *Limiter) Charge(ctx context.Context, req Request) (Settlement, error) {
 	if err != nil {
 		return Settlement{}, err
 	}
-	id := newReservationID(idUnrecorded, l.wall(start).Add(l.cfg.ReservationTTL), req.Key, req.Scope, req.Tier)
+	id := newReservationID(idUnrecorded, l.wall(start).Add(l.cfg.ReservationTTL), 0, req.Key, req.Scope, req.Tier)
 	p := pendingSettle{kind: KindCharge, id: id, key: req.Key, scope: req.Scope, tier: req.Tier, cost: req.Cost, unrecorded: true, res: res}
 	return l.applySettle(ctx, p, start)
 }
@@ -307,6 +315,13 @@ func (l *Limiter) settled(s *Settlement, p pendingSettle, start reading) {
 	s.Kind, s.Key, s.Scope, s.Tier = p.kind, p.key, p.scope, p.tier
 	if p.kind == KindSettle {
 		s.Reservation = p.id
+		if p.unrecorded {
+			// Made while degraded: the store charged the whole cost (it
+			// never spent the estimate), but the caller and the events
+			// see the estimate the decision spent, on its local bucket
+			// and in its decision event.
+			s.Estimate, s.Refunded = p.estimate, max(0, p.estimate-p.cost)
+		}
 	}
 	s.Policy, s.Limit = p.res.Policy, p.res.Burst
 	if p.res.Tier != "" {

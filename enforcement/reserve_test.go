@@ -286,7 +286,7 @@ func TestDegradedReservationChargesTheActualCostOnce(t *testing.T) {
 	}
 	fr.down.Store(false)
 	// The store never spent the estimate: the settle charges all 25.
-	if s, err := l.Settle(ctx, d.Reservation, 25); err != nil || s.Remaining != 75 {
+	if s, err := l.Settle(ctx, d.Reservation, 25); err != nil || s.Remaining != 75 || s.Estimate != 10 || s.Refunded != 0 {
 		t.Fatalf("settle of a degraded reservation: %+v, %v", s, err)
 	}
 	if _, err := l.Settle(ctx, d.Reservation, 25); !errors.Is(err, enforcement.ErrAlreadySettled) {

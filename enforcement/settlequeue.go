@@ -22,6 +22,7 @@ type pendingSettle struct {
 	id               string // the reservation id (a charge's own, unrecorded)
 	key, scope, tier string
 	cost             int64
+	estimate         int64 // the id's (a degraded reservation's, for its events)
 	unrecorded       bool
 	res              Resolved
 }

@@ -7,8 +7,11 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
@@ -249,4 +252,58 @@ func TestReserveSettleExactAcrossInstances(t *testing.T) {
 		t.Fatalf("bucket %.9f tokens, want %d + %.9f − %d = %.9f", b.Tokens, burst, refill, spent, want)
 	}
 	t.Logf("spent %d, refill %.3f, bucket %.3f", spent, refill, b.Tokens)
+}
+
+// TestSettleWhileRedisIsStoppedIsAppliedOnce: with redis-server stopped
+// (SIGSTOP: the connection stays open and the commands sent wait in it,
+// so they land when it resumes), a settle and a charge time out and are
+// queued; once Redis answers, the queue is applied, and each of them
+// counts once although the first try landed too.
+func TestSettleWhileRedisIsStoppedIsAppliedOnce(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	lim := enforcement.Limit{Rate: 1e-6, Burst: 1000}
+	ctx := context.Background()
+	plain := redisstore.New(newClient(t, r.Addr()), "stop")
+	reserver := reserveOn(t, plain, plain, lim, time.Minute)
+	d, err := reserver.Check(ctx, reserveReq("acct", 100))
+	if err != nil || d.Reservation == "" {
+		t.Fatalf("reserve: %+v %v", d, err)
+	}
+
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	shared := redisstore.NewShared(rdb, redisstore.SharedConfig{Prefix: "stop", Guard: redisstore.GuardSettings{Timeout: 50 * time.Millisecond}})
+	runShared(t, shared)
+	settler := reserveOn(t, shared, shared, lim, time.Minute)
+
+	proc := r.Process()
+	if err := proc.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = proc.Signal(syscall.SIGCONT)
+		}
+	}
+	defer resume()
+	s, err := settler.Settle(ctx, d.Reservation, 300)
+	if err != nil || !s.Queued {
+		t.Fatalf("settle while stopped: %+v %v", s, err)
+	}
+	if s, err = settler.Charge(ctx, chargeReq("acct", 50)); err != nil || !s.Queued {
+		t.Fatalf("charge while stopped: %+v %v", s, err)
+	}
+	resume()
+	for settler.DrainSettles(ctx) > 0 { // the breaker may hold calls back a while; however long that is
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s, err = plain.Settle(ctx, "acct", "tokens", "probe", lim, 0, true, time.Minute); err != nil || s.Remaining != 1000-300-50 {
+		t.Fatalf("after the queue: %+v %v, want %d left", s, err, 1000-300-50)
+	}
+	if _, err := reserver.Settle(ctx, d.Reservation, 300); !errors.Is(err, enforcement.ErrAlreadySettled) {
+		t.Fatalf("settle after the queue applied it: %v", err)
+	}
 }
