@@ -516,7 +516,7 @@ func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *en
 	var v Verdict
 	var err error
 	if req.Reserve {
-		v, err = l.reserveTake(ctx, req, d, lim, cost)
+		v, err = l.reserveTake(ctx, req, d, lim, cost, start)
 	} else {
 		v, err = l.cfg.Authority.Take(ctx, req.Key, req.Scope, lim, cost)
 	}

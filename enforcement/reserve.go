@@ -99,6 +99,9 @@ type Settlement struct {
 	ResetAt    time.Time     // when the bucket is full again
 	RetryAfter time.Duration // until one more token is there (0 when one is)
 	QuotaUsed  int64         // tokens spent in the quota window (0 without quota)
+	// ReservedAt is when the settled reservation was made (its decision's
+	// time, to the ms); zero for a charge.
+	ReservedAt time.Time
 	// Queued: the store could not be asked, so the settle is held by this
 	// instance and applied when the store answers (Limiter.Settle).
 	Queued bool
@@ -133,7 +136,7 @@ func debtOf(tokens float64) int64 {
 }
 
 // Reservation ids: base64url (no padding) of a version byte, 12 random
-// bytes, the expiry (ms since the epoch), the estimate, and the key, scope
+// bytes, the time it was made (ms since the epoch: its decision's), the estimate, and the key, scope
 // and tier, each length-prefixed. The estimate in the id is what a settle
 // reports and records; the store's record is what it charges from.
 const (
@@ -146,18 +149,18 @@ const (
 // reservationID is a parsed reservation id.
 type reservationID struct {
 	kind             byte
-	expires          int64 // ms since the epoch
+	issued           int64 // ms since the epoch: the reserving decision's time
 	estimate         int64
 	key, scope, tier string
 }
 
-func newReservationID(kind byte, expires time.Time, estimate int64, key, scope, tier string) string {
+func newReservationID(kind byte, issued time.Time, estimate int64, key, scope, tier string) string {
 	b := make([]byte, 0, 1+idNonce+8+len(key)+len(scope)+len(tier)+15)
 	b = append(b, kind)
 	var nonce [idNonce]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails
 	b = append(b, nonce[:]...)
-	b = binary.BigEndian.AppendUint64(b, uint64(expires.UnixMilli()))
+	b = binary.BigEndian.AppendUint64(b, uint64(issued.UnixMilli()))
 	b = binary.AppendUvarint(b, uint64(estimate))
 	for _, s := range []string{key, scope, tier} {
 		b = binary.AppendUvarint(b, uint64(len(s)))
@@ -176,7 +179,7 @@ func parseReservationID(id string) (reservationID, error) {
 		return r, ErrReservationNotFound
 	}
 	r.kind = b[0]
-	r.expires = int64(binary.BigEndian.Uint64(b[1+idNonce:]))
+	r.issued = int64(binary.BigEndian.Uint64(b[1+idNonce:]))
 	b = b[1+idNonce+8:]
 	est, w := binary.Uvarint(b)
 	if w <= 0 || est > MaxCost {
@@ -209,11 +212,13 @@ func (l *Limiter) ReservationTTL() time.Duration { return l.cfg.ReservationTTL }
 
 // reserveTake is the store call of a decision that reserves: Reserve on
 // the reservation store, with a fresh id the decision carries when allowed.
-func (l *Limiter) reserveTake(ctx context.Context, req *Request, d *Decision, lim Limit, cost int64) (Verdict, error) {
+func (l *Limiter) reserveTake(ctx context.Context, req *Request, d *Decision, lim Limit, cost int64, start reading) (Verdict, error) {
 	if l.cfg.Reservations == nil {
 		return Verdict{}, ErrReserveUnsupported
 	}
-	id := newReservationID(idRecorded, l.wall(l.read()).Add(l.cfg.ReservationTTL), cost, req.Key, req.Scope, req.Tier)
+	// Issued at the decision's own time (its event's): the settle's
+	// actual cost is accounted to the same minute as the estimate.
+	id := newReservationID(idRecorded, l.wall(start), cost, req.Key, req.Scope, req.Tier)
 	v, err := l.cfg.Reservations.Reserve(ctx, req.Key, req.Scope, lim, cost, id, l.cfg.ReservationTTL)
 	if err == nil && v.Allowed {
 		d.Reservation = id
@@ -225,7 +230,7 @@ func (l *Limiter) reserveTake(ctx context.Context, req *Request, d *Decision, li
 // id with no record: its settle charges the actual cost in full.
 func (l *Limiter) degradedReservation(req *Request, d *Decision, start reading) {
 	if req.Reserve && d.WouldAllow && l.cfg.Reservations != nil {
-		d.Reservation = newReservationID(idUnrecorded, l.wall(start).Add(l.cfg.ReservationTTL), d.Cost, req.Key, req.Scope, req.Tier)
+		d.Reservation = newReservationID(idUnrecorded, l.wall(start), d.Cost, req.Key, req.Scope, req.Tier)
 	}
 }
 
@@ -247,7 +252,7 @@ func (l *Limiter) Settle(ctx context.Context, id string, cost int64) (Settlement
 		return Settlement{}, err
 	}
 	start := l.read()
-	if l.wall(start).UnixMilli() >= r.expires+l.cfg.ReservationTTL.Milliseconds() {
+	if l.wall(start).UnixMilli() >= r.issued+2*l.cfg.ReservationTTL.Milliseconds() {
 		// Past its expiry and past the settled record's life: no store
 		// holds anything about it any more.
 		return Settlement{}, ErrReservationNotFound
@@ -256,7 +261,7 @@ func (l *Limiter) Settle(ctx context.Context, id string, cost int64) (Settlement
 	if err != nil {
 		return Settlement{}, err
 	}
-	p := pendingSettle{kind: KindSettle, id: id, key: r.key, scope: r.scope, tier: r.tier, cost: cost, unrecorded: r.kind == idUnrecorded, estimate: r.estimate, res: res}
+	p := pendingSettle{kind: KindSettle, id: id, key: r.key, scope: r.scope, tier: r.tier, cost: cost, unrecorded: r.kind == idUnrecorded, estimate: r.estimate, issued: r.issued, res: res}
 	return l.applySettle(ctx, p, start)
 }
 
@@ -301,7 +306,7 @@ func (l *Limiter) Charge(ctx context.Context, req Request) (Settlement, error) {
 	if err != nil {
 		return Settlement{}, err
 	}
-	id := newReservationID(idUnrecorded, l.wall(start).Add(l.cfg.ReservationTTL), 0, req.Key, req.Scope, req.Tier)
+	id := newReservationID(idUnrecorded, l.wall(start), 0, req.Key, req.Scope, req.Tier)
 	p := pendingSettle{kind: KindCharge, id: id, key: req.Key, scope: req.Scope, tier: req.Tier, cost: req.Cost, unrecorded: true, res: res}
 	return l.applySettle(ctx, p, start)
 }
@@ -314,7 +319,7 @@ const MaxCost = limits.MaxCost
 func (l *Limiter) settled(s *Settlement, p pendingSettle, start reading) {
 	s.Kind, s.Key, s.Scope, s.Tier = p.kind, p.key, p.scope, p.tier
 	if p.kind == KindSettle {
-		s.Reservation = p.id
+		s.Reservation, s.ReservedAt = p.id, time.UnixMilli(p.issued)
 		if p.unrecorded {
 			// Made while degraded: the store charged the whole cost (it
 			// never spent the estimate), but the caller and the events

@@ -23,6 +23,7 @@ type pendingSettle struct {
 	key, scope, tier string
 	cost             int64
 	estimate         int64 // the id's (a degraded reservation's, for its events)
+	issued           int64 // the id's: when the reservation was made (ms)
 	unrecorded       bool
 	res              Resolved
 }

@@ -206,7 +206,7 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 			default:
 				bit, e.Actual = 1<<24, x
 			}
-		case "remaining", "limit", "policy_revision", "decided_us", "shadow_revision":
+		case "remaining", "limit", "policy_revision", "decided_us", "shadow_revision", "reserved_ts":
 			n, g := num()
 			if !g {
 				return e, 0, false
@@ -222,6 +222,8 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				bit, e.PolicyRevision = 1<<18, x
 			case "shadow_revision":
 				bit, e.ShadowRevision = 1<<20, x
+			case "reserved_ts":
+				bit, e.ReservedTS = 1<<25, x
 			default:
 				bit, e.DecidedUS = 1<<19, x
 			}

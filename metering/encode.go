@@ -90,5 +90,9 @@ func (e *Event) appendOptional(dst []byte) []byte {
 		dst = append(dst, `,"actual":`...)
 		dst = strconv.AppendUint(dst, e.Actual, 10)
 	}
+	if e.ReservedTS != 0 {
+		dst = append(dst, `,"reserved_ts":`...)
+		dst = strconv.AppendInt(dst, e.ReservedTS, 10)
+	}
 	return dst
 }

@@ -86,6 +86,11 @@ type Event struct {
 	// within version 1.
 	Estimate uint64 `json:"estimate,omitempty"`
 	Actual   uint64 `json:"actual,omitempty"`
+	// ReservedTS is, for a settle, its reservation's decision time (that
+	// event's TS, ms): the rollups count the settle's actual − estimate in
+	// the reservation's own minute, where its estimate was counted. Added
+	// within version 1.
+	ReservedTS int64 `json:"reserved_ts,omitempty"`
 }
 
 // Event kinds (Event.Kind).

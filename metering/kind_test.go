@@ -18,7 +18,7 @@ func TestKindsAreBackwardCompatible(t *testing.T) {
 	reserve := sample()
 	reserve.Kind, reserve.Reservation = KindDecision, "AQID_-x"
 	settle := sample()
-	settle.Kind, settle.Reservation, settle.Cost, settle.Estimate, settle.Actual = KindSettle, "AQID_-x", 0, 300, 742
+	settle.Kind, settle.Reservation, settle.Cost, settle.Estimate, settle.Actual, settle.ReservedTS = KindSettle, "AQID_-x", 0, 300, 742, settle.TS-5000
 	charge := sample()
 	charge.Kind, charge.Cost, charge.Actual = KindCharge, 0, 55
 	for _, e := range []Event{reserve, settle, charge} {

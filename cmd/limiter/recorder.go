@@ -72,6 +72,14 @@ func reserveKind(reservation string) string {
 	return metering.KindDecision
 }
 
+// reservedTS is a settle's reservation time in ms (0 for a charge).
+func reservedTS(at time.Time) int64 {
+	if at.IsZero() {
+		return 0
+	}
+	return at.UnixMilli()
+}
+
 // RecordSettlement implements enforcement.SettlementRecorder: a settle or a
 // charge is an event of its kind, with the estimate and the actual cost.
 func (m *meteringRecorder) RecordSettlement(s enforcement.Settlement, at time.Time) {
@@ -92,6 +100,7 @@ func (m *meteringRecorder) RecordSettlement(s enforcement.Settlement, at time.Ti
 		Reservation:    s.Reservation,
 		Estimate:       uint64(max(0, s.Estimate)),
 		Actual:         uint64(max(0, s.Charged)),
+		ReservedTS:     reservedTS(s.ReservedAt),
 	})
 }
 

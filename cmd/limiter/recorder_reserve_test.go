@@ -58,7 +58,8 @@ func TestSettleAndChargeEvents(t *testing.T) {
 			}
 			actual += int64(got.Cost)
 		case metering.KindSettle:
-			if got.Estimate != 300 || got.Actual != 742 || got.Cost != 0 || got.Reservation != d.Reservation || got.Remaining != 1000-742 {
+			if got.Estimate != 300 || got.Actual != 742 || got.Cost != 0 || got.Reservation != d.Reservation || got.Remaining != 1000-742 ||
+				got.ReservedTS != sink.evs[0].TS {
 				t.Fatalf("settle: %s", b)
 			}
 			actual += int64(got.Actual) - int64(got.Estimate)

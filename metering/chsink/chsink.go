@@ -179,11 +179,6 @@ func MonthOf(tsMillis int64) int {
 // from ClickHouse before writing again (an INSERT that failed on the client
 // side may still have been applied).
 func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int64, p *Progress) error {
-	// Settle and charge events are not requests; the tables count
-	// decisions (their costs are the decisions' estimates) until they
-	// learn the actual costs those events carry. Skipping them here keeps
-	// every table's progress at last, as for any batch.
-	recs = decisionsOnly(recs)
 	if len(recs) > 0 {
 		m := MonthOf(recs[0].Event.TS)
 		for i := range recs {
@@ -205,6 +200,11 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 			from++
 		}
 		todo := recs[from:]
+		if t == Raw || t == ShadowHour || t == RolloutShadow {
+			// Settle and charge events are not decisions: only the
+			// rollups count them (their actual costs, writeRollup).
+			todo = decisionsOnly(todo)
+		}
 		if t == Raw && len(todo) == 0 {
 			continue // raw has no markers; its progress may lag, harmlessly
 		}
@@ -238,6 +238,18 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 	}
 	wg.Wait()
 	return errors.Join(errs[:]...)
+}
+
+// costTime is the time a settle's or a charge's cost is counted at: a
+// settle's reservation's decision time, a charge's own. ok is false for a
+// settle whose reservation was made in another month than the settle
+// (the batch's partition): its difference is not counted, and the
+// estimate stands for it.
+func costTime(e *metering.Event) (int64, bool) {
+	if e.Kind != metering.KindSettle || e.ReservedTS == 0 {
+		return e.TS, e.Kind == metering.KindCharge
+	}
+	return e.ReservedTS, MonthOf(e.ReservedTS) == MonthOf(e.TS)
 }
 
 // decisionsOnly is recs without settle and charge events, in place when
@@ -328,12 +340,28 @@ func (s *Sink) writeRollup(ctx context.Context, t Table, partition int, recs []R
 	var order []bucketKey
 	for i := range recs {
 		e := &recs[i].Event
-		k := bucketKey{e.Key, e.Scope, e.Tier, e.TS - e.TS%width}
+		at := e.TS
+		if !e.IsDecision() {
+			var ok bool
+			if at, ok = costTime(e); !ok {
+				continue
+			}
+		}
+		k := bucketKey{e.Key, e.Scope, e.Tier, at - at%width}
 		c := agg[k]
 		if c == nil {
 			c = &counters{}
 			agg[k] = c
 			order = append(order, k)
+		}
+		if !e.IsDecision() {
+			// The actual cost: a settle adds actual − estimate in its
+			// reservation's bucket, where the estimate was counted (a
+			// refund is a subtraction, in UInt64's modular arithmetic:
+			// sum() of the bucket is the actual cost, never below 0); a
+			// charge adds its cost. Neither is a request.
+			c.cost += e.Actual - e.Estimate
+			continue
 		}
 		c.requests++
 		if e.Allowed {
