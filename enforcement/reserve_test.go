@@ -72,7 +72,7 @@ func TestSettleUnknownAlteredAndExpired(t *testing.T) {
 	l, mem := reserveLimiter(t, clk, 1, 100, time.Minute)
 	ctx := context.Background()
 	d, _ := l.Check(ctx, reserveReq("k", 10))
-	for _, id := range []string{"", "nope", "AAAA", d.Reservation[:len(d.Reservation)-1] + "x", d.Reservation + "A"} {
+	for _, id := range []string{"", "nope", "AAAA", alterID(d.Reservation), d.Reservation + "A"} {
 		if id == d.Reservation {
 			continue
 		}
@@ -292,4 +292,15 @@ func TestDegradedReservationChargesTheActualCostOnce(t *testing.T) {
 	if _, err := l.Settle(ctx, d.Reservation, 25); !errors.Is(err, enforcement.ErrAlreadySettled) {
 		t.Fatalf("second settle: %v", err)
 	}
+}
+
+// alterID changes one character of id's random part (a forged id).
+func alterID(id string) string {
+	b := []byte(id)
+	if b[4] == 'A' {
+		b[4] = 'B'
+	} else {
+		b[4] = 'A'
+	}
+	return string(b)
 }
