@@ -3,14 +3,19 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"math"
+	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
+	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/limits"
 )
@@ -92,4 +97,102 @@ func TestReserveOnOneInstanceSettleOnAnother(t *testing.T) {
 	if code, s := b.post(t, "/charge", `{"key":"acct2","scope":"tokens","cost":0}`); code != 200 || s["remaining"] != 900.0 {
 		t.Fatalf("after expiry the estimate stands: %d %v", code, s)
 	}
+}
+
+// TestReserveSettleExactAcrossFourProcesses is the exactness target over
+// HTTP: four limiter processes on one redis-server take a random mix of
+// reserve, settle (some twice, some after LIMITER_RESERVATION_TTL, and
+// each on a random instance), charge and cost-0 checks on one key at
+// once; at the end the bucket Redis holds is burst + refill − Σ actual
+// costs, where a reservation not settled in time costs its estimate and
+// the refill is the rate over the bucket's own first and last instants.
+func TestReserveSettleExactAcrossFourProcesses(t *testing.T) {
+	r := testenv.StartRedis(t)
+	env := []string{"REDIS_ADDRS=" + r.Addr(), "LIMITER_RESERVATION_TTL=1s"}
+	var procs []*limiterProc
+	for range 4 {
+		procs = append(procs, startLimiter(t, reservePolicy, env...))
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+	bucketKey := keyslot.BucketKey(limits.DefaultKeyPrefix, "acct", "tokens")
+	if code, s := procs[0].post(t, "/charge", `{"key":"acct","scope":"tokens","cost":200}`); code != 200 || s["remaining"] != 800.0 {
+		t.Fatalf("first charge: %d %v", code, s)
+	}
+	first, found, err := redisstore.ReadBucket(ctx, rdb, bucketKey)
+	if err != nil || !found {
+		t.Fatalf("bucket after the first charge: %v %v", found, err)
+	}
+	spent := make([]int64, 4)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 36))
+			var ids []string
+			var ests []int64
+			settle := func(i int, actual int64) {
+				p := procs[rng.IntN(4)]
+				code, s := p.post(t, "/settle", fmt.Sprintf(`{"reservation":%q,"cost":%d}`, ids[i], actual))
+				switch code {
+				case 200:
+					spent[w] += actual - ests[i]
+					ests[i] = actual // settled: a second settle must not charge
+				case 404, 409:
+				default:
+					t.Errorf("settle: %d %v", code, s)
+				}
+			}
+			for range 120 {
+				p := procs[rng.IntN(4)]
+				switch op := rng.IntN(10); {
+				case op < 4:
+					est := 1 + rng.Int64N(30)
+					code, d := p.post(t, "/check", fmt.Sprintf(`{"key":"acct","scope":"tokens","cost":%d,"reserve":true}`, est))
+					if code != 200 {
+						t.Errorf("reserve: %d %v", code, d)
+						return
+					}
+					if id, _ := d["reservation"].(string); id != "" {
+						spent[w] += est
+						ids, ests = append(ids, id), append(ests, est)
+					}
+				case op < 7 && len(ids) > 0:
+					settle(rng.IntN(len(ids)), rng.Int64N(60))
+				case op < 8:
+					c := rng.Int64N(20)
+					if code, s := p.post(t, "/charge", fmt.Sprintf(`{"key":"acct","scope":"tokens","cost":%d}`, c)); code != 200 {
+						t.Errorf("charge: %d %v", code, s)
+						return
+					}
+					spent[w] += c
+				default:
+					p.post(t, "/check", `{"key":"acct","scope":"tokens","cost":0}`)
+				}
+			}
+			time.Sleep(1100 * time.Millisecond) // the rest outlive their TTL
+			for i := range ids {
+				if rng.IntN(2) == 0 {
+					settle(i, rng.Int64N(60))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b, found, err := redisstore.ReadBucket(ctx, rdb, bucketKey)
+	if err != nil || !found {
+		t.Fatalf("bucket: %v %v", found, err)
+	}
+	var total int64 = 200
+	for _, s := range spent {
+		total += s
+	}
+	refill := (1.0 / 3600) * float64(b.TS-first.TS) / 1e6
+	want := first.Tokens + 200 + refill - float64(total)
+	if math.Abs(b.Tokens-want) > 1e-6 {
+		t.Fatalf("bucket %.9f tokens, want 1000 + %.9f − %d = %.9f", b.Tokens, refill, total, want)
+	}
+	t.Logf("spent %d, bucket %.3f", total, b.Tokens)
 }
