@@ -99,6 +99,10 @@ type Settlement struct {
 	ResetAt    time.Time     // when the bucket is full again
 	RetryAfter time.Duration // until one more token is there (0 when one is)
 	QuotaUsed  int64         // tokens spent in the quota window (0 without quota)
+	// Warning: after the settlement, consumption of the bucket or the
+	// quota is at or above the soft limit (as for a decision), so that
+	// soft-limit webhooks follow actual costs.
+	Warning bool
 	// ReservedAt is when the settled reservation was made (its decision's
 	// time, to the ms); zero for a charge.
 	ReservedAt time.Time
@@ -329,6 +333,7 @@ func (l *Limiter) settled(s *Settlement, p pendingSettle, start reading) {
 		}
 	}
 	s.Policy, s.Limit = p.res.Policy, p.res.Burst
+	s.Warning = p.res.Limit.SoftLimitReached(float64(s.Remaining), s.QuotaUsed)
 	if p.res.Tier != "" {
 		s.Tier = p.res.Tier
 	}

@@ -95,6 +95,7 @@ func (m *meteringRecorder) RecordSettlement(s enforcement.Settlement, at time.Ti
 		Limit:          s.Limit,
 		Policy:         s.Policy,
 		Instance:       m.instance,
+		Warning:        s.Warning, // soft-limit webhooks follow actual costs
 		PolicyRevision: m.policyRevision(),
 		Kind:           s.Kind,
 		Reservation:    s.Reservation,

@@ -206,6 +206,8 @@ func writeSettlement(w http.ResponseWriter, status int, s *enforcement.Settlemen
 		b = ceilSecond(s.ResetAt).AppendFormat(b, time.RFC3339)
 		b = append(b, `","retryAfterMs":`...)
 		b = strconv.AppendInt(b, s.RetryAfter.Milliseconds(), 10)
+		b = append(b, `,"warning":`...)
+		b = strconv.AppendBool(b, s.Warning)
 	}
 	b = append(b, `,"policy":`...)
 	b = jsonstr.Append(b, s.Policy)
