@@ -97,6 +97,9 @@ func TestReserveOnOneInstanceSettleOnAnother(t *testing.T) {
 	if code, s := b.post(t, "/charge", `{"key":"acct2","scope":"tokens","cost":0}`); code != 200 || s["remaining"] != 900.0 {
 		t.Fatalf("after expiry the estimate stands: %d %v", code, s)
 	}
+	if got := a.metric(t, "limiter_settles_queued"); got != 0 {
+		t.Fatalf("limiter_settles_queued = %v, want 0", got)
+	}
 }
 
 // TestReserveSettleExactAcrossFourProcesses is the exactness target over

@@ -109,6 +109,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	g.Add("limiter", lim.Run)
 	g.Add("settle queue", lim.RunSettles)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "limiter_settles_queued",
+		Help: "Settles and charges held because the store could not be asked, applied once it answers (docs/reserve-settle.md).",
+	}, func() float64 { return float64(lim.PendingSettles()) }))
 	if err := buildFleet(&g, auth, cfg, lim, metrics, log); err != nil {
 		auth.closeClients()
 		return err
