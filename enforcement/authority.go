@@ -36,6 +36,7 @@ type MemoryAuthority struct {
 	now     func() time.Time
 	buckets *table[memBucket]
 	quotas  *table[memQuota]
+	resv    memReservations // reserve_memory.go
 }
 
 type memBucket struct {
@@ -74,6 +75,7 @@ func NewMemoryAuthorityBytes(now func() time.Time, maxKeys int, maxBytes int64) 
 		now:     now,
 		buckets: newTable(tableConfig[memBucket]{maxEntries: maxKeys, maxBytes: maxBytes / 3 * 2, rank: rankMemBucket}),
 		quotas:  newTable(tableConfig[memQuota]{maxEntries: maxKeys, maxBytes: maxBytes / 3, rank: rankMemQuota}),
+		resv:    memReservations{max: maxKeys},
 	}
 }
 
@@ -172,11 +174,14 @@ func (m *MemoryAuthority) Sweep(now time.Time) int {
 		defer b.mu.Unlock()
 		return b.bucket.Full(us, b.rate, b.burst)
 	})
-	return n + m.quotas.sweep(func(q *memQuota) bool {
+	n += m.quotas.sweep(func(q *memQuota) bool {
 		q.mu.Lock()
 		defer q.mu.Unlock()
 		return sec >= q.end
 	})
+	m.resv.mu.Lock()
+	defer m.resv.mu.Unlock()
+	return n + m.resv.sweep(now)
 }
 
 // Run sweeps every 10 s until ctx ends (Sweep at the authority's clock):

@@ -73,7 +73,13 @@ func (b *Bucket) Full(now int64, rate float64, burst int64) bool {
 	return b.Tokens+float64(now-b.TS)*rate/1e6+epsilon >= float64(burst)
 }
 
-// ceilUS converts seconds to whole microseconds, rounding up.
+// maxWaitUS caps every wait (2⁵³ µs, 285 years): a deep debt on a slow
+// bucket could take longer to pay off than a time.Duration holds, and a
+// float beyond int64 converts to garbage. state.lua's wait_ms caps alike.
+const maxWaitUS = 1 << 53
+
+// ceilUS converts seconds to whole microseconds, rounding up, at most
+// maxWaitUS.
 func ceilUS(seconds float64) int64 {
 	if seconds <= 0 {
 		return 0
@@ -81,6 +87,9 @@ func ceilUS(seconds float64) int64 {
 	// math.Ceil without its call (it is not inlined on amd64 v1): truncate,
 	// then round up what was cut off. Same result for every x below 2⁶³.
 	x := seconds*1e6 - epsilon
+	if x >= maxWaitUS {
+		return maxWaitUS
+	}
 	i := int64(x)
 	if float64(i) < x {
 		i++

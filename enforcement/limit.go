@@ -51,6 +51,10 @@ type Request struct {
 	Cost  int64  // tokens to spend; meaningful only when HasCost
 	// HasCost distinguishes "cost 0" from "no cost given" (the scope's cost).
 	HasCost bool
+	// Reserve: the cost is an estimate, and an allowed decision keeps a
+	// reservation (Decision.Reservation) that Limiter.Settle charges the
+	// actual cost to.
+	Reserve bool
 	// Domain is the Envoy rate limit domain the request came through (empty
 	// for /check and the middleware). It plays no part in the decision; it
 	// is recorded with it.
@@ -129,6 +133,9 @@ type Decision struct {
 	// so that a replay decides the bucket at the instant the store did,
 	// not at the limiter's clock before the call.
 	DecidedUS int64
+	// Reservation is the id of the reservation an allowed decision with
+	// Request.Reserve keeps (empty otherwise).
+	Reservation string
 }
 
 // BucketState is the token bucket that decided, after the decision: the

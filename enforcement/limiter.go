@@ -102,6 +102,17 @@ type Config struct {
 	// Observer and Recorder are optional.
 	Observer Observer
 	Recorder Recorder
+	// Reservations, optional, is the store that keeps reservations and
+	// charges costs after the fact (Request.Reserve, Settle, Charge): the
+	// same buckets as Authority, without its wrappers. Nil: reserving,
+	// settling and charging are ErrReserveUnsupported.
+	Reservations Reserver
+	// ReservationTTL is how long an unsettled reservation lives before it
+	// is settled at its estimate (default DefaultReservationTTL).
+	ReservationTTL time.Duration
+	// SettleQueue bounds the settles and charges held while the store
+	// cannot be asked (default DefaultSettleQueue).
+	SettleQueue int
 	// Shadow, optional, evaluates shadow limits beside every decision
 	// (Decision.Shadow); it never changes the enforced decision.
 	Shadow ShadowEvaluator
@@ -133,6 +144,8 @@ type Limiter struct {
 	lastStoreOK, lastStoreFail atomic.Int64
 
 	storeEpochs sync.Map // store name → *atomic.Uint64 (epochOf)
+
+	settles settleQueue // settles and charges waiting for the store (reserve.go)
 }
 
 // policyBox is one policy in force; a new box per SetPolicy. It interns
@@ -335,6 +348,12 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.IdleAfter <= 0 {
 		cfg.IdleAfter = time.Minute
 	}
+	if cfg.ReservationTTL <= 0 {
+		cfg.ReservationTTL = DefaultReservationTTL
+	}
+	if cfg.SettleQueue <= 0 {
+		cfg.SettleQueue = DefaultSettleQueue
+	}
 	l := &Limiter{cfg: cfg}
 	l.entries = newTable(tableConfig[entry]{
 		maxEntries: cfg.MaxKeys,
@@ -494,7 +513,13 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 //
 //go:noinline
 func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *entry, lim Limit, cost int64, start reading, nowUS int64) error {
-	v, err := l.cfg.Authority.Take(ctx, req.Key, req.Scope, lim, cost)
+	var v Verdict
+	var err error
+	if req.Reserve {
+		v, err = l.reserveTake(ctx, req, d, lim, cost, start)
+	} else {
+		v, err = l.cfg.Authority.Take(ctx, req.Key, req.Scope, lim, cost)
+	}
 	if err == nil {
 		if v.ClockBack && l.cfg.Observer != nil {
 			l.cfg.Observer.ClockBack()
@@ -628,6 +653,7 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 	}
 	soft := Limit{Burst: tight.Burst, SoftLimitPercent: lim.SoftLimitPercent, QuotaLimit: lim.QuotaLimit, QuotaPeriod: lim.QuotaPeriod}
 	d.Warning = soft.SoftLimitReached(dr.Tokens, quotaUsed)
+	l.degradedReservation(req, &d, start)
 	l.finish(req, &d, start)
 	return d
 }
@@ -808,8 +834,10 @@ func (l *Limiter) learn(e *entry, now int64, wall time.Time, lim Limit, cost int
 	if e.x != nil {
 		e.x.rej.rejectUntil = 0 // computed from what is replaced below
 	}
+	// Below zero when the bucket is in debt (a settle or a charge took
+	// more than was there): the shadow then rejects until it is paid off.
 	tokens := float64(lim.Burst) - v.ResetAfter.Seconds()*lim.Rate
-	k.shadow = Bucket{Tokens: max(0, tokens), TS: now}
+	k.shadow = Bucket{Tokens: tokens, TS: now}
 	if lim.HasQuota() {
 		// The window is the store's; its end is placed on this clock.
 		_, end := lim.QuotaPeriod.Window(v.Now)

@@ -198,6 +198,16 @@ func (t *table[T]) get(id bucketID, now int64, init func(*T)) (v *T, tracked boo
 	return &n.val, true
 }
 
+// lookup returns the entry for id when the table holds it, creating nothing.
+func (t *table[T]) lookup(id bucketID) (*T, bool) {
+	h64 := maphash.String(t.seed, id.key)
+	s := &t.shards[h64>>(64-tableShardBits)]
+	if n, _ := (*s.slots.Load()).find(uint32(h64), id); n != nil {
+		return &n.val, true
+	}
+	return nil, false
+}
+
 // joinID is key + scope in a string of its own: concatenation copies,
 // except that with one side empty it may return the other side itself.
 func joinID(id bucketID) string {

@@ -166,7 +166,7 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				return e, 0, false
 			}
 			e.Key = d.str(s, false)
-		case "scope", "tier", "source", "policy", "instance", "shadow", "trace_id":
+		case "scope", "tier", "source", "policy", "instance", "shadow", "trace_id", "kind", "reservation":
 			s, g := str()
 			if !g {
 				return e, 0, false
@@ -186,15 +186,27 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				bit, e.Shadow = 1<<15, d.str(s, true)
 			case "trace_id":
 				bit, e.TraceID = 1<<17, d.str(s, false) // one per trace: never interned
+			case "kind":
+				bit, e.Kind = 1<<21, d.str(s, true)
+			case "reservation":
+				bit, e.Reservation = 1<<22, d.str(s, false) // one per reservation: never interned
 			}
-		case "cost":
-			bit = 1 << 9
+		case "cost", "estimate", "actual":
 			n, g := num()
 			if !g {
 				return e, 0, false
 			}
-			e.Cost, err = strconv.ParseUint(string(n), 10, 64)
-		case "remaining", "limit", "policy_revision", "decided_us", "shadow_revision":
+			var x uint64
+			x, err = strconv.ParseUint(string(n), 10, 64)
+			switch string(k) {
+			case "cost":
+				bit, e.Cost = 1<<9, x
+			case "estimate":
+				bit, e.Estimate = 1<<23, x
+			default:
+				bit, e.Actual = 1<<24, x
+			}
+		case "remaining", "limit", "policy_revision", "decided_us", "shadow_revision", "reserved_ts":
 			n, g := num()
 			if !g {
 				return e, 0, false
@@ -210,6 +222,8 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				bit, e.PolicyRevision = 1<<18, x
 			case "shadow_revision":
 				bit, e.ShadowRevision = 1<<20, x
+			case "reserved_ts":
+				bit, e.ReservedTS = 1<<25, x
 			default:
 				bit, e.DecidedUS = 1<<19, x
 			}

@@ -74,5 +74,25 @@ func (e *Event) appendOptional(dst []byte) []byte {
 		dst = append(dst, `,"shadow_revision":`...)
 		dst = strconv.AppendInt(dst, e.ShadowRevision, 10)
 	}
+	if e.Kind != "" {
+		dst = append(dst, `,"kind":`...)
+		dst = jsonstr.Append(dst, e.Kind)
+	}
+	if e.Reservation != "" {
+		dst = append(dst, `,"reservation":`...)
+		dst = jsonstr.Append(dst, e.Reservation)
+	}
+	if e.Estimate != 0 {
+		dst = append(dst, `,"estimate":`...)
+		dst = strconv.AppendUint(dst, e.Estimate, 10)
+	}
+	if e.Actual != 0 {
+		dst = append(dst, `,"actual":`...)
+		dst = strconv.AppendUint(dst, e.Actual, 10)
+	}
+	if e.ReservedTS != 0 {
+		dst = append(dst, `,"reserved_ts":`...)
+		dst = strconv.AppendInt(dst, e.ReservedTS, 10)
+	}
 	return dst
 }

@@ -68,7 +68,41 @@ type Event struct {
 	// for a shadow rule or a candidate file. Added within version 1:
 	// decoders that do not know it ignore it.
 	ShadowRevision int64 `json:"shadow_revision,omitempty"`
+	// Kind is what the event records: KindDecision (absent: every event
+	// written before kinds existed is a decision), KindSettle (a
+	// reservation's actual cost charged) or KindCharge (a cost charged
+	// after the fact). A settle or a charge is not a request: its Cost is
+	// 0 and Allowed true; its costs are Estimate and Actual. Added within
+	// version 1: decoders that do not know it ignore it.
+	Kind string `json:"kind,omitempty"`
+	// Reservation is the reservation id of a reserving decision and of its
+	// settle; absent otherwise. Added within version 1.
+	Reservation string `json:"reservation,omitempty"`
+	// Estimate is what a settled reservation had spent (its decision's
+	// Cost); Actual the actual cost a settle or a charge charged. The
+	// actual cost of a key is its allowed decisions' Cost, plus Actual −
+	// Estimate over its settles, plus its charges' Actual; a reservation
+	// that expired unsettled costs its estimate. Absent when 0. Added
+	// within version 1.
+	Estimate uint64 `json:"estimate,omitempty"`
+	Actual   uint64 `json:"actual,omitempty"`
+	// ReservedTS is, for a settle, its reservation's decision time (that
+	// event's TS, ms): the rollups count the settle's actual − estimate in
+	// the reservation's own minute, where its estimate was counted. Added
+	// within version 1.
+	ReservedTS int64 `json:"reserved_ts,omitempty"`
 }
+
+// Event kinds (Event.Kind).
+const (
+	KindDecision = "decision"
+	KindSettle   = "settle"
+	KindCharge   = "charge"
+)
+
+// IsDecision reports whether e records a decision (a request), not a
+// settle or a charge.
+func (e *Event) IsDecision() bool { return e.Kind == "" || e.Kind == KindDecision }
 
 type wireEvent struct {
 	V int `json:"v"`

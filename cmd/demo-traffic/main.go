@@ -1,7 +1,10 @@
 // Command demo-traffic sends a small, steady mix of POST /check requests to
 // a limiter so that the local stack (`make up`) has something to show: a few
 // customer keys of every tier, several scopes, one key that runs over its
-// limit and one anonymous address. It is a demo, not a load generator.
+// limit and one anonymous address, and LLM-shaped calls on the scope
+// llm:tokens: a reservation of a few hundred tokens (the request's
+// max_tokens), settled with the tokens the completion "used", which
+// differ from it. It is a demo, not a load generator.
 //
 //	DEMO_LIMITER_URL    limiter base URL, default http://127.0.0.1:8080
 //	DEMO_RPS            requests per second in total, default 40 (1..2000)
@@ -29,10 +32,19 @@ import (
 
 // call is one request of the mix.
 type call struct {
-	Key   string `json:"key"`
-	Scope string `json:"scope"`
-	Cost  *int   `json:"cost,omitempty"`
+	Key     string `json:"key"`
+	Scope   string `json:"scope"`
+	Cost    *int   `json:"cost,omitempty"`
+	Reserve bool   `json:"reserve,omitempty"` // Cost is an estimate, settled after
 }
+
+// usedTokens is what the i-th LLM-shaped call "used": from a tenth of
+// its estimate to twice it, so settles both refund and charge beyond.
+func usedTokens(i, estimate int) int {
+	return estimate/10 + (i*7919)%(2*estimate-estimate/10+1)
+}
+
+func intp(n int) *int { return &n }
 
 // mix is one cycle of requests; the cycle repeats. Its shape: the pro
 // account searches (dry-run rule), the enterprise account is busy, the free
@@ -51,6 +63,8 @@ var mix = []call{
 	{Key: "ip:203.0.113.7", Scope: "api:orders"},
 	{Key: "acct_8812", Scope: "health"},
 	{Key: "user:bob", Scope: "api:orders"},
+	{Key: "acct_demo_pro", Scope: "llm:tokens", Cost: intp(300), Reserve: true},
+	{Key: "acct_8812", Scope: "llm:tokens", Cost: intp(500), Reserve: true},
 }
 
 type config struct {
@@ -115,7 +129,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) {
 			continue
 		case <-tick.C:
 		}
-		ok, err := check(ctx, client, cfg, mix[i%len(mix)])
+		c := mix[i%len(mix)]
+		ok, id, err := check(ctx, client, cfg, c)
+		if err == nil && id != "" {
+			err = settle(ctx, client, cfg, id, usedTokens(i, *c.Cost))
+		}
 		sent++
 		switch {
 		case err != nil:
@@ -131,14 +149,41 @@ func run(ctx context.Context, cfg config, log *slog.Logger) {
 	}
 }
 
-func check(ctx context.Context, client *http.Client, cfg config, c call) (bool, error) {
+// check posts one call; reservation is the id of an allowed reserving one.
+func check(ctx context.Context, client *http.Client, cfg config, c call) (allowed bool, reservation string, err error) {
 	body, err := json.Marshal(c)
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.base+"/check", bytes.NewReader(body))
+	raw, err := post(ctx, client, cfg, "/check", body)
 	if err != nil {
-		return false, err
+		return false, "", err
+	}
+	var d struct {
+		Allowed     bool   `json:"allowed"`
+		Reservation string `json:"reservation"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return false, "", fmt.Errorf("POST /check: decode: %w", err)
+	}
+	return d.Allowed, d.Reservation, nil
+}
+
+// settle posts the actual cost of a reservation.
+func settle(ctx context.Context, client *http.Client, cfg config, id string, cost int) error {
+	body, err := json.Marshal(map[string]any{"reservation": id, "cost": cost})
+	if err != nil {
+		return err
+	}
+	_, err = post(ctx, client, cfg, "/settle", body)
+	return err
+}
+
+// post sends body to path and returns the answer of a 200 (or 202).
+func post(ctx context.Context, client *http.Client, cfg config, path string, body []byte) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.base+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if cfg.token != "" {
@@ -146,21 +191,15 @@ func check(ctx context.Context, client *http.Client, cfg config, c call) (bool, 
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return false, fmt.Errorf("POST /check: %w", err)
+		return nil, fmt.Errorf("POST %s: %w", path, err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if err != nil {
-		return false, fmt.Errorf("POST /check: read body: %w", err)
+		return nil, fmt.Errorf("POST %s: read body: %w", path, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		return false, fmt.Errorf("POST /check: status %d: %s", resp.StatusCode, bytes.TrimSpace(raw))
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
+		return nil, fmt.Errorf("POST %s: status %d: %s", path, resp.StatusCode, bytes.TrimSpace(raw))
 	}
-	var d struct {
-		Allowed bool `json:"allowed"`
-	}
-	if err := json.Unmarshal(raw, &d); err != nil {
-		return false, fmt.Errorf("POST /check: decode: %w", err)
-	}
-	return d.Allowed, nil
+	return raw, nil
 }

@@ -89,8 +89,26 @@ func TestCheckReportsErrors(t *testing.T) {
 		http.Error(w, `{"error":{"code":"unauthorized"}}`, http.StatusUnauthorized)
 	}))
 	defer srv.Close()
-	_, err := check(context.Background(), &http.Client{Timeout: time.Second}, config{base: srv.URL}, mix[0])
+	_, _, err := check(context.Background(), &http.Client{Timeout: time.Second}, config{base: srv.URL}, mix[0])
 	if err == nil || !strings.Contains(err.Error(), "401") {
 		t.Fatalf("err = %v, want the status", err)
+	}
+}
+
+func TestUsedTokensDifferFromTheEstimate(t *testing.T) {
+	below, above := 0, 0
+	for i := range 1000 {
+		u := usedTokens(i, 300)
+		if u < 30 || u > 600 {
+			t.Fatalf("call %d used %d of an estimate of 300", i, u)
+		}
+		if u < 300 {
+			below++
+		} else if u > 300 {
+			above++
+		}
+	}
+	if below == 0 || above == 0 {
+		t.Fatalf("used below the estimate %d times, above %d: settles must both refund and charge more", below, above)
 	}
 }

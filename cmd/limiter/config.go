@@ -47,6 +47,7 @@ type config struct {
 	LeaseHotOps    float64       // decisions per second that make a key hot
 	LeaseMaxHold   time.Duration // leased tokens unused this long go back
 	FleetHeartbeat time.Duration // period of the fleet heartbeat (live instance count)
+	ReservationTTL time.Duration // an unsettled reservation is settled at its estimate after this
 	Shadow         shadowConfig  // shadow limits beside enforcement (shadow.go)
 
 	// ListenTLS is the certificate of the HTTP and gRPC listeners
@@ -92,6 +93,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		LeaseHotOps:       e.Float("LIMITER_LEASE_HOT_OPS", 500),
 		LeaseMaxHold:      e.Duration("LIMITER_LEASE_MAX_HOLD", s, 10*ms, time.Hour),
 		FleetHeartbeat:    e.Duration("LIMITER_FLEET_HEARTBEAT", 2*s, 10*ms, time.Minute),
+		ReservationTTL:    e.Duration("LIMITER_RESERVATION_TTL", enforcement.DefaultReservationTTL, s, 24*time.Hour),
 	}
 	c.Shadow = shadowConfigFrom(e, c.StoreTimeout)
 	c.PolicyLog = policyLogConfigFrom(e, c.KafkaBrokers)

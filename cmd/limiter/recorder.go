@@ -58,6 +58,50 @@ func (m *meteringRecorder) Record(req enforcement.Request, d enforcement.Decisio
 		PolicyRevision: m.policyRevision(),
 		TraceID:        traceID,
 		DecidedUS:      d.DecidedUS,
+		Reservation:    d.Reservation,
+		Kind:           reserveKind(d.Reservation),
+	})
+}
+
+// reserveKind marks a reserving decision's event as a decision; a plain
+// decision's event carries no kind (its bytes are as before).
+func reserveKind(reservation string) string {
+	if reservation == "" {
+		return ""
+	}
+	return metering.KindDecision
+}
+
+// reservedTS is a settle's reservation time in ms (0 for a charge).
+func reservedTS(at time.Time) int64 {
+	if at.IsZero() {
+		return 0
+	}
+	return at.UnixMilli()
+}
+
+// RecordSettlement implements enforcement.SettlementRecorder: a settle or a
+// charge is an event of its kind, with the estimate and the actual cost.
+func (m *meteringRecorder) RecordSettlement(s enforcement.Settlement, at time.Time) {
+	m.sink.Emit(metering.Event{
+		EventID:        m.ids.Next(at),
+		TS:             at.UnixMilli(),
+		Key:            s.Key,
+		Scope:          s.Scope,
+		Tier:           s.Tier,
+		Allowed:        true,
+		Source:         enforcement.SourceShared.String(),
+		Remaining:      s.Remaining,
+		Limit:          s.Limit,
+		Policy:         s.Policy,
+		Instance:       m.instance,
+		Warning:        s.Warning, // soft-limit webhooks follow actual costs
+		PolicyRevision: m.policyRevision(),
+		Kind:           s.Kind,
+		Reservation:    s.Reservation,
+		Estimate:       uint64(max(0, s.Estimate)),
+		Actual:         uint64(max(0, s.Charged)),
+		ReservedTS:     reservedTS(s.ReservedAt),
 	})
 }
 

@@ -93,6 +93,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		Observer:          hotkeys.Observer{Tracker: hot, Next: metrics},
 		Recorder:          meter.rec,
 		Shadow:            sh,
+		Reservations:      auth.reservations, // reserve, settle and charge: the stores themselves, unwrapped
+		ReservationTTL:    cfg.ReservationTTL,
 	})
 	if err != nil {
 		auth.closeClients()
@@ -106,6 +108,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		}, func() float64 { return float64(len(missingStores(lim.Policy(), cfg.Stores))) }))
 	}
 	g.Add("limiter", lim.Run)
+	g.Add("settle queue", lim.RunSettles)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "limiter_settles_queued",
+		Help: "Settles and charges held because the store could not be asked, applied once it answers (docs/reserve-settle.md).",
+	}, func() float64 { return float64(lim.PendingSettles()) }))
 	if err := buildFleet(&g, auth, cfg, lim, metrics, log); err != nil {
 		auth.closeClients()
 		return err
@@ -146,6 +153,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	check.SetHeaderMode(cfg.Headers)
 	mux.Handle("POST /check", tr.Handler("POST /check", check))
 	mux.Handle("/check", check) // 405 for other methods
+	settles := httpapi.NewSettleHandler(lim, cfg.AuthToken, log)
+	mux.Handle("/settle", settles.Settle())
+	mux.Handle("/charge", settles.Charge())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -242,6 +252,8 @@ type authority struct {
 	rdb redis.UniversalClient
 	// mem is single-node mode's in-process authority (nil with Redis).
 	mem *enforcement.MemoryAuthority
+	// reservations keeps reservations: the store routing, or mem.
+	reservations enforcement.Reserver
 }
 
 // add registers what runs the authority: each store (its client closed
@@ -275,7 +287,7 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 	if !cfg.Redis.Enabled() {
 		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")
 		mem := memoryAuthority(cfg.MaxKeys, localMaxBytes(cfg.LocalMaxBytes, 0))
-		return &authority{Authority: split.New(mem, nil), info: storeInfo{kind: "memory"}, mem: mem}, nil
+		return &authority{Authority: split.New(mem, nil), info: storeInfo{kind: "memory"}, mem: mem, reservations: mem}, nil
 	}
 
 	// Standalone, Cluster or Sentinel, with TLS and an ACL user as
@@ -300,6 +312,7 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 	}
 	// Each key's calls go to the store its limit names (enforcement.Stores).
 	routed := enforcement.NewStores(def.shared, namedStores(a.stores[1:]))
+	a.reservations = routed
 	a.Authority = split.New(routed, nil)
 	if cfg.LeaseBlock > 0 {
 		a.lease = lease.New(a.Authority, routed, lease.Config{

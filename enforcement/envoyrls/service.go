@@ -59,6 +59,20 @@ type Limiter interface {
 	Policy() enforcement.Policy
 }
 
+// Charger is a Limiter that also charges costs known after the fact
+// (*enforcement.Limiter is one): what a charge descriptor needs.
+type Charger interface {
+	Charge(ctx context.Context, req enforcement.Request) (enforcement.Settlement, error)
+}
+
+// ChargeEntryKey marks a descriptor as a charge: Envoy's rate limit sent
+// when the stream is done (apply_on_stream_done), its hits_addend the cost
+// the response reported (the tokens a completion used). A charge is spent
+// whatever is left, into debt if need be, and always answered OK (Envoy
+// ignores the answer to it). The entry is not mapped: the rest of the
+// descriptor names the key and scope as at request time.
+const ChargeEntryKey = "ratewarden.charge"
+
 // Result is what became of one descriptor, for metrics.
 type Result uint8
 
@@ -71,10 +85,11 @@ const (
 	ResultUnknownDomain               // the policy has no such domain: OK, no limit
 	ResultNotEvaluated                // after a rejected descriptor: UNKNOWN, nothing spent
 	ResultCostExceeds                 // the cost is larger than the bucket could ever hold: OVER_LIMIT
+	ResultCharged                     // a charge descriptor (ChargeEntryKey): spent, OK
 	numResults
 )
 
-var resultNames = [numResults]string{"ok", "over_limit", "would_reject", "no_match", "unknown_domain", "not_evaluated", "cost_exceeds_limit"}
+var resultNames = [numResults]string{"ok", "over_limit", "would_reject", "no_match", "unknown_domain", "not_evaluated", "cost_exceeds_limit", "charged"}
 
 // String is the metric label of r.
 func (r Result) String() string {
@@ -126,6 +141,7 @@ type plan struct {
 	result  policy.MapResult
 	cost    int64
 	hasCost bool
+	charge  bool // ChargeEntryKey: charge cost, decide nothing
 }
 
 // ShouldRateLimit implements the Envoy rate limit service.
@@ -186,6 +202,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			s.observe(domain, ResultNotEvaluated)
 			continue
 		}
+		if p.charge {
+			if err := s.charge(ctx, p, st, a, i, mapper); err != nil {
+				return nil, err
+			}
+			s.observe(domain, ResultCharged)
+			continue
+		}
 		d, err := s.lim.Check(ctx, enforcement.Request{
 			Key: p.mapped.Key, Scope: p.mapped.Scope, Tier: p.mapped.Tier,
 			Cost: p.cost, HasCost: p.hasCost, Domain: domain,
@@ -211,6 +234,15 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d]: %v", i, err)
 			}
 			return nil, status.Errorf(codes.Internal, "descriptors[%d]: %v", i, err)
+		}
+		if p.hasCost && p.cost == 0 && d.Allowed && d.Remaining <= 0 && !d.DryRun {
+			// hits_addend 0 asks "is this bucket in debt or empty?":
+			// Envoy's request-time check of a limit whose cost is only
+			// charged when the stream is done. In debt the decision
+			// already rejected; an empty bucket is over the limit too.
+			d.Allowed, d.WouldAllow = false, false
+			// Fewer than one token is there: one comes within 1/rate.
+			d.RetryAfter = ceilMS(time.Duration(float64(time.Second) / d.Bucket.Rate))
 		}
 		warn = warn || (d.Warning && !d.DryRun)
 		st.CurrentLimit = currentLimit(mapper, p.mapped, d, a.limit(i))
@@ -246,6 +278,34 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	return resp, nil
 }
 
+// charge applies a charge descriptor: always OK, its status reporting the
+// bucket after the charge (remaining 0 in debt).
+func (s *Service) charge(ctx context.Context, p *plan, st *rlsv3.RateLimitResponse_DescriptorStatus, a *answer, i int, mapper *policy.Policy) error {
+	c, ok := s.lim.(Charger)
+	if !ok {
+		return status.Errorf(codes.Unimplemented, "descriptors[%d]: this service cannot charge", i)
+	}
+	set, err := c.Charge(ctx, enforcement.Request{Key: p.mapped.Key, Scope: p.mapped.Scope, Tier: p.mapped.Tier, Cost: p.cost, HasCost: true})
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return status.FromContextError(ctx.Err()).Err()
+	case errors.Is(err, enforcement.ErrUnknownTier), errors.Is(err, enforcement.ErrInvalidRequest):
+		return status.Errorf(codes.InvalidArgument, "descriptors[%d]: %v", i, err)
+	case errors.Is(err, enforcement.ErrReserveUnsupported):
+		return status.Errorf(codes.Unimplemented, "descriptors[%d]: %v", i, err)
+	default:
+		return status.Errorf(codes.Unavailable, "descriptors[%d]: %v", i, err)
+	}
+	st.Code = rlsv3.RateLimitResponse_OK
+	st.CurrentLimit = currentLimit(mapper, p.mapped, enforcement.Decision{Limit: set.Limit}, a.limit(i))
+	st.LimitRemaining = uint32(min(max(0, set.Remaining), math.MaxUint32))
+	if !set.Queued {
+		st.DurationUntilReset = a.duration(i, ceilMS(set.ResetAt.Sub(set.Now)))
+	}
+	return nil
+}
+
 func (s *Service) observe(domain string, r Result) {
 	if s.obs != nil {
 		s.obs.Descriptor(domain, r)
@@ -264,7 +324,12 @@ func planOf(mapper *policy.Policy, domain string, requestHits uint32, d *ratelim
 		return plan{}, errors.New("is_negative_hits (a refund) is not supported")
 	}
 	entries := buf
+	var p plan
 	for j, e := range es {
+		if e.GetKey() == ChargeEntryKey {
+			p.charge = true
+			continue
+		}
 		if e.GetKey() == "" {
 			return plan{}, fmt.Errorf("entries[%d]: the key is empty", j)
 		}
@@ -273,7 +338,9 @@ func planOf(mapper *policy.Policy, domain string, requestHits uint32, d *ratelim
 		}
 		entries = append(entries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
 	}
-	var p plan
+	if p.charge && len(entries) == 0 {
+		return plan{}, errors.New("a charge descriptor needs entries besides " + ChargeEntryKey)
+	}
 	// hits_addend is the cost: the descriptor's own if set, else the
 	// request's if not zero (proto3 cannot tell 0 from unset, and Envoy
 	// sends 0 unless configured), else the policy's cost for the scope.
@@ -285,6 +352,9 @@ func planOf(mapper *policy.Policy, domain string, requestHits uint32, d *ratelim
 	}
 	if p.cost > MaxCost {
 		return plan{}, fmt.Errorf("hits_addend is more than %d", MaxCost)
+	}
+	if p.charge && !p.hasCost {
+		return plan{}, errors.New("a charge descriptor needs a hits_addend: the cost to charge")
 	}
 	if mapper == nil {
 		p.result = policy.MapUnknownDomain

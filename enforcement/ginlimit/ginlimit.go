@@ -27,3 +27,27 @@ func Middleware(g *httpapi.Guard) gin.HandlerFunc {
 		c.Next()
 	}
 }
+
+// ReserveMiddleware is Middleware for costs known after the work
+// (httpapi.ReserveMiddleware): it reserves the estimate before the
+// handlers, and settles the actual cost they reported with
+// httpapi.SetActualCost(c.Request.Context(), n) after them — also when
+// one panics (the panic then goes on, to gin's recovery).
+func ReserveMiddleware(g *httpapi.Guard, s httpapi.Settler) gin.HandlerFunc {
+	guard := *g
+	return func(c *gin.Context) {
+		if guard.Scope == nil {
+			if p := c.FullPath(); p != "" {
+				c.Request.Pattern = c.Request.Method + " " + p
+			}
+		}
+		r, settle, ok := guard.Reserve(c.Writer, c.Request, s)
+		if !ok {
+			c.Abort()
+			return
+		}
+		c.Request = r
+		defer settle()
+		c.Next()
+	}
+}

@@ -44,6 +44,9 @@ type checkBody struct {
 	Scope *string         `json:"scope"`
 	Cost  json.RawMessage `json:"cost"`
 	Tier  *string         `json:"tier"`
+	// Reserve: the cost is an estimate; an allowed answer carries the
+	// reservation to settle (POST /settle).
+	Reserve *bool `json:"reserve"`
 }
 
 // DecodeCheck parses a /check body. Unknown fields are ignored; known fields
@@ -136,12 +139,16 @@ func validateCheck(b *checkBody) (enforcement.Request, *Error) {
 		}
 		req.Cost, req.HasCost = cost, true
 	}
+	req.Reserve = b.Reserve != nil && *b.Reserve
 	return req, nil
 }
 
 func wantType(field string) string {
-	if field == "cost" {
+	switch field {
+	case "cost":
 		return "number"
+	case "reserve":
+		return "boolean"
 	}
 	return "string"
 }

@@ -186,6 +186,11 @@ func appendDecision(b []byte, d *enforcement.Decision, mode ratelimitheader.Mode
 		b = strconv.AppendBool(b, d.Shadow.WouldAllow)
 		b = append(b, '}')
 	}
+	if d.Reservation != "" {
+		b = append(b, `,"reservation":"`...)
+		b = append(b, d.Reservation...) // base64url: nothing to escape
+		b = append(b, '"')
+	}
 	if mode != ratelimitheader.None {
 		b = appendHeaders(b, d, time.Now(), mode)
 	}

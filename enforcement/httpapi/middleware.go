@@ -88,9 +88,17 @@ func (g *Guard) Allow(w http.ResponseWriter, r *http.Request) bool {
 	if g.Cost != nil {
 		req.Cost, req.HasCost = g.Cost(r)
 	}
+	_, ok := g.check(w, r, req)
+	return ok
+}
+
+// check decides req for r and answers a rejection; ok reports whether the
+// handler may run. Allow and the reserving middleware share it.
+func (g *Guard) check(w http.ResponseWriter, r *http.Request, req enforcement.Request) (d enforcement.Decision, ok bool) {
+	key := req.Key
 	d, err := g.Checker.Check(r.Context(), req)
 	if err != nil && r.Context().Err() != nil {
-		return false // the client went away: nobody to answer, nothing to log
+		return d, false // the client went away: nobody to answer, nothing to log
 	}
 	if err != nil {
 		// A request that can never be decided is the service's
@@ -99,12 +107,12 @@ func (g *Guard) Allow(w http.ResponseWriter, r *http.Request) bool {
 			g.Log.Error("rate limit check failed", "key", key, "scope", req.Scope, "err", err)
 		}
 		WriteError(w, &Error{Status: http.StatusInternalServerError, Code: "limiter_error", Message: "the rate limiter could not decide this request"}, requestID(r))
-		return false
+		return d, false
 	}
 	now := time.Now()
 	setHeaders(w.Header(), &d, now, g.Headers)
 	if d.Allowed {
-		return true
+		return d, true
 	}
 	secs := ratelimitheader.RetryAfterSeconds(&d)
 	w.Header().Set(ratelimitheader.RetryAfter, strconv.FormatInt(secs, 10))
@@ -115,7 +123,7 @@ func (g *Guard) Allow(w http.ResponseWriter, r *http.Request) bool {
 	} else {
 		writeQuotaExceeded(w, e, &d, requestID(r))
 	}
-	return false
+	return d, false
 }
 
 // QuotaExceededType is the problem type of a 429 (RFC 9457), as

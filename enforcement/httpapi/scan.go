@@ -4,7 +4,8 @@ import "unicode/utf8"
 
 // scanCheck decodes the body every well-behaved client sends — one flat
 // object whose members are among key, scope and tier (plain strings or
-// null) and cost (a plain integer or null), each at most once — without
+// null), cost (a plain integer or null) and reserve (true, false or null),
+// each at most once — without
 // reflection or allocations beyond the strings. Anything else (escapes,
 // other members, nesting, odd numbers, invalid UTF-8, syntax errors) returns
 // ok = false and takes the general decoder, so both always agree: the fuzz
@@ -18,7 +19,7 @@ func scanCheck(body []byte) (b checkBody, ok bool) {
 	if i < len(body) && body[i] == '}' {
 		return b, skipSpace(body, i+1) == len(body)
 	}
-	var seen [4]bool
+	var seen [5]bool
 	for {
 		name, j, ok := scanPlainString(body, i)
 		if !ok {
@@ -39,6 +40,8 @@ func scanCheck(body []byte) (b checkBody, ok bool) {
 			field = 2
 		case "cost":
 			field = 3
+		case "reserve":
+			field = 4
 		}
 		if field < 0 || seen[field] {
 			return b, false
@@ -46,6 +49,13 @@ func scanCheck(body []byte) (b checkBody, ok bool) {
 		seen[field] = true
 		if isNull(body, i) {
 			i += 4
+		} else if field == 4 {
+			v, j, ok := scanBool(body, i)
+			if !ok {
+				return b, false
+			}
+			b.Reserve = &v
+			i = j
 		} else if field == 3 {
 			j := scanPlainInt(body, i)
 			if j == i {
@@ -82,6 +92,17 @@ func scanCheck(body []byte) (b checkBody, ok bool) {
 			return b, false
 		}
 	}
+}
+
+// scanBool reads the literal true or false at i.
+func scanBool(b []byte, i int) (v bool, next int, ok bool) {
+	switch {
+	case len(b)-i >= 4 && string(b[i:i+4]) == "true":
+		return true, i + 4, true
+	case len(b)-i >= 5 && string(b[i:i+5]) == "false":
+		return false, i + 5, true
+	}
+	return false, i, false
 }
 
 func skipSpace(b []byte, i int) int {

@@ -61,6 +61,13 @@ func BucketKey(prefix, key, scope string) string {
 	return prefix + ":{" + key + "}:b2:" + scope
 }
 
+// ReservationKey is the Redis key of the record of reservation id on
+// key's buckets, "<prefix>:{key}:r:id": the same hash tag as BucketKey, so
+// the record and its bucket share a Cluster slot and one script.
+func ReservationKey(prefix, key, id string) string {
+	return prefix + ":{" + key + "}:r:" + id
+}
+
 // KeySlot is the hash slot of the bucket of (key, scope) (BucketKey, with
 // limits.DefaultKeyPrefix): the hash tag is the rate-limit key up to its
 // first "}" (the whole Redis key when that leaves the tag empty). It does

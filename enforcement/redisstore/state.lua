@@ -55,6 +55,9 @@ end
 -- residue sits between the two scales' EPS).
 local function wait_ms(deficit, rate)
   local us = math.ceil(deficit / rate * 1e6 - EPS)
+  if us > 9007199254740992 then
+    us = 9007199254740992 -- 2^53 µs: enforcement's maxWaitUS, a debt's longest wait
+  end
   if us <= 0 then
     return 0
   end

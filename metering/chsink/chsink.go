@@ -207,6 +207,12 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 			from++
 		}
 		todo := recs[from:]
+		if t == Raw || t == ShadowHour || t == RolloutShadow {
+			// Settle and charge events are not decisions: only the
+			// rollups count them (their actual costs, writeRollup), and
+			// event_ids remembers them for deduplication.
+			todo = decisionsOnly(todo)
+		}
 		if !hasMarkers[t] && len(todo) == 0 {
 			continue // no markers: its progress may lag, harmlessly
 		}
@@ -242,6 +248,35 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 	}
 	wg.Wait()
 	return errors.Join(errs[:]...)
+}
+
+// costTime is the time a settle's or a charge's cost is counted at: a
+// settle's reservation's decision time, a charge's own. ok is false for a
+// settle whose reservation was made in another month than the settle
+// (the batch's partition): its difference is not counted, and the
+// estimate stands for it.
+func costTime(e *metering.Event) (int64, bool) {
+	if e.Kind != metering.KindSettle || e.ReservedTS == 0 {
+		return e.TS, e.Kind == metering.KindCharge
+	}
+	return e.ReservedTS, MonthOf(e.ReservedTS) == MonthOf(e.TS)
+}
+
+// decisionsOnly is recs without settle and charge events, in place when
+// there are none.
+func decisionsOnly(recs []Record) []Record {
+	for i := range recs {
+		if !recs[i].Event.IsDecision() {
+			out := append([]Record(nil), recs[:i]...)
+			for j := i + 1; j < len(recs); j++ {
+				if recs[j].Event.IsDecision() {
+					out = append(out, recs[j])
+				}
+			}
+			return out
+		}
+	}
+	return recs
 }
 
 func b2u(b bool) uint8 {
@@ -327,12 +362,28 @@ func (s *Sink) writeRollup(ctx context.Context, t Table, partition int, recs []R
 	var order []bucketKey
 	for i := range recs {
 		e := &recs[i].Event
-		k := bucketKey{e.Key, e.Scope, e.Tier, e.TS - e.TS%width}
+		at := e.TS
+		if !e.IsDecision() {
+			var ok bool
+			if at, ok = costTime(e); !ok {
+				continue
+			}
+		}
+		k := bucketKey{e.Key, e.Scope, e.Tier, at - at%width}
 		c := agg[k]
 		if c == nil {
 			c = &counters{}
 			agg[k] = c
 			order = append(order, k)
+		}
+		if !e.IsDecision() {
+			// The actual cost: a settle adds actual − estimate in its
+			// reservation's bucket, where the estimate was counted (a
+			// refund is a subtraction, in UInt64's modular arithmetic:
+			// sum() of the bucket is the actual cost, never below 0); a
+			// charge adds its cost. Neither is a request.
+			c.cost += e.Actual - e.Estimate
+			continue
 		}
 		c.requests++
 		if e.Allowed {

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# POST /check with a reservation and POST /settle beside plain POST /check,
+# in one run against one limiter on one redis-server (bench/reservebench:
+# closed loop, the three phases interleaved PASSES times). Starts its own
+# redis-server and limiter on free loopback ports; prints the figures and
+# the load average before and after.
+#
+#   SECONDS_EACH (default 5)  each phase
+#   PASSES       (default 3)
+#   CONNS        (default 32)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_EACH=${SECONDS_EACH:-5}
+PASSES=${PASSES:-3}
+CONNS=${CONNS:-32}
+OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-reserve.XXXXXX)}
+source bench/lib.sh
+require_tools redis-server redis-cli curl
+$GO build -o "$OUT/bin/" ./cmd/limiter
+$GO build -C bench -o "$(realpath -m "$OUT")/bin/" ./reservebench
+start_redis
+LPORT=$(free_port)
+env LIMITER_ADDR="127.0.0.1:$LPORT" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
+  LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" KAFKA_BROKERS= "$OUT/bin/limiter" 2>>"$OUT/limiter.log" &
+PIDS+=($!)
+wait_port "$LPORT"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
+"$OUT/bin/reservebench" -url "http://127.0.0.1:$LPORT" -conns "$CONNS" -duration "${SECONDS_EACH}s" -passes "$PASSES"
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
