@@ -190,6 +190,7 @@ func copyFile(t *testing.T, from, to string) {
 // connecting — an unreadable CA, a certificate without its key — stops the
 // start with one line naming the variable.
 func TestSecureRedisBadConfigStopsTheStart(t *testing.T) {
+	testenv.SkipShort(t) // runs the binary
 	certs := testenv.NewCerts(t)
 	for _, tc := range []struct {
 		env  []string

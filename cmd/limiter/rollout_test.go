@@ -497,6 +497,7 @@ func TestParseShare(t *testing.T) {
 
 // A rollout's flags are checked before anything is written: exit 2.
 func TestPushRolloutFlags(t *testing.T) {
+	testenv.SkipShort(t) // runs the binary
 	f := writeTemp(t, "p.yaml", rolloutBase)
 	for _, args := range [][]string{
 		{"policy", "push", f, "-m", "x", "--shadow-for", "15m"},                                // no bound

@@ -156,6 +156,7 @@ func TestKillingEitherStoreDegradesOnlyItsKeys(t *testing.T) {
 
 // TestPolicyNamingAnUnknownStoreIsRefused: at start, and by `policy check`.
 func TestPolicyNamingAnUnknownStoreIsRefused(t *testing.T) {
+	testenv.SkipShort(t) // runs the binary
 	dir := t.TempDir()
 	path := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(path, []byte(storesPolicy), 0o644); err != nil {

@@ -24,6 +24,9 @@ import (
 var bins string
 
 func TestMain(m *testing.M) {
+	if testenv.Short() {
+		os.Exit(m.Run()) // no binaries: the tests that run them skip
+	}
 	dir, err := os.MkdirTemp("", "usage-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -70,6 +73,7 @@ type proc struct {
 // start runs one of the binaries with env and waits until path answers 200.
 func start(t *testing.T, name, addrVar, ready string, env ...string) *proc {
 	t.Helper()
+	testenv.SkipShort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	cmd := exec.Command(filepath.Join(bins, name))
 	cmd.Env = append(append(os.Environ(), addrVar+"="+addr), env...)
@@ -318,6 +322,7 @@ func TestUsageEqualsChecks(t *testing.T) {
 // TestBadConfigExits: the binary refuses a bad environment at start with
 // one line naming the variable and a non-zero exit.
 func TestBadConfigExits(t *testing.T) {
+	testenv.SkipShort(t) // runs the binary
 	for _, tc := range []struct {
 		env  []string
 		want string

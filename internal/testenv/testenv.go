@@ -5,7 +5,8 @@
 //
 // A missing server binary is a test failure, never a skip: CI installs them
 // (make test, through scripts/deps.sh) and a test that silently skipped
-// would prove nothing.
+// would prove nothing. The one skip is -short mode (make check), the tier
+// that starts no server and no process: see SkipShort.
 package testenv
 
 import (
