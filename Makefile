@@ -68,7 +68,8 @@ clean:
 
 # The local stack (scripts/up.sh, scripts/down.sh): Redis, ClickHouse, an
 # embedded Kafka-protocol broker, the three services and demo traffic on the
-# fixed loopback ports of CONTRACT.md; pids, logs and data under run/.
+# default loopback ports (docs/reference.md, "Make targets"); pids, logs and
+# data under run/.
 .PHONY: up down up-test
 up:
 	@scripts/up.sh

@@ -31,7 +31,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/bearer"
 )
 
-// defaultGRPCAddr is LIMITER_GRPC_ADDR's default (CONTRACT.md).
+// defaultGRPCAddr is LIMITER_GRPC_ADDR's default (docs/reference.md).
 const defaultGRPCAddr = "127.0.0.1:8083"
 
 // grpcMaxMessage bounds a gRPC request, as /check bounds its body.
