@@ -183,6 +183,7 @@ type counts struct{ Requests, Allowed, Rejected, Cost uint64 }
 // usage-api binary reports exactly the counts the /check answers showed,
 // for every window; then every binary stops cleanly on SIGTERM.
 func TestUsageEqualsChecks(t *testing.T) {
+	t.Parallel()
 	ch := testenv.StartClickHouse(t)
 	db := ch.Database(t)
 	kafka := testenv.StartKafka(t, "ratelimit.decisions", 4)
@@ -350,6 +351,7 @@ func TestBadConfigExits(t *testing.T) {
 // serves 503 with a reason, and becomes ready by itself once ClickHouse is
 // up (schema applied in the background).
 func TestStartsWithoutClickHouse(t *testing.T) {
+	t.Parallel()
 	ch := testenv.StartClickHouse(t)
 	db := ch.Database(t)
 	ch.Process().Kill() // a crash: ch.Start brings it back on the same port

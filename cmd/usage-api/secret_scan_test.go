@@ -84,6 +84,7 @@ func get(u string) (int, string) {
 // /metrics, and the output after SIGTERM, for every secret configured,
 // right or wrong.
 func TestNoSecretInLogsReadyzOrMetrics(t *testing.T) {
+	t.Parallel()
 	ch := testenv.StartSecureClickHouse(t)
 	db := ch.Database(t)
 	k := testenv.StartSecureKafka(t, "ratelimit.decisions", 2)
