@@ -236,7 +236,7 @@ func newGRPC(cfg config, lim checker, reg prometheus.Registerer, log *slog.Logge
 	)...)
 	rls := envoyrls.New(lim, m)
 	rls.SetHeaderMode(cfg.EnvoyHeaders)
-	registerRLS(srv, rls)
+	rlsv3.RegisterRateLimitServiceServer(srv, rls)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
