@@ -31,7 +31,6 @@ import (
 // consumer can count what it never saw), which is why moving to a new log
 // is done after the consumers have drained the old one (docs/metering.md).
 func TestExactTotalsAcrossALogThatStartsOver(t *testing.T) {
-	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, seed>>1))
