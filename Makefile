@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    ?= ./...
 BIN     := bin
 
-.PHONY: test vet build bench clean deps stress-test
+.PHONY: check test vet build bench clean deps stress-test
 
 # Go from its standard place when the shell has not put it on PATH yet (a
 # fresh machine): the recipes and the tests, which build binaries with
@@ -30,6 +30,14 @@ vet:
 	$(GO) vet $(PKGS)
 	GOFLAGS= $(GO) vet ./internal/vtcodec ./cmd/limiter
 	cd bench && $(GO) vet ./...
+
+# The fast tier, while editing: every unit test, in -short mode, where the
+# helpers of internal/testenv that start a server, a broker or a process
+# skip (testenv.SkipShort). It starts nothing and needs nothing installed
+# but Go; `make test` runs these tests too.
+check:
+	$(GO) test -short -count=1 $(PKGS)
+	cd bench && $(GO) test -short -count=1 ./...
 
 # Every test, against real redis-server / clickhouse-server processes and an
 # in-process Kafka-protocol broker that the harness starts on free loopback ports.
@@ -60,7 +68,8 @@ clean:
 
 # The local stack (scripts/up.sh, scripts/down.sh): Redis, ClickHouse, an
 # embedded Kafka-protocol broker, the three services and demo traffic on the
-# fixed loopback ports of CONTRACT.md; pids, logs and data under run/.
+# default loopback ports (docs/reference.md, "Make targets"); pids, logs and
+# data under run/.
 .PHONY: up down up-test
 up:
 	@scripts/up.sh

@@ -42,7 +42,7 @@ env LIMITER_ADDR="127.0.0.1:$LPORT" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="
 LPID=$!
 PIDS+=($LPID)
 wait_port "$LPORT"
-# The same limiter with GOGC=400 (docs/operations.md, "Capacity planning":
+# The same limiter with GOGC=400 (docs/scaling.md, "Capacity planning":
 # an operator's tuning, reported on its own row, never as the default).
 GPORT=$(free_port)
 env GOGC=400 LIMITER_ADDR="127.0.0.1:$GPORT" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
@@ -151,7 +151,7 @@ S="$OUT/section.md"
   echo "|---|---:|---|---|"
   cmp_row "allowed path ÷ floor, req/s (wrk -t2 -c32, 10,000 keys)" allowed "≥ 0.55"
   cmp_row "flood on one key ÷ floor, req/s" flood "≥ 0.95"
-  cmp_row "allowed path ÷ floor, limiter run with GOGC=400 (a tuning, docs/operations.md)" gogc "–"
+  cmp_row "allowed path ÷ floor, limiter run with GOGC=400 (a tuning, docs/scaling.md)" gogc "–"
   lat_cmp "client p99 at $LAT_RATE req/s: limiter − floor" $(for pass in 1 2; do awk -v a="$(lfield limiter$pass 2)" -v b="$(lfield floor$pass 2)" 'BEGIN {printf "%d\n", a - b}'; done)
   lat_cmp "limiter's own decision p99 at $LAT_RATE req/s (its histogram)" $(for pass in 1 2; do echo "${L[own$pass]}" | awk '{print $2}'; done)
   TARGET="–" lat_cmp "… beside one decision straight on Redis, p99 (loadgen -redis, same pass)" $(lfield decide1 2) $(lfield decide2 2)

@@ -1,6 +1,6 @@
 package limits
 
-// The bounds of a decision request (CONTRACT.md, POST /check), the one
+// The bounds of a decision request (docs/reference.md, "POST /check"; api/openapi/limiter.yaml), the one
 // place they are written: /check, the gRPC and Envoy rate limit service,
 // the policy's descriptor mappings and the usage API's key and scope
 // parameters all enforce these.

@@ -11,7 +11,7 @@ import (
 )
 
 // Override is an operator's limit for one key, or one key in one scope,
-// kept in the policy log (CONTRACT.md, "Policy control plane"). It applies
+// kept in the policy log (docs/policy-log.md, "The policy log"). It applies
 // ahead of every rule of the document; global_ceiling still caps it. It
 // sets either a tier (the tier's limit, and the tier reported on the
 // decision) or its own rate and burst, optionally a calendar quota; an

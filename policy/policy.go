@@ -1,4 +1,4 @@
-// Package policy reads the policy file (YAML; see CONTRACT.md "Policy file")
+// Package policy reads the policy file (YAML; see docs/policy.md)
 // into an immutable, validated Policy that resolves the limit of any
 // (key, scope, tier) in the documented order.
 package policy

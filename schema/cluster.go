@@ -9,7 +9,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
-// Cluster mode (docs/operations.md, "ClickHouse cluster mode").
+// Cluster mode (docs/scaling.md, "ClickHouse cluster mode").
 //
 // The same migration files describe both modes. In cluster mode every table
 // NAME of a file becomes two tables on every node:

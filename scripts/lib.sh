@@ -11,7 +11,7 @@ BIN_DIR="${BIN_DIR:-$ROOT/bin}"
 PID_DIR="$RUN_DIR/pids"
 LOG_DIR="$RUN_DIR/logs"
 
-# Fixed loopback ports (CONTRACT.md). The RW_*_PORT overrides exist for the
+# Fixed loopback ports (docs/reference.md, "Make targets"). The RW_*_PORT overrides exist for the
 # test of this script, which runs it beside other servers on free ports.
 REDIS_PORT="${RW_REDIS_PORT:-6379}"
 CH_TCP_PORT="${RW_CLICKHOUSE_PORT:-9000}"

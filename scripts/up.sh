@@ -67,12 +67,12 @@ wants() { local x; for x in "${todo[@]}"; do [ "$x" = "$1" ] && return 0; done; 
 # The embedded broker keeps nothing across restarts: a fresh one starts its
 # log again at offset 0. meter-consumer sees that the log is not the one its
 # ClickHouse progress belongs to and reads the new log as a new epoch
-# (docs/operations.md, "When the Kafka log starts over"), so the ClickHouse data, the dashboard's
+# (docs/metering.md, "When the Kafka log starts over"), so the ClickHouse data, the dashboard's
 # history, stays across make down / make up. The policy log (topic
 # ratelimit.policy) starts over too: the limiter enforces its bootstrap
 # POLICY_FILE while the log is empty, step 6 pushes deploy/policy.yaml as
 # revision 1 again, and the policy audit records the new log as a new epoch
-# (docs/policy.md, "The audit").
+# (docs/policy-log.md, "The audit").
 
 # --- 3. build -----------------------------------------------------------------
 if [ ${#todo[@]} -gt 0 ]; then
@@ -141,7 +141,7 @@ http_ok() { curl -fsS -m 2 -o /dev/null "$1"; }
 
 if wants redis; then
   # Quota counters survive a restart: AOF fsynced every second; under memory
-  # pressure buckets (short TTLs) go before quota counters (docs/operations.md).
+  # pressure buckets (short TTLs) go before quota counters (docs/backends.md).
   start redis redis-server -- --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$RUN_DIR/redis" \
     --save "" --appendonly yes --appendfsync everysec --maxmemory-policy volatile-ttl \
     --protected-mode yes --daemonize no

@@ -6,12 +6,14 @@ import (
 	"testing"
 
 	"github.com/ratewarden/ratewarden/internal/cli/clitest"
+	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
 // TestStrictWords: the real binary takes no words: any is refused with
 // usage on stderr and exit 2 before it sends anything; help is on stdout,
 // exit 0.
 func TestStrictWords(t *testing.T) {
+	testenv.SkipShort(t) // builds and runs the binary
 	bin := filepath.Join(t.TempDir(), "demo-traffic")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)

@@ -13,6 +13,7 @@ import (
 // TestStrictWords: the real binary takes no words: any is refused with
 // usage on stderr and exit 2 before it listens; help is on stdout, exit 0.
 func TestStrictWords(t *testing.T) {
+	testenv.SkipShort(t) // builds and runs the binary
 	bin := filepath.Join(t.TempDir(), "kafka-dev")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)

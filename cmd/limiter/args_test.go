@@ -14,6 +14,7 @@ import (
 // environment is one the limiter serves with (the control case proves it),
 // so a word ignored would show as a listening port.
 func TestStrictWords(t *testing.T) {
+	t.Parallel()
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	grpcAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	env := []string{"LIMITER_ADDR=" + addr, "LIMITER_GRPC_ADDR=" + grpcAddr,

@@ -57,6 +57,7 @@ tiers:
 // own isolation keeps them from the live masters' (with the breaker open
 // they stop after five).
 func TestClusterMasterKilledUnderLoad(t *testing.T) {
+	t.Parallel()
 	c := testenv.StartCluster(t, 3)
 	p := startLimiter(t, killPolicy, "REDIS_ADDRS="+strings.Join(c.Addrs(), ","), "LIMITER_STORE_TIMEOUT=500ms",
 		"LIMITER_BREAKER_FAILURES=1000000")

@@ -14,8 +14,8 @@ func program() cli.Program {
 	return cli.Program{
 		Name: "limiter",
 		Doc: `With no arguments the limiter serves POST /check (and the Envoy rate limit
-service) with its configuration read from the environment: README.md,
-"Configuration of the limiter". It takes no flags.`,
+service) with its configuration read from the environment: docs/reference.md,
+"limiter". It takes no flags.`,
 		Commands: []cli.Command{
 			{Name: "policy", Summary: "the operator's policy tools", Sub: []cli.Command{
 				{Name: "check", Args: "FILE", Run: policyCheck,

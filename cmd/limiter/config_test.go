@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
 func TestConfigDefaults(t *testing.T) {
@@ -41,6 +43,7 @@ func TestConfigReportsEveryBadVariable(t *testing.T) {
 }
 
 func TestInvalidConfigExitsWithOneLine(t *testing.T) {
+	testenv.SkipShort(t) // runs the binary
 	cmd := exec.Command(limiterBin)
 	cmd.Env = append(os.Environ(), "LIMITER_EXPECTED_INSTANCES=-1")
 	out, err := cmd.CombinedOutput()

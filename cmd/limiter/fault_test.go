@@ -100,6 +100,7 @@ func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) 
 }
 
 func TestFaultRedisKilledUnderLoad(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	p := startLimiter(t, faultPolicy, faultEnv(r)...)
 	keys := []string{"k0", "k1", "k2", "k3"}
@@ -181,6 +182,7 @@ func TestFaultRedisKilledUnderLoad(t *testing.T) {
 }
 
 func TestFaultRedisPaused(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	p := startLimiter(t, faultPolicy, faultEnv(r)...)
 	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}

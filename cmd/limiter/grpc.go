@@ -31,7 +31,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/bearer"
 )
 
-// defaultGRPCAddr is LIMITER_GRPC_ADDR's default (CONTRACT.md).
+// defaultGRPCAddr is LIMITER_GRPC_ADDR's default (docs/reference.md).
 const defaultGRPCAddr = "127.0.0.1:8083"
 
 // grpcMaxMessage bounds a gRPC request, as /check bounds its body.
@@ -236,7 +236,7 @@ func newGRPC(cfg config, lim checker, reg prometheus.Registerer, log *slog.Logge
 	)...)
 	rls := envoyrls.New(lim, m)
 	rls.SetHeaderMode(cfg.EnvoyHeaders)
-	registerRLS(srv, rls)
+	rlsv3.RegisterRateLimitServiceServer(srv, rls)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

@@ -139,6 +139,7 @@ func TestListenerTLS(t *testing.T) {
 // TestListenerTLSBadConfigStopsTheStart: a certificate without its key,
 // or a key that does not match, stops the start naming the variable.
 func TestListenerTLSBadConfigStopsTheStart(t *testing.T) {
+	testenv.SkipShort(t) // runs the binary
 	certs := testenv.NewCerts(t)
 	for _, tc := range []struct {
 		env  []string

@@ -1,6 +1,6 @@
 // Command limiter answers POST /check for any service: a two-tier token
 // bucket with Redis (or Redis Cluster) as the authority. Configuration is
-// read from the environment (README.md, "Configuration"); `limiter policy
+// read from the environment (docs/reference.md, "limiter"); `limiter policy
 // check|explain|replay` are the operator's policy tools, and `limiter help`
 // lists every command (commands.go).
 package main

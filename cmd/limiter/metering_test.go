@@ -27,6 +27,7 @@ costs: { "api:search": 2 }
 // ClickHouse, where the counts per key, scope and result equal what the
 // limiter answered.
 func TestDecisionsReachTheRollups(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	k := testenv.StartKafka(t, "ratelimit.decisions", 4)
 	ch := testenv.StartClickHouse(t)
@@ -99,6 +100,7 @@ func costOf(scope string) int {
 // answers, and the events that could not be buffered are counted as dropped.
 // (Latency is compared in BENCHMARKS.md, not asserted here.)
 func TestKafkaDownNeverBlocksDecisions(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	k := testenv.StartKafka(t, "ratelimit.decisions", 2)
 	p := startLimiter(t, meteringPolicy, "REDIS_ADDRS="+r.Addr(), "KAFKA_BROKERS="+k.Addr(), "LIMITER_EMIT_BUFFER=256")

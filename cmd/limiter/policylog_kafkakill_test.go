@@ -16,6 +16,8 @@ import (
 // the new log from its start and enforces the new log's revision, although
 // that revision's number is below the one it held.
 func TestPolicyLogKafkaKilledMidRun(t *testing.T) {
+	t.Parallel()
+	testenv.SkipShort(t) // runs the binary
 	port := testenv.FreePort(t)
 	k, err := testenv.NewKafkaWith(kafkadev.Config{Port: port, Topic: "ratelimit.decisions", Partitions: 1})
 	if err != nil {

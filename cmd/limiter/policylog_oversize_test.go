@@ -22,6 +22,7 @@ import (
 // nothing: the revision in force stays, and the next push
 // applies on top of it.
 func TestPolicyLogOversizedDocument(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
 	env := []string{"KAFKA_BROKERS=" + k.Addr()}
 	if out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "a.yaml", logDocA), "-m", "first", "--author", "alice"); code != 0 {

@@ -86,6 +86,7 @@ func waitRevision(t *testing.T, p *limiterProc, rev int) map[string]any {
 // TestPolicyLogFleet: three limiters tail the log; every write, applied or
 // refused, ends the same on all of them.
 func TestPolicyLogFleet(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
 	env := []string{"KAFKA_BROKERS=" + k.Addr()}
 	out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "a.yaml", logDocA), "-m", "first", "--author", "alice")
@@ -201,6 +202,7 @@ func TestPolicyLogFleet(t *testing.T) {
 // starts from the last revision it applied, else from POLICY_FILE, and
 // says which; it never refuses to start.
 func TestPolicyLogKafkaDownAtStart(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
 	env := []string{"KAFKA_BROKERS=" + k.Addr()}
 	if out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "a.yaml", logDocA), "-m", "first"); code != 0 {
@@ -244,6 +246,7 @@ func TestPolicyLogKafkaDownAtStart(t *testing.T) {
 // TestPolicyLogPushUnderLoad: revisions swap in between decisions; none
 // of a bounded stream of decisions fails while ten pushes land.
 func TestPolicyLogPushUnderLoad(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
 	env := []string{"KAFKA_BROKERS=" + k.Addr()}
 	if out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "a.yaml", logDocA), "-m", "first"); code != 0 {
@@ -306,6 +309,7 @@ func TestPolicyLogPushUnderLoad(t *testing.T) {
 // TestPolicyLogCLIVerbs: show, diff, rollback, override get/list/delete,
 // and strict flags.
 func TestPolicyLogCLIVerbs(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
 	env := []string{"KAFKA_BROKERS=" + k.Addr()}
 	docB := strings.Replace(logDocA, "rate: 10, burst: 20", "rate: 12, burst: 24", 1)

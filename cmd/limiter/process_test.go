@@ -25,6 +25,9 @@ import (
 var limiterBin string
 
 func TestMain(m *testing.M) {
+	if testenv.Short() {
+		os.Exit(m.Run()) // no binary: the tests that run one skip
+	}
 	dir, err := os.MkdirTemp("", "limiter-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -59,6 +62,7 @@ func startLimiter(t testing.TB, policyYAML string, env ...string) *limiterProc {
 // startLimiterBinary is startLimiter with another build of the binary.
 func startLimiterBinary(t testing.TB, bin, policyYAML string, env ...string) *limiterProc {
 	t.Helper()
+	testenv.SkipShort(t)
 	dir := t.TempDir()
 	policyPath := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(policyPath, []byte(policyYAML), 0o644); err != nil {

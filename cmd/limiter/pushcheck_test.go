@@ -70,6 +70,7 @@ func decodePush(t *testing.T, out string) pushJSON {
 // decisions beyond the new burst, not the key an override keeps on pro.
 // With ClickHouse stopped, the next push says so and is applied anyway.
 func TestPushPreviewsRecordedTraffic(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	k := testenv.StartKafka(t, "ratelimit.decisions", 2)
 	ch := testenv.StartClickHouse(t)
@@ -168,6 +169,7 @@ func TestPushPreviewsRecordedTraffic(t *testing.T) {
 // connections and never answers costs the push its --replay-timeout, and
 // the push is applied.
 func TestPushNeverWaitsOnASilentClickHouse(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -209,6 +211,7 @@ func TestPushNeverWaitsOnASilentClickHouse(t *testing.T) {
 // store as missing in /readyz. Writers refuse a store their REDIS_STORES
 // lacks, and the log refuses a store on a key-and-scope override.
 func TestOverrideStoreRoutesTheKey(t *testing.T) {
+	t.Parallel()
 	def, acme := testenv.StartRedis(t), testenv.StartRedis(t)
 	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
 	cli := []string{"KAFKA_BROKERS=" + k.Addr(), "CLICKHOUSE_ADDR=127.0.0.1:1", "REDIS_STORES=acme=" + acme.Addr()}

@@ -70,6 +70,7 @@ func assertNoSecret(t *testing.T, p *limiterProc, secrets ...string) {
 // Cluster, decisions are shared; the password, given as a file, appears
 // nowhere.
 func TestSecureRedisTLSAndACL(t *testing.T) {
+	t.Parallel()
 	certs := testenv.NewCerts(t)
 	sec := testenv.Secure{Certs: certs, User: "ratewarden", Password: redisPW, KeyPattern: "rl:*", ClientCerts: true}
 	pwFile := filepath.Join(t.TempDir(), "redis-password")
@@ -136,6 +137,7 @@ func TestSecureRedisWrongPasswordThenRotated(t *testing.T) {
 // server's certificate: degraded, /readyz says the TLS handshake failed;
 // the right bundle in the same file plus SIGHUP makes decisions shared.
 func TestSecureRedisWrongCAThenFixed(t *testing.T) {
+	t.Parallel()
 	certs := testenv.NewCerts(t)
 	r := testenv.StartSecureRedis(t, testenv.Secure{Certs: certs, User: "ratewarden", Password: redisPW})
 	pwFile := filepath.Join(t.TempDir(), "redis-password")
@@ -190,6 +192,7 @@ func copyFile(t *testing.T, from, to string) {
 // connecting — an unreadable CA, a certificate without its key — stops the
 // start with one line naming the variable.
 func TestSecureRedisBadConfigStopsTheStart(t *testing.T) {
+	testenv.SkipShort(t) // runs the binary
 	certs := testenv.NewCerts(t)
 	for _, tc := range []struct {
 		env  []string

@@ -179,6 +179,7 @@ func redisLimiter(t testing.TB, initial enforcement.Policy) *enforcement.Limiter
 // is made under one whole policy, and a broken file in the middle is
 // refused with a metric and a log line while the previous policy stays.
 func TestReloadUnderLoad(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "policy.yaml")
 	writeAtomic(t, path, generation(0))
 	p0 := mustLoad(t, path)
@@ -284,6 +285,7 @@ func TestReloadUnderLoad(t *testing.T) {
 // TestReloadOnEditorSaves: the three ways editors save a file each reload
 // the policy without a signal.
 func TestReloadOnEditorSaves(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "policy.yaml")
 	writeAtomic(t, path, generation(0))

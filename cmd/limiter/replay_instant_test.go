@@ -50,6 +50,7 @@ func postCheck(url, key string) (decision, error) {
 // beyond it. The verdicts do not depend on the machine's speed: whatever
 // the timing, the replay decides each at the instant the store did.
 func TestReplayReproducesBurstyTrafficAtTheStoresInstant(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	k := testenv.StartKafka(t, "ratelimit.decisions", 4)
 	ch := testenv.StartClickHouse(t)

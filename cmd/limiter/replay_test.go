@@ -120,6 +120,7 @@ func runReplayBin(t *testing.T, policyYAML string, env []string, from, to time.T
 // the candidate tightens, and the promoted shadow rule rejects in the replay
 // what its shadow verdicts rejected live.
 func TestReplayReproducesRecordedDecisions(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	k := testenv.StartKafka(t, "ratelimit.decisions", 4)
 	ch := testenv.StartClickHouse(t)

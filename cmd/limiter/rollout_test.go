@@ -225,6 +225,7 @@ func driveUntilVerdict(t *testing.T, k *testenv.Kafka, fleet []*limiterProc, rev
 // record with the measured share, which every limiter applies, which
 // history shows and policy_audit keeps.
 func TestRolloutPromotesAndWithdraws(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	k := testenv.StartKafka(t, "ratelimit.decisions", 2)
 	ch := testenv.StartClickHouse(t)
@@ -332,6 +333,7 @@ func TestRolloutPromotesAndWithdraws(t *testing.T) {
 // the consumer group's new owner of the policy topic, writes its one
 // verdict.
 func TestRolloutJudgeKilledMidRollout(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	k := testenv.StartKafka(t, "ratelimit.decisions", 2)
 	ch := testenv.StartClickHouse(t)
@@ -397,6 +399,7 @@ func TestRolloutJudgeKilledMidRollout(t *testing.T) {
 // first was applied. The apply rule takes the first alone: every limiter
 // applies it and refuses the others, and policy_audit keeps all three.
 func TestRolloutTwoVerdictsRace(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
 	ch := testenv.StartClickHouse(t)
 	db := ch.Database(t)
@@ -497,6 +500,7 @@ func TestParseShare(t *testing.T) {
 
 // A rollout's flags are checked before anything is written: exit 2.
 func TestPushRolloutFlags(t *testing.T) {
+	testenv.SkipShort(t) // runs the binary
 	f := writeTemp(t, "p.yaml", rolloutBase)
 	for _, args := range [][]string{
 		{"policy", "push", f, "-m", "x", "--shadow-for", "15m"},                                // no bound

@@ -279,10 +279,12 @@ func (a *authority) closeClients() {
 }
 
 // buildAuthority assembles the shared tier. With Redis the chain, from the
-// limiter outwards, is: lease (hot keys spend leased blocks in-process) →
-// split (split keys spread over sub-buckets) → the shared store
-// (redisstore.Shared: a deadline and circuit breaker per shard around
-// auto-pipelined EVALSHA of the bucket script).
+// limiter outwards, is: lease (hot keys spend leased blocks in-process,
+// when LIMITER_LEASE_BLOCK is set) → split (split keys spread over
+// sub-buckets) → stores (enforcement.Stores: the store the key's limit
+// names) → shared (redisstore.Shared, one per store) → guard (a deadline
+// and circuit breaker per shard) → lane (one server's auto-pipelined
+// EVALSHA of the bucket script).
 func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metrics, log *slog.Logger) (*authority, error) {
 	if !cfg.Redis.Enabled() {
 		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")

@@ -39,6 +39,7 @@ const clusterRate = 100.0 / 60
 // loaded machine, so a slow but live master is never taken for a dead one.
 // A dead master refuses connections at once, whatever the deadline.
 func TestClusterModeDegradesOnlyTheDeadMastersKeys(t *testing.T) {
+	t.Parallel()
 	c := testenv.StartCluster(t, 3)
 	p := startLimiter(t, clusterPolicy, "REDIS_ADDRS="+strings.Join(c.Addrs(), ","), "LIMITER_STORE_TIMEOUT=1s",
 		"LIMITER_BREAKER_OPEN_FOR=300ms")
@@ -111,6 +112,7 @@ func TestClusterModeDegradesOnlyTheDeadMastersKeys(t *testing.T) {
 // TestLeasingCutsRoundTripsForAHotKey: with leasing on, a hot key is served
 // from leased blocks, and Redis sees a small fraction of the decisions.
 func TestLeasingCutsRoundTripsForAHotKey(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	p := startLimiter(t, `
 version: 1

@@ -17,6 +17,7 @@ import (
 // degraded while there is no master and back to shared by themselves once
 // Sentinel has promoted the replica — no restart.
 func TestSentinelFailoverUnderLoad(t *testing.T) {
+	t.Parallel()
 	testSentinelFailover(t, testenv.StartSentinels(t, "ratewarden", redisPW, time.Second))
 }
 
@@ -25,6 +26,7 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 // TLS too) and the limiter presenting a client certificate: the way a
 // managed Redis with Sentinel runs.
 func TestSentinelFailoverOverTLS(t *testing.T) {
+	t.Parallel()
 	certs := testenv.NewCerts(t)
 	s := testenv.StartSecureSentinels(t, testenv.Secure{Certs: certs, User: "ratewarden", Password: redisPW}, time.Second)
 	testSentinelFailover(t, s,

@@ -16,6 +16,7 @@ import (
 // degraded, says so in /readyz, and turns shared by itself once the store
 // appears.
 func TestStartWithTheStoreDown(t *testing.T) {
+	t.Parallel()
 	t.Run("standalone", func(t *testing.T) {
 		port := testenv.FreePort(t)
 		p := startLimiter(t, faultPolicy, "REDIS_ADDRS="+fmt.Sprintf("127.0.0.1:%d", port), "LIMITER_BREAKER_OPEN_FOR=200ms")
@@ -91,6 +92,7 @@ keys:
 // spent only up to what the store last said was left (÷ instances); a key
 // never seen gets its share of the quota, or nothing when its policy says so.
 func TestQuotaHoldsWhileTheStoreIsDown(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	p := startLimiter(t, quotaPolicy, "REDIS_ADDRS="+r.Addr(), "LIMITER_BREAKER_OPEN_FOR=200ms")
 	// remaining reports the binding constraint: 2 left of the quota's 3,
@@ -130,6 +132,7 @@ func TestQuotaHoldsWhileTheStoreIsDown(t *testing.T) {
 // gone is degraded, and /readyz says so although one failure cannot open
 // the breaker; with no traffic at all, the fleet heartbeat finds out.
 func TestReadinessWithLightTrafficAndTheStoreDown(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	p := startLimiter(t, faultPolicy, "REDIS_ADDRS="+r.Addr(), "LIMITER_BREAKER_FAILURES=1000", "LIMITER_FLEET_HEARTBEAT=100ms")
 	if d, _ := p.check(t, "k", "api", 1); d.Source != "shared" {
@@ -168,6 +171,7 @@ tiers:
 // each enforces the limit ÷ the fleet it last counted, not ÷ the
 // configured LIMITER_EXPECTED_INSTANCES.
 func TestFleetSizeDividesTheDegradedLimit(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	env := []string{"REDIS_ADDRS=" + r.Addr(), "LIMITER_EXPECTED_INSTANCES=1", "LIMITER_FLEET_HEARTBEAT=100ms",
 		"LIMITER_BREAKER_OPEN_FOR=200ms"}

@@ -112,6 +112,7 @@ func TestDedicatedStoreHoldsItsKeysOnly(t *testing.T) {
 // its keys decide degraded and the default store's stay shared; and the
 // other way round.
 func TestKillingEitherStoreDegradesOnlyItsKeys(t *testing.T) {
+	t.Parallel()
 	onAcme := []string{"acct_acme", "acct_big"}
 	onDefault := []string{"acct_small", "acct_other"}
 	for _, kill := range []string{"acme", "default"} {
@@ -156,6 +157,7 @@ func TestKillingEitherStoreDegradesOnlyItsKeys(t *testing.T) {
 
 // TestPolicyNamingAnUnknownStoreIsRefused: at start, and by `policy check`.
 func TestPolicyNamingAnUnknownStoreIsRefused(t *testing.T) {
+	testenv.SkipShort(t) // runs the binary
 	dir := t.TempDir()
 	path := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(path, []byte(storesPolicy), 0o644); err != nil {

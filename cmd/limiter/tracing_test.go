@@ -64,6 +64,7 @@ func noKeyIn(t *testing.T, spans []otlptest.Span, keys ...string) {
 // carries the trace as an exemplar; and the meter-consumer's batch spans
 // reach the receiver too.
 func TestCheckTraceFromLimiterToDecisionsRaw(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.StartHTTP(t)
 	r := testenv.StartRedis(t)
 	k := testenv.StartKafka(t, "ratelimit.decisions", 2)

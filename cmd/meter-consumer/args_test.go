@@ -16,6 +16,8 @@ import (
 // control case proves it), so a word ignored would show as a listening
 // port.
 func TestStrictWords(t *testing.T) {
+	t.Parallel()
+	testenv.SkipShort(t) // builds and runs the binary
 	bin := filepath.Join(t.TempDir(), "meter-consumer")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)

@@ -56,6 +56,7 @@ func localQuery(t *testing.T, n *testenv.ClickHouse, q string) (string, error) {
 // distinct event; every replica holds the same rows as its sibling; and
 // each shard holds only the Kafka partitions that chsink.ShardOf gives it.
 func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
+	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, seed>>1))

@@ -9,8 +9,8 @@ func program() cli.Program {
 		Name: "meter-consumer",
 		Doc: `Reads decision events from Kafka (consumer group "meter") and writes them
 into ClickHouse with exact totals, until SIGTERM or SIGINT. It takes no
-arguments: its configuration is read from the environment (CONTRACT.md,
-"meter-consumer"; README.md, "Metering: exact totals").`,
+arguments: its configuration is read from the environment (docs/reference.md,
+"meter-consumer"; docs/metering.md).`,
 		Serve: serve,
 	}
 }

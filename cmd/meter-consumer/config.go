@@ -17,7 +17,7 @@ import (
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
 )
 
-// config is everything the binary reads from the environment (CONTRACT.md,
+// config is everything the binary reads from the environment (docs/reference.md,
 // "meter-consumer"), plus tuning knobs prefixed METER_.
 type config struct {
 	KafkaBrokers    []string            // KAFKA_BROKERS, required

@@ -29,7 +29,7 @@ import (
 // Before each change the producer pauses until the consumers have read
 // what it wrote: a log deleted with unread messages takes them with it (no
 // consumer can count what it never saw), which is why moving to a new log
-// is done after the consumers have drained the old one (docs/operations.md).
+// is done after the consumers have drained the old one (docs/metering.md).
 func TestExactTotalsAcrossALogThatStartsOver(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)

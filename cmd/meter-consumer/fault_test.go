@@ -220,6 +220,7 @@ const stallAfter = 20 * time.Second
 // names the partition, and once the broker answers again the partition
 // recovers without a restart, with exact totals.
 func TestExactTotalsUnderFaults(t *testing.T) {
+	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, seed>>1))
@@ -409,6 +410,7 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 // /readyz answers 503 with a JSON reason while ClickHouse or Kafka is
 // unreachable.
 func TestReadyzExplainsWhyNotReady(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafka(t, "ratelimit.decisions", 2)
 	ch := testenv.StartClickHouse(t)
 	deadPort := func() string { return fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)) } // nothing listens

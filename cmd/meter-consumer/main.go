@@ -2,7 +2,7 @@
 // "meter") and writes them into ClickHouse: raw decisions and per-minute,
 // per-hour and per-day rollups, with exact totals (see README.md,
 // "Metering: exact totals"). Configuration is read from the environment
-// (CONTRACT.md, "meter-consumer"); logs are JSON on stderr.
+// (docs/reference.md, "meter-consumer"); logs are JSON on stderr.
 package main
 
 import (

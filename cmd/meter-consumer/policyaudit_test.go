@@ -15,6 +15,7 @@ import (
 // exist, then writes each of its records, applied or refused, to
 // policy_audit.
 func TestPolicyAudit(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafka(t, "ratelimit.decisions", 2)
 	ch := testenv.StartClickHouse(t)
 	db := ch.Database(t)

@@ -15,6 +15,7 @@ import (
 // (the control case proves it: it starts without ClickHouse), so a word
 // ignored would show as a listening port.
 func TestStrictWords(t *testing.T) {
+	t.Parallel()
 	bin := filepath.Join(bins, "usage-api")
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	env := []string{"USAGE_API_ADDR=" + addr, fmt.Sprintf("CLICKHOUSE_ADDR=127.0.0.1:%d", testenv.FreePort(t)),

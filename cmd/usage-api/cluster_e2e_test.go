@@ -23,6 +23,7 @@ import (
 // per minute, hour and day (with and without group_by, across a month
 // boundary), one scope alone, and the top keys.
 func TestUsageIdenticalOnOneServerAndOnTheCluster(t *testing.T) {
+	t.Parallel()
 	ch := testenv.StartClickHouse(t)
 	c := testenv.StartClickHouseCluster(t, 2, 2)
 	oneDB, clusterDB := ch.Database(t), c.Database(t)

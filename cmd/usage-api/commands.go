@@ -9,7 +9,7 @@ func program() cli.Program {
 		Name: "usage-api",
 		Doc: `Serves customers' usage from the ClickHouse rollups (JSON API and the
 dashboard at /) until SIGTERM or SIGINT. It takes no arguments: its
-configuration is read from the environment (CONTRACT.md, "usage-api").`,
+configuration is read from the environment (docs/reference.md, "usage-api").`,
 		Serve: serve,
 	}
 }

@@ -24,6 +24,9 @@ import (
 var bins string
 
 func TestMain(m *testing.M) {
+	if testenv.Short() {
+		os.Exit(m.Run()) // no binaries: the tests that run them skip
+	}
 	dir, err := os.MkdirTemp("", "usage-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -70,6 +73,7 @@ type proc struct {
 // start runs one of the binaries with env and waits until path answers 200.
 func start(t *testing.T, name, addrVar, ready string, env ...string) *proc {
 	t.Helper()
+	testenv.SkipShort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	cmd := exec.Command(filepath.Join(bins, name))
 	cmd.Env = append(append(os.Environ(), addrVar+"="+addr), env...)
@@ -179,6 +183,7 @@ type counts struct{ Requests, Allowed, Rejected, Cost uint64 }
 // usage-api binary reports exactly the counts the /check answers showed,
 // for every window; then every binary stops cleanly on SIGTERM.
 func TestUsageEqualsChecks(t *testing.T) {
+	t.Parallel()
 	ch := testenv.StartClickHouse(t)
 	db := ch.Database(t)
 	kafka := testenv.StartKafka(t, "ratelimit.decisions", 4)
@@ -318,6 +323,7 @@ func TestUsageEqualsChecks(t *testing.T) {
 // TestBadConfigExits: the binary refuses a bad environment at start with
 // one line naming the variable and a non-zero exit.
 func TestBadConfigExits(t *testing.T) {
+	testenv.SkipShort(t) // runs the binary
 	for _, tc := range []struct {
 		env  []string
 		want string
@@ -345,6 +351,7 @@ func TestBadConfigExits(t *testing.T) {
 // serves 503 with a reason, and becomes ready by itself once ClickHouse is
 // up (schema applied in the background).
 func TestStartsWithoutClickHouse(t *testing.T) {
+	t.Parallel()
 	ch := testenv.StartClickHouse(t)
 	db := ch.Database(t)
 	ch.Process().Kill() // a crash: ch.Start brings it back on the same port

@@ -21,6 +21,7 @@ import (
 // signed webhook from the meter-consumer's notifier, and the operator reads
 // the attempt through the usage-api.
 func TestSoftLimitWebhookThroughBinaries(t *testing.T) {
+	t.Parallel()
 	const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 	key, _ := notify.ParseSecret(secret)
 	var mu sync.Mutex

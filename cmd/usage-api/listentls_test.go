@@ -22,6 +22,7 @@ import (
 // certificate without a restart. ClickHouse is down on purpose: /healthz
 // does not need it. The Redis password is in no log line.
 func TestUsageAPIOverTLS(t *testing.T) {
+	t.Parallel()
 	const pw = "rw-usage-redis-pw-0e6a93f1"
 	certs := testenv.NewCerts(t)
 	r := testenv.StartSecureRedis(t, testenv.Secure{Certs: certs, User: "ratewarden", Password: pw, KeyPattern: "rl:*", ClientCerts: true})

@@ -1,6 +1,6 @@
 // Command usage-api serves customers' usage from the ClickHouse rollups: a
 // JSON API (admin bearer token, signed portal tokens) and the dashboard page
-// at /. Configuration is read from the environment (CONTRACT.md,
+// at /. Configuration is read from the environment (docs/reference.md,
 // "usage-api"); logs are JSON on stderr; SIGTERM/SIGINT shut it down
 // gracefully (in-flight requests finish, within 10 s).
 package main

@@ -173,6 +173,7 @@ func periodOf(start, end time.Time) string {
 // limit by probing the limiter (a counter set to limit − 1 admits one more
 // token, set to limit it admits none).
 func TestPolicyAgreesWithTheLimiter(t *testing.T) {
+	t.Parallel()
 	ch := testenv.StartClickHouse(t)
 	r := testenv.StartRedis(t)
 	rdb := redisClient(t, r.Addr())
@@ -321,6 +322,7 @@ func exactlyRemaining(t *testing.T, limiter *proc, key string, want int) {
 // the next decisions see exactly limit − recorded allowed cost. A third key
 // under paced traffic measures the over-admission while the counter is lost.
 func TestQuotaSurvivesRedisLoss(t *testing.T) {
+	t.Parallel()
 	ch := testenv.StartClickHouse(t)
 	db := ch.Database(t)
 	kafka := testenv.StartKafka(t, "ratelimit.decisions", 4)

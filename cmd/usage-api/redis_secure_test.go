@@ -15,6 +15,7 @@ import (
 // with the password given as a file; and the configuration says nothing
 // of the password when printed.
 func TestRedisOverTLSWithACL(t *testing.T) {
+	t.Parallel()
 	env, pw := testenv.SecureRedisEnv(t)
 	env["USAGE_ADMIN_TOKEN"] = "admin-token-0123456789"
 	env["USAGE_TOKEN_SECRET"] = "secret-0123456789abcdef"

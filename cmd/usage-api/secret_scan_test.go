@@ -30,6 +30,7 @@ func distinctive(what string) string {
 // the process has exited (a start-up error is part of what is scanned).
 func startAlive(t *testing.T, name, addrVar string, env ...string) *proc {
 	t.Helper()
+	testenv.SkipShort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	cmd := exec.Command(filepath.Join(bins, name))
 	cmd.Env = append(append(os.Environ(), addrVar+"="+addr), env...)
@@ -83,6 +84,7 @@ func get(u string) (int, string) {
 // /metrics, and the output after SIGTERM, for every secret configured,
 // right or wrong.
 func TestNoSecretInLogsReadyzOrMetrics(t *testing.T) {
+	t.Parallel()
 	ch := testenv.StartSecureClickHouse(t)
 	db := ch.Database(t)
 	k := testenv.StartSecureKafka(t, "ratelimit.decisions", 2)

@@ -20,6 +20,7 @@ import (
 // (from a file) both work: decisions sent to the limiter are counted by the
 // usage API exactly.
 func TestSecureClickHouse(t *testing.T) {
+	t.Parallel()
 	ch := testenv.StartSecureClickHouse(t)
 	db := ch.Database(t)
 	kafka := testenv.StartKafka(t, "ratelimit.decisions", 2)

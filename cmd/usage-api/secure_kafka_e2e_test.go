@@ -68,6 +68,7 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 // broker → meter-consumer → ClickHouse, every event the broker
 // acknowledged stored exactly once.
 func TestSecureKafkaEndToEnd(t *testing.T) {
+	t.Parallel()
 	ch := testenv.StartClickHouse(t)
 	db := ch.Database(t)
 	k := testenv.StartSecureKafka(t, "ratelimit.decisions", 2)

@@ -18,6 +18,7 @@ import (
 // that trace and a ClickHouse query span under it, whose statement holds
 // placeholders, never the key asked for.
 func TestUsageRequestAndQuerySpans(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.StartHTTP(t)
 	ch := testenv.StartClickHouse(t)
 	policy := filepath.Join(t.TempDir(), "policy.yaml")

@@ -58,6 +58,7 @@ var (
 // tests end, and returns the directory.
 func buildBinaries(tb testing.TB) string {
 	tb.Helper()
+	testenv.SkipShort(tb)
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "deploytest-bin-")
 		if err != nil {

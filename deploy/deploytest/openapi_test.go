@@ -326,6 +326,10 @@ func checkOpenAPI(t *testing.T, s *stack) {
 		}
 	})
 
+	t.Run("meter-consumer", func(t *testing.T) {
+		loadAPI(t, "meter-consumer.yaml").exercise(t, s.meter, "", nil)
+	})
+
 	t.Run("usage-api", func(t *testing.T) {
 		d := loadAPI(t, "usage-api.yaml")
 		mint := func() (id, token string) {

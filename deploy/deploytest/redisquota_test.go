@@ -18,7 +18,7 @@ import (
 )
 
 // quotaKeeping are the redis-server settings that keep quota counters
-// (docs/operations.md, "Redis settings that keep quotas").
+// (docs/backends.md, "Redis settings that keep quotas").
 var quotaKeeping = [][2]string{{"appendonly", "yes"}, {"appendfsync", "everysec"}, {"maxmemory-policy", "volatile-ttl"}}
 
 // hasSetting reports whether args (redis-server's command line) set name

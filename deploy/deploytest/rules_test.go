@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
 // TestPrometheusRules runs promtool (Debian package prometheus) on
@@ -17,6 +19,7 @@ import (
 // cannot fire is a test failure. A missing promtool is a failure, not a
 // skip: the rules would go unchecked.
 func TestPrometheusRules(t *testing.T) {
+	testenv.SkipShort(t) // runs promtool
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
 		t.Fatalf("promtool is needed to check the Prometheus rules (apt-get install prometheus): %v", err)

@@ -7,7 +7,7 @@
 // *policy.Policy is one). Nothing here is a second implementation of either,
 // and nothing touches Redis.
 //
-// What a replay cannot know, and how it is treated (docs/policy.md, "Replay"):
+// What a replay cannot know, and how it is treated (docs/policy-commands.md, "limiter policy replay"):
 //   - the buckets' state before the first row: every bucket starts full;
 //   - the local tier, leases, split sub-buckets and degraded decisions: the
 //     replay decides every row as the shared store would, one bucket per

@@ -1,5 +1,5 @@
 // Package chcluster is ClickHouse cluster mode's configuration
-// (docs/operations.md, "ClickHouse cluster mode"): the cluster's name in the
+// (docs/scaling.md, "ClickHouse cluster mode"): the cluster's name in the
 // servers' remote_servers and the native addresses of every replica of
 // every shard, read from CLICKHOUSE_CLUSTER and CLICKHOUSE_SHARDS by the
 // meter-consumer and the usage API alike. Both unset is single-node mode,

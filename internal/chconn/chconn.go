@@ -2,7 +2,7 @@
 // ClickHouse connection (native protocol, clickhouse-go): CLICKHOUSE_ADDR,
 // CLICKHOUSE_DATABASE, CLICKHOUSE_USER, CLICKHOUSE_PASSWORD (or
 // CLICKHOUSE_PASSWORD_FILE) and CLICKHOUSE_TLS with CLICKHOUSE_TLS_CA_FILE
-// (the secure native port, 9440) — CONTRACT.md, "Connections to managed
+// (the secure native port, 9440) — docs/reference.md, "Connections to managed
 // services". A refused credential or certificate comes back from Ping as
 // an error that says which variable to fix and never holds the password.
 //

@@ -16,11 +16,13 @@ import (
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkadev"
 	"github.com/ratewarden/ratewarden/internal/testcerts"
+	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
 // secureBroker starts a kfake broker with TLS and one user per mechanism.
 func secureBroker(t *testing.T, certs *testcerts.Set, password string) *kafkadev.Broker {
 	t.Helper()
+	testenv.SkipShort(t) // starts a broker
 	var users []kafkadev.User
 	for _, m := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {
 		users = append(users, kafkadev.User{Mechanism: m, Name: "svc-" + strings.ToLower(m), Password: password})
@@ -56,6 +58,7 @@ func newChecker(t *testing.T, env map[string]string, broker string, timeout time
 // plaintext listener each give their own result and a reason that names
 // the variable to fix and never the password; each is counted.
 func TestCheckAgainstSecureBroker(t *testing.T) {
+	testenv.SkipShort(t) // starts a broker
 	certs, err := testcerts.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,6 @@
 // Package kafkaconn is the one place that turns the environment into how
 // every binary connects to Kafka: SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512,
-// with kafka-go's own sasl/plain and sasl/scram) and TLS (CONTRACT.md,
+// with kafka-go's own sasl/plain and sasl/scram) and TLS (docs/reference.md,
 // "Connections to managed services"), and the connection check that makes
 // a wrong credential visible: a start-up error line, a readiness reason and
 // a counted metric, instead of a silent drop of every event.
@@ -31,7 +31,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
 )
 
-// The environment variables (CONTRACT.md).
+// The environment variables (docs/reference.md).
 const (
 	VarMechanism = "KAFKA_SASL_MECHANISM"
 	VarUsername  = "KAFKA_SASL_USERNAME"

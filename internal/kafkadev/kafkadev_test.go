@@ -9,9 +9,11 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/ratewarden/ratewarden/internal/kafkadev"
+	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
 func TestBrokerServesTopicAndGroups(t *testing.T) {
+	testenv.SkipShort(t) // starts a broker
 	b, err := kafkadev.Start(kafkadev.Config{Topic: "t.decisions", Partitions: 3})
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +86,7 @@ func TestBrokerServesTopicAndGroups(t *testing.T) {
 }
 
 func TestRetentionBoundsThePartitionLog(t *testing.T) {
+	testenv.SkipShort(t) // starts a broker
 	b, err := kafkadev.Start(kafkadev.Config{Topic: "t", Partitions: 1, RetentionBytes: 256 << 10})
 	if err != nil {
 		t.Fatal(err)
@@ -126,6 +129,7 @@ func TestRetentionBoundsThePartitionLog(t *testing.T) {
 // HoldFetches leaves the fetches of one partition unanswered until release,
 // and serves the others; SlowFetches delays every answer.
 func TestFetchFaults(t *testing.T) {
+	testenv.SkipShort(t) // starts a broker
 	b, err := kafkadev.Start(kafkadev.Config{Topic: "t", Partitions: 2})
 	if err != nil {
 		t.Fatal(err)

@@ -177,6 +177,7 @@ func NewClickHouseCluster(dir string, shards, replicas int) (*ClickHouseCluster,
 // cleanup. Most tests share one per package (SharedClickHouseCluster).
 func StartClickHouseCluster(tb testing.TB, shards, replicas int) *ClickHouseCluster {
 	tb.Helper()
+	SkipShort(tb)
 	c, err := NewClickHouseCluster(tb.TempDir(), shards, replicas)
 	if err != nil {
 		tb.Fatal(err)
@@ -199,6 +200,7 @@ type SharedClickHouseCluster struct {
 // that cannot start fails the test (never a skip).
 func (s *SharedClickHouseCluster) Get(tb testing.TB) *ClickHouseCluster {
 	tb.Helper()
+	SkipShort(tb)
 	s.once.Do(func() {
 		s.dir, s.err = os.MkdirTemp("", "testenv-chcluster-")
 		if s.err != nil {

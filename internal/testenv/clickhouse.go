@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -30,6 +31,10 @@ type ClickHouse struct {
 	cacheBytes int    // mark and uncompressed cache sizes
 	extra      string // XML inside <yandex>, after the common settings
 	usersXML   string // users.xml written to Dir; "" = the system's
+
+	// short: MainWithClickHouse in -short mode started no server; the
+	// methods that take a test skip it.
+	short bool
 }
 
 // ClickHouseOption changes how NewClickHouse configures a server.
@@ -64,6 +69,7 @@ func (c *ClickHouse) Process() *Process { return c.proc }
 // StartClickHouse starts a clickhouse-server for the test and stops it at cleanup.
 func StartClickHouse(tb testing.TB) *ClickHouse {
 	tb.Helper()
+	SkipShort(tb)
 	c, err := NewClickHouse(tb.TempDir())
 	if err != nil {
 		tb.Fatal(err)
@@ -228,10 +234,18 @@ func (c *ClickHouse) Close() { c.Stop() }
 
 var dbSeq atomic.Int64
 
+func (c *ClickHouse) skipShort(tb testing.TB) {
+	tb.Helper()
+	if c.short {
+		SkipShort(tb)
+	}
+}
+
 // Conn opens a native-protocol connection to the server (database
 // "default"), closed at cleanup.
 func (c *ClickHouse) Conn(tb testing.TB) driver.Conn {
 	tb.Helper()
+	c.skipShort(tb)
 	conn, err := c.Open()
 	if err != nil {
 		tb.Fatal(err)
@@ -243,6 +257,9 @@ func (c *ClickHouse) Conn(tb testing.TB) driver.Conn {
 // Open opens a native-protocol connection to the server (database
 // "default"). The caller closes it.
 func (c *ClickHouse) Open() (driver.Conn, error) {
+	if c.short {
+		return nil, errors.New("clickhouse: no server in -short mode")
+	}
 	conn, err := clickhouse.Open(&clickhouse.Options{
 		Addr:         []string{c.Addr()},
 		Auth:         clickhouse.Auth{Database: "default", Username: "default"},
@@ -266,6 +283,7 @@ func (c *ClickHouse) Open() (driver.Conn, error) {
 // code under test creates it) and drops it at cleanup.
 func (c *ClickHouse) Database(tb testing.TB) string {
 	tb.Helper()
+	c.skipShort(tb)
 	name := fmt.Sprintf("t%d_%d", os.Getpid(), dbSeq.Add(1))
 	tb.Cleanup(func() {
 		conn, err := c.Open()
@@ -284,8 +302,13 @@ func (c *ClickHouse) Database(tb testing.TB) string {
 // clickhouse-server: it starts the server (its data in a fresh temporary
 // directory), stores it in *ch, runs the tests, stops the server and
 // returns the exit code for os.Exit. A server that cannot start fails the
-// run; it is never skipped.
+// run; it is never skipped. In -short mode it starts none, and the tests
+// that ask *ch for a connection or a database are skipped.
 func MainWithClickHouse(m *testing.M, ch **ClickHouse) int {
+	if Short() {
+		*ch = &ClickHouse{short: true}
+		return m.Run()
+	}
 	dir, err := os.MkdirTemp("", "testenv-ch-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -32,6 +32,7 @@ func (s *SecureClickHouse) SecureAddr() string { return fmt.Sprintf("127.0.0.1:%
 // at cleanup.
 func StartSecureClickHouse(tb testing.TB) *SecureClickHouse {
 	tb.Helper()
+	SkipShort(tb)
 	dir := tb.TempDir()
 	certs, pw, pwFile := secureSetup(tb, dir, "ch-pw-", "clickhouse-password")
 	s := &SecureClickHouse{Certs: certs, User: "ratewarden", Password: pw, PasswordFile: pwFile}

@@ -50,6 +50,7 @@ func (c *Cluster) Close() {
 // master degrades only its keys" needs. Stopped at cleanup.
 func StartCluster(tb testing.TB, masters int) *Cluster {
 	tb.Helper()
+	SkipShort(tb)
 	c, err := NewCluster(tb.TempDir(), masters)
 	if err != nil {
 		tb.Fatal(err)

@@ -14,6 +14,7 @@ type Kafka = kafkadev.Broker
 // and stops it at cleanup.
 func StartKafka(tb testing.TB, topic string, partitions int) *Kafka {
 	tb.Helper()
+	SkipShort(tb)
 	k, err := NewKafka(topic, partitions)
 	if err != nil {
 		tb.Fatal(err)

@@ -27,6 +27,7 @@ type SecureKafka struct {
 // StartSecureKafka starts a SecureKafka for the test and stops it at cleanup.
 func StartSecureKafka(tb testing.TB, topic string, partitions int) *SecureKafka {
 	tb.Helper()
+	SkipShort(tb)
 	dir := tb.TempDir()
 	certs, pw, pwFile := secureSetup(tb, dir, "kafka-pw-", "kafka-password")
 	k := &SecureKafka{Certs: certs, Username: "ratewarden-svc", Password: pw, PasswordFile: pwFile}

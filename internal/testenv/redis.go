@@ -28,6 +28,7 @@ func (r *Redis) Process() *Process { return r.proc }
 // extra are additional redis-server arguments (e.g. "--cluster-enabled", "yes").
 func StartRedis(tb testing.TB, extra ...string) *Redis {
 	tb.Helper()
+	SkipShort(tb)
 	r, err := NewRedis(tb.TempDir(), extra...)
 	if err != nil {
 		tb.Fatal(err)

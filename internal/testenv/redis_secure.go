@@ -63,6 +63,7 @@ func (s Secure) cliArgs() []string {
 // extra are more redis-server arguments (e.g. --replicaof).
 func StartSecureRedis(tb testing.TB, s Secure, extra ...string) *Redis {
 	tb.Helper()
+	SkipShort(tb)
 	if err := checkTLSBuild(); err != nil {
 		tb.Fatal(err)
 	}
@@ -158,6 +159,7 @@ func checkTLSBuild() error {
 // the client port and on the cluster bus (tls-cluster), the ACL user.
 func StartSecureCluster(tb testing.TB, masters int, s Secure) *Cluster {
 	tb.Helper()
+	SkipShort(tb)
 	if err := checkTLSBuild(); err != nil {
 		tb.Fatal(err)
 	}
@@ -217,6 +219,7 @@ func (s *Sentinels) Addrs() []string {
 // cleanup.
 func StartSentinels(tb testing.TB, user, pass string, downAfter time.Duration) *Sentinels {
 	tb.Helper()
+	SkipShort(tb)
 	return startSentinels(tb, &Sentinels{Master: "rw-master", user: user, pass: pass}, downAfter)
 }
 
@@ -226,6 +229,7 @@ func StartSentinels(tb testing.TB, user, pass string, downAfter time.Duration) *
 // too), and the data nodes require sec's ACL user.
 func StartSecureSentinels(tb testing.TB, sec Secure, downAfter time.Duration) *Sentinels {
 	tb.Helper()
+	SkipShort(tb)
 	if err := checkTLSBuild(); err != nil {
 		tb.Fatal(err)
 	}
@@ -373,6 +377,7 @@ func cliFields(out string) map[string]string {
 // which the test checks is never printed.
 func SecureRedisEnv(tb testing.TB) (env map[string]string, password string) {
 	tb.Helper()
+	SkipShort(tb)
 	const pw = "rw-redis-pw-71c04e9a5d3b"
 	certs := NewCerts(tb)
 	r := StartSecureRedis(tb, Secure{Certs: certs, User: "ratewarden", Password: pw, KeyPattern: "rl:*", ClientCerts: true})

@@ -5,7 +5,8 @@
 //
 // A missing server binary is a test failure, never a skip: CI installs them
 // (make test, through scripts/deps.sh) and a test that silently skipped
-// would prove nothing.
+// would prove nothing. The one skip is -short mode (make check), the tier
+// that starts no server and no process: see SkipShort.
 package testenv
 
 import (
@@ -16,6 +17,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -34,6 +36,15 @@ func FreePort(tb testing.TB) int {
 
 func freePort() (int, error) { return pickPort(nil, 0) }
 
+// handed are the ports pickPort has returned in this process: a port is
+// handed out once, so that tests running in parallel (t.Parallel) never
+// pick the same free port between one's pick and its server's bind. A
+// test binary uses a few hundred of the ~25,000 ports it picks from.
+var (
+	handedMu sync.Mutex
+	handed   = map[int]bool{}
+)
+
 // pickPort returns a loopback port p, not in used, that is free together
 // with p+pair when pair is not 0 (a cluster node's bus port).
 //
@@ -45,8 +56,10 @@ func freePort() (int, error) { return pickPort(nil, 0) }
 // the server then fails with "address already in use".
 func pickPort(used map[int]bool, pair int) (int, error) {
 	lo, hi := ephemeralRange()
+	handedMu.Lock()
+	defer handedMu.Unlock()
 	usable := func(p int) bool {
-		if used[p] || (p >= lo && p <= hi) {
+		if used[p] || handed[p] || (p >= lo && p <= hi) {
 			return false
 		}
 		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
@@ -59,6 +72,10 @@ func pickPort(used map[int]bool, pair int) (int, error) {
 	for range 500 {
 		p := 10000 + rand.IntN(55536-pair)
 		if usable(p) && (pair == 0 || !used[p-pair] && usable(p+pair)) {
+			handed[p] = true
+			if pair != 0 {
+				handed[p+pair] = true
+			}
 			return p, nil
 		}
 	}

@@ -40,7 +40,7 @@ import (
 // p mod shards (shards are numbered from 0 in the order CLICKHOUSE_SHARDS
 // lists them, internal/chcluster). Stable as long as the number of shards and their order do
 // not change; adding a shard moves partitions and needs their rows moved
-// with them (docs/operations.md).
+// with them (docs/scaling.md, "ClickHouse cluster mode").
 func ShardOf(partition, shards int) int { return partition % shards }
 
 // Sharded is the consumer's Sink in cluster mode: it routes each partition

@@ -1,5 +1,5 @@
-// Package opsapi is the operator's HTTP API of the policy log (CONTRACT.md,
-// "Policy control plane"), served by usage-api: the revision in force, the
+// Package opsapi is the operator's HTTP API of the policy log (docs/reference.md,
+// "HTTP endpoints"), served by usage-api: the revision in force, the
 // history, pushes and rollbacks of the document, and overrides. It writes
 // through policylog.Client, as the limiter's CLI does, so an answer of 200
 // means the record was read back as applied; 409 is a conflict (which
@@ -246,7 +246,7 @@ type putPolicyBody struct {
 	// ShadowFor (a Go duration, "15m") and MaxNewlyRejected (a fraction,
 	// 0.005 = 0.5%) make the write a rollout: the document enters as the
 	// fleet's shadow policy, and the judge promotes or withdraws it when
-	// the time is up (docs/policy.md, "Rollouts that check themselves").
+	// the time is up (docs/policy-log.md, "Rollouts that check themselves").
 	ShadowFor        string   `json:"shadowFor"`
 	MaxNewlyRejected *float64 `json:"maxNewlyRejected"`
 }

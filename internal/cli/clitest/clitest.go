@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
 // Result is how a run ended.
@@ -34,6 +36,7 @@ const exitBound = 60 * time.Second
 // address must still refuse connections.
 func Run(t *testing.T, bin string, env, addrs []string, args ...string) Result {
 	t.Helper()
+	testenv.SkipShort(t)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(baseEnv(), env...)
 	var stdout, stderr bytes.Buffer
@@ -85,6 +88,7 @@ wait:
 // catch a binary that serves. The process is stopped before it returns.
 func Serves(t *testing.T, bin string, env []string, addr string) bool {
 	t.Helper()
+	testenv.SkipShort(t)
 	cmd := exec.Command(bin)
 	cmd.Env = append(baseEnv(), env...)
 	var stderr bytes.Buffer
