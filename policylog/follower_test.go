@@ -1,0 +1,251 @@
+package policylog_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/policylog"
+)
+
+// memLog is a policy log in memory: one partition, safe for concurrent
+// use. Fetch waits briefly for new records, as the broker does; down
+// makes every call fail, as an unreachable broker does.
+type memLog struct {
+	mu      sync.Mutex
+	entries []policylog.Entry
+	down    bool
+	closed  bool
+	changed chan struct{}
+}
+
+func newMemLog() *memLog { return &memLog{changed: make(chan struct{})} }
+
+var errDown = errors.New("broker unreachable")
+
+func (l *memLog) Append(_ context.Context, key string, value []byte) (int64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.down {
+		return 0, errDown
+	}
+	off := int64(len(l.entries))
+	l.entries = append(l.entries, policylog.Entry{Offset: off, Key: key, Value: value})
+	close(l.changed)
+	l.changed = make(chan struct{})
+	return off, nil
+}
+
+func (l *memLog) Fetch(ctx context.Context, from int64) ([]policylog.Entry, int64, error) {
+	l.mu.Lock()
+	if l.down {
+		l.mu.Unlock()
+		return nil, 0, errDown
+	}
+	end := int64(len(l.entries))
+	if from >= end {
+		ch := l.changed
+		l.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		l.mu.Lock()
+		end = int64(len(l.entries))
+	}
+	defer l.mu.Unlock()
+	if from >= end {
+		return nil, end, nil
+	}
+	return append([]policylog.Entry(nil), l.entries[from:]...), end, nil
+}
+
+func (l *memLog) Ensure(context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.down {
+		return errDown
+	}
+	return nil
+}
+
+func (l *memLog) Close() {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+}
+
+func (l *memLog) setDown(down bool) {
+	l.mu.Lock()
+	l.down = down
+	l.mu.Unlock()
+}
+
+// wipe empties the log, as a broker that kept nothing.
+func (l *memLog) wipe() {
+	l.mu.Lock()
+	l.entries = nil
+	l.mu.Unlock()
+}
+
+// target records the policies a follower swaps in.
+type target struct {
+	mu  sync.Mutex
+	got []enforcement.Policy
+}
+
+func (t *target) SetPolicy(p enforcement.Policy) {
+	t.mu.Lock()
+	t.got = append(t.got, p)
+	t.mu.Unlock()
+}
+
+const (
+	followDoc = "version: 1\ndefault_tier: free\ntiers:\n  free: { rate: 10, burst: 20 }\n  pro:  { rate: 100, burst: 200 }\n"
+	bootDoc   = "version: 1\ndefault_tier: free\ntiers:\n  free: { rate: 1, burst: 3 }\n"
+)
+
+func newFollower(t *testing.T, l policylog.FollowedLog, cacheDir string) *policylog.Follower {
+	t.Helper()
+	boot := filepath.Join(t.TempDir(), "bootstrap.yaml")
+	if err := os.WriteFile(boot, []byte(bootDoc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return policylog.NewFollower(policylog.FollowerConfig{
+		Log: l, Topic: "ratelimit.policy", CacheDir: cacheDir, StartWait: 300 * time.Millisecond, Bootstrap: boot,
+		Metrics: policylog.NewMetrics(prometheus.NewRegistry()), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+}
+
+func pro() policy.Override { return policy.Override{Tier: "pro", Reason: "test"} }
+
+// waitFor polls cond (the follower's goroutine publishes asynchronously);
+// the bound is generous, never a measure of speed.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestFollowerStartsFromLogCacheOrBootstrap: the log's policy when the log
+// can be read, the cache's when it cannot, the bootstrap's with neither.
+func TestFollowerStartsFromLogCacheOrBootstrap(t *testing.T) {
+	ctx := context.Background()
+	l := newMemLog()
+	cache := t.TempDir()
+
+	// An empty log: the bootstrap file.
+	f := newFollower(t, l, cache)
+	if _, err := f.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Current(); got.Source != policylog.SourceBootstrap || got.Revision != 0 {
+		t.Fatalf("empty log: %+v", got)
+	}
+
+	w := policylog.NewClient(l, true)
+	if _, err := w.Push(ctx, followDoc, "alice", "first", policylog.NoExpect); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.SetOverride(ctx, "acct_1", "", pro(), "alice", "upgrade", policylog.NoExpect); err != nil {
+		t.Fatal(err)
+	}
+	f = newFollower(t, l, cache)
+	if _, err := f.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Current(); got.Source != policylog.SourceKafka || got.Revision != 2 || got.Overrides != 1 || got.Author != "alice" {
+		t.Fatalf("from the log: %+v", got)
+	}
+	if _, err := os.Stat(filepath.Join(cache, policylog.CacheFile)); err != nil {
+		t.Fatalf("no cache written: %v", err)
+	}
+
+	l.setDown(true)
+	f = newFollower(t, l, cache)
+	p, err := f.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Current(); got.Source != policylog.SourceCache || got.Revision != 2 || got.Overrides != 1 {
+		t.Fatalf("from the cache: %+v", got)
+	}
+	if r, err := p.Resolve("acct_1", "", ""); err != nil || r.Tier != "pro" {
+		t.Fatalf("the cached override is not in force: %+v %v", r, err)
+	}
+
+	f = newFollower(t, l, "")
+	if _, err := f.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Current(); got.Source != policylog.SourceBootstrap {
+		t.Fatalf("unreachable, no cache: %+v", got)
+	}
+}
+
+// TestFollowerRunAppliesAndRecovers: Run swaps in each new revision,
+// keeps the policy in force while the log cannot be read (saying so in
+// LogError), and clears the error once it reads again.
+func TestFollowerRunAppliesAndRecovers(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := newMemLog()
+	w := policylog.NewClient(l, true)
+	if _, err := w.Push(ctx, followDoc, "alice", "first", policylog.NoExpect); err != nil {
+		t.Fatal(err)
+	}
+	f := newFollower(t, l, t.TempDir())
+	if _, err := f.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tg := &target{}
+	f.Target = tg
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+
+	if _, err := w.SetOverride(ctx, "acct_1", "", pro(), "bob", "upgrade", policylog.NoExpect); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "revision 2", func() bool { return f.Revision() == 2 })
+	tg.mu.Lock()
+	last := tg.got[len(tg.got)-1]
+	tg.mu.Unlock()
+	if r, err := last.Resolve("acct_1", "", ""); err != nil || r.Tier != "pro" {
+		t.Fatalf("revision 2 swapped in without its override: %+v %v", r, err)
+	}
+
+	l.setDown(true)
+	waitFor(t, "a log error", func() bool { return f.Current().LogError != "" })
+	if got := f.Current(); got.Revision != 2 || got.Source != policylog.SourceKafka {
+		t.Fatalf("while the log is down: %+v", got)
+	}
+	l.setDown(false)
+	waitFor(t, "the error cleared", func() bool { return f.Current().LogError == "" })
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if !closed {
+		t.Fatal("Run did not close the log")
+	}
+}
