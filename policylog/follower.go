@@ -32,6 +32,13 @@ const (
 	SourceBootstrap = "bootstrap" // POLICY_FILE: the log empty, or unreachable with no cache
 )
 
+// Statuses of the log in log mode (Info.Status).
+const (
+	StatusOK      = "ok"
+	StatusFailing = "failing"
+	StatusStale   = "stale"
+)
+
 // Info is the policy in force as /readyz's policy shows it.
 type Info struct {
 	Version int    `json:"version"`
@@ -44,8 +51,18 @@ type Info struct {
 	Source    string `json:"source"`
 	Overrides int    `json:"overrides,omitempty"`
 	Author    string `json:"author,omitempty"`
-	// LogError: in log mode, why the log cannot be read now (the revision
-	// in force stays); empty while it can.
+	// Epoch is the policy log's epoch in force (0 until a restore);
+	// Digest the digest of the policy in force (State.Digest): limiters
+	// that enforce the same policy show the same digest.
+	Epoch  int64  `json:"epoch,omitempty"`
+	Digest string `json:"digest,omitempty"`
+	// Status, in log mode: "ok"; "failing" while the log cannot be read;
+	// "stale" while the log read is not one this limiter may apply (it
+	// started over below the revision in force, without a new epoch):
+	// the revision in force stays, and LogError says why.
+	Status string `json:"status,omitempty"`
+	// LogError: in log mode, why the log cannot be read or applied now
+	// (the revision in force stays); empty while it can.
 	LogError string `json:"logError,omitempty"`
 	// Rollout is the open rollout of the policy log, if any.
 	Rollout *RolloutInfo `json:"rollout,omitempty"`
@@ -82,6 +99,7 @@ type Metrics struct {
 	source   *prometheus.GaugeVec
 	records  *prometheus.CounterVec
 	errors   prometheus.Counter
+	stale    prometheus.Gauge
 }
 
 // NewMetrics registers the metrics of the policy in force on reg.
@@ -103,6 +121,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "limiter_policy_log_errors_total",
 			Help: "Failed reads of the policy log (Kafka unreachable, refused); retried every second.",
 		}),
+		stale: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "limiter_policy_log_stale",
+			Help: "1 while the policy log read is not applied: it started over below the revision in force without a new epoch (a lost log; `limiter policy restore` writes one).",
+		}),
 	}
 	for _, s := range []string{SourceFile, SourceKafka, SourceCache, SourceBootstrap} {
 		m.source.WithLabelValues(s)
@@ -111,13 +133,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, c := range []string{CodeConflict, CodeInvalid, CodeGarbled} {
 		m.records.WithLabelValues(Refused, c)
 	}
-	reg.MustRegister(m.revision, m.source, m.records, m.errors)
+	reg.MustRegister(m.revision, m.source, m.records, m.errors, m.stale)
 	return m
 }
 
 // Set publishes info as the policy in force.
 func (m *Metrics) Set(info Info) {
 	m.revision.Set(float64(info.Revision))
+	m.stale.Set(float64(boolInt(info.Status == StatusStale)))
 	for _, s := range []string{SourceFile, SourceKafka, SourceCache, SourceBootstrap} {
 		v := 0.0
 		if s == info.Source {
@@ -166,6 +189,9 @@ type Follower struct {
 	Missing func(enforcement.Policy) []string
 
 	rolloutRev int64 // the rollout Shadow was given (0 = none)
+	// held, while set, is the policy in force that the log read may not
+	// replace yet (Run is its only user after Start).
+	held *held
 }
 
 // NewFollower returns a follower that has read nothing yet.
@@ -224,6 +250,18 @@ func (f *Follower) Start(ctx context.Context) (enforcement.Policy, error) {
 		}
 	}
 	if err == nil {
+		if snap, info, cerr := ReadCache(f.cfg.CacheDir, f.cfg.Topic); cerr == nil {
+			h := held{revision: info.Revision, epoch: info.Epoch}
+			if st := f.client.State(); !h.accepts(st) {
+				// The log lost what this limiter applied before it
+				// stopped: enforce that, and say why.
+				f.held = &h
+				info.Status, info.LogError = StatusStale, h.staleReason(st)
+				f.publish(info)
+				f.cfg.Logger.Error("policy log: "+info.LogError, "topic", f.cfg.Topic)
+				return snap, nil
+			}
+		}
 		if p := f.fromState(f.client.State(), SourceKafka); p != nil {
 			f.writeCache()
 			return p, nil
@@ -236,6 +274,9 @@ func (f *Follower) Start(ctx context.Context) (enforcement.Policy, error) {
 	f.cfg.Logger.Error("policy log unreachable at start; starting from the last revision applied, else POLICY_FILE",
 		"topic", f.cfg.Topic, "err", err, "cache_dir", f.cfg.CacheDir)
 	if snap, info, err := ReadCache(f.cfg.CacheDir, f.cfg.Topic); err == nil {
+		// Once the log is read again, it replaces the cache only if it
+		// holds what the cache does (a log lost meanwhile does not).
+		f.held = &held{revision: info.Revision, epoch: info.Epoch}
 		f.publish(info)
 		return snap, nil
 	} else if f.cfg.CacheDir != "" {
@@ -262,15 +303,48 @@ func (f *Follower) fromState(st *State, source string) enforcement.Policy {
 	}
 	_, rec := st.Document()
 	f.publish(Info{Version: snap.Version(), Hash: snap.Hash(), Revision: st.Head(), Source: source, Overrides: st.Overrides(), Author: rec.Author,
-		Rollout: RolloutInfoOf(st)})
+		Rollout: RolloutInfoOf(st), Epoch: st.Epoch(), Digest: st.Digest(), Status: StatusOK})
 	return snap
 }
 
-// setLogError sets /readyz's policy.logError (Run is its only writer).
-func (f *Follower) setLogError(msg string) {
+// held is the policy in force when the log read may not be the one it
+// came from: the log started over under a running follower (startedOver),
+// or a follower starts from a cache ahead of the log.
+type held struct {
+	revision, epoch int64
+	startedOver     bool
+}
+
+// accepts reports whether st, the state of a log read from its start,
+// may replace the policy in force h (see epoch.go): nothing was held; or
+// st restores at least h's revision under a newer epoch; or, when the log
+// is not known to be another one, it is the same epoch at or past h.
+func (h held) accepts(st *State) bool {
+	switch {
+	case h.revision == 0:
+		return true
+	case st.Head() < h.revision:
+		return false
+	case st.Epoch() > h.epoch:
+		return true
+	default:
+		return st.Epoch() == h.epoch && !h.startedOver
+	}
+}
+
+// staleReason is /readyz's reason while st may not replace h.
+func (h held) staleReason(st *State) string {
+	return fmt.Sprintf("the policy log holds revision %d (epoch %d), not a restore of revision %d (epoch %d) in force here: "+
+		"the log was lost or replaced; this limiter keeps enforcing revision %d until `limiter policy restore` writes a new epoch",
+		st.Head(), st.Epoch(), h.revision, h.epoch, h.revision)
+}
+
+// setStatus sets /readyz's policy.status and logError (Run is its only
+// writer after Start).
+func (f *Follower) setStatus(status, msg string) {
 	info := f.Current()
-	info.LogError = msg
-	f.info.Store(&info)
+	info.Status, info.LogError = status, msg
+	f.publish(info)
 }
 
 func (f *Follower) publish(info Info) {
@@ -285,15 +359,21 @@ func (f *Follower) publish(info Info) {
 // and retried every second; the policy in force stays.
 func (f *Follower) Run(ctx context.Context) error {
 	f.syncRollout() // a rollout open at start
-	failing, restarted := false, false
+	failing := false
 	for ctx.Err() == nil {
 		caughtUp, err := f.client.Poll(ctx)
 		if errors.Is(err, ErrStartedOver) {
 			// The client forgot the old log; the policy in force stays
-			// until the new one is read to its end, then is replaced by
-			// the new log's even at an equal revision.
-			f.cfg.Logger.Warn("policy log started over (a broker that kept nothing, a topic recreated): reading the new log from its start", "err", err)
-			restarted = true
+			// until the new one restores it under a new epoch (epoch.go).
+			cur := f.Current()
+			if f.held == nil && cur.Source != SourceBootstrap {
+				f.held = &held{revision: cur.Revision, epoch: cur.Epoch}
+			}
+			if f.held != nil {
+				f.held.startedOver = true
+			}
+			f.cfg.Logger.Warn("policy log started over (a broker that kept nothing, a topic recreated): reading the new log from its start; "+
+				"the revision in force stays until the new log restores it under a new epoch", "err", err, "revision", cur.Revision, "epoch", cur.Epoch)
 			continue
 		}
 		if err != nil {
@@ -303,7 +383,7 @@ func (f *Follower) Run(ctx context.Context) error {
 			f.cfg.Metrics.errors.Inc()
 			if !failing {
 				f.cfg.Logger.Warn("policy log: read failed; the policy in force stays, retrying", "err", err)
-				f.setLogError(fmt.Sprintf("cannot read the policy log since %s (the revision in force stays): %v", time.Now().UTC().Format(time.RFC3339), err))
+				f.setStatus(StatusFailing, fmt.Sprintf("cannot read the policy log since %s (the revision in force stays): %v", time.Now().UTC().Format(time.RFC3339), err))
 			}
 			failing = true
 			select {
@@ -314,22 +394,36 @@ func (f *Follower) Run(ctx context.Context) error {
 		}
 		if failing {
 			f.cfg.Logger.Info("policy log: reading again")
-			f.setLogError("")
+			f.setStatus(StatusOK, "")
 			failing = false
 		}
 		cur := f.Current()
 		st := f.client.State()
-		if !caughtUp || st.Head() == 0 || (st.Head() == cur.Revision && cur.Source == SourceKafka && !restarted) {
+		if !caughtUp {
+			continue
+		}
+		if f.held != nil {
+			if !f.held.accepts(st) {
+				if why := f.held.staleReason(st); cur.Status != StatusStale || cur.LogError != why {
+					f.setStatus(StatusStale, why)
+					f.cfg.Logger.Error("policy log: "+why, "topic", f.cfg.Topic)
+				}
+				continue
+			}
+			f.held = nil
+			cur.Source = "" // replaced even at an equal revision
+		}
+		if st.Head() == 0 || (st.Head() == cur.Revision && st.Epoch() == cur.Epoch && cur.Source == SourceKafka && cur.Status == StatusOK) {
 			continue
 		}
 		p := f.fromState(st, SourceKafka)
 		if p == nil {
 			continue
 		}
-		restarted = false
 		f.Target.SetPolicy(p)
 		f.syncRollout()
-		f.cfg.Logger.Info("policy revision applied", "revision", st.Head(), "hash", f.Current().Hash, "overrides", st.Overrides(), "previous", cur.Revision, "previous_source", cur.Source)
+		f.cfg.Logger.Info("policy revision applied", "revision", st.Head(), "epoch", st.Epoch(), "hash", f.Current().Hash, "digest", f.Current().Digest,
+			"overrides", st.Overrides(), "previous", cur.Revision, "previous_source", cur.Source)
 		if f.Missing != nil {
 			if m := f.Missing(p); len(m) > 0 {
 				f.cfg.Logger.Warn("the policy in force routes keys to stores REDIS_STORES does not name: those keys decide degraded here", "stores", m, "revision", st.Head())
@@ -372,6 +466,7 @@ const CacheFile = "policy-log-cache.json"
 type cacheBody struct {
 	Topic     string           `json:"topic"`
 	Head      int64            `json:"head"`
+	Epoch     int64            `json:"epoch,omitempty"`
 	Document  Record           `json:"document"`
 	Overrides []cachedOverride `json:"overrides"`
 }
@@ -391,7 +486,7 @@ func (f *Follower) writeCache() {
 	}
 	st := f.client.State()
 	_, doc := st.Document()
-	body := cacheBody{Topic: f.cfg.Topic, Head: st.Head(), Document: doc, Overrides: make([]cachedOverride, 0, st.Overrides())}
+	body := cacheBody{Topic: f.cfg.Topic, Head: st.Head(), Epoch: st.Epoch(), Document: doc, Overrides: make([]cachedOverride, 0, st.Overrides())}
 	st.EachOverride(func(k policy.OverrideKey, o policy.Override) {
 		o.Reason = "cached"
 		body.Overrides = append(body.Overrides, cachedOverride{Key: k.Key, Scope: k.Scope, Override: o})
@@ -425,34 +520,68 @@ func writeFileAtomic(path string, b []byte) error {
 	return os.Rename(f.Name(), path)
 }
 
+func readCacheBody(dir, topic string) (cacheBody, *policy.Policy, error) {
+	var c cacheBody
+	if dir == "" {
+		return c, nil, errors.New("POLICY_CACHE_DIR is not set")
+	}
+	b, err := os.ReadFile(filepath.Join(dir, CacheFile))
+	if err != nil {
+		return c, nil, err
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, nil, fmt.Errorf("policy cache: %w", err)
+	}
+	if c.Topic != topic {
+		return c, nil, fmt.Errorf("policy cache is of topic %q, not %q", c.Topic, topic)
+	}
+	v, err := c.Document.Encode()
+	if err != nil {
+		return c, nil, err
+	}
+	if _, err := Decode(DocumentKey, v); err != nil || c.Head < 1 {
+		return c, nil, fmt.Errorf("policy cache: the document: %v (head %d)", err, c.Head)
+	}
+	doc, err := policy.Parse([]byte(c.Document.Document))
+	if err != nil {
+		return c, nil, fmt.Errorf("policy cache: the document: %w", err)
+	}
+	return c, doc, nil
+}
+
+// CacheState is the state a limiter's cache file in dir (of topic)
+// holds, as a State that keeps content (for Client.Restore): the
+// document's record, and each override as compiled (a record of the
+// cache's head, whose reason says where it came from: a cache keeps no
+// reasons). Its digest is the digest the limiter enforced.
+func CacheState(dir, topic string) (*State, error) {
+	c, doc, err := readCacheBody(dir, topic)
+	if err != nil {
+		return nil, err
+	}
+	st := NewState(true)
+	st.doc, st.docRec, st.head, st.epoch = doc, c.Document, c.Head, c.Epoch
+	for _, o := range c.Overrides {
+		ov := o.Override
+		ov.Reason = "restored from a limiter's policy cache"
+		if err := ov.Validate(doc); err != nil {
+			return nil, fmt.Errorf("policy cache: override of %q: %w", o.Key, err)
+		}
+		rec := Record{Revision: c.Head, Parent: c.Head - 1, Kind: KindOverride, Key: o.Key, Scope: o.Scope, Override: &ov,
+			Author: c.Document.Author, Message: "restored from a limiter's policy cache", Time: c.Document.Time}
+		rec.Seal()
+		st.install(rec)
+	}
+	return st, nil
+}
+
 // ReadCache rebuilds the policy in force from the cache file in dir, of
 // topic: the document (its hash checked) and every override (validated
 // against it).
 func ReadCache(dir, topic string) (*policy.WithOverrides, Info, error) {
-	if dir == "" {
-		return nil, Info{}, errors.New("POLICY_CACHE_DIR is not set")
-	}
-	b, err := os.ReadFile(filepath.Join(dir, CacheFile))
+	c, doc, err := readCacheBody(dir, topic)
 	if err != nil {
 		return nil, Info{}, err
-	}
-	var c cacheBody
-	if err := json.Unmarshal(b, &c); err != nil {
-		return nil, Info{}, fmt.Errorf("policy cache: %w", err)
-	}
-	if c.Topic != topic {
-		return nil, Info{}, fmt.Errorf("policy cache is of topic %q, not %q", c.Topic, topic)
-	}
-	v, err := c.Document.Encode()
-	if err != nil {
-		return nil, Info{}, err
-	}
-	if _, err := Decode(DocumentKey, v); err != nil || c.Head < 1 {
-		return nil, Info{}, fmt.Errorf("policy cache: the document: %v (head %d)", err, c.Head)
-	}
-	doc, err := policy.Parse([]byte(c.Document.Document))
-	if err != nil {
-		return nil, Info{}, fmt.Errorf("policy cache: the document: %w", err)
 	}
 	ov := policy.NewOverrides(len(c.Overrides))
 	for _, o := range c.Overrides {
@@ -461,6 +590,7 @@ func ReadCache(dir, topic string) (*policy.WithOverrides, Info, error) {
 		}
 		ov.Put(policy.OverrideKey{Key: o.Key, Scope: o.Scope}, o.Override)
 	}
-	info := Info{Version: doc.Version(), Hash: doc.Hash(), Revision: c.Head, Source: SourceCache, Overrides: ov.Len(), Author: c.Document.Author}
+	info := Info{Version: doc.Version(), Hash: doc.Hash(), Revision: c.Head, Source: SourceCache, Overrides: ov.Len(), Author: c.Document.Author,
+		Epoch: c.Epoch, Digest: StateDigest(doc, ov), Status: StatusOK}
 	return policy.NewWithOverrides(doc, ov, nil), info, nil
 }

@@ -249,3 +249,104 @@ func TestFollowerRunAppliesAndRecovers(t *testing.T) {
 		t.Fatal("Run did not close the log")
 	}
 }
+
+// TestFollowerKeepsRevisionWhenLogStartsOver: a log lost under a running
+// follower (and a push of revision 1 on the empty log) never replaces the
+// revision in force: the follower says it is stale, until a restore writes
+// an epoch record carrying the whole state; it then applies it, with the
+// digest it had. A follower started afresh on the lost log, from its
+// cache, is stale as well: every limiter agrees.
+func TestFollowerKeepsRevisionWhenLogStartsOver(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l := newMemLog()
+	w := policylog.NewClient(l, true)
+	if _, err := w.Push(ctx, followDoc, "alice", "first", policylog.NoExpect); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"acct_1", "acct_2", "acct_3"} {
+		if _, err := w.SetOverride(ctx, k, "", pro(), "alice", "upgrade", policylog.NoExpect); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cache := t.TempDir()
+	f := newFollower(t, l, cache)
+	if _, err := f.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tg := &target{}
+	f.Target = tg
+	go f.Run(ctx)
+	before := f.Current()
+	if before.Revision != 4 || before.Digest == "" || before.Status != policylog.StatusOK {
+		t.Fatalf("before: %+v", before)
+	}
+	held := w.State() // what the audit or a cache would hold
+
+	l.wipe()
+	// A careless push on the empty log: revision 1, no overrides.
+	careless := policylog.NewClient(l, true)
+	if _, err := careless.Push(ctx, followDoc, "bob", "start again", policylog.NoExpect); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "stale", func() bool { return f.Current().Status == policylog.StatusStale })
+	if got := f.Current(); got.Revision != 4 || got.Overrides != 3 || got.Digest != before.Digest || got.LogError == "" {
+		t.Fatalf("after the log started over: %+v", got)
+	}
+	tg.mu.Lock()
+	swaps := len(tg.got)
+	tg.mu.Unlock()
+	if swaps != 0 {
+		t.Fatalf("the started-over log was swapped in %d times", swaps)
+	}
+	// A limiter started now, from its cache, on the lost log: stale too.
+	g := newFollower(t, l, cache)
+	if _, err := g.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := g.Current(); got.Status != policylog.StatusStale || got.Revision != 4 || got.Digest != before.Digest {
+		t.Fatalf("a limiter started on the lost log: %+v", got)
+	}
+
+	// The cache holds the same state as the audit would.
+	cs, err := policylog.CacheState(cache, "ratelimit.policy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs.Digest() != before.Digest || cs.Head() != 4 || cs.Overrides() != 3 {
+		t.Fatalf("the cache's state: head %d, %d overrides, digest %s, want %s", cs.Head(), cs.Overrides(), cs.Digest(), before.Digest)
+	}
+	if _, err := policylog.EpochRecord(cs, 1, "carol", "from the cache"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The restore: an epoch record with the whole state.
+	o, err := careless.Restore(ctx, held, "carol", "restore after the broker was rebuilt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Head != 4 || careless.State().Epoch() != 1 {
+		t.Fatalf("restore: %+v epoch %d", o, careless.State().Epoch())
+	}
+	waitFor(t, "the restore applied", func() bool { return f.Current().Status == policylog.StatusOK && f.Current().Epoch == 1 })
+	if got := f.Current(); got.Revision != 4 || got.Digest != before.Digest || got.Overrides != 3 {
+		t.Fatalf("after the restore: %+v, want the digest %s", got, before.Digest)
+	}
+	// Writes go on from the restored head.
+	if o, err := careless.SetOverride(ctx, "acct_4", "", pro(), "carol", "new", policylog.NoExpect); err != nil || o.Head != 5 {
+		t.Fatalf("write after restore: %+v %v", o, err)
+	}
+	waitFor(t, "revision 5", func() bool { return f.Revision() == 5 })
+	// A reader of the whole new log reaches the same state.
+	r := policylog.NewClient(l, false)
+	if err := r.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r.State().Head() != 5 || r.State().Digest() != f.Current().Digest {
+		t.Fatalf("a fresh reader: head %d digest %s, follower %+v", r.State().Head(), r.State().Digest(), f.Current())
+	}
+	// A second restore of the same state is refused: the log is past it.
+	if _, err := careless.Restore(ctx, held, "carol", "again"); err == nil {
+		t.Fatal("a restore below the head was written")
+	}
+}

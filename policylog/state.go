@@ -86,6 +86,8 @@ type State struct {
 	compacted bool
 	// ro is the rollout part (rollout.go).
 	ro rollouts
+	// epoch is the epoch in force (epoch.go).
+	epoch int64
 }
 
 // subject is what the apply rule compares of the record in force of a
@@ -183,6 +185,9 @@ func (s *State) Apply(e Entry) Outcome {
 	}
 	if rec.Restates {
 		return s.restate(rec)
+	}
+	if rec.Kind == KindEpoch {
+		return s.applyEpoch(rec)
 	}
 	if rec.Revision != rec.Parent+1 {
 		return s.refuse(rec, CodeGarbled, fmt.Sprintf("revision %d does not follow its parent %d", rec.Revision, rec.Parent))
