@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -348,5 +349,57 @@ func TestFollowerKeepsRevisionWhenLogStartsOver(t *testing.T) {
 	// A second restore of the same state is refused: the log is past it.
 	if _, err := careless.Restore(ctx, held, "carol", "again"); err == nil {
 		t.Fatal("a restore below the head was written")
+	}
+}
+
+// racingLog runs before once, just before the first Append: another
+// writer's record lands between a writer's read and its write.
+type racingLog struct {
+	*memLog
+	once   sync.Once
+	before func()
+}
+
+func (l *racingLog) Append(ctx context.Context, key string, value []byte) (int64, error) {
+	l.once.Do(l.before)
+	return l.memLog.Append(ctx, key, value)
+}
+
+// TestWriterRebasesOnlyOtherKeys: a writer that loses its revision to a
+// record of another key is rebased and applied; to a record of its own
+// key, it is refused, naming who wrote what.
+func TestWriterRebasesOnlyOtherKeys(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		otherKey string
+		applied  bool
+	}{{"acct_other", true}, {"acct_1", false}} {
+		l := newMemLog()
+		setup := policylog.NewClient(l, true)
+		if _, err := setup.Push(ctx, followDoc, "alice", "first", policylog.NoExpect); err != nil {
+			t.Fatal(err)
+		}
+		rl := &racingLog{memLog: l}
+		rl.before = func() {
+			other := policylog.NewClient(l, true)
+			if _, err := other.SetOverride(ctx, tc.otherKey, "", pro(), "bob", "bob's change", policylog.NoExpect); err != nil {
+				t.Error(err)
+			}
+		}
+		w := policylog.NewClient(rl, true)
+		o, err := w.SetOverride(ctx, "acct_1", "", pro(), "carol", "carol's change", policylog.NoExpect)
+		if tc.applied {
+			if err != nil || o.Head != 3 {
+				t.Fatalf("%s: %+v %v", tc.otherKey, o, err)
+			}
+			continue
+		}
+		var ref *policylog.Refusal
+		if !errors.As(err, &ref) || o.Code != policylog.CodeConflict || !strings.Contains(o.Reason, "bob") || !strings.Contains(o.Reason, "bob's change") {
+			t.Fatalf("same key: %+v %v", o, err)
+		}
+		if r, ok := w.State().Override("acct_1", ""); !ok || r.Author != "bob" {
+			t.Fatalf("the override in force: %+v %v", r, ok)
+		}
 	}
 }
