@@ -140,6 +140,21 @@ func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {
 		}
 		c.apply(e)
 	}
+	if len(entries) == 0 && c.st.NextOffset() < end {
+		// Nothing from where the client stands, yet the log goes on: the
+		// records there were deleted (retention), every one of them.
+		if s, ok := c.log.(interface {
+			FirstOffset(context.Context) (int64, error)
+		}); ok {
+			first, err := s.FirstOffset(ctx)
+			if err != nil {
+				return false, err
+			}
+			if first > c.st.NextOffset() {
+				c.st.lastOffset, c.st.compacted = first-1, true
+			}
+		}
+	}
 	return c.st.NextOffset() >= end, nil
 }
 

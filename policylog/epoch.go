@@ -23,6 +23,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math"
@@ -107,6 +108,15 @@ func (s *State) applyEpoch(rec Record) Outcome {
 	s.head, s.epoch = rec.Revision, rec.Epoch
 	return Outcome{Result: Applied, Record: rec, Head: s.head}
 }
+
+// CompleteFrom is the first offset a log must still hold for what this
+// State read to be the whole state: 0, or the offset of the epoch record
+// in force (it carries everything before it).
+func (s *State) CompleteFrom() int64 { return max(s.epochOffset, 0) }
+
+// ErrLogUnsafe is wrapped by an error that says the log can lose records
+// (a topic whose configuration lets retention delete them).
+var ErrLogUnsafe = errors.New("the policy log can lose records")
 
 // Epoch is the epoch in force: 0 until an epoch record is applied.
 func (s *State) Epoch() int64 { return s.epoch }

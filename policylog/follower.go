@@ -37,6 +37,7 @@ const (
 	StatusOK      = "ok"
 	StatusFailing = "failing"
 	StatusStale   = "stale"
+	StatusUnsafe  = "unsafe"
 )
 
 // Info is the policy in force as /readyz's policy shows it.
@@ -64,6 +65,10 @@ type Info struct {
 	// LogError: in log mode, why the log cannot be read or applied now
 	// (the revision in force stays); empty while it can.
 	LogError string `json:"logError,omitempty"`
+	// LogUnsafe: in log mode, why the topic can lose records or has lost
+	// some (its retention, a start that is not compaction's); Status is
+	// then "unsafe" unless it is worse.
+	LogUnsafe string `json:"logUnsafe,omitempty"`
 	// Rollout is the open rollout of the policy log, if any.
 	Rollout *RolloutInfo `json:"rollout,omitempty"`
 }
@@ -100,6 +105,7 @@ type Metrics struct {
 	records  *prometheus.CounterVec
 	errors   prometheus.Counter
 	stale    prometheus.Gauge
+	unsafe   prometheus.Gauge
 }
 
 // NewMetrics registers the metrics of the policy in force on reg.
@@ -125,6 +131,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "limiter_policy_log_stale",
 			Help: "1 while the policy log read is not applied: it started over below the revision in force without a new epoch (a lost log; `limiter policy restore` writes one).",
 		}),
+		unsafe: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "limiter_policy_log_unsafe",
+			Help: "1 while the policy topic can delete records (cleanup.policy, retention.ms, retention.bytes) or starts after offset 0 without an epoch record to prove the state complete.",
+		}),
 	}
 	for _, s := range []string{SourceFile, SourceKafka, SourceCache, SourceBootstrap} {
 		m.source.WithLabelValues(s)
@@ -133,7 +143,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, c := range []string{CodeConflict, CodeInvalid, CodeGarbled} {
 		m.records.WithLabelValues(Refused, c)
 	}
-	reg.MustRegister(m.revision, m.source, m.records, m.errors, m.stale)
+	reg.MustRegister(m.revision, m.source, m.records, m.errors, m.stale, m.unsafe)
 	return m
 }
 
@@ -158,6 +168,13 @@ type FollowedLog interface {
 	Close()
 }
 
+// IntegrityChecker is a log that can say whether it can lose records
+// (an error wrapping ErrLogUnsafe) and where it starts now; a Follower
+// whose log is one checks it at start and every CheckEvery.
+type IntegrityChecker interface {
+	CheckIntegrity(ctx context.Context) (first int64, err error)
+}
+
 // RolloutTarget is what follows the open rollout (the shadow evaluator).
 type RolloutTarget interface {
 	SetRollout(p enforcement.Policy, rev int64)
@@ -172,6 +189,9 @@ type FollowerConfig struct {
 	Bootstrap string        // POLICY_FILE: the policy while the log is empty
 	Metrics   *Metrics      // required
 	Logger    *slog.Logger  // required
+	// CheckEvery is how often the log's integrity is checked, when the
+	// log is an IntegrityChecker (default 1 minute).
+	CheckEvery time.Duration
 }
 
 // Follower is the limiter's reader of the policy log.
@@ -180,6 +200,10 @@ type Follower struct {
 	client *Client
 	info   atomic.Pointer[Info]
 	rev    atomic.Int64
+	// unsafe is Info.LogUnsafe (the last integrity check's verdict);
+	// checked is when it was made.
+	unsafe  atomic.Pointer[string]
+	checked time.Time
 
 	// Target receives each new policy; Shadow, when set, follows the open
 	// rollout; Missing, when set, lists the stores a policy routes keys to
@@ -196,9 +220,13 @@ type Follower struct {
 
 // NewFollower returns a follower that has read nothing yet.
 func NewFollower(cfg FollowerConfig) *Follower {
+	if cfg.CheckEvery <= 0 {
+		cfg.CheckEvery = time.Minute
+	}
 	f := &Follower{cfg: cfg}
 	f.client = f.newClient()
 	f.info.Store(&Info{})
+	f.unsafe.Store(new(string))
 	return f
 }
 
@@ -217,7 +245,48 @@ func (f *Follower) newClient() *Client {
 }
 
 // Current is the policy in force, for /readyz.
-func (f *Follower) Current() Info { return *f.info.Load() }
+func (f *Follower) Current() Info {
+	info := *f.info.Load()
+	if u := *f.unsafe.Load(); u != "" {
+		info.LogUnsafe = u
+		if info.Status == StatusOK {
+			info.Status = StatusUnsafe
+		}
+	}
+	return info
+}
+
+// checkIntegrity asks the log whether it can lose records, and whether
+// it starts after what the state read proves complete (CompleteFrom).
+func (f *Follower) checkIntegrity(ctx context.Context) {
+	ch, ok := f.cfg.Log.(IntegrityChecker)
+	if !ok {
+		return
+	}
+	f.checked = time.Now()
+	first, err := ch.CheckIntegrity(ctx)
+	why := ""
+	switch {
+	case errors.Is(err, ErrLogUnsafe):
+		why = err.Error()
+	case err != nil:
+		f.cfg.Metrics.errors.Inc()
+		f.cfg.Logger.Warn("policy log: cannot check the topic's integrity; the last verdict stays", "err", err)
+		return
+	case first > f.client.State().CompleteFrom():
+		why = fmt.Sprintf("the policy log starts at offset %d: records before it were deleted (retention or DeleteRecords, never compaction), "+
+			"so the overrides they held may be missing here; restore the log (limiter policy restore) and make its retention unbounded", first)
+	}
+	if why != *f.unsafe.Load() {
+		if why != "" {
+			f.cfg.Logger.Error("policy log: "+why, "topic", f.cfg.Topic)
+		} else {
+			f.cfg.Logger.Info("policy log: the topic can no longer lose records", "topic", f.cfg.Topic)
+		}
+	}
+	f.unsafe.Store(&why)
+	f.cfg.Metrics.unsafe.Set(float64(boolInt(why != "")))
+}
 
 // Revision is the revision in force (decision events carry it).
 func (f *Follower) Revision() int64 { return f.rev.Load() }
@@ -250,6 +319,7 @@ func (f *Follower) Start(ctx context.Context) (enforcement.Policy, error) {
 		}
 	}
 	if err == nil {
+		f.checkIntegrity(ctx)
 		if snap, info, cerr := ReadCache(f.cfg.CacheDir, f.cfg.Topic); cerr == nil {
 			h := held{revision: info.Revision, epoch: info.Epoch}
 			if st := f.client.State(); !h.accepts(st) {
@@ -290,7 +360,7 @@ func (f *Follower) bootstrap() (enforcement.Policy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap policy: %w", err)
 	}
-	f.publish(Info{Version: p.Version(), Hash: p.Hash(), File: f.cfg.Bootstrap, Source: SourceBootstrap})
+	f.publish(Info{Version: p.Version(), Hash: p.Hash(), File: f.cfg.Bootstrap, Source: SourceBootstrap, Status: StatusOK})
 	return policy.NewWithOverrides(p, nil, nil), nil
 }
 
@@ -401,6 +471,9 @@ func (f *Follower) Run(ctx context.Context) error {
 		st := f.client.State()
 		if !caughtUp {
 			continue
+		}
+		if time.Since(f.checked) >= f.cfg.CheckEvery {
+			f.checkIntegrity(ctx)
 		}
 		if f.held != nil {
 			if !f.held.accepts(st) {
