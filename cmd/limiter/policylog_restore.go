@@ -82,7 +82,7 @@ func policyRestore(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "restore: the source holds no policy document: nothing to restore")
 		return 1
 	}
-	return withLog(stderr, func(ctx context.Context, c *policylog.Client) int {
+	return withLog(stderr, true, func(ctx context.Context, c *policylog.Client) int {
 		o, err := c.Restore(ctx, from, *author, *message)
 		code := report(o, err, *asJSON, stdout, stderr)
 		if code == 0 && !*asJSON {
@@ -90,4 +90,35 @@ func policyRestore(args []string, stdout, stderr io.Writer) int {
 		}
 		return code
 	})
+}
+
+// lostLog reports (and prints why) that the log is empty although
+// policy_audit holds an earlier log's history: the log was lost, and a
+// write now would start a history every limiter that kept the old one
+// refuses. Without a reachable audit it says nothing: a new log is
+// indistinguishable from a lost one then, and the limiters still refuse
+// a lost one (policylog/epoch.go).
+func lostLog(ctx context.Context, c *policylog.Client, stderr io.Writer) bool {
+	if c.State().NextOffset() != 0 {
+		return false
+	}
+	env := envconfig.New(os.Getenv)
+	ch := chconn.FromEnv(env)
+	if env.Err() != nil {
+		return false
+	}
+	conn, err := ch.Open(chconn.Tuning{DialTimeout: time.Second, ReadTimeout: 5 * time.Second})
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	rows, err := chaudit.Query(qctx, conn, ch.Database, 0, 1)
+	if err != nil || len(rows) == 0 {
+		return false
+	}
+	fmt.Fprintf(stderr, "refused: the policy log is empty, but policy_audit holds revision %d of an earlier log (%s by %s): the log was lost; "+
+		"restore it first with `limiter policy restore --from-audit -m WHY` (docs/policy-log-recovery.md)\n", rows[0].Revision, rows[0].Subject, rows[0].Author)
+	return true
 }

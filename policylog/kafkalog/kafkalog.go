@@ -258,6 +258,35 @@ func (l *Log) FirstOffset(ctx context.Context) (int64, error) {
 	return 0, fmt.Errorf("first offset of %s: not in the answer", l.cfg.Topic)
 }
 
+// ErrNoTopic is wrapped by Exists's error for a topic that does not
+// exist.
+var ErrNoTopic = errors.New("the policy topic does not exist")
+
+// Exists checks that the topic exists without creating it (a metadata
+// request that does not allow auto-creation): what a reader that must
+// write nothing calls instead of Ensure.
+func (l *Log) Exists(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	defer cancel()
+	md, err := l.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{l.cfg.Topic}})
+	if err != nil {
+		return fmt.Errorf("metadata of %s: %w", l.cfg.Topic, err)
+	}
+	for _, t := range md.Topics {
+		if t.Name != l.cfg.Topic {
+			continue
+		}
+		if IsNoTopic(t.Error) {
+			break
+		}
+		if t.Error != nil {
+			return fmt.Errorf("topic %s: %w", l.cfg.Topic, t.Error)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: %s (check POLICY_TOPIC; nothing was created)", ErrNoTopic, l.cfg.Topic)
+}
+
 // IsNoTopic reports whether err says the topic does not exist (no writer
 // has created it yet).
 func IsNoTopic(err error) bool {
