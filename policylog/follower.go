@@ -332,7 +332,9 @@ func (f *Follower) Start(ctx context.Context) (enforcement.Policy, error) {
 				return snap, nil
 			}
 		}
-		if p := f.fromState(f.client.State(), SourceKafka); p != nil {
+		if p, info := f.fromState(f.client.State(), SourceKafka); p != nil {
+			info.Digest = f.client.State().Digest()
+			f.publish(info)
 			f.writeCache()
 			return p, nil
 		}
@@ -365,16 +367,16 @@ func (f *Follower) bootstrap() (enforcement.Policy, error) {
 }
 
 // fromState is the snapshot of st as the policy in force (nil when st has
-// no document yet).
-func (f *Follower) fromState(st *State, source string) enforcement.Policy {
+// no document yet) and its Info, to publish once it is in force (with its
+// digest, computed then: it walks every override).
+func (f *Follower) fromState(st *State, source string) (enforcement.Policy, Info) {
 	snap := st.Snapshot(nil)
 	if snap == nil {
-		return nil
+		return nil, Info{}
 	}
 	_, rec := st.Document()
-	f.publish(Info{Version: snap.Version(), Hash: snap.Hash(), Revision: st.Head(), Source: source, Overrides: st.Overrides(), Author: rec.Author,
-		Rollout: RolloutInfoOf(st), Epoch: st.Epoch(), Digest: st.Digest(), Status: StatusOK})
-	return snap
+	return snap, Info{Version: snap.Version(), Hash: snap.Hash(), Revision: st.Head(), Source: source, Overrides: st.Overrides(), Author: rec.Author,
+		Rollout: RolloutInfoOf(st), Epoch: st.Epoch(), Status: StatusOK}
 }
 
 // held is the policy in force when the log read may not be the one it
@@ -489,11 +491,13 @@ func (f *Follower) Run(ctx context.Context) error {
 		if st.Head() == 0 || (st.Head() == cur.Revision && st.Epoch() == cur.Epoch && cur.Source == SourceKafka && cur.Status == StatusOK) {
 			continue
 		}
-		p := f.fromState(st, SourceKafka)
+		p, info := f.fromState(st, SourceKafka)
 		if p == nil {
 			continue
 		}
 		f.Target.SetPolicy(p)
+		info.Digest = st.Digest()
+		f.publish(info)
 		f.syncRollout()
 		f.cfg.Logger.Info("policy revision applied", "revision", st.Head(), "epoch", st.Epoch(), "hash", f.Current().Hash, "digest", f.Current().Digest,
 			"overrides", st.Overrides(), "previous", cur.Revision, "previous_source", cur.Source)
