@@ -61,12 +61,17 @@ clean:
 # The local stack (scripts/up.sh, scripts/down.sh): Redis, ClickHouse, an
 # embedded Kafka-protocol broker, the three services and demo traffic on the
 # fixed loopback ports of CONTRACT.md; pids, logs and data under run/.
-.PHONY: up down up-test
+.PHONY: up down down-clean up-test
 up:
 	@scripts/up.sh
 
+# make down keeps run/ (the policy log, overrides, decisions, usage);
+# down-clean also deletes it: the next make up starts from nothing.
 down:
 	@scripts/down.sh
+
+down-clean:
+	@scripts/down.sh --clean
 
 # make up, /check traffic, the usage API reports it, make down, nothing left
 # behind (on free ports and a temporary run directory; also part of make test).
