@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -44,5 +46,45 @@ func TestPolicyLogReadOnlyVerbsCreateNothing(t *testing.T) {
 		if tp.Name == topic {
 			t.Fatalf("a read-only verb created topic %s", topic)
 		}
+	}
+}
+
+// TestPolicyLogConcurrentOverrideWriters: four writers, each a loop of 25
+// `limiter override set` processes on keys of its own, all at once: all
+// 100 are applied (a writer that loses its revision to another key is
+// rebased), and a limiter following the log holds the 100 overrides.
+func TestPolicyLogConcurrentOverrideWriters(t *testing.T) {
+	t.Parallel()
+	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
+	env := []string{"KAFKA_BROKERS=" + k.Addr()}
+	if out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "a.yaml", logDocA), "-m", "first"); code != 0 {
+		t.Fatalf("push: %q %q", out, errOut)
+	}
+	const writers, each = 4, 25
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failed []string
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				key := fmt.Sprintf("acct_w%d_%02d", w, i)
+				out, errOut, code := runCLI(t, env, "override", "set", key, "--tier", "pro", "--reason", "billing", "--author", fmt.Sprintf("writer%d", w))
+				if code != 0 || !strings.Contains(out, "applied: revision") {
+					mu.Lock()
+					failed = append(failed, fmt.Sprintf("%s: %d %q %q", key, code, out, errOut))
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(failed) > 0 {
+		t.Fatalf("%d of %d writes not applied:\n%s", len(failed), writers*each, strings.Join(failed, "\n"))
+	}
+	p := startLimiter(t, logBootstrap, append(env, "POLICY_SOURCE=kafka", "LIMITER_GRPC_ADDR=")...)
+	if pol := waitRevision(t, p, 1+writers*each); pol["overrides"] != float64(writers*each) {
+		t.Fatalf("the limiter holds %v overrides, want %d", pol["overrides"], writers*each)
 	}
 }
