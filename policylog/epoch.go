@@ -25,7 +25,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"time"
 
@@ -150,7 +149,7 @@ func EpochRecord(st *State, epoch int64, author, message string) (Record, error)
 func (s *State) Digest() string { return StateDigest(s.doc, s.ov) }
 
 // StateDigest is the digest of doc with the overrides ov (see
-// State.Digest). Each override's fields are hashed (FNV-1a, 64 bits) and
+// State.Digest). Each override's fields are hashed (64 bits, mix) and
 // the hashes summed and XORed, an order-free combination; the document's
 // hash, the count and both sums make the SHA-256 it returns (32 hex
 // digits).
@@ -160,20 +159,19 @@ func StateDigest(doc *policy.Policy, ov *policy.Overrides) string {
 	}
 	var sum, xor uint64
 	n := 0
-	var buf []byte
 	ov.Each(func(k policy.OverrideKey, o policy.Override) {
-		buf = buf[:0]
-		for _, s := range []string{k.Key, k.Scope, o.Tier, o.Store, o.QuotaPeriod} {
-			buf = append(buf, s...)
-			buf = append(buf, 0)
+		v := uint64(mixSeed)
+		for _, s := range [...]string{k.Key, k.Scope, o.Tier, o.Store, o.QuotaPeriod} {
+			v = mixString(v, s)
 		}
-		buf = binary.LittleEndian.AppendUint64(buf, math.Float64bits(o.Rate))
-		buf = binary.LittleEndian.AppendUint64(buf, uint64(o.Burst))
-		buf = binary.LittleEndian.AppendUint64(buf, uint64(o.Quota))
-		buf = binary.LittleEndian.AppendUint64(buf, uint64(o.Expires.UnixNano()*boolInt(!o.Expires.IsZero())))
-		h := fnv.New64a()
-		h.Write(buf)
-		v := h.Sum64()
+		var exp int64
+		if !o.Expires.IsZero() {
+			exp = o.Expires.UnixNano()
+		}
+		for _, w := range [...]uint64{math.Float64bits(o.Rate), uint64(o.Burst), uint64(o.Quota), uint64(exp)} {
+			v = mix(v, w)
+		}
+		v = fmix(v)
 		sum += v
 		xor ^= v
 		n++
@@ -186,6 +184,39 @@ func StateDigest(doc *policy.Policy, ov *policy.Overrides) string {
 	binary.LittleEndian.PutUint64(tail[16:], xor)
 	h.Write(tail[:])
 	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// The digest's per-override hash: 64-bit words multiplied in (FNV-1a's
+// prime), each string 8 bytes at a time and closed by its length, then
+// MurmurHash3's finalizer. It is an accident detector, not a MAC: it is
+// fast because it runs over every override of a revision.
+const (
+	mixSeed  = 14695981039346656037
+	mixPrime = 1099511628211
+)
+
+func mix(v, w uint64) uint64 { return (v ^ w) * mixPrime }
+
+func mixString(v uint64, s string) uint64 {
+	n := uint64(len(s))
+	for len(s) >= 8 {
+		v = mix(v, binary.LittleEndian.Uint64([]byte(s[:8])))
+		s = s[8:]
+	}
+	var tail uint64
+	for i := 0; i < len(s); i++ {
+		tail |= uint64(s[i]) << (8 * i)
+	}
+	return mix(mix(v, tail), n) // the length tells "ab"+"" from "a"+"b"
+}
+
+func fmix(v uint64) uint64 {
+	v ^= v >> 33
+	v *= 0xff51afd7ed558ccd
+	v ^= v >> 33
+	v *= 0xc4ceb9fe1a85ec53
+	v ^= v >> 33
+	return v
 }
 
 func boolInt(b bool) int64 {
