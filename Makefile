@@ -70,12 +70,17 @@ clean:
 # embedded Kafka-protocol broker, the three services and demo traffic on the
 # default loopback ports (docs/reference.md, "Make targets"); pids, logs and
 # data under run/.
-.PHONY: up down up-test
+.PHONY: up down down-clean up-test
 up:
 	@scripts/up.sh
 
+# make down keeps run/ (the policy log, overrides, decisions, usage);
+# down-clean also deletes it: the next make up starts from nothing.
 down:
 	@scripts/down.sh
+
+down-clean:
+	@scripts/down.sh --clean
 
 # make up, /check traffic, the usage API reports it, make down, nothing left
 # behind (on free ports and a temporary run directory; also part of make test).

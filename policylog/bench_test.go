@@ -56,3 +56,23 @@ func benchStateLoad(b *testing.B, keep bool) {
 		runtime.KeepAlive(snap)
 	}
 }
+
+// BenchmarkDigest1M is State.Digest on 1,000,000 overrides: what a
+// follower adds to publishing a revision (after it is in force).
+func BenchmarkDigest1M(b *testing.B) {
+	s := policylog.NewState(false)
+	s.Apply(entry(0, doc(1, 0, docA, "alice")))
+	for i := range benchOverrides {
+		o := &policy.Override{Tier: "pro", Reason: "negotiated deal"}
+		if i%2 == 1 {
+			o = &policy.Override{Rate: 50, Burst: 100, Reason: "negotiated deal"}
+		}
+		s.Apply(entry(int64(i+1), ovr(int64(i+2), int64(i+1), fmt.Sprintf("acct_%07d", i), "", o)))
+	}
+	b.ResetTimer()
+	for range b.N {
+		if s.Digest() == "" {
+			b.Fatal("no digest")
+		}
+	}
+}

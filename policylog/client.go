@@ -140,6 +140,21 @@ func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {
 		}
 		c.apply(e)
 	}
+	if len(entries) == 0 && c.st.NextOffset() < end {
+		// Nothing from where the client stands, yet the log goes on: the
+		// records there were deleted (retention), every one of them.
+		if s, ok := c.log.(interface {
+			FirstOffset(context.Context) (int64, error)
+		}); ok {
+			first, err := s.FirstOffset(ctx)
+			if err != nil {
+				return false, err
+			}
+			if first > c.st.NextOffset() {
+				c.st.lastOffset, c.st.compacted = first-1, true
+			}
+		}
+	}
 	return c.st.NextOffset() >= end, nil
 }
 
@@ -188,10 +203,60 @@ const NoExpect = -1
 // parent is expect (NoExpect = the head after a Sync); a record that would
 // be refused (a stale expect, invalid content) is refused without writing.
 // Author, Message and the content are the caller's; Time is set when zero.
+//
+// With NoExpect, a document or an override that loses its revision to
+// another writer is rebased: written again on the new head, as long as
+// nothing written meanwhile changed its own log key (the record in force
+// for it is still the one this writer read). Records of different log keys
+// commute, so this changes no outcome a reader computes: each attempt is
+// an ordinary record judged by the apply rule, on every reader alike. A
+// change of the same key meanwhile, or content the new head makes invalid
+// (a document dropping a tier an override now uses), is refused, naming
+// who wrote what.
 func (c *Client) Write(ctx context.Context, rec Record, expect int64) (Outcome, error) {
 	if err := c.Sync(ctx); err != nil {
 		return Outcome{}, fmt.Errorf("read the policy log: %w", err)
 	}
+	rebase := expect == NoExpect && (rec.Kind == KindOverride || rec.Kind == KindPolicy)
+	seen := c.keyRevision(rec)
+	for attempt := 0; ; attempt++ {
+		o, err := c.writeOnce(ctx, rec, expect)
+		var ref *Refusal
+		if !rebase || !errors.As(err, &ref) || o.Code != CodeConflict || attempt >= maxRebases {
+			return o, err
+		}
+		if now := c.keyRevision(rec); now != seen {
+			m, _ := c.st.Taken(now)
+			o.Reason = fmt.Sprintf("%s was changed meanwhile: revision %d by %s (%q); head is %d", rec.Subject(), now, m.Author, m.Message, c.st.Head())
+			if now < 0 {
+				o.Reason = fmt.Sprintf("%s was deleted meanwhile; head is %d", rec.Subject(), c.st.Head())
+			}
+			return o, &Refusal{o}
+		}
+	}
+}
+
+// maxRebases bounds how often Write rebases one record; each rebase
+// follows a record another writer got in first.
+const maxRebases = 256
+
+// keyRevision is the revision of the record in force for rec's log key
+// (-1: none), for a document or an override.
+func (c *Client) keyRevision(rec Record) int64 {
+	if rec.Kind == KindPolicy {
+		if c.st.doc == nil {
+			return -1
+		}
+		return c.st.docRec.Revision
+	}
+	if tag, ok := c.st.ov.Tag(policy.OverrideKey{Key: rec.Key, Scope: rec.Scope}); ok {
+		return tag.Revision
+	}
+	return -1
+}
+
+// writeOnce is one attempt of Write, on the head as read.
+func (c *Client) writeOnce(ctx context.Context, rec Record, expect int64) (Outcome, error) {
 	head := c.st.Head()
 	rec.Parent = head
 	if expect != NoExpect {

@@ -103,6 +103,12 @@ type Record struct {
 	// the candidate when it promotes). See rollout.go.
 	Rollout *Rollout `json:"rollout,omitempty"`
 	Verdict *Verdict `json:"verdict,omitempty"`
+
+	// Epoch and State belong to a KindEpoch record (epoch.go): the new
+	// epoch it declares and the override records in force it carries
+	// (Document is the document in force).
+	Epoch int64    `json:"epoch,omitempty"`
+	State []Record `json:"state,omitempty"`
 }
 
 // OverrideLogKey is the log key of an override: "override/<key>" or
@@ -123,6 +129,8 @@ func (r *Record) LogKey() string {
 		return OverrideLogKey(r.Key, r.Scope)
 	case KindRollout, KindVerdict:
 		return r.rolloutLogKey()
+	case KindEpoch:
+		return EpochKey
 	}
 	return r.Kind
 }
@@ -144,6 +152,8 @@ func (r *Record) Content() []byte {
 		return b
 	case KindRollout, KindVerdict:
 		return r.rolloutContent()
+	case KindEpoch:
+		return r.epochContent()
 	}
 	return nil
 }
@@ -200,7 +210,7 @@ func decodeJSON(key string, value []byte) (Record, error) {
 		return Record{}, fmt.Errorf("%w: %v", ErrGarbled, err)
 	}
 	switch r.Kind {
-	case KindPolicy, KindOverride, KindRollout, KindVerdict:
+	case KindPolicy, KindOverride, KindRollout, KindVerdict, KindEpoch:
 	default:
 		return r, fmt.Errorf("%w: unknown kind %q", ErrGarbled, r.Kind)
 	}
@@ -208,6 +218,9 @@ func decodeJSON(key string, value []byte) (Record, error) {
 		return r, fmt.Errorf("%w: an override without a key", ErrGarbled)
 	}
 	if err := decodeRollout(&r); err != nil {
+		return r, fmt.Errorf("%w: %v", ErrGarbled, err)
+	}
+	if err := decodeEpoch(&r); err != nil {
 		return r, fmt.Errorf("%w: %v", ErrGarbled, err)
 	}
 	if lk := r.LogKey(); lk != key {

@@ -86,6 +86,10 @@ type State struct {
 	compacted bool
 	// ro is the rollout part (rollout.go).
 	ro rollouts
+	// epoch is the epoch in force (epoch.go), epochOffset the offset of
+	// its record (-1: none).
+	epoch       int64
+	epochOffset int64
 }
 
 // subject is what the apply rule compares of the record in force of a
@@ -99,7 +103,7 @@ type subject struct {
 // record (for writers, which print them and restate them); a limiter
 // keeps only what resolution needs.
 func NewState(keep bool) *State {
-	return &State{lastOffset: -1, ov: policy.NewOverrides(0), recs: map[string]*Record{}, keep: keep, recent: map[int64]Meta{}}
+	return &State{lastOffset: -1, epochOffset: -1, ov: policy.NewOverrides(0), recs: map[string]*Record{}, keep: keep, recent: map[int64]Meta{}}
 }
 
 // Head is the revision in force (0 = nothing applied yet).
@@ -183,6 +187,13 @@ func (s *State) Apply(e Entry) Outcome {
 	}
 	if rec.Restates {
 		return s.restate(rec)
+	}
+	if rec.Kind == KindEpoch {
+		o := s.applyEpoch(rec)
+		if o.Result == Applied {
+			s.epochOffset = e.Offset
+		}
+		return o
 	}
 	if rec.Revision != rec.Parent+1 {
 		return s.refuse(rec, CodeGarbled, fmt.Sprintf("revision %d does not follow its parent %d", rec.Revision, rec.Parent))

@@ -4,7 +4,7 @@
 #
 #   redis-server      127.0.0.1:6379   data in run/redis/
 #   clickhouse-server 127.0.0.1:9000   (HTTP 8123) data in run/clickhouse/
-#   kafka-dev         127.0.0.1:9092   embedded Kafka-protocol broker (in memory)
+#   kafka-dev         127.0.0.1:9092   embedded Kafka-protocol broker, data in run/kafka/
 #   limiter           127.0.0.1:8080   policy from the policy log (POLICY_SOURCE=kafka),
 #                                      bootstrapped from deploy/policy.yaml
 #   usage-api         127.0.0.1:8081   dashboard at /
@@ -32,7 +32,7 @@ find_go() {
 
 install_missing
 GO="$(find_go)"
-mkdir -p "$PID_DIR" "$LOG_DIR" "$RUN_DIR/redis" "$RUN_DIR/clickhouse" "$RUN_DIR/policy-cache" "$BIN_DIR"
+mkdir -p "$PID_DIR" "$LOG_DIR" "$RUN_DIR/redis" "$RUN_DIR/clickhouse" "$RUN_DIR/policy-cache" "$RUN_DIR/kafka" "$BIN_DIR"
 
 # --- 2. what must start, and are its ports free? ------------------------------
 declare -A PORTS=(
@@ -154,7 +154,9 @@ if wants clickhouse; then
   start clickhouse clickhouse-server -- --config-file="$CH/config.xml"
 fi
 if wants kafka-dev; then
-  start kafka-dev "$BIN_DIR/kafka-dev" KAFKA_DEV_ADDR="127.0.0.1:$KAFKA_PORT"
+  # Its data under run/kafka: make down / make up keeps the policy log, its
+  # overrides and the decisions (make down-clean starts over).
+  start kafka-dev "$BIN_DIR/kafka-dev" KAFKA_DEV_ADDR="127.0.0.1:$KAFKA_PORT" KAFKA_DEV_DATA_DIR="$RUN_DIR/kafka"
 fi
 wait_until redis 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$REDIS_PORT"
 wait_until kafka-dev 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$KAFKA_PORT"
@@ -218,7 +220,7 @@ ratewarden is up.  Logs: $LOG_DIR/   Stop: make down
   meter-consumer  http://127.0.0.1:$METER_PORT/metrics
   ClickHouse      127.0.0.1:$CH_TCP_PORT (native), http://127.0.0.1:$CH_HTTP_PORT   database "ratelimit"
   Redis           127.0.0.1:$REDIS_PORT
-  Kafka (kfake)   127.0.0.1:$KAFKA_PORT   topics ratelimit.decisions, ratelimit.policy (in memory)
+  Kafka (kfake)   127.0.0.1:$KAFKA_PORT   topics ratelimit.decisions, ratelimit.policy (data in $RUN_DIR/kafka)
 
 Portal token for $DEMO_KEY (valid 24 h; also in $RUN_DIR/portal-token):
   $PORTAL_TOKEN

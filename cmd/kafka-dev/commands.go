@@ -7,10 +7,12 @@ import "github.com/ratewarden/ratewarden/internal/cli"
 func program() cli.Program {
 	return cli.Program{
 		Name: "kafka-dev",
-		Doc: `Runs an in-memory Kafka-protocol broker on a loopback port with the
-decisions topic created, until SIGTERM or SIGINT. It takes no arguments:
-KAFKA_DEV_ADDR, KAFKA_TOPIC, KAFKA_DEV_PARTITIONS and the KAFKA_DEV_SASL_*
-and KAFKA_DEV_TLS_* variables configure it (see the package comment).`,
+		Doc: `Runs a Kafka-protocol broker on a loopback port with the decisions topic
+created, until SIGTERM or SIGINT; in memory, or under KAFKA_DEV_DATA_DIR so
+that a restart keeps its topics. It takes no arguments: KAFKA_DEV_ADDR,
+KAFKA_TOPIC, KAFKA_DEV_PARTITIONS, KAFKA_DEV_DATA_DIR and the
+KAFKA_DEV_SASL_* and KAFKA_DEV_TLS_* variables configure it (see the package
+comment).`,
 		Serve: serve,
 	}
 }

@@ -1,10 +1,12 @@
-// Command kafka-dev runs an in-memory Kafka-protocol broker (kfake) on a
-// fixed loopback port with the decisions topic created, for `make up` and
-// local experiments. Nothing is persisted.
+// Command kafka-dev runs a Kafka-protocol broker (kfake) on a fixed
+// loopback port with the decisions topic created, for `make up` and local
+// experiments. With KAFKA_DEV_DATA_DIR its topics (the policy log, the
+// decisions) survive a restart; without it nothing is persisted.
 //
 //	KAFKA_DEV_ADDR        listen address, default 127.0.0.1:9092 (loopback only)
 //	KAFKA_TOPIC           topic to create, default ratelimit.decisions
 //	KAFKA_DEV_PARTITIONS  partitions of the topic, default 4
+//	KAFKA_DEV_DATA_DIR    where the broker keeps its data (make up: run/kafka); empty = in memory
 //
 // A secure local stack (the settings of a managed Kafka, to try the
 // services' KAFKA_SASL_* and KAFKA_TLS* against):
@@ -51,7 +53,7 @@ func serve() int {
 		log.Error("start broker", "err", err)
 		return 1
 	}
-	log.Info("kafka-dev broker listening", "addr", b.Addr(), "topic", cfg.Topic, "partitions", cfg.Partitions,
+	log.Info("kafka-dev broker listening", "addr", b.Addr(), "topic", cfg.Topic, "partitions", cfg.Partitions, "data_dir", cfg.DataDir,
 		"tls", cfg.TLS != nil, "sasl_users", fmt.Sprint(cfg.Users))
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
@@ -88,7 +90,7 @@ func config(getenv func(string) string) (kafkadev.Config, error) {
 			return kafkadev.Config{}, fmt.Errorf("KAFKA_DEV_PARTITIONS=%q: want an integer 1..1024", s)
 		}
 	}
-	cfg := kafkadev.Config{Port: port, Topic: topic, Partitions: parts}
+	cfg := kafkadev.Config{Port: port, Topic: topic, Partitions: parts, DataDir: getenv("KAFKA_DEV_DATA_DIR")}
 	e := envconfig.New(getenv)
 	cfg.Users = users(e)
 	cfg.TLS = serverTLS(e)

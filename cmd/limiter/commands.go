@@ -34,6 +34,8 @@ service) with its configuration read from the environment: docs/reference.md,
 					Summary: "the document in force (or at REVISION)"},
 				{Name: "diff", Args: "REVISION_A REVISION_B", Run: verb(policyLogCommand, "diff"),
 					Summary: "what changed between two revisions"},
+				{Name: "restore", Args: "(--from-audit [--at T] | --from-cache DIR) -m MESSAGE [--author A] [--json]", Run: policyRestore,
+					Summary: "write a lost policy log's state back as a new epoch, from policy_audit or a limiter's cache"},
 			}},
 			{Name: "override", Summary: "per-key overrides on the policy log", Sub: []cli.Command{
 				{Name: "set", Args: "KEY [--scope S] [--tier T | --rate R --burst B [--period P]] [flags] --reason TEXT", Run: verb(overrideCommand, "set"),

@@ -98,8 +98,10 @@ func openPolicyLog(getenv func(string) string) (*kafkalog.Log, error) {
 	return kafkalog.New(kafkalog.Config{Brokers: brokers, Topic: topic, Security: sec, ClientID: "limiter-cli", Wait: 100 * time.Millisecond})
 }
 
-// withLog runs fn with a client that has read the whole log.
-func withLog(stderr io.Writer, fn func(ctx context.Context, c *policylog.Client) int) int {
+// withLog runs fn with a client that has read the whole log. A writer
+// (create) creates the topic when it is missing; a reader only checks
+// that it exists, and fails with one line when it does not.
+func withLog(stderr io.Writer, create bool, fn func(ctx context.Context, c *policylog.Client) int) int {
 	l, err := openPolicyLog(os.Getenv)
 	if err != nil {
 		fmt.Fprintln(stderr, "limiter: invalid configuration: "+err.Error())
@@ -108,7 +110,11 @@ func withLog(stderr io.Writer, fn func(ctx context.Context, c *policylog.Client)
 	defer l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), cliTimeout)
 	defer cancel()
-	if err := l.Ensure(ctx); err != nil {
+	check := l.Exists
+	if create {
+		check = l.Ensure
+	}
+	if err := check(ctx); err != nil {
 		fmt.Fprintln(stderr, "policy log: "+err.Error())
 		return 1
 	}
@@ -262,7 +268,10 @@ func policyLogCommand(verb string, args []string, stdout, stderr io.Writer) int 
 			return 2
 		}
 	}
-	return withLog(stderr, func(ctx context.Context, c *policylog.Client) int {
+	return withLog(stderr, verb == "push" || verb == "rollback", func(ctx context.Context, c *policylog.Client) int {
+		if (verb == "push" || verb == "rollback") && lostLog(ctx, c, stderr) {
+			return 1
+		}
 		switch verb {
 		case "push":
 			pv := previewPush(ctx, replayFlags, parsed, c.State(), *asJSON, os.Getenv, stdout, stderr) // pushcheck.go
@@ -450,7 +459,10 @@ func overrideCommand(verb string, args []string, stdout, stderr io.Writer) int {
 	if verb == "set" && o.Store != "" && !checkWriterStores(map[string]string{o.Store: "the override of " + f.args[0]}, os.Getenv, stderr) {
 		return 1
 	}
-	return withLog(stderr, func(ctx context.Context, c *policylog.Client) int {
+	return withLog(stderr, verb == "set" || verb == "delete", func(ctx context.Context, c *policylog.Client) int {
+		if (verb == "set" || verb == "delete") && lostLog(ctx, c, stderr) {
+			return 1
+		}
 		switch verb {
 		case "set":
 			out, err := c.SetOverride(ctx, f.args[0], *scope, o, *author, "", policylog.NoExpect)
@@ -546,7 +558,7 @@ func fleetCommand(verb string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "no limiters: give --limiters or LIMITER_FLEET_URLS\n"+fleetUsage)
 		return 2
 	}
-	return withLog(stderr, func(ctx context.Context, c *policylog.Client) int {
+	return withLog(stderr, false, func(ctx context.Context, c *policylog.Client) int {
 		head := c.State().Head()
 		type row struct {
 			URL      string `json:"url"`

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,12 +10,16 @@ import (
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
-// TestPolicyLogKafkaKilledMidRun: a tailing limiter whose Kafka dies keeps
-// the revision in force (decisions go on under it), says so in /readyz
-// (policy.logError) and counts the failed reads; when Kafka is back — an
-// in-memory broker comes back empty, a log that started over — it reads
-// the new log from its start and enforces the new log's revision, although
-// that revision's number is below the one it held.
+// TestPolicyLogKafkaKilledMidRun: tailing limiters whose Kafka dies keep
+// the revision in force (decisions go on under it), say so in /readyz
+// (policy.logError) and count the failed reads. When Kafka is back empty
+// (an in-memory broker, a cluster rebuilt: the log is lost) and someone
+// pushes revision 1 on the empty log, none of them applies it: each keeps
+// revision 3 and its overrides, /readyz policy.status is "stale" with the
+// reason, and limiter_policy_log_stale is 1. `limiter policy restore
+// --from-cache` writes the state back as epoch 1: every limiter applies
+// it, with the digest it had before, and later writes go on from it.
+// (Three limiters: the fleet of the other log tests, on a 2-core machine.)
 func TestPolicyLogKafkaKilledMidRun(t *testing.T) {
 	t.Parallel()
 	testenv.SkipShort(t) // runs the binary
@@ -40,11 +45,25 @@ func TestPolicyLogKafkaKilledMidRun(t *testing.T) {
 			t.Fatalf("%v: %d %q %q", args, code, out, errOut)
 		}
 	}
-	p := startLimiter(t, logBootstrap, append(env, "POLICY_SOURCE=kafka", "POLICY_CACHE_DIR="+t.TempDir(), "LIMITER_GRPC_ADDR=")...)
-	waitRevision(t, p, 3)
+	var fleet []*limiterProc
+	var caches []string
+	for i := range 3 {
+		caches = append(caches, t.TempDir())
+		fleet = append(fleet, startLimiter(t, logBootstrap, append(env, "POLICY_SOURCE=kafka", "POLICY_CACHE_DIR="+caches[i],
+			fmt.Sprintf("LIMITER_INSTANCE_ID=l%d", i), "LIMITER_GRPC_ADDR=")...))
+	}
+	digest := ""
+	for _, p := range fleet {
+		pol := waitRevision(t, p, 3)
+		if pol["digest"] == nil || (digest != "" && pol["digest"] != digest) {
+			t.Fatalf("at revision 3: %v, want one digest on every limiter (%s)", pol, digest)
+		}
+		digest = pol["digest"].(string)
+	}
 
 	k.Close()
 	closed = true
+	p := fleet[0]
 	waitFor(t, "policy.logError in /readyz", 60*time.Second, func() bool {
 		pol := p.policyOf(t)
 		return pol["logError"] != nil
@@ -60,7 +79,8 @@ func TestPolicyLogKafkaKilledMidRun(t *testing.T) {
 		t.Fatalf("limiter_policy_log_errors_total = %v with Kafka down", n)
 	}
 
-	// Back on the same address, empty: the new log's revision 1.
+	// Back on the same address, empty; a careless push writes revision 1
+	// of a new history.
 	k2, err := testenv.NewKafkaWith(kafkadev.Config{Port: port, Topic: "ratelimit.decisions", Partitions: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -69,11 +89,38 @@ func TestPolicyLogKafkaKilledMidRun(t *testing.T) {
 	if out, errOut, code := runCLI(t, env, "policy", "push", doc, "-m", "after the restart", "--author", "ops"); code != 0 || !strings.Contains(out, "applied: revision 1") {
 		t.Fatalf("push to the new log: %d %q %q", code, out, errOut)
 	}
-	waitFor(t, "revision 1 of the new log", 60*time.Second, func() bool {
+	for _, p := range fleet {
+		waitFor(t, "the stale status", 60*time.Second, func() bool { return p.policyOf(t)["status"] == "stale" })
 		pol := p.policyOf(t)
-		return pol["revision"] == float64(1) && pol["source"] == "kafka" && pol["logError"] == nil && pol["author"] == "ops"
-	})
-	if d, _ := p.check(t, "acct_1", "x", 1); d.Policy == "override:acct_1" {
-		t.Fatalf("the new log has no override of acct_1, yet it decides: %+v", d)
+		if pol["revision"] != float64(3) || pol["overrides"] != float64(2) || pol["digest"] != digest || !strings.Contains(pol["logError"].(string), "limiter policy restore") {
+			t.Fatalf("%s after the lost log and a push: %v, want revision 3, its 2 overrides and digest %s kept, and why", p.url, pol, digest)
+		}
+		if d, _ := p.check(t, "acct_2", "x", 1); d.Policy != "override:acct_2" {
+			t.Fatalf("%s: acct_2 is decided by %q after the lost log, want its override", p.url, d.Policy)
+		}
+		if n := p.metric(t, "limiter_policy_log_stale"); n != 1 {
+			t.Fatalf("%s: limiter_policy_log_stale = %v", p.url, n)
+		}
+	}
+
+	// The restore, from one limiter's cache.
+	out, errOut, code := runCLI(t, env, "policy", "restore", "--from-cache", caches[1], "-m", "the broker lost its log", "--author", "ops")
+	if code != 0 || !strings.Contains(out, "epoch 1: revision 3 restored with 2 overrides, digest "+digest) {
+		t.Fatalf("restore: %d %q %q", code, out, errOut)
+	}
+	for _, p := range fleet {
+		waitFor(t, "the restore applied", 60*time.Second, func() bool {
+			pol := p.policyOf(t)
+			return pol["status"] == "ok" && pol["epoch"] == float64(1)
+		})
+		if pol := p.policyOf(t); pol["revision"] != float64(3) || pol["digest"] != digest || pol["overrides"] != float64(2) {
+			t.Fatalf("%s after the restore: %v, want revision 3 and digest %s", p.url, pol, digest)
+		}
+	}
+	if out, errOut, code := runCLI(t, env, "override", "set", "acct_3", "--tier", "pro", "--reason", "new", "--author", "billing"); code != 0 || !strings.Contains(out, "applied: revision 4") {
+		t.Fatalf("a write after the restore: %d %q %q", code, out, errOut)
+	}
+	for _, p := range fleet {
+		waitRevision(t, p, 4)
 	}
 }

@@ -70,14 +70,14 @@ func BenchmarkTailStartOverrides(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		pol, err := tail.start(ctx)
+		pol, err := tail.Start(ctx)
 		if err != nil {
 			b.Fatal(err)
 		}
 		took := time.Since(start)
 		cpu := cpuTime() - cpu0
 		after := heapstat.Live()
-		if got := tail.current(); got.Source != sourceKafka || got.Overrides != startOverrides {
+		if got := tail.Current(); got.Source != sourceKafka || got.Overrides != startOverrides {
 			b.Fatalf("started from %s with %d overrides, want kafka with %d", got.Source, got.Overrides, startOverrides)
 		}
 		b.ReportMetric(took.Seconds(), "s/start")
@@ -85,7 +85,7 @@ func BenchmarkTailStartOverrides(b *testing.B) {
 		b.ReportMetric(float64(int64(after)-int64(before))/startOverrides, "bytes/override")
 		runtime.KeepAlive(tail)
 		runtime.KeepAlive(pol)
-		tail.log.Close()
+		tail.Close()
 	}
 }
 

@@ -13,62 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/preview"
 )
-
-// rolloutInfo is /readyz's policy.rollout: the open rollout.
-type rolloutInfo struct {
-	// Revision is the rollout record's revision, the shadow revision the
-	// decision events carry.
-	Revision         int64     `json:"revision"`
-	EndsAt           time.Time `json:"endsAt"`
-	ShadowFor        string    `json:"shadowFor"`
-	MaxNewlyRejected float64   `json:"maxNewlyRejected"`
-	Author           string    `json:"author,omitempty"`
-	Message          string    `json:"message,omitempty"`
-}
-
-// rolloutTarget is what follows the open rollout (the shadow evaluator).
-type rolloutTarget interface {
-	SetRollout(p enforcement.Policy, rev int64)
-}
-
-func rolloutInfoOf(st *policylog.State) *rolloutInfo {
-	ro, ok := st.Rollout()
-	if !ok {
-		return nil
-	}
-	r := ro.Record
-	return &rolloutInfo{Revision: r.Revision, EndsAt: r.Rollout.EndsAt, ShadowFor: r.Rollout.ShadowFor,
-		MaxNewlyRejected: r.Rollout.MaxNewlyRejected, Author: r.Author, Message: r.Message}
-}
-
-// syncRollout gives the shadow evaluator the open rollout's candidate
-// (again at every revision: the overrides may have changed), or ends the
-// rollout's shadow. Run is its only caller after start.
-func (t *policyTail) syncRollout() {
-	if t.shadow == nil {
-		return
-	}
-	st := t.client.State()
-	ro, ok := st.Rollout()
-	if !ok {
-		if t.rolloutRev != 0 {
-			t.shadow.SetRollout(nil, 0)
-			t.logger.Info("rollout closed: its candidate is no longer evaluated in shadow", "rollout", t.rolloutRev, "revision", st.Head())
-		}
-		t.rolloutRev = 0
-		return
-	}
-	t.shadow.SetRollout(st.CandidateSnapshot(nil), ro.Record.Revision)
-	if t.rolloutRev != ro.Record.Revision {
-		t.logger.Info("rollout open: every decision is also evaluated under its candidate (reported, never enforced)",
-			"rollout", ro.Record.Revision, "ends_at", ro.Record.Rollout.EndsAt, "author", ro.Record.Author)
-	}
-	t.rolloutRev = ro.Record.Revision
-}
 
 // parseShare reads a share: "0.5%" or "0.005", from 0 to 1.
 func parseShare(s string) (float64, error) {

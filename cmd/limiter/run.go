@@ -123,13 +123,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	reloader.set(doc)
 	reloader.check = checkStores(cfg.Stores)
 	if tail != nil { // log mode: the file is only the bootstrap; SIGHUP still re-reads secrets
-		reloader.path, reloader.source = "", tail.current
+		reloader.path, reloader.source = "", tail.Current
 		if r, ok := meter.rec.(*meteringRecorder); ok {
-			r.revision = tail.revision
+			r.revision = tail.Revision
 		}
-		tail.shadow = sh // an open rollout's candidate is the shadow policy (rollout.go)
-		tail.missing = func(p enforcement.Policy) []string { return missingStores(p, cfg.Stores) }
-		tail.target = lim
+		tail.Shadow = sh // an open rollout's candidate is the shadow policy
+		tail.Missing = func(p enforcement.Policy) []string { return missingStores(p, cfg.Stores) }
+		tail.Target = lim
 		g.Add("policy log", tail.Run)
 	}
 	// SIGHUP also re-reads the secrets of the connections that can rotate
@@ -427,24 +427,6 @@ func addStores(b *readyBody, a *authority, missing []string) {
 type meteringStatus struct {
 	Status string `json:"status"`
 	Reason string `json:"reason,omitempty"`
-}
-
-type policyInfo struct {
-	Version int    `json:"version"`
-	Hash    string `json:"hash"`
-	File    string `json:"file"`
-	// Revision is the policy log's revision in force (0 in file mode, or
-	// from the bootstrap file); Source says where the policy came from:
-	// file, kafka, cache or bootstrap (policylog_tail.go).
-	Revision  int64  `json:"revision"`
-	Source    string `json:"source"`
-	Overrides int    `json:"overrides,omitempty"`
-	Author    string `json:"author,omitempty"`
-	// LogError: in log mode, why the log cannot be read now (the revision
-	// in force stays); empty while it can.
-	LogError string `json:"logError,omitempty"`
-	// Rollout is the open rollout of the policy log, if any (rollout.go).
-	Rollout *rolloutInfo `json:"rollout,omitempty"`
 }
 
 // readinessCauseWait is how long /readyz waits for a fresh diagnosis.

@@ -2,7 +2,8 @@
 // (github.com/twmb/franz-go/pkg/kfake) with the decisions topic created: the
 // broker of `make up` (cmd/kafka-dev, fixed port) and of the tests
 // (internal/testenv, free ports). It is for development and tests only: kfake
-// keeps everything in memory.
+// keeps everything in memory, or, with Config.DataDir, also on disk so that
+// a restarted broker has its topics back.
 package kafkadev
 
 import (
@@ -43,6 +44,10 @@ type Config struct {
 	// TLS, when set, makes the listener TLS-only with this server
 	// configuration (kfake's TLS option).
 	TLS *tls.Config
+	// DataDir, when set, is where the broker keeps its topics, offsets
+	// and groups (kfake's DataDir): a broker started again on it has them
+	// back. Empty = in memory only.
+	DataDir string
 }
 
 // User is a SASL user of the broker. Mechanism is PLAIN, SCRAM-SHA-256 or
@@ -107,6 +112,9 @@ func Start(cfg Config) (*Broker, error) {
 	if cfg.TLS != nil {
 		opts = append(opts, kfake.TLS(cfg.TLS))
 	}
+	if cfg.DataDir != "" {
+		opts = append(opts, kfake.DataDir(cfg.DataDir))
+	}
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafkadev: start broker on port %d: %w", cfg.Port, err)
@@ -154,7 +162,8 @@ func (b *Broker) Topic() string { return b.topic }
 // Cluster is the underlying kfake cluster (for fault injection in tests).
 func (b *Broker) Cluster() *kfake.Cluster { return b.cluster }
 
-// Close stops the broker; its data is gone. Safe to call more than once.
+// Close stops the broker; its data is gone unless it has a DataDir. Safe
+// to call more than once.
 func (b *Broker) Close() {
 	b.once.Do(func() {
 		close(b.stop)

@@ -180,3 +180,54 @@ func TestFetchFaults(t *testing.T) {
 	}
 	restore()
 }
+
+// TestDataDirKeepsTopics: a broker started again on the same DataDir (and
+// the same port) has its topics, their records and their configuration
+// back.
+func TestDataDirKeepsTopics(t *testing.T) {
+	dir := t.TempDir()
+	b, err := kafkadev.Start(kafkadev.Config{Topic: "t.decisions", Partitions: 2, DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := b.Port()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := b.Cluster().CreateTopic("t.policy", 1, map[string]string{"cleanup.policy": "compact"}); err != nil {
+		t.Fatal(err)
+	}
+	cl := &kafka.Client{Addr: kafka.TCP(b.Addr()), Timeout: 10 * time.Second}
+	res, err := cl.Produce(ctx, &kafka.ProduceRequest{Topic: "t.policy", Partition: 0, RequiredAcks: kafka.RequireAll,
+		Records: kafka.NewRecordReader(kafka.Record{Key: kafka.NewBytes([]byte("policy")), Value: kafka.NewBytes([]byte("revision 1"))})})
+	if err != nil || res.Error != nil {
+		t.Fatalf("produce: %v %v", err, res)
+	}
+	b.Close()
+
+	b, err = kafkadev.Start(kafkadev.Config{Port: port, Topic: "t.decisions", Partitions: 2, DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// A transport of its own: the default one pools connections to the
+	// broker that was closed, at the same address.
+	cl = &kafka.Client{Addr: kafka.TCP(b.Addr()), Timeout: 10 * time.Second, Transport: &kafka.Transport{}}
+	f, err := cl.Fetch(ctx, &kafka.FetchRequest{Topic: "t.policy", Partition: 0, Offset: 0, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond})
+	if err != nil || f.Error != nil {
+		t.Fatalf("fetch after the restart: %v %v", err, f)
+	}
+	r, err := f.Records.ReadRecord()
+	if err != nil {
+		t.Fatalf("no record after the restart: %v (high watermark %d)", err, f.HighWatermark)
+	}
+	v := make([]byte, 32)
+	n, _ := r.Value.Read(v)
+	if string(v[:n]) != "revision 1" || r.Offset != 0 {
+		t.Fatalf("after the restart: offset %d value %q", r.Offset, v[:n])
+	}
+	cfg, err := cl.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
+		ResourceType: kafka.ResourceTypeTopic, ResourceName: "t.policy", ConfigNames: []string{"cleanup.policy"}}}})
+	if err != nil || len(cfg.Resources) != 1 || len(cfg.Resources[0].ConfigEntries) != 1 || cfg.Resources[0].ConfigEntries[0].ConfigValue != "compact" {
+		t.Fatalf("configuration after the restart: %+v %v", cfg, err)
+	}
+}

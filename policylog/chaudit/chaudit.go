@@ -306,9 +306,19 @@ func Query(ctx context.Context, conn driver.Conn, database string, revision int6
 // first record was written at or before at (records carry their writer's
 // clock).
 func InForce(ctx context.Context, conn driver.Conn, database string, at time.Time) (*policylog.State, uint32, error) {
+	return stateAt(ctx, conn, database, at, false)
+}
+
+// InForceRecords is InForce with a State that keeps every override's
+// record, as `limiter policy restore` writes them back into a lost log.
+func InForceRecords(ctx context.Context, conn driver.Conn, database string, at time.Time) (*policylog.State, uint32, error) {
+	return stateAt(ctx, conn, database, at, true)
+}
+
+func stateAt(ctx context.Context, conn driver.Conn, database string, at time.Time, keep bool) (*policylog.State, uint32, error) {
 	q := fmt.Sprintf("SELECT log_epoch FROM %s.%s GROUP BY log_epoch HAVING min(time) <= toDateTime(?) ORDER BY log_epoch DESC LIMIT 1", database, Table)
 	var epoch uint32
-	st := policylog.NewState(false)
+	st := policylog.NewState(keep)
 	if err := conn.QueryRow(ctx, q, uint32(at.Unix())).Scan(&epoch); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return st, 0, nil

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -69,9 +70,19 @@ func (l *Log) Topic() string { return l.cfg.Topic }
 // Close releases the connections.
 func (l *Log) Close() { l.transport.CloseIdleConnections() }
 
+// topicConfigs are the configurations a policy topic is created with,
+// and the ones CheckIntegrity requires: compaction only, and retention
+// that never deletes (a record removed by retention is an override lost
+// without a word; some brokers apply retention to compacted topics too).
+var topicConfigs = map[string]string{
+	"cleanup.policy":  "compact",
+	"retention.ms":    "-1",
+	"retention.bytes": "-1",
+}
+
 // Ensure creates the topic when it is missing: one partition,
-// cleanup.policy=compact, and room for a document of
-// policy.MaxFileSize. An existing topic of more than one partition is an
+// cleanup.policy=compact, unbounded retention (topicConfigs), and room
+// for a document of policy.MaxFileSize. An existing topic of more than one partition is an
 // error (the log has no total order across partitions).
 func (l *Log) Ensure(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
@@ -79,7 +90,9 @@ func (l *Log) Ensure(ctx context.Context) error {
 	res, err := l.client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
 		Topic: l.cfg.Topic, NumPartitions: 1, ReplicationFactor: -1,
 		ConfigEntries: []kafka.ConfigEntry{
-			{ConfigName: "cleanup.policy", ConfigValue: "compact"},
+			{ConfigName: "cleanup.policy", ConfigValue: topicConfigs["cleanup.policy"]},
+			{ConfigName: "retention.ms", ConfigValue: topicConfigs["retention.ms"]},
+			{ConfigName: "retention.bytes", ConfigValue: topicConfigs["retention.bytes"]},
 			{ConfigName: "max.message.bytes", ConfigValue: fmt.Sprint(policylog.MaxRecord + 1<<20)},
 		},
 	}}})
@@ -143,10 +156,13 @@ func (l *Log) Fetch(ctx context.Context, from int64) ([]policylog.Entry, int64, 
 	if err == nil && errors.Is(res.Error, kafka.OffsetOutOfRange) {
 		// Before the start: read from the first offset there is. (After
 		// the end cannot happen to a reader that only moves forward.)
-		res, err = l.client.Fetch(ctx, &kafka.FetchRequest{
-			Topic: l.cfg.Topic, Partition: 0, Offset: kafka.FirstOffset,
-			MinBytes: 1, MaxBytes: 16 << 20, MaxWait: l.cfg.Wait,
-		})
+		var first int64
+		if first, err = l.FirstOffset(ctx); err == nil {
+			res, err = l.client.Fetch(ctx, &kafka.FetchRequest{
+				Topic: l.cfg.Topic, Partition: 0, Offset: first,
+				MinBytes: 1, MaxBytes: 16 << 20, MaxWait: l.cfg.Wait,
+			})
+		}
 	}
 	if err != nil {
 		return nil, 0, err
@@ -184,6 +200,91 @@ func (l *Log) Fetch(ctx context.Context, from int64) ([]policylog.Entry, int64, 
 		out = append(out, e)
 	}
 	return out, res.HighWatermark, nil
+}
+
+// ErrUnsafe is wrapped by the error CheckIntegrity returns for a topic
+// that can lose records.
+var ErrUnsafe = policylog.ErrLogUnsafe
+
+// CheckIntegrity checks that the topic cannot delete records, its
+// configuration being topicConfigs' (DescribeConfigs), and returns its
+// first offset. Compaction never moves a log's start offset; retention and
+// DeleteRecords do, so a start above 0 is a gap that is not compaction
+// (policylog.Follower judges it). A failure to ask is returned unwrapped.
+func (l *Log) CheckIntegrity(ctx context.Context) (first int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	defer cancel()
+	res, err := l.client.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
+		ResourceType: kafka.ResourceTypeTopic, ResourceName: l.cfg.Topic,
+		ConfigNames: []string{"cleanup.policy", "retention.ms", "retention.bytes"},
+	}}})
+	if err != nil {
+		return 0, fmt.Errorf("describe the configuration of %s: %w", l.cfg.Topic, err)
+	}
+	var bad []string
+	for _, r := range res.Resources {
+		if r.Error != nil {
+			return 0, fmt.Errorf("describe the configuration of %s: %w", l.cfg.Topic, r.Error)
+		}
+		got := map[string]string{}
+		for _, e := range r.ConfigEntries {
+			got[e.ConfigName] = e.ConfigValue
+		}
+		for _, name := range []string{"cleanup.policy", "retention.ms", "retention.bytes"} {
+			if v, ok := got[name]; !ok || v != topicConfigs[name] {
+				bad = append(bad, fmt.Sprintf("%s=%s (want %s)", name, v, topicConfigs[name]))
+			}
+		}
+	}
+	if len(bad) > 0 {
+		return 0, fmt.Errorf("%w: topic %s has %s; set them with kafka-configs --alter (docs/policy-log-recovery.md)", ErrUnsafe, l.cfg.Topic, strings.Join(bad, ", "))
+	}
+	return l.FirstOffset(ctx)
+}
+
+// FirstOffset is the first offset the log holds (its end when retention
+// removed every record).
+func (l *Log) FirstOffset(ctx context.Context) (int64, error) {
+	off, err := l.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{l.cfg.Topic: {kafka.FirstOffsetOf(0)}}})
+	if err != nil {
+		return 0, fmt.Errorf("first offset of %s: %w", l.cfg.Topic, err)
+	}
+	for _, p := range off.Topics[l.cfg.Topic] {
+		if p.Error != nil {
+			return 0, fmt.Errorf("first offset of %s: %w", l.cfg.Topic, p.Error)
+		}
+		return max(p.FirstOffset, 0), nil
+	}
+	return 0, fmt.Errorf("first offset of %s: not in the answer", l.cfg.Topic)
+}
+
+// ErrNoTopic is wrapped by Exists's error for a topic that does not
+// exist.
+var ErrNoTopic = errors.New("the policy topic does not exist")
+
+// Exists checks that the topic exists without creating it (a metadata
+// request that does not allow auto-creation): what a reader that must
+// write nothing calls instead of Ensure.
+func (l *Log) Exists(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	defer cancel()
+	md, err := l.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{l.cfg.Topic}})
+	if err != nil {
+		return fmt.Errorf("metadata of %s: %w", l.cfg.Topic, err)
+	}
+	for _, t := range md.Topics {
+		if t.Name != l.cfg.Topic {
+			continue
+		}
+		if IsNoTopic(t.Error) {
+			break
+		}
+		if t.Error != nil {
+			return fmt.Errorf("topic %s: %w", l.cfg.Topic, t.Error)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: %s (check POLICY_TOPIC; nothing was created)", ErrNoTopic, l.cfg.Topic)
 }
 
 // IsNoTopic reports whether err says the topic does not exist (no writer

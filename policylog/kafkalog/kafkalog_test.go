@@ -3,9 +3,17 @@ package kafkalog_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/testenv"
@@ -147,4 +155,156 @@ func TestRacingWriters(t *testing.T) {
 	if len(compacted.History()) >= len(full.History()) {
 		t.Fatalf("compaction removed nothing (%d entries)", len(full.History()))
 	}
+}
+
+// TestConcurrentOverrideWriters: 4 writers each set 25 overrides on keys
+// of their own, at once, without an expected revision: all 100 are
+// applied (a writer that loses a revision to another key's record
+// rebases), and every reader, of the full log and of the compacted one,
+// holds the same 100 overrides.
+func TestConcurrentOverrideWriters(t *testing.T) {
+	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
+	c := ctx(t)
+	if err := open(t, k).Ensure(c); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := policylog.NewClient(open(t, k), true).Write(c, docRec(docA, "alice"), policylog.NoExpect); err != nil {
+		t.Fatal(err)
+	}
+	const writers, each = 4, 25
+	var wg sync.WaitGroup
+	errs := make(chan error, writers*each)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := policylog.NewClient(open(t, k), true)
+			for i := range each {
+				key := fmt.Sprintf("acct_w%d_%02d", w, i)
+				_, err := cl.SetOverride(c, key, "", policy.Override{Tier: "pro", Reason: "billing"}, fmt.Sprintf("writer%d", w), "upgrade", policylog.NoExpect)
+				if err != nil {
+					errs <- fmt.Errorf("%s: %w", key, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	full := policylog.NewClient(open(t, k), false)
+	if err := full.Sync(c); err != nil {
+		t.Fatal(err)
+	}
+	if got := full.State().Overrides(); got != writers*each {
+		t.Fatalf("%d overrides in force, want %d", got, writers*each)
+	}
+	k.Cluster().Compact()
+	compacted := policylog.NewClient(open(t, k), false)
+	if err := compacted.Sync(c); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := full.State().Digest(), compacted.State().Digest(); a != b || compacted.State().Head() != full.State().Head() {
+		t.Fatalf("compacted reader: head %d digest %s; full: head %d digest %s", compacted.State().Head(), b, full.State().Head(), a)
+	}
+}
+
+// TestIntegrity: the topic Ensure creates cannot lose records; a topic
+// created by someone else with delete retention is reported, and so is a
+// log whose start retention removed, by CheckIntegrity and by a
+// follower's /readyz status.
+func TestIntegrity(t *testing.T) {
+	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
+	c := ctx(t)
+	l := open(t, k)
+	if err := l.Ensure(c); err != nil {
+		t.Fatal(err)
+	}
+	if first, err := l.CheckIntegrity(c); err != nil || first != 0 {
+		t.Fatalf("the topic Ensure created: first %d, %v", first, err)
+	}
+	w := policylog.NewClient(l, true)
+	if _, err := w.Write(c, docRec(docA, "alice"), policylog.NoExpect); err != nil {
+		t.Fatal(err)
+	}
+	if f := follow(t, l); f.Current().Status != policylog.StatusOK {
+		t.Fatalf("a safe topic: %+v", f.Current())
+	}
+
+	// Created by someone else, compacted and deleted after 7 days.
+	if err := k.Cluster().CreateTopic("other.policy", 1, map[string]string{"cleanup.policy": "compact,delete", "retention.ms": "604800000"}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := kafkalog.New(kafkalog.Config{Brokers: []string{k.Addr()}, Topic: "other.policy", Security: &kafkaconn.Security{}, Wait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(other.Close)
+	_, err = other.CheckIntegrity(c)
+	if !errors.Is(err, policylog.ErrLogUnsafe) || !strings.Contains(err.Error(), "cleanup.policy=compact,delete") || !strings.Contains(err.Error(), "retention.ms=604800000") {
+		t.Fatalf("a topic with delete retention: %v", err)
+	}
+	if _, err := policylog.NewClient(other, true).Write(c, docRec(docA, "alice"), policylog.NoExpect); err != nil {
+		t.Fatal(err)
+	}
+	if f := follow(t, other); f.Current().Status != policylog.StatusUnsafe || !strings.Contains(f.Current().LogUnsafe, "cleanup.policy") {
+		t.Fatalf("a follower of a topic with delete retention: %+v", f.Current())
+	}
+
+	// Retention removed the start of the log (its configuration put back
+	// afterwards): the start is not compaction's.
+	for i := range 5 {
+		if _, err := w.SetOverride(c, fmt.Sprintf("acct_%d", i), "", policy.Override{Tier: "pro", Reason: "r"}, "bob", "m", policylog.NoExpect); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alter := func(bytes string) {
+		cl := &kafka.Client{Addr: kafka.TCP(k.Addr()), Timeout: 10 * time.Second}
+		res, err := cl.AlterConfigs(c, &kafka.AlterConfigsRequest{Resources: []kafka.AlterConfigRequestResource{{
+			ResourceType: kafka.ResourceTypeTopic, ResourceName: "ratelimit.policy",
+			Configs: []kafka.AlterConfigRequestConfig{{Name: "cleanup.policy", Value: "compact"}, {Name: "retention.ms", Value: "-1"}, {Name: "retention.bytes", Value: bytes}},
+		}}})
+		if err == nil {
+			for _, e := range res.Errors {
+				err = errors.Join(err, e)
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	alter("1")
+	k.Cluster().ApplyRetention()
+	alter("-1")
+	first, err := l.CheckIntegrity(c)
+	if err != nil || first == 0 {
+		t.Fatalf("after retention: first %d, %v", first, err)
+	}
+	if f := follow(t, l); f.Current().Status != policylog.StatusUnsafe || !strings.Contains(f.Current().LogUnsafe, "starts at offset") {
+		t.Fatalf("a follower of a log retention cut: %+v", f.Current())
+	}
+}
+
+func follow(t *testing.T, l *kafkalog.Log) *policylog.Follower {
+	t.Helper()
+	boot := filepath.Join(t.TempDir(), "bootstrap.yaml")
+	if err := os.WriteFile(boot, []byte(docA), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f := policylog.NewFollower(policylog.FollowerConfig{
+		Log: l, Topic: l.Topic(), StartWait: 10 * time.Second, Bootstrap: boot,
+		Metrics: policylog.NewMetrics(prometheus.NewRegistry()), Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+	})
+	if _, err := f.Start(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
 }
