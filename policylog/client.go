@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/ratewarden/ratewarden/policy"
@@ -43,6 +45,8 @@ type Client struct {
 	history []HistoryItem
 	// OnApply, when set, is told of every entry applied (for metrics).
 	OnApply func(Entry, Outcome)
+	keys    *Keyring
+	signer  *Signer
 }
 
 // NewClient returns a client that has read nothing yet. keep is passed to
@@ -52,6 +56,44 @@ type Client struct {
 // million overrides costs it only the overrides.
 func NewClient(log Log, keep bool) *Client {
 	return &Client{log: log, keep: keep, st: NewState(keep)}
+}
+
+// Authenticate makes the client apply only records signed by a key of
+// keys (State.Authenticate); call it before the first read.
+func (c *Client) Authenticate(keys *Keyring) {
+	c.keys = keys
+	c.st.Authenticate(keys)
+}
+
+// Sign makes the client sign every record it writes with s. With a
+// keyring (Authenticate), a write by a key the keyring lacks is refused
+// before anything is written.
+func (c *Client) Sign(s *Signer) { c.signer = s }
+
+// Identity is who the client writes as: its key's identity in its keyring
+// ("" without a signer or a keyring, or when the keyring lacks the key).
+func (c *Client) Identity() string {
+	if c.signer == nil || c.keys == nil {
+		return ""
+	}
+	id, _ := c.keys.Identity(c.signer.Public())
+	return id
+}
+
+func (c *Client) newState() *State {
+	st := NewState(c.keep)
+	st.Authenticate(c.keys)
+	return st
+}
+
+// encode is rec's log value: signed when the client has a signer.
+func (c *Client) encode(rec *Record) ([]byte, error) {
+	if c.signer != nil {
+		return c.signer.Encode(rec)
+	}
+	r := *rec
+	r.Signer, r.Sig = "", ""
+	return r.Encode()
 }
 
 // ErrStartedOver is wrapped by the error Poll returns when the log ends
@@ -131,20 +173,51 @@ func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {
 	if next := c.st.NextOffset(); end < next {
 		// A reader only moves forward, so the log it read ended at or
 		// after next.
-		c.st, c.history = NewState(c.keep), nil
+		c.st, c.history = c.newState(), nil
 		return false, fmt.Errorf("%w: it ends at offset %d, before offset %d already read", ErrStartedOver, end, next)
 	}
-	for _, e := range entries {
+	auths := c.authenticateAll(entries)
+	for i, e := range entries {
 		if e.Offset < c.st.NextOffset() {
 			continue // a batch may start before the offset asked for
 		}
-		c.apply(e)
+		c.applyAuthed(e, auths[i])
 	}
 	return c.st.NextOffset() >= end, nil
 }
 
-func (c *Client) apply(e Entry) Outcome {
-	o := c.st.Apply(e)
+// parallelFrom is the batch size from which signatures are checked on
+// every CPU: a signature costs far more to check than the rest of a
+// record, and a start reads the log in large batches.
+const parallelFrom = 64
+
+// authenticateAll judges the signatures of entries (the apply rule's
+// first step, which depends on nothing but the entry itself), on every
+// CPU for a large batch; the records are then applied in log order.
+func (c *Client) authenticateAll(entries []Entry) []auth {
+	out := make([]auth, len(entries))
+	if c.keys == nil {
+		return out
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(entries)/parallelFrom+1)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(entries); i += workers {
+				out[i] = c.st.authenticate(entries[i])
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func (c *Client) apply(e Entry) Outcome { return c.applyAuthed(e, c.st.authenticate(e)) }
+
+func (c *Client) applyAuthed(e Entry, a auth) Outcome {
+	o := c.st.apply(e, a)
 	if c.keep {
 		h := HistoryItem{Offset: e.Offset, LogKey: e.Key, Result: o.Result, Code: o.Code, Reason: o.Reason, Meta: metaOf(&o.Record), Restates: o.Record.Restates}
 		if o.Result == Applied && o.Record.changesDocument() {
@@ -202,6 +275,13 @@ func (c *Client) Write(ctx context.Context, rec Record, expect int64) (Outcome, 
 		rec.Time = time.Now().UTC()
 	}
 	rec.Restates = false
+	if c.signer != nil && c.keys != nil {
+		id := c.Identity()
+		if id == "" {
+			return Outcome{}, fmt.Errorf("the signing key (id %s) is not in the keyring: its records would be refused as %s", c.signer.KeyID(), CodeUnauthenticated)
+		}
+		rec.Author = id
+	}
 	rec.Seal()
 	if rec.Parent != head {
 		o := c.st.refuse(rec, CodeConflict, "")
@@ -237,7 +317,7 @@ func (c *Client) Write(ctx context.Context, rec Record, expect int64) (Outcome, 
 
 // append writes rec and reads the log up to it.
 func (c *Client) append(ctx context.Context, rec Record) (Outcome, error) {
-	b, err := rec.Encode()
+	b, err := c.encode(&rec)
 	if err != nil {
 		return Outcome{}, err
 	}
@@ -292,7 +372,7 @@ func (c *Client) restate(ctx context.Context, refused Record) error {
 		}
 		cur.Restates = true
 		cur.RefusedRevision, cur.RefusedSHA256 = refused.Revision, refused.SHA256
-		b, err := cur.Encode()
+		b, err := c.encode(&cur)
 		if err != nil {
 			return err
 		}

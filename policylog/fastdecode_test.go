@@ -126,3 +126,26 @@ func FuzzFastDecodeAgreesWithJSON(f *testing.F) {
 		}
 	})
 }
+
+// TestFastDecodeTakesSignedRecords: a signed override record (its
+// "signer" and "sig" members) stays on the fast path.
+func TestFastDecodeTakesSignedRecords(t *testing.T) {
+	s, err := GenerateSigner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range writersRecords() {
+		v, err := s.Encode(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := decodeOverride(v)
+		if !ok {
+			t.Fatalf("record %d: not taken by the fast path: %s", i, v)
+		}
+		want, err := decodeJSON(r.LogKey(), v)
+		if err != nil || !reflect.DeepEqual(got, want) || got.Signer != s.KeyID() || got.Sig == "" {
+			t.Fatalf("record %d: fast %+v, json %+v (%v)", i, got, want, err)
+		}
+	}
+}

@@ -103,6 +103,11 @@ type Record struct {
 	// the candidate when it promotes). See rollout.go.
 	Rollout *Rollout `json:"rollout,omitempty"`
 	Verdict *Verdict `json:"verdict,omitempty"`
+
+	// Signer is the id of the key that signed the record and Sig its
+	// signature; they stay the last members (keyring.go).
+	Signer string `json:"signer,omitempty"`
+	Sig    string `json:"sig,omitempty"`
 }
 
 // OverrideLogKey is the log key of an override: "override/<key>" or
