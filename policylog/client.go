@@ -275,12 +275,8 @@ func (c *Client) Write(ctx context.Context, rec Record, expect int64) (Outcome, 
 		rec.Time = time.Now().UTC()
 	}
 	rec.Restates = false
-	if c.signer != nil && c.keys != nil {
-		id := c.Identity()
-		if id == "" {
-			return Outcome{}, fmt.Errorf("the signing key (id %s) is not in the keyring: its records would be refused as %s", c.signer.KeyID(), CodeUnauthenticated)
-		}
-		rec.Author = id
+	if c.signer != nil && c.keys != nil && c.Identity() == "" {
+		return Outcome{}, fmt.Errorf("the signing key (id %s) is not in the keyring: its records would be refused as %s", c.signer.KeyID(), CodeUnauthenticated)
 	}
 	rec.Seal()
 	if rec.Parent != head {

@@ -23,6 +23,15 @@ package policylog
 // else is judged, by every reader the same way. A tombstone (no value)
 // cannot be signed; it changes no state either way.
 //
+// # Who the author is
+//
+// The author a reader records is the identity of the key (AuthorOf): a
+// record naming no author, or its key's identity, is that identity's; one
+// naming someone else is "IDENTITY/NAME": the key's holder vouches that
+// it acted for NAME (usage-api signs with its own key for the operator
+// whose credential made the request). No one can appear as an author but
+// under the identity of a key the keyring trusts.
+//
 // # Retiring and removing a key
 //
 // A keyring line may end with `until=N`: the key is trusted for records of
@@ -347,4 +356,53 @@ func (s *Signer) Encode(rec *Record) ([]byte, error) {
 	out = append(append(out, b[:len(b)-1]...), sigMember...)
 	out = base64.StdEncoding.AppendEncode(out, sig)
 	return append(out, `"}`...), nil
+}
+
+// AuthorOf is the author recorded for a record signed by identity's key
+// that names itself declared (see "Who the author is").
+func AuthorOf(identity, declared string) string {
+	if declared == "" || declared == identity {
+		return identity
+	}
+	return identity + "/" + declared
+}
+
+// Keys is what a process signs with and judges by: POLICY_SIGNING_KEY_FILE
+// and POLICY_TRUSTED_KEYS_FILE; a nil member is unset.
+type Keys struct {
+	Signer *Signer
+	Ring   *Keyring
+}
+
+// LoadKeys reads the signing key file and the keyring file, each when its
+// path is not empty. With both, the signing key must be in the keyring:
+// what it signs would be refused otherwise.
+func LoadKeys(signingKeyFile, trustedKeysFile string) (Keys, error) {
+	var k Keys
+	var errs []error
+	var err error
+	if signingKeyFile != "" {
+		if k.Signer, err = LoadSigner(signingKeyFile); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if trustedKeysFile != "" {
+		if k.Ring, err = LoadKeyring(trustedKeysFile); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if k.Signer != nil && k.Ring != nil {
+		if _, ok := k.Ring.Identity(k.Signer.Public()); !ok {
+			errs = append(errs, fmt.Errorf("the signing key (id %s) is not in the keyring %s: what it signs would be refused", k.Signer.KeyID(), trustedKeysFile))
+		}
+	}
+	return k, errors.Join(errs...)
+}
+
+// Use makes c judge by the keyring and sign with the signer, when set.
+func (k Keys) Use(c *Client) {
+	c.Authenticate(k.Ring)
+	if k.Signer != nil {
+		c.Sign(k.Signer)
+	}
 }

@@ -76,8 +76,8 @@ func TestKeyringJudgesEveryRecord(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			s := policylog.NewState(true)
 			s.Authenticate(keys)
-			if o := s.Apply(good); o.Result != policylog.Applied || o.Record.Author != "alice" {
-				t.Fatalf("signed record: %s %s %q, author %q; want applied, author alice", o.Result, o.Code, o.Reason, o.Record.Author)
+			if o := s.Apply(good); o.Result != policylog.Applied || o.Record.Author != "alice/mallory" {
+				t.Fatalf("signed record: %s %s %q, author %q; want applied, author alice/mallory", o.Result, o.Code, o.Reason, o.Record.Author)
 			}
 			o := s.Apply(c.e)
 			if o.Result != policylog.Refused || o.Code != policylog.CodeUnauthenticated || !strings.Contains(o.Reason, c.reason) {
@@ -137,7 +137,7 @@ func TestRetiredAndRemovedKeys(t *testing.T) {
 	if got[3].Code != policylog.CodeUnauthenticated || !strings.Contains(got[3].Reason, "retired after revision 2") {
 		t.Fatalf("a record past retirement: %s %q", got[3].Code, got[3].Reason)
 	}
-	if got[1].Record.Author != "ops-2025" || got[2].Record.Author != "ops-2026" {
+	if got[1].Record.Author != "ops-2025/ops" || got[2].Record.Author != "ops-2026/ops" {
 		t.Fatalf("authors %q, %q", got[1].Record.Author, got[2].Record.Author)
 	}
 

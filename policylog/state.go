@@ -234,7 +234,7 @@ func (s *State) apply(e Entry, a auth) Outcome {
 			rec.Author = ""
 			return s.refuse(rec, CodeUnauthenticated, reason)
 		}
-		rec.Author = a.identity
+		rec.Author = AuthorOf(a.identity, rec.Author)
 	}
 	if rec.Restates {
 		return s.restate(rec)

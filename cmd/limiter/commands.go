@@ -34,6 +34,8 @@ service) with its configuration read from the environment: README.md,
 					Summary: "the document in force (or at REVISION)"},
 				{Name: "diff", Args: "REVISION_A REVISION_B", Run: verb(policyLogCommand, "diff"),
 					Summary: "what changed between two revisions"},
+				{Name: "keygen", Args: "IDENTITY --out FILE", Run: policyKeygen,
+					Summary: "a new writer's signing key, and its keyring line"},
 			}},
 			{Name: "override", Summary: "per-key overrides on the policy log", Sub: []cli.Command{
 				{Name: "set", Args: "KEY [--scope S] [--tier T | --rate R --burst B [--period P]] [flags] --reason TEXT", Run: verb(overrideCommand, "set"),

@@ -100,6 +100,11 @@ func openPolicyLog(getenv func(string) string) (*kafkalog.Log, error) {
 
 // withLog runs fn with a client that has read the whole log.
 func withLog(stderr io.Writer, fn func(ctx context.Context, c *policylog.Client) int) int {
+	keys, err := policyKeys(os.Getenv) // policykeys.go
+	if err != nil {
+		fmt.Fprintln(stderr, "limiter: invalid configuration: "+err.Error())
+		return 2
+	}
 	l, err := openPolicyLog(os.Getenv)
 	if err != nil {
 		fmt.Fprintln(stderr, "limiter: invalid configuration: "+err.Error())
@@ -113,6 +118,7 @@ func withLog(stderr io.Writer, fn func(ctx context.Context, c *policylog.Client)
 		return 1
 	}
 	c := policylog.NewClient(l, true)
+	keys.Use(c)
 	if err := c.Sync(ctx); err != nil {
 		fmt.Fprintln(stderr, "policy log: read: "+err.Error())
 		return 1
@@ -186,7 +192,7 @@ func policyLogCommand(verb string, args []string, stdout, stderr io.Writer) int 
 	switch verb {
 	case "push", "rollback":
 		message = f.String("m", "", "message (why; required)")
-		author = f.String("author", defaultAuthor(), "author")
+		author = f.String("author", authorDefault(os.Getenv), "author (signed: who the key holder acts for; default the key's identity alone)")
 		f.BoolVar(asJSON, "json", false, "print the outcome as JSON")
 		if verb == "push" {
 			expect = f.Int64("expect-revision", policylog.NoExpect, "refuse unless the head is this revision")
@@ -415,7 +421,7 @@ func overrideCommand(verb string, args []string, stdout, stderr io.Writer) int {
 		fallthrough
 	case "delete":
 		reason = f.String("reason", "", "why (required)")
-		author = f.String("author", defaultAuthor(), "author")
+		author = f.String("author", authorDefault(os.Getenv), "author (signed: who the key holder acts for; default the key's identity alone)")
 		fallthrough
 	case "get":
 		scope = f.String("scope", "", "scope (default: every scope of the key)")
