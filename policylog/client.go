@@ -275,8 +275,13 @@ func (c *Client) Write(ctx context.Context, rec Record, expect int64) (Outcome, 
 		rec.Time = time.Now().UTC()
 	}
 	rec.Restates = false
-	if c.signer != nil && c.keys != nil && c.Identity() == "" {
-		return Outcome{}, fmt.Errorf("the signing key (id %s) is not in the keyring: its records would be refused as %s", c.signer.KeyID(), CodeUnauthenticated)
+	if c.keys != nil && (c.signer == nil || c.Identity() == "") {
+		// What every reader would refuse is not written.
+		o := c.st.refuse(rec, CodeUnauthenticated, "no signing key: the readers' keyring refuses an unsigned record")
+		if c.signer != nil {
+			o.Reason = fmt.Sprintf("the signing key (id %s) is not in the keyring: the readers would refuse what it signs", c.signer.KeyID())
+		}
+		return o, &Refusal{o}
 	}
 	rec.Seal()
 	if rec.Parent != head {

@@ -97,7 +97,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"source"}),
 		records: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_policy_log_records_total",
-			Help: "Records of the policy log read, by result (applied, refused, ignored) and refusal code (conflict, invalid, garbled).",
+			Help: "Records of the policy log read, by result (applied, refused, ignored) and refusal code (conflict, invalid, garbled, unauthenticated).",
 		}, []string{"result", "code"}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "limiter_policy_log_errors_total",
@@ -108,7 +108,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.source.WithLabelValues(s)
 	}
 	m.records.WithLabelValues(Applied, "")
-	for _, c := range []string{CodeConflict, CodeInvalid, CodeGarbled} {
+	for _, c := range []string{CodeConflict, CodeInvalid, CodeGarbled, CodeUnauthenticated} {
 		m.records.WithLabelValues(Refused, c)
 	}
 	reg.MustRegister(m.revision, m.source, m.records, m.errors)
@@ -149,6 +149,9 @@ type FollowerConfig struct {
 	Bootstrap string        // POLICY_FILE: the policy while the log is empty
 	Metrics   *Metrics      // required
 	Logger    *slog.Logger  // required
+	// Keys, when set, is the keyring every record must be signed by
+	// (POLICY_TRUSTED_KEYS_FILE; keyring.go).
+	Keys *Keyring
 }
 
 // Follower is the limiter's reader of the policy log.
@@ -180,6 +183,7 @@ func (f *Follower) newClient() *Client {
 	// Records are not kept: a limiter holds only what resolution needs
 	// (the cache is written from the compiled overrides).
 	c := NewClient(f.cfg.Log, false)
+	c.Authenticate(f.cfg.Keys)
 	c.OnApply = func(e Entry, o Outcome) {
 		f.cfg.Metrics.records.WithLabelValues(o.Result, o.Code).Inc()
 		if o.Result == Refused {
