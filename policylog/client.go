@@ -47,6 +47,10 @@ type Client struct {
 	OnApply func(Entry, Outcome)
 	keys    *Keyring
 	signer  *Signer
+	// prior: the checks a previous run made (UseChecked); checked: the
+	// signatures that held in this run, in log order.
+	prior   *Checked
+	checked []checkedEntry
 }
 
 // NewClient returns a client that has read nothing yet. keep is passed to
@@ -64,6 +68,14 @@ func (c *Client) Authenticate(keys *Keyring) {
 	c.keys = keys
 	c.st.Authenticate(keys)
 }
+
+// UseChecked spares the signature checks that prior vouches for
+// (checked.go); call it before the first read.
+func (c *Client) UseChecked(prior *Checked) { c.prior = prior }
+
+// Checked is the signatures that held in what the client read, for
+// UseChecked on a later run. The caller must not keep it across reads.
+func (c *Client) Checked() *Checked { return &Checked{entries: c.checked} }
 
 // Sign makes the client sign every record it writes with s. With a
 // keyring (Authenticate), a write by a key the keyring lacks is refused
@@ -173,7 +185,7 @@ func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {
 	if next := c.st.NextOffset(); end < next {
 		// A reader only moves forward, so the log it read ended at or
 		// after next.
-		c.st, c.history = c.newState(), nil
+		c.st, c.history, c.checked = c.newState(), nil, nil
 		return false, fmt.Errorf("%w: it ends at offset %d, before offset %d already read", ErrStartedOver, end, next)
 	}
 	auths := c.authenticateAll(entries)
@@ -206,7 +218,7 @@ func (c *Client) authenticateAll(entries []Entry) []auth {
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(entries); i += workers {
-				out[i] = c.st.authenticate(entries[i])
+				out[i] = c.st.authenticate(entries[i], c.prior)
 			}
 		}()
 	}
@@ -214,10 +226,13 @@ func (c *Client) authenticateAll(entries []Entry) []auth {
 	return out
 }
 
-func (c *Client) apply(e Entry) Outcome { return c.applyAuthed(e, c.st.authenticate(e)) }
+func (c *Client) apply(e Entry) Outcome { return c.applyAuthed(e, c.st.authenticate(e, c.prior)) }
 
 func (c *Client) applyAuthed(e Entry, a auth) Outcome {
 	o := c.st.apply(e, a)
+	if a.signed {
+		c.checked = append(c.checked, checkedEntry{off: e.Offset, sum: a.sum})
+	}
 	if c.keep {
 		h := HistoryItem{Offset: e.Offset, LogKey: e.Key, Result: o.Result, Code: o.Code, Reason: o.Reason, Meta: metaOf(&o.Record), Restates: o.Record.Restates}
 		if o.Result == Applied && o.Record.changesDocument() {

@@ -169,11 +169,21 @@ type Follower struct {
 	Missing func(enforcement.Policy) []string
 
 	rolloutRev int64 // the rollout Shadow was given (0 = none)
+	// prior is the signature checks of the previous run (checked.go),
+	// used by Start only.
+	prior *Checked
 }
 
 // NewFollower returns a follower that has read nothing yet.
 func NewFollower(cfg FollowerConfig) *Follower {
 	f := &Follower{cfg: cfg}
+	if cfg.Keys != nil && cfg.CacheDir != "" {
+		p, err := LoadChecked(filepath.Join(cfg.CacheDir, CheckedFile))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			cfg.Logger.Warn("policy cache: checked signatures unreadable; every signature is checked again", "err", err)
+		}
+		f.prior = p
+	}
 	f.client = f.newClient()
 	f.info.Store(&Info{})
 	return f
@@ -184,6 +194,7 @@ func (f *Follower) newClient() *Client {
 	// (the cache is written from the compiled overrides).
 	c := NewClient(f.cfg.Log, false)
 	c.Authenticate(f.cfg.Keys)
+	c.UseChecked(f.prior)
 	c.OnApply = func(e Entry, o Outcome) {
 		f.cfg.Metrics.records.WithLabelValues(o.Result, o.Code).Inc()
 		if o.Result == Refused {
@@ -228,6 +239,9 @@ func (f *Follower) Start(ctx context.Context) (enforcement.Policy, error) {
 		}
 	}
 	if err == nil {
+		// What the start checked is all the previous run could vouch for.
+		f.prior = nil
+		f.client.UseChecked(nil)
 		if p := f.fromState(f.client.State(), SourceKafka); p != nil {
 			f.writeCache()
 			return p, nil
@@ -403,6 +417,9 @@ func (f *Follower) writeCache() {
 	b, err := json.Marshal(body)
 	if err == nil {
 		err = writeFileAtomic(filepath.Join(f.cfg.CacheDir, CacheFile), b)
+	}
+	if err == nil && f.cfg.Keys != nil {
+		err = f.client.Checked().Save(filepath.Join(f.cfg.CacheDir, CheckedFile))
 	}
 	if err != nil {
 		f.cfg.Logger.Error("policy cache: cannot write; a start while the log is unreachable will use POLICY_FILE", "dir", f.cfg.CacheDir, "err", err)

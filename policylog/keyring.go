@@ -223,19 +223,30 @@ func (k *Keyring) Identity(pub ed25519.PublicKey) (string, bool) {
 // the key may sign (0 = any: the caller checks the record's); the error
 // (wrapping ErrUnauthenticated) says why a value is refused.
 func (k *Keyring) Authenticate(key string, value []byte) (identity string, until int64, err error) {
+	identity, until, _, err = k.check(key, value, nil)
+	return identity, until, err
+}
+
+// check is Authenticate that takes the signature as checked when vouched
+// says that its digest (checked.go) was checked before; sum is the digest.
+func (k *Keyring) check(key string, value []byte, vouched func([16]byte) bool) (identity string, until int64, sum [16]byte, err error) {
 	unsigned, sig, id, ok := splitSigned(value)
 	if !ok {
-		return "", 0, fmt.Errorf("%w: not signed", ErrUnauthenticated)
+		return "", 0, sum, fmt.Errorf("%w: not signed", ErrUnauthenticated)
 	}
 	t, ok := k.byID[id]
 	if !ok {
-		return "", 0, fmt.Errorf("%w: signed by key %s, which the keyring does not hold", ErrUnauthenticated, id)
+		return "", 0, sum, fmt.Errorf("%w: signed by key %s, which the keyring does not hold", ErrUnauthenticated, id)
+	}
+	sum = checkedSum(t.pub, key, value)
+	if vouched != nil && vouched(sum) {
+		return t.identity, t.until, sum, nil
 	}
 	if !ed25519.Verify(t.pub, signedMessage(key, unsigned), sig) {
-		return "", 0, fmt.Errorf("%w: the signature of key %s (%s) does not match the record (altered, or moved to another log key)",
+		return "", 0, sum, fmt.Errorf("%w: the signature of key %s (%s) does not match the record (altered, or moved to another log key)",
 			ErrUnauthenticated, id, t.identity)
 	}
-	return t.identity, t.until, nil
+	return t.identity, t.until, sum, nil
 }
 
 // splitSigned takes a signed value apart: the value without its "sig"
@@ -250,10 +261,14 @@ func splitSigned(value []byte) (unsigned, sig []byte, id string, ok bool) {
 	if !bytes.HasPrefix(s, []byte(sigMember)) {
 		return nil, nil, "", false
 	}
-	sig = make([]byte, ed25519.SignatureSize)
-	if m, err := base64.StdEncoding.Decode(sig, s[len(sigMember):len(sigMember)+sigB64Len]); err != nil || m != ed25519.SignatureSize {
+	// Decode needs room for what 88 characters can hold (66 bytes) even
+	// when they end without the padding a 64-byte value has.
+	sig = make([]byte, base64.StdEncoding.DecodedLen(sigB64Len))
+	m, err := base64.StdEncoding.Strict().Decode(sig, s[len(sigMember):len(sigMember)+sigB64Len]) // one encoding per signature
+	if err != nil || m != ed25519.SignatureSize {
 		return nil, nil, "", false
 	}
+	sig = sig[:m]
 	head := value[:n-sigSuffixLen] // ends with the signer's id and its closing quote
 	idStart := len(head) - keyIDLen - 1
 	if !bytes.HasSuffix(head[:idStart], []byte(signerMember)) || head[len(head)-1] != '"' {

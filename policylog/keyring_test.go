@@ -2,6 +2,8 @@ package policylog_test
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -187,5 +189,57 @@ func TestKeyringLines(t *testing.T) {
 	}
 	if _, err := policylog.ParseSigner([]byte("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")); err == nil {
 		t.Fatal("a public key taken as a signing key")
+	}
+}
+
+// TestClientRemembersChecks: a client that reads with the checks of an
+// earlier one reaches the same state and remembers the same checks; a
+// record altered in place since (a log that started over) is refused.
+func TestClientRemembersChecks(t *testing.T) {
+	s := newSigner(t)
+	keys := keyring(t, s.KeyringLine("alice"))
+	l := newMemLog()
+	ctx := context.Background()
+	w := policylog.NewClient(l, false)
+	policylog.Keys{Signer: s, Ring: keys}.Use(w)
+	if _, err := w.Push(ctx, docA, "", "first", policylog.NoExpect); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 150 {
+		if _, err := w.SetOverride(ctx, fmt.Sprintf("acct_%d", i), "", pro(), "", "", policylog.NoExpect); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := policylog.NewClient(l, false)
+	first.Authenticate(keys)
+	if err := first.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if first.Checked().Len() != 151 || first.State().Overrides() != 150 {
+		t.Fatalf("%d checks, %d overrides", first.Checked().Len(), first.State().Overrides())
+	}
+	prior := first.Checked()
+
+	// The record at offset 9 replaced by an unsigned one.
+	forged := ovr(10, 9, "acct_8", "", &policy.Override{Tier: "free", Reason: "r"})
+	b, _ := forged.Encode()
+	l.mu.Lock()
+	l.entries[9].Value = b
+	l.mu.Unlock()
+	second := policylog.NewClient(l, false)
+	second.Authenticate(keys)
+	second.UseChecked(prior)
+	var refused []int64
+	second.OnApply = func(e policylog.Entry, o policylog.Outcome) {
+		if o.Result == policylog.Refused {
+			refused = append(refused, e.Offset)
+		}
+	}
+	if err := second.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// 9 is refused unauthenticated, and what follows it as conflicts.
+	if len(refused) == 0 || refused[0] != 9 || second.Checked().Len() != 150 {
+		t.Fatalf("refused %v, %d checks", refused, second.Checked().Len())
 	}
 }
