@@ -98,9 +98,14 @@ func TestPolicyLogSignedWriters(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "refused (unauthenticated)") {
 		t.Fatalf("unsigned CLI write: %d %q", code, errOut)
 	}
+	cache := t.TempDir()
 	var fleet []*limiterProc
-	for range 2 {
-		fleet = append(fleet, startLimiter(t, logBootstrap, append(env, "POLICY_SOURCE=kafka", "LIMITER_GRPC_ADDR=")...))
+	for i := range 2 {
+		e := append(env, "POLICY_SOURCE=kafka", "LIMITER_GRPC_ADDR=")
+		if i == 0 {
+			e = append(e, "POLICY_CACHE_DIR="+cache)
+		}
+		fleet = append(fleet, startLimiter(t, logBootstrap, e...))
 	}
 	for _, p := range fleet {
 		if pol := waitRevision(t, p, 1); pol["author"] != "alice/root" {
@@ -160,5 +165,19 @@ func TestPolicyLogSignedWriters(t *testing.T) {
 		if !strings.Contains(u, `names itself "alice"`) || strings.Contains(u, "by alice") {
 			t.Errorf("a forged record is reported as %q: its claimed author must not be recorded as its author", u)
 		}
+	}
+
+	// A limiter started again from its cache, which remembers the
+	// signatures it checked, judges the log the same way.
+	if st, err := os.Stat(filepath.Join(cache, policylog.CheckedFile)); err != nil || st.Size() == 0 {
+		t.Fatalf("no checked signatures in the cache: %v", err)
+	}
+	again := startLimiter(t, logBootstrap, append(env, "POLICY_SOURCE=kafka", "LIMITER_GRPC_ADDR=", "POLICY_CACHE_DIR="+cache)...)
+	waitRevision(t, again, 2)
+	if n := again.metric(t, `limiter_policy_log_records_total{code="unauthenticated",result="refused"}`); n != 2 {
+		t.Errorf("restarted from the cache: %v unauthenticated records, want 2", n)
+	}
+	if d, _ := again.check(t, "acct_forged", "x", 1); strings.HasPrefix(d.Policy, "override:") {
+		t.Errorf("restarted from the cache: acct_forged decided by %q", d.Policy)
 	}
 }
