@@ -183,11 +183,11 @@ func TestUpDown(t *testing.T) {
 	auditQ := url.QueryEscape("SELECT log_epoch, revision, author FROM ratelimit.policy_audit FINAL WHERE result = 'applied' ORDER BY kafka_offset FORMAT TSV")
 	for deadline := time.Now().Add(60 * time.Second); ; {
 		st, _, b := do(t, "GET", chHTTP+auditQ, "", nil)
-		if st == 200 && string(b) == "0\t1\tmake-up\n1\t1\tmake-up\n" {
+		if st == 200 && string(b) == "0\t1\toperator/make-up\n1\t1\toperator/make-up\n" {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Errorf("policy_audit after make down; make up: want revision 1 of epochs 0 and 1 (by make-up), got %d %q", st, b)
+			t.Errorf("policy_audit after make down; make up: want revision 1 of epochs 0 and 1 (by operator/make-up: the operator key of run/keys/ acting for make-up), got %d %q", st, b)
 			break
 		}
 		time.Sleep(250 * time.Millisecond)
