@@ -57,6 +57,13 @@ func withPolicyAPI(cfg config, conn driver.Conn, next http.Handler, log *slog.Lo
 	if err != nil {
 		return nil, nil, err
 	}
+	creds.OnChange = func(err error) { // never a token: errors name lines by number
+		if err != nil {
+			log.Error("operator credentials refused until the file is fixed (USAGE_ADMIN_TOKEN still works)", "err", err)
+			return
+		}
+		log.Info("operator credentials read again", "file", cfg.PolicyLog.TokensFile)
+	}
 	oc := opsapi.Config{Credentials: creds, Keys: cfg.PolicyLog.Keys,
 		Unavailable: "the policy API needs the policy log: set KAFKA_BROKERS on usage-api",
 		Audit: func(ctx context.Context, revision int64, limit int) (any, error) {

@@ -59,6 +59,11 @@ type Credentials struct {
 	size  int64
 	table map[[sha256.Size]byte]Principal
 	err   error // why the file's tokens are refused (it no longer parses)
+
+	// OnChange, when set, is told of each new version of the file read:
+	// nil when it was loaded, else why its tokens are refused. Set it
+	// before the first request.
+	OnChange func(err error)
 }
 
 // NewCredentials reads the credentials file at path (empty = none) beside
@@ -114,12 +119,20 @@ func (c *Credentials) reload() error {
 		var t map[[sha256.Size]byte]Principal
 		if t, err = parseCredentials(b, c.static); err == nil {
 			c.table, c.err, c.mod, c.size = t, nil, st.ModTime(), st.Size()
+			c.changed(nil)
 			return nil
 		}
 	}
 	c.table, c.err = nil, fmt.Errorf("USAGE_ADMIN_TOKENS_FILE %s: %w (its tokens are refused until it is fixed)", c.path, err)
 	c.mod, c.size = st.ModTime(), st.Size()
+	c.changed(c.err)
 	return c.err
+}
+
+func (c *Credentials) changed(err error) {
+	if c.OnChange != nil {
+		c.OnChange(err)
+	}
 }
 
 // parseCredentials reads lines `IDENTITY ROLE TOKEN` (blank lines and

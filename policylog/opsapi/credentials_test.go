@@ -1,10 +1,12 @@
 package opsapi_test
 
 import (
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,6 +51,13 @@ func TestOperatorIdentities(t *testing.T) {
 	c, err := opsapi.NewCredentials(creds, admin)
 	if err != nil {
 		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var changes []string
+	c.OnChange = func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		changes = append(changes, fmt.Sprint(err))
 	}
 	signer, err := policylog.GenerateSigner()
 	if err != nil {
@@ -120,6 +129,12 @@ func TestOperatorIdentities(t *testing.T) {
 	writeFile(t, creds, "alice policy "+aliceTok+"\n")
 	if code, _ := a.do("GET", "/v1/admin/overrides", aliceTok, ""); code != 200 {
 		t.Fatalf("alice once the file is fixed: %d", code)
+	}
+	mu.Lock()
+	got := strings.Join(changes, " | ")
+	mu.Unlock()
+	if len(changes) != 3 || changes[0] != "<nil>" || !strings.Contains(changes[1], "line 2") || changes[2] != "<nil>" || strings.Contains(got, carolTok) {
+		t.Fatalf("changes reported: %q; want loaded, refused (line 2), loaded, naming no token", got)
 	}
 	if code, body = a.do("DELETE", "/v1/admin/overrides/acct_1?reason=done&author=bob", admin, ""); code != 200 {
 		t.Fatalf("admin deletes: %d %v", code, body)
