@@ -111,9 +111,6 @@ func NewState(keep bool) *State {
 // every record as its author names itself. Set it before the first Apply.
 func (s *State) Authenticate(keys *Keyring) { s.keys = keys }
 
-// Keyring is the keyring set by Authenticate (nil = none).
-func (s *State) Keyring() *Keyring { return s.keys }
-
 // auth is the judgement of an entry's signature: the identity of its key,
 // or why it is refused.
 type auth struct {
