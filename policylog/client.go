@@ -104,7 +104,7 @@ func (c *Client) encode(rec *Record) ([]byte, error) {
 		return c.signer.Encode(rec)
 	}
 	r := *rec
-	r.Signer, r.Sig = "", ""
+	r.Sig = ""
 	return r.Encode()
 }
 

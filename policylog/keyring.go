@@ -7,13 +7,14 @@ package policylog
 //
 // # What is signed
 //
-// A signed value is the record's JSON encoding (Record.Encode) with
-// "signer" (the key's id, KeyID) as its last member, followed by one more
-// member, "sig": the base64 signature. The signature covers the log key
-// and the exact bytes of the value without the "sig" member, so nothing is
-// re-encoded to be checked (what is verified is what is decoded: the two
-// differ only by that member), and a record moved under another log key
-// no longer verifies.
+// A signed value is the record's JSON encoding (Record.Encode) followed by
+// one more member, "sig": the key's id (KeyID), a colon and the base64
+// signature. The signature covers the log key and the exact bytes of the
+// value without the "sig" member, so nothing is re-encoded to be checked
+// (what is verified is what is decoded: the two differ only by that
+// member), and a record moved under another log key no longer verifies.
+// The member is appended, so it is the last whatever order Record's
+// fields are in.
 //
 // # The rule, part of the apply rule
 //
@@ -87,13 +88,11 @@ const signDomain = "ratewarden policy record v1\x00"
 // the SHA-256 of the public key).
 const keyIDLen = 16
 
-// sigMember and signerMember are the JSON members a signed value ends
-// with: `,"signer":"<key id>","sig":"<base64 of 64 bytes>"}`.
+// A signed value ends with `,"sig":"<key id>:<base64 of 64 bytes>"}`.
 const (
 	sigMember    = `,"sig":"`
-	signerMember = `,"signer":"`
 	sigB64Len    = 88 // base64.StdEncoding of ed25519.SignatureSize bytes
-	sigSuffixLen = len(sigMember) + sigB64Len + len(`"}`)
+	sigSuffixLen = len(sigMember) + keyIDLen + 1 + sigB64Len + len(`"}`)
 )
 
 // KeyID is the id a signed record names its key by.
@@ -254,32 +253,28 @@ func (k *Keyring) check(key string, value []byte, vouched func([16]byte) bool) (
 // value is not in the signed form.
 func splitSigned(value []byte) (unsigned, sig []byte, id string, ok bool) {
 	n := len(value)
-	if n < sigSuffixLen+len(signerMember)+keyIDLen+2 || !bytes.HasSuffix(value, []byte(`"}`)) {
+	if n < sigSuffixLen+1 || !bytes.HasSuffix(value, []byte(`"}`)) {
 		return nil, nil, "", false
 	}
 	s := value[n-sigSuffixLen:]
 	if !bytes.HasPrefix(s, []byte(sigMember)) {
 		return nil, nil, "", false
 	}
+	s = s[len(sigMember):]
+	id = string(s[:keyIDLen])
+	if _, err := hex.DecodeString(id); err != nil || strings.ToLower(id) != id || s[keyIDLen] != ':' {
+		return nil, nil, "", false
+	}
 	// Decode needs room for what 88 characters can hold (66 bytes) even
 	// when they end without the padding a 64-byte value has.
 	sig = make([]byte, base64.StdEncoding.DecodedLen(sigB64Len))
-	m, err := base64.StdEncoding.Strict().Decode(sig, s[len(sigMember):len(sigMember)+sigB64Len]) // one encoding per signature
+	m, err := base64.StdEncoding.Strict().Decode(sig, s[keyIDLen+1:keyIDLen+1+sigB64Len]) // one encoding per signature
 	if err != nil || m != ed25519.SignatureSize {
 		return nil, nil, "", false
 	}
-	sig = sig[:m]
-	head := value[:n-sigSuffixLen] // ends with the signer's id and its closing quote
-	idStart := len(head) - keyIDLen - 1
-	if !bytes.HasSuffix(head[:idStart], []byte(signerMember)) || head[len(head)-1] != '"' {
-		return nil, nil, "", false
-	}
-	id = string(head[idStart : len(head)-1])
-	if _, err := hex.DecodeString(id); err != nil || strings.ToLower(id) != id {
-		return nil, nil, "", false
-	}
+	head := value[:n-sigSuffixLen]
 	unsigned = append(append(make([]byte, 0, len(head)+1), head...), '}')
-	return unsigned, sig, id, true
+	return unsigned, sig[:m], id, true
 }
 
 func signedMessage(key string, unsigned []byte) []byte {
@@ -357,11 +352,10 @@ func GenerateSigner() (*Signer, error) {
 	return NewSigner(priv), nil
 }
 
-// Encode is rec's log value, signed: rec.Signer is set to the key's id and
-// any previous signature is dropped.
+// Encode is rec's log value, signed (any previous signature dropped).
 func (s *Signer) Encode(rec *Record) ([]byte, error) {
 	r := *rec
-	r.Signer, r.Sig = s.id, ""
+	r.Sig = ""
 	b, err := json.Marshal(&r)
 	if err != nil {
 		return nil, err
@@ -369,6 +363,7 @@ func (s *Signer) Encode(rec *Record) ([]byte, error) {
 	sig := ed25519.Sign(s.priv, signedMessage(r.LogKey(), b))
 	out := make([]byte, 0, len(b)+sigSuffixLen)
 	out = append(append(out, b[:len(b)-1]...), sigMember...)
+	out = append(append(out, s.id...), ':')
 	out = base64.StdEncoding.AppendEncode(out, sig)
 	return append(out, `"}`...), nil
 }

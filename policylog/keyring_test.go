@@ -51,7 +51,7 @@ func TestKeyringJudgesEveryRecord(t *testing.T) {
 	altered := signed(t, alice, 1, ovr(2, 1, "acct_1", "", &policy.Override{Tier: "pro", Reason: "r"}))
 	forgedRec := ovr(2, 1, "acct_1", "", &policy.Override{Tier: "free", Reason: "r"}) // the hash sealed again
 	forgedJSON, _ := forgedRec.Encode()
-	i := bytes.LastIndex(altered.Value, []byte(`,"signer":`))
+	i := bytes.LastIndex(altered.Value, []byte(`,"sig":`))
 	j := bytes.LastIndex(forgedJSON, []byte(`}`))
 	altered.Value = append(append([]byte{}, forgedJSON[:j]...), altered.Value[i:]...)
 
@@ -61,7 +61,7 @@ func TestKeyringJudgesEveryRecord(t *testing.T) {
 
 	spliced := entry(1, ovr(2, 1, "acct_9", "", &policy.Override{Tier: "pro", Reason: "r"}))
 	other := signed(t, alice, 1, ovr(2, 1, "acct_1", "", &policy.Override{Tier: "pro", Reason: "r"}))
-	k := bytes.LastIndex(other.Value, []byte(`,"signer":`))
+	k := bytes.LastIndex(other.Value, []byte(`,"sig":`))
 	spliced.Value = append(spliced.Value[:len(spliced.Value)-1], other.Value[k:]...)
 
 	for _, c := range []struct {

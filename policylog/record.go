@@ -104,10 +104,10 @@ type Record struct {
 	Rollout *Rollout `json:"rollout,omitempty"`
 	Verdict *Verdict `json:"verdict,omitempty"`
 
-	// Signer is the id of the key that signed the record and Sig its
-	// signature; they stay the last members (keyring.go).
-	Signer string `json:"signer,omitempty"`
-	Sig    string `json:"sig,omitempty"`
+	// Sig is the id of the key that signed the record and its signature,
+	// "<key id>:<base64>"; Signer.Encode appends it as the value's last
+	// member whatever the order of the fields (keyring.go).
+	Sig string `json:"sig,omitempty"`
 }
 
 // OverrideLogKey is the log key of an override: "override/<key>" or
