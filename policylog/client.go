@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/ratewarden/ratewarden/policy"
@@ -43,6 +45,12 @@ type Client struct {
 	history []HistoryItem
 	// OnApply, when set, is told of every entry applied (for metrics).
 	OnApply func(Entry, Outcome)
+	keys    *Keyring
+	signer  *Signer
+	// prior: the checks a previous run made (UseChecked); checked: the
+	// signatures that held in this run, in log order.
+	prior   *Checked
+	checked []checkedEntry
 }
 
 // NewClient returns a client that has read nothing yet. keep is passed to
@@ -52,6 +60,52 @@ type Client struct {
 // million overrides costs it only the overrides.
 func NewClient(log Log, keep bool) *Client {
 	return &Client{log: log, keep: keep, st: NewState(keep)}
+}
+
+// Authenticate makes the client apply only records signed by a key of
+// keys (State.Authenticate); call it before the first read.
+func (c *Client) Authenticate(keys *Keyring) {
+	c.keys = keys
+	c.st.Authenticate(keys)
+}
+
+// UseChecked spares the signature checks that prior vouches for
+// (checked.go); call it before the first read.
+func (c *Client) UseChecked(prior *Checked) { c.prior = prior }
+
+// Checked is the signatures that held in what the client read, for
+// UseChecked on a later run. The caller must not keep it across reads.
+func (c *Client) Checked() *Checked { return &Checked{entries: c.checked} }
+
+// Sign makes the client sign every record it writes with s. With a
+// keyring (Authenticate), a write by a key the keyring lacks is refused
+// before anything is written.
+func (c *Client) Sign(s *Signer) { c.signer = s }
+
+// Identity is who the client writes as: its key's identity in its keyring
+// ("" without a signer or a keyring, or when the keyring lacks the key).
+func (c *Client) Identity() string {
+	if c.signer == nil || c.keys == nil {
+		return ""
+	}
+	id, _ := c.keys.Identity(c.signer.Public())
+	return id
+}
+
+func (c *Client) newState() *State {
+	st := NewState(c.keep)
+	st.Authenticate(c.keys)
+	return st
+}
+
+// encode is rec's log value: signed when the client has a signer.
+func (c *Client) encode(rec *Record) ([]byte, error) {
+	if c.signer != nil {
+		return c.signer.Encode(rec)
+	}
+	r := *rec
+	r.Sig = ""
+	return r.Encode()
 }
 
 // ErrStartedOver is wrapped by the error Poll returns when the log ends
@@ -131,14 +185,15 @@ func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {
 	if next := c.st.NextOffset(); end < next {
 		// A reader only moves forward, so the log it read ended at or
 		// after next.
-		c.st, c.history = NewState(c.keep), nil
+		c.st, c.history, c.checked = c.newState(), nil, nil
 		return false, fmt.Errorf("%w: it ends at offset %d, before offset %d already read", ErrStartedOver, end, next)
 	}
-	for _, e := range entries {
+	auths := c.authenticateAll(entries)
+	for i, e := range entries {
 		if e.Offset < c.st.NextOffset() {
 			continue // a batch may start before the offset asked for
 		}
-		c.apply(e)
+		c.applyAuthed(e, auths[i])
 	}
 	if len(entries) == 0 && c.st.NextOffset() < end {
 		// Nothing from where the client stands, yet the log goes on: the
@@ -158,8 +213,41 @@ func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {
 	return c.st.NextOffset() >= end, nil
 }
 
-func (c *Client) apply(e Entry) Outcome {
-	o := c.st.Apply(e)
+// parallelFrom is the batch size from which signatures are checked on
+// every CPU: a signature costs far more to check than the rest of a
+// record, and a start reads the log in large batches.
+const parallelFrom = 64
+
+// authenticateAll judges the signatures of entries (the apply rule's
+// first step, which depends on nothing but the entry itself), on every
+// CPU for a large batch; the records are then applied in log order.
+func (c *Client) authenticateAll(entries []Entry) []auth {
+	out := make([]auth, len(entries))
+	if c.keys == nil {
+		return out
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(entries)/parallelFrom+1)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(entries); i += workers {
+				out[i] = c.st.authenticate(entries[i], c.prior)
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func (c *Client) apply(e Entry) Outcome { return c.applyAuthed(e, c.st.authenticate(e, c.prior)) }
+
+func (c *Client) applyAuthed(e Entry, a auth) Outcome {
+	o := c.st.apply(e, a)
+	if a.signed {
+		c.checked = append(c.checked, checkedEntry{off: e.Offset, sum: a.sum})
+	}
 	if c.keep {
 		h := HistoryItem{Offset: e.Offset, LogKey: e.Key, Result: o.Result, Code: o.Code, Reason: o.Reason, Meta: metaOf(&o.Record), Restates: o.Record.Restates}
 		if o.Result == Applied && o.Record.changesDocument() {
@@ -267,6 +355,14 @@ func (c *Client) writeOnce(ctx context.Context, rec Record, expect int64) (Outco
 		rec.Time = time.Now().UTC()
 	}
 	rec.Restates = false
+	if c.keys != nil && (c.signer == nil || c.Identity() == "") {
+		// What every reader would refuse is not written.
+		o := c.st.refuse(rec, CodeUnauthenticated, "no signing key: the readers' keyring refuses an unsigned record")
+		if c.signer != nil {
+			o.Reason = fmt.Sprintf("the signing key (id %s) is not in the keyring: the readers would refuse what it signs", c.signer.KeyID())
+		}
+		return o, &Refusal{o}
+	}
 	rec.Seal()
 	if rec.Parent != head {
 		o := c.st.refuse(rec, CodeConflict, "")
@@ -302,7 +398,7 @@ func (c *Client) writeOnce(ctx context.Context, rec Record, expect int64) (Outco
 
 // append writes rec and reads the log up to it.
 func (c *Client) append(ctx context.Context, rec Record) (Outcome, error) {
-	b, err := rec.Encode()
+	b, err := c.encode(&rec)
 	if err != nil {
 		return Outcome{}, err
 	}
@@ -357,7 +453,7 @@ func (c *Client) restate(ctx context.Context, refused Record) error {
 		}
 		cur.Restates = true
 		cur.RefusedRevision, cur.RefusedSHA256 = refused.Revision, refused.SHA256
-		b, err := cur.Encode()
+		b, err := c.encode(&cur)
 		if err != nil {
 			return err
 		}

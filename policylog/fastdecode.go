@@ -26,7 +26,7 @@ import (
 // policy.Override in the order encoding/json writes them.
 var (
 	recordFields = [...]string{"revision", "parent", "kind", "author", "message", "time", "sha256", "document",
-		"key", "scope", "override", "deleted", "restates", "refused_revision", "refused_sha256"}
+		"key", "scope", "override", "deleted", "restates", "refused_revision", "refused_sha256", "sig"}
 	overrideFields = [...]string{"tier", "rate", "burst", "period", "quota", "quota_period", "expires", "reason", "store"}
 )
 
@@ -231,6 +231,8 @@ func parseOverride(value, buf []byte) (r Record, content []byte, ok bool) {
 			r.RefusedRevision, ok = s.int64()
 		case "refused_sha256":
 			r.RefusedSHA256, ok = s.str()
+		case "sig":
+			r.Sig, ok = s.str()
 		}
 		return ok
 	})

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,4 +126,27 @@ func FuzzFastDecodeAgreesWithJSON(f *testing.F) {
 			t.Fatalf("%q: fast path hashes %q, Content is %q", b, content, c)
 		}
 	})
+}
+
+// TestFastDecodeTakesSignedRecords: a signed override record (its
+// "sig" member) stays on the fast path.
+func TestFastDecodeTakesSignedRecords(t *testing.T) {
+	s, err := GenerateSigner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range writersRecords() {
+		v, err := s.Encode(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := decodeOverride(v)
+		if !ok {
+			t.Fatalf("record %d: not taken by the fast path: %s", i, v)
+		}
+		want, err := decodeJSON(r.LogKey(), v)
+		if err != nil || !reflect.DeepEqual(got, want) || !strings.HasPrefix(got.Sig, s.KeyID()+":") {
+			t.Fatalf("record %d: fast %+v, json %+v (%v)", i, got, want, err)
+		}
+	}
 }

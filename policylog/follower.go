@@ -121,7 +121,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"source"}),
 		records: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_policy_log_records_total",
-			Help: "Records of the policy log read, by result (applied, refused, ignored) and refusal code (conflict, invalid, garbled).",
+			Help: "Records of the policy log read, by result (applied, refused, ignored) and refusal code (conflict, invalid, garbled, unauthenticated).",
 		}, []string{"result", "code"}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "limiter_policy_log_errors_total",
@@ -140,7 +140,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.source.WithLabelValues(s)
 	}
 	m.records.WithLabelValues(Applied, "")
-	for _, c := range []string{CodeConflict, CodeInvalid, CodeGarbled} {
+	for _, c := range []string{CodeConflict, CodeInvalid, CodeGarbled, CodeUnauthenticated} {
 		m.records.WithLabelValues(Refused, c)
 	}
 	reg.MustRegister(m.revision, m.source, m.records, m.errors, m.stale, m.unsafe)
@@ -192,6 +192,9 @@ type FollowerConfig struct {
 	// CheckEvery is how often the log's integrity is checked, when the
 	// log is an IntegrityChecker (default 1 minute).
 	CheckEvery time.Duration
+	// Keys, when set, is the keyring every record must be signed by
+	// (POLICY_TRUSTED_KEYS_FILE; keyring.go).
+	Keys *Keyring
 }
 
 // Follower is the limiter's reader of the policy log.
@@ -216,6 +219,9 @@ type Follower struct {
 	// held, while set, is the policy in force that the log read may not
 	// replace yet (Run is its only user after Start).
 	held *held
+	// prior is the signature checks of the previous run (checked.go),
+	// used by Start only.
+	prior *Checked
 }
 
 // NewFollower returns a follower that has read nothing yet.
@@ -224,6 +230,13 @@ func NewFollower(cfg FollowerConfig) *Follower {
 		cfg.CheckEvery = time.Minute
 	}
 	f := &Follower{cfg: cfg}
+	if cfg.Keys != nil && cfg.CacheDir != "" {
+		p, err := LoadChecked(filepath.Join(cfg.CacheDir, CheckedFile))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			cfg.Logger.Warn("policy cache: checked signatures unreadable; every signature is checked again", "err", err)
+		}
+		f.prior = p
+	}
 	f.client = f.newClient()
 	f.info.Store(&Info{})
 	f.unsafe.Store(new(string))
@@ -234,6 +247,8 @@ func (f *Follower) newClient() *Client {
 	// Records are not kept: a limiter holds only what resolution needs
 	// (the cache is written from the compiled overrides).
 	c := NewClient(f.cfg.Log, false)
+	c.Authenticate(f.cfg.Keys)
+	c.UseChecked(f.prior)
 	c.OnApply = func(e Entry, o Outcome) {
 		f.cfg.Metrics.records.WithLabelValues(o.Result, o.Code).Inc()
 		if o.Result == Refused {
@@ -319,6 +334,9 @@ func (f *Follower) Start(ctx context.Context) (enforcement.Policy, error) {
 		}
 	}
 	if err == nil {
+		// What the start checked is all the previous run could vouch for.
+		f.prior = nil
+		f.client.UseChecked(nil)
 		f.checkIntegrity(ctx)
 		if snap, info, cerr := ReadCache(f.cfg.CacheDir, f.cfg.Topic); cerr == nil {
 			h := held{revision: info.Revision, epoch: info.Epoch}
@@ -571,6 +589,9 @@ func (f *Follower) writeCache() {
 	b, err := json.Marshal(body)
 	if err == nil {
 		err = writeFileAtomic(filepath.Join(f.cfg.CacheDir, CacheFile), b)
+	}
+	if err == nil && f.cfg.Keys != nil {
+		err = f.client.Checked().Save(filepath.Join(f.cfg.CacheDir, CheckedFile))
 	}
 	if err != nil {
 		f.cfg.Logger.Error("policy cache: cannot write; a start while the log is unreachable will use POLICY_FILE", "dir", f.cfg.CacheDir, "err", err)

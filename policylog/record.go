@@ -109,6 +109,10 @@ type Record struct {
 	// (Document is the document in force).
 	Epoch int64    `json:"epoch,omitempty"`
 	State []Record `json:"state,omitempty"`
+	// Sig is the id of the key that signed the record and its signature,
+	// "<key id>:<base64>"; Signer.Encode appends it as the value's last
+	// member whatever the order of the fields (keyring.go).
+	Sig string `json:"sig,omitempty"`
 }
 
 // OverrideLogKey is the log key of an override: "override/<key>" or

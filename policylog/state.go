@@ -30,6 +30,7 @@ const (
 	CodeConflict = "conflict" // the parent is not the head
 	CodeInvalid  = "invalid"  // the content fails validation
 	CodeGarbled  = "garbled"  // not a well-formed record
+	// CodeUnauthenticated (keyring.go): not signed by a trusted key.
 )
 
 // Outcome is what the apply rule decided about one entry.
@@ -90,6 +91,9 @@ type State struct {
 	// its record (-1: none).
 	epoch       int64
 	epochOffset int64
+	// keys, when set, is the keyring every value must be signed by
+	// (keyring.go).
+	keys *Keyring
 }
 
 // subject is what the apply rule compares of the record in force of a
@@ -104,6 +108,35 @@ type subject struct {
 // keeps only what resolution needs.
 func NewState(keep bool) *State {
 	return &State{lastOffset: -1, epochOffset: -1, ov: policy.NewOverrides(0), recs: map[string]*Record{}, keep: keep, recent: map[int64]Meta{}}
+}
+
+// Authenticate makes the state apply only records signed by a key of
+// keys, each authored by the key's identity (keyring.go); nil applies
+// every record as its author names itself. Set it before the first Apply.
+func (s *State) Authenticate(keys *Keyring) { s.keys = keys }
+
+// auth is the judgement of an entry's signature: the identity of its key,
+// or why it is refused.
+type auth struct {
+	identity string
+	until    int64 // the key's last revision (0 = any)
+	err      error
+	sum      [16]byte // the digest of a signature that held (checked.go)
+	signed   bool     // the signature held
+}
+
+// authenticate judges e's signature (zero without a keyring, or for a
+// tombstone); prior, when it vouches for e, spares the check.
+func (s *State) authenticate(e Entry, prior *Checked) auth {
+	if s.keys == nil || e.Value == nil {
+		return auth{}
+	}
+	var vouched func([16]byte) bool
+	if prior != nil {
+		vouched = func(sum [16]byte) bool { return prior.vouches(e.Offset, sum) }
+	}
+	id, until, sum, err := s.keys.check(e.Key, e.Value, vouched)
+	return auth{identity: id, until: until, err: err, sum: sum, signed: err == nil}
 }
 
 // Head is the revision in force (0 = nothing applied yet).
@@ -174,16 +207,41 @@ func shaKey(hexSum string) uint64 {
 // Apply applies one entry in log order and says what became of it. It
 // never fails: whatever the entry holds, the outcome is the same for every
 // reader.
-func (s *State) Apply(e Entry) Outcome {
+func (s *State) Apply(e Entry) Outcome { return s.apply(e, s.authenticate(e, nil)) }
+
+// apply is Apply with e's signature already judged (a is zero without a
+// keyring).
+func (s *State) apply(e Entry, a auth) Outcome {
 	gap := e.Offset != s.lastOffset+1 // records were compacted away before this one
 	s.lastOffset = e.Offset
 	s.compacted = s.compacted || gap
 	if e.Value == nil {
 		return Outcome{Result: Ignored, Head: s.head}
 	}
+	if a.err != nil {
+		// Judged before anything else: what an untrusted record says is
+		// not looked at. Its self-declared author is kept out of the
+		// outcome's record (the audit's author is a proven identity) and
+		// named in the reason.
+		rec, _ := Decode(e.Key, e.Value)
+		reason := a.err.Error()
+		if rec.Author != "" {
+			reason += fmt.Sprintf(" (it names itself %q)", rec.Author)
+		}
+		rec.Author = ""
+		return s.refuse(rec, CodeUnauthenticated, reason)
+	}
 	rec, err := Decode(e.Key, e.Value)
 	if err != nil {
 		return s.refuse(Record{}, CodeGarbled, err.Error())
+	}
+	if s.keys != nil {
+		if a.until != 0 && rec.Revision > a.until {
+			reason := fmt.Sprintf("signed by %s's key, retired after revision %d: revision %d is past it", a.identity, a.until, rec.Revision)
+			rec.Author = ""
+			return s.refuse(rec, CodeUnauthenticated, reason)
+		}
+		rec.Author = AuthorOf(a.identity, rec.Author)
 	}
 	if rec.Restates {
 		return s.restate(rec)

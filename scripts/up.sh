@@ -91,6 +91,17 @@ if [ ! -s "$SECRETS" ]; then
 fi
 # shellcheck disable=SC1090
 source "$SECRETS"
+# The policy log's writers sign what they write and every reader checks it
+# (docs/threat-model.md): one key for the operator's CLI, one for
+# usage-api, generated once in run/keys/ with the keyring that trusts them.
+KEYS="$RUN_DIR/keys"
+if [ ! -s "$KEYS/keyring" ]; then
+  mkdir -p "$KEYS" && chmod 700 "$KEYS" && rm -f "$KEYS"/*.pem
+  { "$BIN_DIR/limiter" policy keygen operator --out "$KEYS/operator.pem" &&
+    "$BIN_DIR/limiter" policy keygen usage-api --out "$KEYS/usage-api.pem"; } >"$KEYS/keyring.new" ||
+    die "could not generate the policy log's keys in $KEYS"
+  mv "$KEYS/keyring.new" "$KEYS/keyring"
+fi
 
 # --- 5. start -----------------------------------------------------------------
 # start NAME EXE [ENV=V ...] -- [ARGS ...]: runs EXE in its own session with
@@ -164,18 +175,19 @@ wait_until kafka-dev 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$KAFKA_PORT"
 if wants limiter; then
   start limiter "$BIN_DIR/limiter" LIMITER_ADDR="127.0.0.1:$LIMITER_PORT" REDIS_ADDRS="127.0.0.1:$REDIS_PORT" \
     KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" POLICY_FILE="$ROOT/deploy/policy.yaml" \
-    POLICY_SOURCE=kafka POLICY_CACHE_DIR="$RUN_DIR/policy-cache"
+    POLICY_SOURCE=kafka POLICY_CACHE_DIR="$RUN_DIR/policy-cache" POLICY_TRUSTED_KEYS_FILE="$KEYS/keyring"
 fi
 wait_until clickhouse 90 http_ok "http://127.0.0.1:$CH_HTTP_PORT/ping"
 if wants meter-consumer; then
   start meter-consumer "$BIN_DIR/meter-consumer" KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" \
     CLICKHOUSE_ADDR="127.0.0.1:$CH_TCP_PORT" METER_ADDR="127.0.0.1:$METER_PORT" \
-    REDIS_ADDRS="127.0.0.1:$REDIS_PORT" POLICY_FILE="$ROOT/deploy/policy.yaml"
+    REDIS_ADDRS="127.0.0.1:$REDIS_PORT" POLICY_FILE="$ROOT/deploy/policy.yaml" POLICY_TRUSTED_KEYS_FILE="$KEYS/keyring"
 fi
 if wants usage-api; then
   start usage-api "$BIN_DIR/usage-api" USAGE_API_ADDR="127.0.0.1:$USAGE_PORT" \
     CLICKHOUSE_ADDR="127.0.0.1:$CH_TCP_PORT" POLICY_FILE="$ROOT/deploy/policy.yaml" \
-    REDIS_ADDRS="127.0.0.1:$REDIS_PORT" USAGE_ADMIN_TOKEN="$USAGE_ADMIN_TOKEN" USAGE_TOKEN_SECRET="$USAGE_TOKEN_SECRET"
+    REDIS_ADDRS="127.0.0.1:$REDIS_PORT" USAGE_ADMIN_TOKEN="$USAGE_ADMIN_TOKEN" USAGE_TOKEN_SECRET="$USAGE_TOKEN_SECRET" \
+    POLICY_TRUSTED_KEYS_FILE="$KEYS/keyring" POLICY_SIGNING_KEY_FILE="$KEYS/usage-api.pem"
 fi
 wait_until limiter 30 http_ok "http://127.0.0.1:$LIMITER_PORT/readyz"
 
@@ -184,7 +196,8 @@ wait_until limiter 30 http_ok "http://127.0.0.1:$LIMITER_PORT/readyz"
 # already has a document (a second make up) is left as it is; with
 # --expect-revision 0 a push that races another writer is refused, not
 # stacked on top of it.
-policy_cli() { KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" "$BIN_DIR/limiter" "$@"; }
+policy_cli() { KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" POLICY_TRUSTED_KEYS_FILE="$KEYS/keyring" \
+  POLICY_SIGNING_KEY_FILE="$KEYS/operator.pem" "$BIN_DIR/limiter" "$@"; }
 log_head() { policy_cli policy history --limit 1 | sed -n 's/^head: revision \([0-9]*\)$/\1/p'; }
 head="$(log_head)" || die "cannot read the policy log (limiter policy history)"
 if [ "${head:-0}" = 0 ]; then
@@ -233,6 +246,7 @@ Try:
 Demo traffic (~40 requests/s from a few keys) is running; the dashboard fills within a minute.
 
 The policy log (change it with limiter policy push / limiter override set,
-KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT; docs/policy.md):
+KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT POLICY_SIGNING_KEY_FILE=$KEYS/operator.pem
+POLICY_TRUSTED_KEYS_FILE=$KEYS/keyring; docs/policy.md, docs/threat-model.md):
 EOF
 policy_cli policy history --limit 10 || die "cannot read the policy log (limiter policy history)"

@@ -36,6 +36,8 @@ service) with its configuration read from the environment: docs/reference.md,
 					Summary: "what changed between two revisions"},
 				{Name: "restore", Args: "(--from-audit [--at T] | --from-cache DIR) -m MESSAGE [--author A] [--json]", Run: policyRestore,
 					Summary: "write a lost policy log's state back as a new epoch, from policy_audit or a limiter's cache"},
+				{Name: "keygen", Args: "IDENTITY --out FILE", Run: policyKeygen,
+					Summary: "a new writer's signing key, and its keyring line"},
 			}},
 			{Name: "override", Summary: "per-key overrides on the policy log", Sub: []cli.Command{
 				{Name: "set", Args: "KEY [--scope S] [--tier T | --rate R --burst B [--period P]] [flags] --reason TEXT", Run: verb(overrideCommand, "set"),

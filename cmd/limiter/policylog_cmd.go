@@ -102,6 +102,11 @@ func openPolicyLog(getenv func(string) string) (*kafkalog.Log, error) {
 // (create) creates the topic when it is missing; a reader only checks
 // that it exists, and fails with one line when it does not.
 func withLog(stderr io.Writer, create bool, fn func(ctx context.Context, c *policylog.Client) int) int {
+	keys, err := policyKeys(os.Getenv) // policykeys.go
+	if err != nil {
+		fmt.Fprintln(stderr, "limiter: invalid configuration: "+err.Error())
+		return 2
+	}
 	l, err := openPolicyLog(os.Getenv)
 	if err != nil {
 		fmt.Fprintln(stderr, "limiter: invalid configuration: "+err.Error())
@@ -119,6 +124,7 @@ func withLog(stderr io.Writer, create bool, fn func(ctx context.Context, c *poli
 		return 1
 	}
 	c := policylog.NewClient(l, true)
+	keys.Use(c)
 	if err := c.Sync(ctx); err != nil {
 		fmt.Fprintln(stderr, "policy log: read: "+err.Error())
 		return 1
@@ -192,7 +198,7 @@ func policyLogCommand(verb string, args []string, stdout, stderr io.Writer) int 
 	switch verb {
 	case "push", "rollback":
 		message = f.String("m", "", "message (why; required)")
-		author = f.String("author", defaultAuthor(), "author")
+		author = f.String("author", authorDefault(os.Getenv), "author (signed: who the key holder acts for; default the key's identity alone)")
 		f.BoolVar(asJSON, "json", false, "print the outcome as JSON")
 		if verb == "push" {
 			expect = f.Int64("expect-revision", policylog.NoExpect, "refuse unless the head is this revision")
@@ -424,7 +430,7 @@ func overrideCommand(verb string, args []string, stdout, stderr io.Writer) int {
 		fallthrough
 	case "delete":
 		reason = f.String("reason", "", "why (required)")
-		author = f.String("author", defaultAuthor(), "author")
+		author = f.String("author", authorDefault(os.Getenv), "author (signed: who the key holder acts for; default the key's identity alone)")
 		fallthrough
 	case "get":
 		scope = f.String("scope", "", "scope (default: every scope of the key)")

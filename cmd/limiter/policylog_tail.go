@@ -43,6 +43,8 @@ type policyLogConfig struct {
 	Topic     string        // POLICY_TOPIC
 	CacheDir  string        // POLICY_CACHE_DIR; empty = no cache
 	StartWait time.Duration // POLICY_START_WAIT: how long start waits for the log
+	// Keys is POLICY_TRUSTED_KEYS_FILE: nil = records are not checked.
+	Keys *policylog.Keyring
 }
 
 func policyLogConfigFrom(e *envconfig.Reader, brokers []string) policyLogConfig {
@@ -51,6 +53,13 @@ func policyLogConfigFrom(e *envconfig.Reader, brokers []string) policyLogConfig 
 		Topic:     e.String("POLICY_TOPIC", kafkalog.DefaultTopic),
 		CacheDir:  e.String("POLICY_CACHE_DIR", ""),
 		StartWait: e.Duration("POLICY_START_WAIT", 10*time.Second, 100*time.Millisecond, 10*time.Minute),
+	}
+	if path := e.String("POLICY_TRUSTED_KEYS_FILE", ""); path != "" {
+		k, err := policylog.LoadKeyring(path)
+		if err != nil {
+			e.Fail("POLICY_TRUSTED_KEYS_FILE", "%v", err)
+		}
+		c.Keys = k
 	}
 	switch c.Source {
 	case sourceFile:
@@ -75,7 +84,7 @@ func newPolicyTail(cfg config, reg prometheus.Registerer, logger *slog.Logger) (
 	}
 	return policylog.NewFollower(policylog.FollowerConfig{
 		Log: l, Topic: cfg.PolicyLog.Topic, CacheDir: cfg.PolicyLog.CacheDir, StartWait: cfg.PolicyLog.StartWait,
-		Bootstrap: cfg.PolicyFile, Metrics: policylog.NewMetrics(reg), Logger: logger,
+		Bootstrap: cfg.PolicyFile, Metrics: policylog.NewMetrics(reg), Logger: logger, Keys: cfg.PolicyLog.Keys,
 	}), nil
 }
 

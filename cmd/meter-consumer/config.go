@@ -13,6 +13,7 @@ import (
 	"github.com/ratewarden/ratewarden/metering/consumer"
 	"github.com/ratewarden/ratewarden/metering/notify"
 	"github.com/ratewarden/ratewarden/metering/reconcile"
+	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/judge"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
 )
@@ -49,6 +50,10 @@ type config struct {
 	PolicyTopic string        // POLICY_TOPIC
 	Judge       bool          // POLICY_JUDGE: take part in the rollout judge's election
 	JudgeSettle time.Duration // POLICY_JUDGE_SETTLE: after a rollout's end, before its counters are read
+	// PolicyKeys: POLICY_SIGNING_KEY_FILE (the judge signs its verdicts)
+	// and POLICY_TRUSTED_KEYS_FILE (the audit and the judge judge every
+	// record by it).
+	PolicyKeys policylog.Keys
 }
 
 // loadConfig reads and validates the configuration; the error names every
@@ -79,6 +84,11 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Judge:           e.Bool("POLICY_JUDGE", false),
 		JudgeSettle:     e.Duration("POLICY_JUDGE_SETTLE", judge.DefaultSettle, time.Millisecond, time.Hour),
 	}
+	keys, err := policylog.LoadKeys(e.String("POLICY_SIGNING_KEY_FILE", ""), e.String("POLICY_TRUSTED_KEYS_FILE", ""))
+	if err != nil {
+		e.Fail("POLICY_SIGNING_KEY_FILE/POLICY_TRUSTED_KEYS_FILE", "%v", err)
+	}
+	c.PolicyKeys = keys
 	if len(c.KafkaBrokers) == 0 {
 		e.Fail("KAFKA_BROKERS", "required (comma-separated host:port)")
 	}

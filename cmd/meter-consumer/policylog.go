@@ -24,7 +24,7 @@ func policyAuditComponent(cfg config, conn driver.Conn, schema schemaGate, reg p
 		return component{}, err
 	}
 	w, err := chaudit.New(chaudit.Config{Log: l, Conn: conn, Database: cfg.Database, Logger: log.With("component", "policy-audit"),
-		Registry: reg, Absent: kafkalog.IsNoTopic})
+		Registry: reg, Absent: kafkalog.IsNoTopic, Keys: cfg.PolicyKeys.Ring})
 	if err != nil {
 		return component{}, err
 	}
@@ -61,7 +61,7 @@ func judgeComponent(cfg config, conn driver.Conn, schema schemaGate, reg prometh
 		Brokers: cfg.KafkaBrokers, Topic: cfg.PolicyTopic, Dialer: cfg.Kafka.Dialer("meter-consumer-judge", 10*time.Second),
 		SessionTimeout: cfg.SessionTimeout, Settle: cfg.JudgeSettle,
 		Name:   fmt.Sprintf("judge@%s/%d", host, os.Getpid()),
-		Logger: jlog, Registry: reg,
+		Logger: jlog, Registry: reg, Keys: cfg.PolicyKeys,
 	})
 	if err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/chaudit"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
 	"github.com/ratewarden/ratewarden/policylog/opsapi"
@@ -19,19 +20,30 @@ import (
 
 // policyLogConfig is how usage-api reaches the policy log for the
 // operator's policy API: KAFKA_BROKERS (optional: without it those routes
-// answer 503), KAFKA_SASL_*, KAFKA_TLS*, POLICY_TOPIC.
+// answer 503), KAFKA_SASL_*, KAFKA_TLS*, POLICY_TOPIC; the operators'
+// credentials beside USAGE_ADMIN_TOKEN (USAGE_ADMIN_TOKENS_FILE); the key
+// usage-api signs its writes with and the keyring it reads by
+// (POLICY_SIGNING_KEY_FILE, POLICY_TRUSTED_KEYS_FILE).
 type policyLogConfig struct {
-	Brokers  []string
-	Topic    string
-	Security *kafkaconn.Security
+	Brokers    []string
+	Topic      string
+	Security   *kafkaconn.Security
+	TokensFile string
+	Keys       policylog.Keys
 }
 
 func policyLogConfigFrom(e *envconfig.Reader, getenv func(string) string) policyLogConfig {
 	c := policyLogConfig{
-		Brokers:  e.List("KAFKA_BROKERS"),
-		Topic:    e.String("POLICY_TOPIC", kafkalog.DefaultTopic),
-		Security: kafkaconn.FromEnv(e, getenv),
+		Brokers:    e.List("KAFKA_BROKERS"),
+		Topic:      e.String("POLICY_TOPIC", kafkalog.DefaultTopic),
+		Security:   kafkaconn.FromEnv(e, getenv),
+		TokensFile: e.String("USAGE_ADMIN_TOKENS_FILE", ""),
 	}
+	keys, err := policylog.LoadKeys(e.String("POLICY_SIGNING_KEY_FILE", ""), e.String("POLICY_TRUSTED_KEYS_FILE", ""))
+	if err != nil {
+		e.Fail("POLICY_SIGNING_KEY_FILE/POLICY_TRUSTED_KEYS_FILE", "%v", err)
+	}
+	c.Keys = keys
 	for _, a := range c.Brokers {
 		e.HostPort("KAFKA_BROKERS", a)
 	}
@@ -41,7 +53,18 @@ func policyLogConfigFrom(e *envconfig.Reader, getenv func(string) string) policy
 // withPolicyAPI routes the operator's policy API (opsapi) beside next, the
 // usage API. The returned func releases the log's connections.
 func withPolicyAPI(cfg config, conn driver.Conn, next http.Handler, log *slog.Logger) (http.Handler, func(), error) {
-	oc := opsapi.Config{AdminToken: cfg.AdminToken,
+	creds, err := opsapi.NewCredentials(cfg.PolicyLog.TokensFile, cfg.AdminToken)
+	if err != nil {
+		return nil, nil, err
+	}
+	creds.OnChange = func(err error) { // never a token: errors name lines by number
+		if err != nil {
+			log.Error("operator credentials refused until the file is fixed (USAGE_ADMIN_TOKEN still works)", "err", err)
+			return
+		}
+		log.Info("operator credentials read again", "file", cfg.PolicyLog.TokensFile)
+	}
+	oc := opsapi.Config{Credentials: creds, Keys: cfg.PolicyLog.Keys,
 		Unavailable: "the policy API needs the policy log: set KAFKA_BROKERS on usage-api",
 		Audit: func(ctx context.Context, revision int64, limit int) (any, error) {
 			rows, err := chaudit.Query(ctx, conn, cfg.Database, revision, limit)

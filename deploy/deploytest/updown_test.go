@@ -132,7 +132,11 @@ func TestUpDown(t *testing.T) {
 	// An override set by a person: revision 2, kept across make down and
 	// make up (the broker keeps its data under run/kafka).
 	cliEnv := append(env, fmt.Sprintf("KAFKA_BROKERS=127.0.0.1:%d", ports["RW_KAFKA_PORT"]),
-		fmt.Sprintf("CLICKHOUSE_ADDR=127.0.0.1:%d", ports["RW_CLICKHOUSE_PORT"]))
+		fmt.Sprintf("CLICKHOUSE_ADDR=127.0.0.1:%d", ports["RW_CLICKHOUSE_PORT"]),
+		// The stack runs signed: a person writes with the operator key
+		// make up made, so the author is operator/updown.
+		"POLICY_SIGNING_KEY_FILE="+filepath.Join(runDir, "keys", "operator.pem"),
+		"POLICY_TRUSTED_KEYS_FILE="+filepath.Join(runDir, "keys", "keyring"))
 	limiterCLI := func(args ...string) string {
 		t.Helper()
 		cmd := exec.Command(filepath.Join(binDir, "limiter"), args...)
@@ -197,18 +201,18 @@ func TestUpDown(t *testing.T) {
 	if h := limiterCLI("override", "get", "acct_kept"); !strings.Contains(h, "pro") || !strings.Contains(h, "updown") {
 		t.Errorf("override get acct_kept after make down; make up: %s", h)
 	}
-	if h := limiterCLI("policy", "history"); !regexp.MustCompile(`(?m)^\s*2\s+applied\s+override acct_kept\s+updown\b`).MatchString(h) {
-		t.Errorf("policy history after make down; make up lacks revision 2 (override acct_kept by updown):\n%s", h)
+	if h := limiterCLI("policy", "history"); !regexp.MustCompile(`(?m)^\s*2\s+applied\s+override acct_kept\s+operator/updown\b`).MatchString(h) {
+		t.Errorf("policy history after make down; make up lacks revision 2 (override acct_kept by operator/updown):\n%s", h)
 	}
 	chHTTP := fmt.Sprintf("http://127.0.0.1:%d/?query=", ports["RW_CLICKHOUSE_HTTP_PORT"])
 	auditQ := url.QueryEscape("SELECT log_epoch, revision, author FROM ratelimit.policy_audit FINAL WHERE result = 'applied' ORDER BY kafka_offset FORMAT TSV")
 	for deadline := time.Now().Add(60 * time.Second); ; {
 		st, _, b := do(t, "GET", chHTTP+auditQ, "", nil)
-		if st == 200 && string(b) == "0\t1\tmake-up\n0\t2\tupdown\n" {
+		if st == 200 && string(b) == "0\t1\toperator/make-up\n0\t2\toperator/updown\n" {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Errorf("policy_audit after make down; make up: want revisions 1 (make-up) and 2 (updown) of epoch 0 only, got %d %q", st, b)
+			t.Errorf("policy_audit after make down; make up: want revisions 1 (operator/make-up) and 2 (operator/updown) of epoch 0 only, got %d %q", st, b)
 			break
 		}
 		time.Sleep(250 * time.Millisecond)

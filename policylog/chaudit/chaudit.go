@@ -43,6 +43,11 @@ type Config struct {
 	// Absent, when set, says an error means the log does not exist yet
 	// (no writer created it): nothing to audit, not a failure.
 	Absent func(error) bool
+	// Keys, when set, is the readers' keyring: records are judged by it
+	// as the limiters judge them (policylog.Keyring), so the audit says
+	// unauthenticated where they refuse a record as such, and the author
+	// of the rest is their key's identity.
+	Keys *policylog.Keyring
 }
 
 // Writer is the audit writer. Run does the work; Ready is safe from any
@@ -51,6 +56,7 @@ type Writer struct {
 	cfg    Config
 	rows   prometheus.Counter
 	errs   prometheus.Counter
+	unauth prometheus.Counter
 	status atomic.Pointer[string] // "" = ok
 }
 
@@ -66,9 +72,11 @@ func New(cfg Config) (*Writer, error) {
 	w := &Writer{cfg: cfg,
 		rows: prometheus.NewCounter(prometheus.CounterOpts{Name: "meter_policy_audit_rows_total", Help: "Policy log records written to policy_audit."}),
 		errs: prometheus.NewCounter(prometheus.CounterOpts{Name: "meter_policy_audit_errors_total", Help: "Failed reads of the policy log or writes of policy_audit; retried."}),
+		unauth: prometheus.NewCounter(prometheus.CounterOpts{Name: "meter_policy_audit_unauthenticated_total",
+			Help: "Policy log records read that the keyring (POLICY_TRUSTED_KEYS_FILE) refuses: unsigned, signed by an unknown or retired key, or altered."}),
 	}
 	if cfg.Registry != nil {
-		cfg.Registry.MustRegister(w.rows, w.errs)
+		cfg.Registry.MustRegister(w.rows, w.errs, w.unauth)
 	}
 	starting := "policy audit: not caught up yet"
 	w.status.Store(&starting)
@@ -131,7 +139,11 @@ func (w *Writer) follow(ctx context.Context) error {
 	}
 	var pending []row
 	c := policylog.NewClient(w.cfg.Log, false)
+	c.Authenticate(w.cfg.Keys)
 	c.OnApply = func(e policylog.Entry, o policylog.Outcome) {
+		if o.Code == policylog.CodeUnauthenticated {
+			w.unauth.Inc()
+		}
 		if e.Offset >= cur.next {
 			pending = append(pending, row{e, o})
 		}
@@ -304,7 +316,7 @@ func Query(ctx context.Context, conn driver.Conn, database string, revision int6
 // in force yet. It answers "which policy decided then" also for records
 // compaction has removed from the topic. The epoch is the last one whose
 // first record was written at or before at (records carry their writer's
-// clock).
+// clock). A record audited as unauthenticated stays refused.
 func InForce(ctx context.Context, conn driver.Conn, database string, at time.Time) (*policylog.State, uint32, error) {
 	return stateAt(ctx, conn, database, at, false)
 }
@@ -325,7 +337,7 @@ func stateAt(ctx context.Context, conn driver.Conn, database string, at time.Tim
 		}
 		return nil, 0, fmt.Errorf("read %s: %w", Table, err)
 	}
-	q = fmt.Sprintf("SELECT log_offset, log_key, content FROM %s.%s FINAL WHERE log_epoch = ? ORDER BY kafka_offset", database, Table)
+	q = fmt.Sprintf("SELECT log_offset, log_key, content, code FROM %s.%s FINAL WHERE log_epoch = ? ORDER BY kafka_offset", database, Table)
 	rs, err := conn.Query(ctx, q, epoch)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read %s: %w", Table, err)
@@ -333,11 +345,14 @@ func stateAt(ctx context.Context, conn driver.Conn, database string, at time.Tim
 	defer rs.Close()
 	for rs.Next() {
 		var e policylog.Entry
-		var content string
-		if err := rs.Scan(&e.Offset, &e.Key, &content); err != nil {
+		var content, code string
+		if err := rs.Scan(&e.Offset, &e.Key, &content, &code); err != nil {
 			return nil, 0, fmt.Errorf("read %s: %w", Table, err)
 		}
-		if content != "" { // "" is a tombstone's
+		// A record refused as unauthenticated when it was audited stays
+		// refused: the audit holds the keyring's judgement, and a refusal
+		// changes no state, as a tombstone does not.
+		if content != "" && code != policylog.CodeUnauthenticated { // "" is a tombstone's
 			e.Value = []byte(content)
 			if rec, err := policylog.Decode(e.Key, e.Value); err == nil && rec.Time.After(at) {
 				break // written after at: the log then ended before it

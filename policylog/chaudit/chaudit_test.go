@@ -115,9 +115,13 @@ func TestAuditEveryRecord(t *testing.T) {
 }
 
 // auditOnce runs a writer over l until it has caught up, then stops it.
-func auditOnce(ctx context.Context, t *testing.T, l policylog.Log, conn driver.Conn, db string) {
+func auditOnce(ctx context.Context, t *testing.T, l policylog.Log, conn driver.Conn, db string, keys ...*policylog.Keyring) {
 	t.Helper()
-	aw, err := chaudit.New(chaudit.Config{Log: l, Conn: conn, Database: db, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	cfg := chaudit.Config{Log: l, Conn: conn, Database: db, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if len(keys) > 0 {
+		cfg.Keys = keys[0]
+	}
+	aw, err := chaudit.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,5 +298,62 @@ func TestInForceFromTheAudit(t *testing.T) {
 			t.Errorf("in force at base%+v: head %d, epoch %d, %d overrides, document %q; want %d, %d, %d, %q",
 				c.at, st.Head(), epoch, st.Overrides(), rec.Document, c.head, c.epoch, c.overrides, c.doc)
 		}
+	}
+}
+
+// TestInForceKeepsUnauthenticatedRefused: a record audited as
+// unauthenticated (forged: unsigned, the next revision, its hash, a known
+// author) stays refused when the state in force is rebuilt from the
+// audit, which checks no signature itself.
+func TestInForceKeepsUnauthenticatedRefused(t *testing.T) {
+	ch := testenv.StartClickHouse(t)
+	conn := ch.Conn(t)
+	db := ch.Database(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	if err := schema.Apply(ctx, conn, db); err != nil {
+		t.Fatal(err)
+	}
+	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
+	l, err := kafkalog.New(kafkalog.Config{Brokers: []string{k.Addr()}, Security: &kafkaconn.Security{}, Wait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := policylog.GenerateSigner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring, err := policylog.ParseKeyring(strings.NewReader(signer.KeyringLine("alice")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
+	w := policylog.NewClient(l, true)
+	policylog.Keys{Signer: signer, Ring: ring}.Use(w)
+	if _, err := w.Write(ctx, policylog.Record{Kind: policylog.KindPolicy, Document: docA, Message: "a", Time: base}, policylog.NoExpect); err != nil {
+		t.Fatal(err)
+	}
+	forged := policylog.Record{Revision: 2, Parent: 1, Kind: policylog.KindPolicy, Document: strings.Replace(docA, "rate: 10,", "rate: 9999,", 1),
+		Author: "alice", Message: "forged", Time: base.Add(time.Minute)}
+	forged.Seal()
+	v, _ := forged.Encode()
+	if _, err := l.Append(ctx, policylog.DocumentKey, v); err != nil {
+		t.Fatal(err)
+	}
+	auditOnce(ctx, t, l, conn, db, ring)
+	var code, author string
+	if err := conn.QueryRow(ctx, "SELECT code, author FROM "+db+".policy_audit FINAL WHERE message = 'forged'").Scan(&code, &author); err != nil || code != policylog.CodeUnauthenticated || author != "" {
+		t.Fatalf("the forged record audited with code %q, author %q (%v)", code, author, err)
+	}
+	st, _, err := chaudit.InForce(ctx, conn, db, base.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, rec := st.Document(); st.Head() != 1 || rec.Document != docA {
+		t.Fatalf("in force from the audit: head %d, document %q", st.Head(), rec.Document)
 	}
 }

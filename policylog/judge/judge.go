@@ -80,6 +80,10 @@ type Config struct {
 	Registry prometheus.Registerer
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Keys: the keyring the judge reads the log with (records not signed
+	// by it are refused) and the key it signs its verdicts with, which
+	// readers then author by that key's identity rather than Name.
+	Keys policylog.Keys
 }
 
 // Judge is one candidate for the judge role. Run does the work; Ready and
@@ -218,6 +222,7 @@ func (j *Judge) lead(gctx context.Context) {
 		j.cfg.Logger.Info("rollout judge: no longer the judge")
 	}()
 	c := policylog.NewClient(j.cfg.Log, false)
+	j.cfg.Keys.Use(c)
 	failing := false
 	for gctx.Err() == nil {
 		_, err := c.Poll(gctx) // waits briefly at the broker for new records

@@ -4,12 +4,13 @@
 // through policylog.Client, as the limiter's CLI does, so an answer of 200
 // means the record was read back as applied; 409 is a conflict (which
 // revision was written meanwhile, by whom), 400 lists every validation
-// error. Only the operator's bearer token is accepted.
+// error. Each bearer token is an operator's identity and role
+// (credentials.go): the identity is the author of what it writes, the role
+// bounds what it may do (403 beyond it).
 package opsapi
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ratewarden/ratewarden/internal/bearer"
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog"
 )
@@ -30,8 +32,13 @@ type Config struct {
 	// with Unavailable as the reason.
 	Log         policylog.Log
 	Unavailable string
-	// AdminToken is the operator's bearer token (required).
-	AdminToken string
+	// Credentials are the operators' tokens (credentials.go); when nil,
+	// AdminToken is the one credential (identity admin, role policy).
+	Credentials *Credentials
+	AdminToken  string
+	// Keys: the keyring the API reads the log with (records not signed
+	// by it are refused) and the key it signs what it writes with.
+	Keys policylog.Keys
 	// Timeout bounds one request's reads and writes of the log (default 30 s).
 	Timeout time.Duration
 	// Audit reads ClickHouse's policy_audit, newest first (revision > 0:
@@ -66,8 +73,15 @@ type ensurer interface {
 
 // New returns the handler.
 func New(cfg Config) (*Handler, error) {
-	if cfg.AdminToken == "" {
-		return nil, errors.New("opsapi: AdminToken is required")
+	if cfg.Credentials == nil {
+		if cfg.AdminToken == "" {
+			return nil, errors.New("opsapi: Credentials or AdminToken is required")
+		}
+		c, err := NewCredentials("", cfg.AdminToken)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Credentials = c
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
@@ -75,6 +89,7 @@ func New(cfg Config) (*Handler, error) {
 	h := &Handler{cfg: cfg, mux: http.NewServeMux()}
 	if cfg.Log != nil {
 		h.client = policylog.NewClient(cfg.Log, true)
+		cfg.Keys.Use(h.client)
 	}
 	h.mux.HandleFunc("GET /v1/admin/policy", h.getPolicy)
 	h.mux.HandleFunc("PUT /v1/admin/policy", h.putPolicy)
@@ -104,13 +119,43 @@ func Owns(path string) bool {
 		path == "/v1/admin/overrides" || strings.HasPrefix(path, "/v1/admin/overrides/")
 }
 
-// ServeHTTP checks the operator's token, then routes.
+// roleFor is the role a request needs: read for every GET, overrides for
+// a write of an override, policy for a write of the document.
+func roleFor(r *http.Request) string {
+	switch {
+	case r.Method == http.MethodGet || r.Method == http.MethodHead:
+		return RoleRead
+	case strings.HasPrefix(r.URL.Path, "/v1/admin/overrides/"):
+		return RoleOverrides
+	}
+	return RolePolicy
+}
+
+type principalKey struct{}
+
+// principal is who made the request (ServeHTTP put it there).
+func principal(r *http.Request) Principal {
+	p, _ := r.Context().Value(principalKey{}).(Principal)
+	return p
+}
+
+// ServeHTTP checks the operator's token and its role, then routes.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	got := r.Header.Get("Authorization")
-	if subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+h.cfg.AdminToken)) != 1 {
-		fail(w, http.StatusUnauthorized, "unauthorized", "the operator's bearer token (USAGE_ADMIN_TOKEN) is required", nil)
+	tok, _ := bearer.Token(r.Header.Get("Authorization"))
+	p, ok, err := h.cfg.Credentials.Lookup(tok)
+	if !ok {
+		msg := "an operator's bearer token (USAGE_ADMIN_TOKEN, or a line of USAGE_ADMIN_TOKENS_FILE) is required"
+		if err != nil {
+			msg += "; " + err.Error()
+		}
+		fail(w, http.StatusUnauthorized, "unauthorized", msg, nil)
 		return
 	}
+	if need := roleFor(r); !p.may(need) {
+		fail(w, http.StatusForbidden, "forbidden", fmt.Sprintf("%s has role %s; this needs %s", p.Identity, p.Role, need), nil)
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
 	if r.URL.Path == "/v1/admin/policy/audit" { // ClickHouse, not the log
 		h.mux.ServeHTTP(w, r)
 		return
@@ -241,7 +286,7 @@ func (h *Handler) getPolicy(w http.ResponseWriter, r *http.Request) {
 type putPolicyBody struct {
 	Document       string `json:"document"`
 	Message        string `json:"message"`
-	Author         string `json:"author"`
+	Author         string `json:"author"` // ignored: the credential's identity is the author
 	ExpectRevision *int64 `json:"expectRevision"`
 	// ShadowFor (a Go duration, "15m") and MaxNewlyRejected (a fraction,
 	// 0.005 = 0.5%) make the write a rollout: the document enters as the
@@ -256,10 +301,11 @@ func (h *Handler) putPolicy(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, policylog.MaxRecord, &b) {
 		return
 	}
-	if b.Message == "" || b.Author == "" {
-		fail(w, http.StatusBadRequest, "invalid_request", "message and author are required", nil)
+	if b.Message == "" {
+		fail(w, http.StatusBadRequest, "invalid_request", "message is required", nil)
 		return
 	}
+	author := principal(r).Identity // never the body's
 	doc, err := policy.Parse([]byte(b.Document))
 	if err != nil {
 		fail(w, http.StatusBadRequest, policylog.CodeInvalid, "the document is refused", strings.Split(err.Error(), "\n"))
@@ -306,11 +352,11 @@ func (h *Handler) putPolicy(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if shadowFor > 0 {
-			o, err := c.StartRollout(ctx, b.Document, shadowFor, *b.MaxNewlyRejected, b.Author, b.Message, expect)
+			o, err := c.StartRollout(ctx, b.Document, shadowFor, *b.MaxNewlyRejected, author, b.Message, expect)
 			answerWith(w, o, err, preview)
 			return
 		}
-		o, err := c.Push(ctx, b.Document, b.Author, b.Message, expect)
+		o, err := c.Push(ctx, b.Document, author, b.Message, expect)
 		answerWith(w, o, err, preview)
 	})
 }
@@ -334,7 +380,7 @@ func (h *Handler) getHistory(w http.ResponseWriter, r *http.Request) {
 type rollbackBody struct {
 	Revision int64  `json:"revision"`
 	Message  string `json:"message"`
-	Author   string `json:"author"`
+	Author   string `json:"author"` // ignored: the credential's identity is the author
 }
 
 func (h *Handler) postRollback(w http.ResponseWriter, r *http.Request) {
@@ -342,8 +388,8 @@ func (h *Handler) postRollback(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, 64<<10, &b) {
 		return
 	}
-	if b.Revision < 1 || b.Message == "" || b.Author == "" {
-		fail(w, http.StatusBadRequest, "invalid_request", "revision (≥ 1), message and author are required", nil)
+	if b.Revision < 1 || b.Message == "" {
+		fail(w, http.StatusBadRequest, "invalid_request", "revision (≥ 1) and message are required", nil)
 		return
 	}
 	h.with(w, r, func(ctx context.Context, c *policylog.Client) {
@@ -351,7 +397,7 @@ func (h *Handler) postRollback(w http.ResponseWriter, r *http.Request) {
 			fail(w, http.StatusBadRequest, "invalid_request", fmt.Sprintf("no document in force at revision %d in the log", b.Revision), nil)
 			return
 		}
-		o, err := c.Rollback(ctx, b.Revision, b.Author, b.Message)
+		o, err := c.Rollback(ctx, b.Revision, principal(r).Identity, b.Message)
 		answer(w, o, err)
 	})
 }
@@ -383,7 +429,7 @@ func (h *Handler) getOverride(w http.ResponseWriter, r *http.Request) {
 
 type putOverrideBody struct {
 	policy.Override
-	Author         string `json:"author"`
+	Author         string `json:"author"` // ignored: the credential's identity is the author
 	Message        string `json:"message"`
 	ExpectRevision *int64 `json:"expectRevision"`
 }
@@ -394,8 +440,8 @@ func (h *Handler) putOverride(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, 64<<10, &b) {
 		return
 	}
-	if b.Author == "" || key == "" || len(key) > 256 || len(scope) > 128 {
-		fail(w, http.StatusBadRequest, "invalid_request", "author is required; key 1-256 bytes, scope at most 128", nil)
+	if key == "" || len(key) > 256 || len(scope) > 128 {
+		fail(w, http.StatusBadRequest, "invalid_request", "key 1-256 bytes, scope at most 128", nil)
 		return
 	}
 	expect := int64(policylog.NoExpect)
@@ -403,16 +449,16 @@ func (h *Handler) putOverride(w http.ResponseWriter, r *http.Request) {
 		expect = *b.ExpectRevision
 	}
 	h.with(w, r, func(ctx context.Context, c *policylog.Client) {
-		o, err := c.SetOverride(ctx, key, scope, b.Override, b.Author, b.Message, expect)
+		o, err := c.SetOverride(ctx, key, scope, b.Override, principal(r).Identity, b.Message, expect)
 		answer(w, o, err)
 	})
 }
 
 func (h *Handler) deleteOverride(w http.ResponseWriter, r *http.Request) {
 	key, q := r.PathValue("key"), r.URL.Query()
-	reason, author := q.Get("reason"), q.Get("author")
-	if reason == "" || author == "" {
-		fail(w, http.StatusBadRequest, "invalid_request", "reason and author are required (query parameters)", nil)
+	reason, author := q.Get("reason"), principal(r).Identity
+	if reason == "" {
+		fail(w, http.StatusBadRequest, "invalid_request", "reason is required (a query parameter)", nil)
 		return
 	}
 	h.with(w, r, func(ctx context.Context, c *policylog.Client) {

@@ -87,11 +87,11 @@ func TestOperatorAPI(t *testing.T) {
 		t.Fatalf("PUT policy: %d %v", code, body)
 	}
 	code, body = a.do("GET", "/v1/admin/policy", admin, "")
-	if code != 200 || body["revision"] != float64(1) || body["document"] != docA || body["author"] != "alice" {
+	if code != 200 || body["revision"] != float64(1) || body["document"] != docA || body["author"] != opsapi.AdminIdentity {
 		t.Fatalf("GET policy: %d %v", code, body)
 	}
 	code, body = a.do("PUT", "/v1/admin/policy", admin, jsonBody(map[string]any{"document": docA + "# b\n", "message": "stale", "author": "bob", "expectRevision": 0}))
-	if e, _ := body["error"].(map[string]any); code != 409 || e["takenBy"] != "alice" {
+	if e, _ := body["error"].(map[string]any); code != 409 || e["takenBy"] != opsapi.AdminIdentity {
 		t.Fatalf("conflict: %d %v", code, body)
 	}
 	code, body = a.do("PUT", "/v1/admin/policy", admin, jsonBody(map[string]any{"document": "version: 1\ntiers:\n  free: { rate: -1, burst: 0 }\n", "message": "bad", "author": "bob"}))
@@ -107,7 +107,7 @@ func TestOperatorAPI(t *testing.T) {
 		t.Fatalf("undefined tier: %d %v", code, body)
 	}
 	code, body = a.do("GET", "/v1/admin/overrides/acct%2F1?scope=api:search", admin, "")
-	if code != 200 || body["key"] != "acct/1" || body["author"] != "billing" {
+	if code != 200 || body["key"] != "acct/1" || body["author"] != opsapi.AdminIdentity {
 		t.Fatalf("GET override: %d %v", code, body)
 	}
 	code, body = a.do("GET", "/v1/admin/overrides", admin, "")
