@@ -43,6 +43,11 @@ type Config struct {
 	// TLS, when set, makes the listener TLS-only with this server
 	// configuration (kfake's TLS option).
 	TLS *tls.Config
+	// DataDir, when set, keeps the broker's logs and offsets there (kfake's
+	// DataDir): Close saves them and a broker started on the same
+	// directory (and Port) has them back, as a stopped and restarted
+	// Kafka does. Empty = memory only.
+	DataDir string
 }
 
 // User is a SASL user of the broker. Mechanism is PLAIN, SCRAM-SHA-256 or
@@ -106,6 +111,9 @@ func Start(cfg Config) (*Broker, error) {
 	}
 	if cfg.TLS != nil {
 		opts = append(opts, kfake.TLS(cfg.TLS))
+	}
+	if cfg.DataDir != "" {
+		opts = append(opts, kfake.DataDir(cfg.DataDir))
 	}
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {
