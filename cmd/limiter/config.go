@@ -47,6 +47,7 @@ type config struct {
 	// does not take (empty = no spool: lossy); SpoolMaxBytes its budget.
 	SpoolDir       string
 	SpoolMaxBytes  int64
+	SpoolDrainRate float64       // LIMITER_SPOOL_DRAIN_RATE: spooled events/s sent back at most
 	LeaseBlock     int           // 0 = token leasing off
 	LeaseHotOps    float64       // decisions per second that make a key hot
 	LeaseMaxHold   time.Duration // leased tokens unused this long go back
@@ -94,6 +95,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		EmitBuffer:        int(e.Int("LIMITER_EMIT_BUFFER", 65536, 16, 1<<24)),
 		SpoolDir:          e.String("LIMITER_SPOOL_DIR", ""),
 		SpoolMaxBytes:     e.Bytes("LIMITER_SPOOL_MAX_BYTES", 1<<30, 1<<20, 1<<50),
+		SpoolDrainRate:    float64(e.Int("LIMITER_SPOOL_DRAIN_RATE", 20000, 100, 100_000_000)),
 		LeaseBlock:        int(e.Int("LIMITER_LEASE_BLOCK", 0, 0, 1_000_000)),
 		LeaseHotOps:       e.Float("LIMITER_LEASE_HOT_OPS", 500),
 		LeaseMaxHold:      e.Duration("LIMITER_LEASE_MAX_HOLD", s, 10*ms, time.Hour),

@@ -33,6 +33,7 @@ func newEmitter(cfg config, reg prometheus.Registerer, log *slog.Logger) (*kafka
 		TLS:          cfg.Kafka.TLS,
 		SASL:         cfg.Kafka.SASL,
 		Spool:        sp,
+		DrainRate:    cfg.SpoolDrainRate,
 		Logger:       log,
 		Registry:     reg,
 	})

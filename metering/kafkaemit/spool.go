@@ -16,7 +16,8 @@ package kafkaemit
 //   - the drainer reads the spool oldest first and writes it to Kafka,
 //     acknowledging (and so deleting) only what Kafka acknowledged, and
 //     retries with a backoff while Kafka fails; its first success ends the
-//     wait, and the loop writes to Kafka again.
+//     wait, and the loop writes to Kafka again. It is paced (DrainRate):
+//     a backlog must not take the CPU that decisions need.
 //
 // Ordering: while the spool drains, fresh events go straight to Kafka
 // beside the drainer's older ones, so one key's events are not in decision
@@ -192,9 +193,16 @@ func (sp *spooler) drainer(ctx, wctx context.Context) {
 			return true
 		}
 	}
+	// Paced: batches of a tenth of a second's worth of DrainRate, each
+	// followed by the rest of its time slot.
+	perBatch := e.cfg.BatchSize
+	if e.cfg.DrainRate > 0 {
+		perBatch = max(1, min(perBatch, int(e.cfg.DrainRate/10)))
+	}
 	for ctx.Err() == nil {
-		measure(time.Now())
-		recs, pos, err := sp.s.Read(e.cfg.BatchSize, 4<<20)
+		began := time.Now()
+		measure(began)
+		recs, pos, err := sp.s.Read(perBatch, 4<<20)
 		if err != nil {
 			e.log.Error("reading the spool failed", "err", err)
 			if !sleep(maxBackoff) {
@@ -268,6 +276,12 @@ func (sp *spooler) drainer(ctx, wctx context.Context) {
 		}
 		sp.drained.Add(uint64(len(recs)))
 		sp.mDrained.Add(float64(len(recs)))
+		if e.cfg.DrainRate > 0 {
+			slot := time.Duration(float64(len(recs)) / e.cfg.DrainRate * float64(time.Second))
+			if rest := slot - time.Since(began); rest > 0 && !sleep(rest) {
+				return
+			}
+		}
 	}
 }
 
