@@ -50,6 +50,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -136,6 +137,10 @@ type Spool struct {
 	ackN    uint64
 	wbuf    []byte
 	notify  chan struct{}
+	// stats is what Stats returns, published under mu after every change:
+	// Stats never waits for a write in progress (a slow disk must not
+	// hang /metrics).
+	stats atomic.Pointer[Stats]
 
 	// The reader's state (one goroutine).
 	rseg  uint64
@@ -175,6 +180,7 @@ func Open(cfg Config) (*Spool, error) {
 		lock.Close()
 		return nil, err
 	}
+	s.publishLocked()
 	return s, nil
 }
 
@@ -348,6 +354,7 @@ func (s *Spool) Appended() <-chan struct{} { return s.notify }
 func (s *Spool) Append(recs []Record) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.publishLocked()
 	written := 0
 	var err error
 	for written < len(recs) && err == nil {
@@ -533,6 +540,7 @@ func (s *Spool) Read(maxRecords, maxBytes int) ([]Record, Position, error) {
 		s.mu.Lock()
 		if s.ackN == s.rN-uint64(len(s.rout)) {
 			s.oldest = s.rout[0].Time
+			s.publishLocked()
 		}
 		s.mu.Unlock()
 	}
@@ -570,6 +578,7 @@ func (s *Spool) indexLocked(id uint64) int {
 func (s *Spool) Ack(p Position) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.publishLocked()
 	if p.n > s.ackN {
 		s.records -= int64(p.n - s.ackN)
 		s.ackN = p.n
@@ -603,11 +612,12 @@ func (s *Spool) Ack(p Position) error {
 	return nil
 }
 
-// Stats returns the spool's state.
-func (s *Spool) Stats() Stats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return Stats{Bytes: s.bytes, MaxBytes: s.cfg.MaxBytes, Records: s.records, Oldest: s.oldest}
+// Stats returns the spool's state as of the last change; it never waits
+// for a write in progress.
+func (s *Spool) Stats() Stats { return *s.stats.Load() }
+
+func (s *Spool) publishLocked() {
+	s.stats.Store(&Stats{Bytes: s.bytes, MaxBytes: s.cfg.MaxBytes, Records: s.records, Oldest: s.oldest})
 }
 
 // Close syncs and closes the head segment and releases the directory.
