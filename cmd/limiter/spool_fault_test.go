@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -47,13 +48,19 @@ func TestFaultKafkaStoppedSpoolLosesNothing(t *testing.T) {
 	p := startLimiter(t, spoolPolicy, env...)
 
 	var decided atomic.Int64
-	load := func(p *limiterProc, n int) {
+	// load makes n decisions, or with for > 0 as many as it can in that
+	// time.
+	load := func(p *limiterProc, n int, d ...time.Duration) {
+		until := time.Time{}
+		if len(d) > 0 && d[0] > 0 {
+			until, n = time.Now().Add(d[0]), 1<<62
+		}
 		var wg sync.WaitGroup
 		for w := 0; w < 8; w++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for i := w; i < n; i += 8 {
+				for i := w; i < n && (until.IsZero() || time.Now().Before(until)); i += 8 {
 					if _, status := p.check(t, fmt.Sprintf("acct_%d", i%97), "api:read", 1); status != 200 {
 						t.Errorf("/check answered %d", status)
 						return
@@ -81,7 +88,11 @@ func TestFaultKafkaStoppedSpoolLosesNothing(t *testing.T) {
 	load(p, 1000)
 	t.Log("stopping the broker")
 	k.Close()
-	load(p, 4000)
+	// RATEWARDEN_SPOOL_OUTAGE=10m: the outage lasts that long under as
+	// much load as the test makes (a measurement, not part of make test).
+	outage, _ := time.ParseDuration(os.Getenv("RATEWARDEN_SPOOL_OUTAGE"))
+	load(p, 4000, outage)
+	t.Logf("%d decisions made so far", decided.Load())
 	// Every event is sent or spooled (an unconfirmed one may be both).
 	waitFor(t, "every decision sent or spooled", 60*time.Second, func() bool {
 		ev, waiting := spooled(p)
@@ -103,7 +114,7 @@ func TestFaultKafkaStoppedSpoolLosesNothing(t *testing.T) {
 	t.Log("starting the broker again")
 	k = startBroker()
 	load(p, 1000) // decisions keep flowing while the spool drains
-	waitFor(t, "the spool drained", 90*time.Second, func() bool {
+	waitFor(t, "the spool drained", 90*time.Second+time.Duration(decided.Load())*time.Second/10000, func() bool {
 		ev, waiting := spooled(p)
 		return ev == 0 && !waiting
 	})
