@@ -7,7 +7,9 @@
 # just before (the same limiter driven for FILL_SECONDS with Kafka
 # unreachable, then stopped) and is draining into the broker during the
 # whole run (its /readyz must still show a backlog at the end). Prints one
-# line per run and the ratio draining ÷ empty of each pass.
+# line per pass: decisions/s of each and their ratio draining ÷ empty, and
+# the limiter's CPU per decision (µs, /proc/PID/stat) of each and its ratio
+# empty ÷ draining, which a machine shared with other work disturbs less.
 #
 #   PASSES=3 SECONDS_EACH=5 FILL_SECONDS=40 bash bench/spooldrain.sh
 set -euo pipefail
@@ -36,13 +38,16 @@ limiter() { # spool-dir brokers -> starts a limiter; sets LPORT LPID
   wait_port "$LPORT"
 }
 stop() { kill "$1"; wait "$1" 2>/dev/null || true; }
-drive() { # seconds -> decisions/s
+drive() { # seconds -> "decisions/s µs-of-limiter-CPU-per-decision"
+  local t0 t1
+  t0=$(ticks "$LPID")
   "$OUT/bin/loadgen" -url "http://127.0.0.1:$LPORT/check" -duration "${1}s" -conns 32 -keys 10000 -json "$OUT/lg.json" >/dev/null 2>&1
-  jq -r '.perSecond' "$OUT/lg.json"
+  t1=$(ticks "$LPID")
+  echo "$(jq -r '.perSecond | floor' "$OUT/lg.json") $(us_per "$t0" "$t1" "$(jq -r '.requests' "$OUT/lg.json")")"
 }
 spooled() { curl -fsS "http://127.0.0.1:$LPORT/readyz" | jq -r '.metering.spool.events'; }
 
-echo "pass | empty spool decisions/s | draining decisions/s | ratio | spooled before | left after | load"
+echo "pass | empty spool decisions/s | draining decisions/s | ratio | empty µs CPU/decision | draining µs CPU/decision | ratio | spooled before | left after | load"
 for pass in $(seq 1 "$PASSES"); do
   rm -rf "$OUT/full" "$OUT/empty"
   DEAD=$(free_port) # nothing listens: every event goes to the spool
@@ -50,12 +55,12 @@ for pass in $(seq 1 "$PASSES"); do
   drive "$FILL_SECONDS" >/dev/null
   stop "$LPID"
   limiter "$OUT/empty" "127.0.0.1:$KPORT"
-  a=$(drive "$SECONDS_EACH")
+  read -r a ac <<<"$(drive "$SECONDS_EACH")"
   stop "$LPID"
   limiter "$OUT/full" "127.0.0.1:$KPORT"
   before=$(spooled)
-  b=$(drive "$SECONDS_EACH")
+  read -r b bc <<<"$(drive "$SECONDS_EACH")"
   left=$(spooled)
   stop "$LPID"
-  echo "$pass | $a | $b | $(ratio "$b" "$a") | $before | $left | $(load)"
+  echo "$pass | $a | $b | $(ratio "$b" "$a") | $ac | $bc | $(ratio "$ac" "$bc") | $before | $left | $(load)"
 done
