@@ -15,7 +15,10 @@ import (
 // broker never slows a decision; its events go to the spool in
 // LIMITER_SPOOL_DIR, or without one are dropped (and counted). Its flush at
 // shutdown gets half the grace: the HTTP and gRPC drains come before it.
-func newEmitter(cfg config, reg prometheus.Registerer, log *slog.Logger) (*kafkaemit.Emitter, error) {
+// refusing is the connection checker's verdict that Kafka refuses the
+// limiter's credential or TLS handshake: a write failing meanwhile is
+// counted as refused.
+func newEmitter(cfg config, refusing func() bool, reg prometheus.Registerer, log *slog.Logger) (*kafkaemit.Emitter, error) {
 	var sp *spool.Spool
 	if cfg.SpoolDir == "" {
 		log.Info("LIMITER_SPOOL_DIR is empty: decision events Kafka does not take in time are dropped and counted (no spool)")
@@ -34,6 +37,7 @@ func newEmitter(cfg config, reg prometheus.Registerer, log *slog.Logger) (*kafka
 		SASL:         cfg.Kafka.SASL,
 		Spool:        sp,
 		DrainRate:    cfg.SpoolDrainRate,
+		Refusing:     refusing,
 		Logger:       log,
 		Registry:     reg,
 	})

@@ -92,11 +92,11 @@ func buildRecorder(cfg config, reg prometheus.Registerer, log *slog.Logger) (met
 	for _, w := range cfg.Kafka.Warnings() {
 		log.Warn(w)
 	}
-	em, err := newEmitter(cfg, reg, log)
+	checker, err := newKafkaChecker(cfg, reg, log)
 	if err != nil {
 		return meteringParts{}, err
 	}
-	checker, err := newKafkaChecker(cfg, reg, log)
+	em, err := newEmitter(cfg, checker.Refused, reg, log)
 	if err != nil {
 		return meteringParts{}, err
 	}

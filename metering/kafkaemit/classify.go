@@ -51,6 +51,13 @@ func classify(err error) string {
 	return ReasonRefused
 }
 
+// cutOff reports an error of a connection closed under the request (not
+// a timeout).
+func cutOff(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
 // permanent reports a refusal that no resend can cure: the record itself
 // is what Kafka rejects.
 func permanent(reason string, err error) bool {

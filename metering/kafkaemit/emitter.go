@@ -82,6 +82,13 @@ type Config struct {
 	// behind and events are dropped (reason spool_behind).
 	SpillBuffer int
 
+	// Refusing reports that Kafka refuses this process's connections (a
+	// credential, a TLS handshake: the limiter's connection check knows).
+	// A broker that refuses a credential closes the connection, which
+	// kafka-go reports like any cut connection; while Refusing holds, such
+	// a failure counts as refused, not unconfirmed. nil = never.
+	Refusing func() bool
+
 	// TLS and SASL say how to reach the brokers (internal/kafkaconn builds
 	// them from the environment); nil = plaintext, no authentication.
 	TLS  *tls.Config
@@ -555,6 +562,9 @@ func (e *Emitter) failures(msgs []kafka.Message, err error) (idx []int, why []st
 		}
 	} else {
 		r := classify(err)
+		if r == ReasonUnconfirmed && cutOff(err) && e.cfg.Refusing != nil && e.cfg.Refusing() {
+			r = ReasonRefused
+		}
 		for i := range msgs {
 			idx = append(idx, i)
 			why = append(why, r)

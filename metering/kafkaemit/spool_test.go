@@ -1,13 +1,19 @@
 package kafkaemit_test
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/kafkadev"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
@@ -254,5 +260,42 @@ func TestSpoolFullIsCounted(t *testing.T) {
 	}
 	if st, _ := e.Spool(); st.Bytes > 64<<10 {
 		t.Fatalf("spool of %d bytes, budget %d", st.Bytes, 64<<10)
+	}
+}
+
+// A refused credential is a refusal (nothing was written), not doubt: the
+// broker closes the connection, which kafka-go reports as an unexpected
+// EOF, and the connection check says why.
+func TestRefusedCredentialIsRefused(t *testing.T) {
+	t.Parallel()
+	k, err := kafkadev.Start(kafkadev.Config{Topic: "decisions", Partitions: 2,
+		Users: []kafkadev.User{{Mechanism: "PLAIN", Name: "svc", Password: "right-password"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	env := map[string]string{"KAFKA_SASL_MECHANISM": "plain", "KAFKA_SASL_USERNAME": "svc", "KAFKA_SASL_PASSWORD": "wrong-password"}
+	get := func(k string) string { return env[k] }
+	r := envconfig.New(get)
+	sec := kafkaconn.FromEnv(r, get)
+	if r.Err() != nil {
+		t.Fatal(r.Err())
+	}
+	checker, err := kafkaconn.NewChecker(kafkaconn.CheckerConfig{Brokers: []string{k.Addr()}, Security: sec,
+		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)), Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if why := checker.Check(context.Background()); why == "" || !checker.Refused() {
+		t.Fatalf("the connection check did not find the credential refused: %q", why)
+	}
+	e, reg := newEmitter(t, k.Addr(), kafkaemit.Config{WriteTimeout: 2 * time.Second, SASL: sec.SASL, Refusing: checker.Refused})
+	for i := 0; i < 5; i++ {
+		e.Emit(event(i))
+	}
+	_ = e.stop()
+	if d := counterValue(t, reg, "metering_emitter_events_dropped_total", kafkaemit.ReasonRefused); d != 5 {
+		t.Fatalf("dropped as refused: %v, want 5 (unconfirmed: %v)", d,
+			counterValue(t, reg, "metering_emitter_events_dropped_total", kafkaemit.ReasonUnconfirmed))
 	}
 }
