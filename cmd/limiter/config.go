@@ -95,7 +95,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		EmitBuffer:        int(e.Int("LIMITER_EMIT_BUFFER", 65536, 16, 1<<24)),
 		SpoolDir:          e.String("LIMITER_SPOOL_DIR", ""),
 		SpoolMaxBytes:     e.Bytes("LIMITER_SPOOL_MAX_BYTES", 1<<30, 1<<20, 1<<50),
-		SpoolDrainRate:    float64(e.Int("LIMITER_SPOOL_DRAIN_RATE", 20000, 100, 100_000_000)),
+		SpoolDrainRate:    float64(e.Int("LIMITER_SPOOL_DRAIN_RATE", 10000, 100, 100_000_000)),
 		LeaseBlock:        int(e.Int("LIMITER_LEASE_BLOCK", 0, 0, 1_000_000)),
 		LeaseHotOps:       e.Float("LIMITER_LEASE_HOT_OPS", 500),
 		LeaseMaxHold:      e.Duration("LIMITER_LEASE_MAX_HOLD", s, 10*ms, time.Hour),

@@ -73,7 +73,7 @@ type Config struct {
 	// lossy: the overflow and failed batches are dropped and counted.
 	Spool *spool.Spool
 	// DrainRate is the most spooled events per second the drainer sends,
-	// default 20,000: a backlog drains beside fresh traffic without taking
+	// default 10,000: a backlog drains beside fresh traffic without taking
 	// the CPU decisions need (on a small machine the unpaced drain took a
 	// third of /check's throughput). Negative = unpaced.
 	DrainRate float64
@@ -183,7 +183,7 @@ func New(cfg Config) (*Emitter, error) {
 		cfg.SpillBuffer = 16384
 	}
 	if cfg.DrainRate == 0 {
-		cfg.DrainRate = 20000
+		cfg.DrainRate = 10000
 	}
 	codec := cfg.Compression
 	switch {
