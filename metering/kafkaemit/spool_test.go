@@ -299,3 +299,50 @@ func TestRefusedCredentialIsRefused(t *testing.T) {
 			counterValue(t, reg, "metering_emitter_events_dropped_total", kafkaemit.ReasonUnconfirmed))
 	}
 }
+
+// A frozen broker (every produce held, unanswered, then applied when it
+// thaws): the writes of the freeze time out and are unconfirmed, spooled
+// and sent again, while the held ones land late; Kafka ends with every
+// event, some twice, none lost.
+func TestFrozenBrokerLosesNothing(t *testing.T) {
+	t.Parallel()
+	k := testenv.StartKafka(t, "decisions", 4)
+	e, reg := newEmitter(t, k.Addr(), kafkaemit.Config{Buffer: 500, BatchSize: 500, WriteTimeout: 500 * time.Millisecond,
+		Spool: openSpool(t, t.TempDir(), 64<<20)})
+	const n = 10000
+	for i := 0; i < 1000; i++ {
+		e.Emit(event(i))
+	}
+	waitUntil(t, time.Minute, "the first events sent", func() bool { return e.Sent() == 1000 })
+	release := k.HoldProduces()
+	defer release()
+	for i := 1000; i < n; i++ {
+		e.Emit(event(i))
+		if i%1000 == 0 {
+			time.Sleep(100 * time.Millisecond) // the freeze outlasts several write timeouts
+		}
+	}
+	waitUntil(t, time.Minute, "unconfirmed writes spooled", func() bool {
+		st, _ := e.Spool()
+		return st.Events > 0 && counterValue(t, reg, "metering_emitter_write_failed_events_total", kafkaemit.ReasonUnconfirmed) > 0
+	})
+	if refused := counterValue(t, reg, "metering_emitter_write_failed_events_total", kafkaemit.ReasonRefused); refused != 0 {
+		t.Fatalf("%v events counted as refused by a frozen broker", refused)
+	}
+	release() // the broker thaws: what it held is applied
+	waitUntil(t, 2*time.Minute, "the spool drained", func() bool {
+		st, _ := e.Spool()
+		return st.Events == 0 && e.Sent() >= n
+	})
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if e.Dropped() != 0 {
+		t.Fatalf("%d dropped", e.Dropped())
+	}
+	total := partitionEnds(t, k, 4)
+	if got := distinct(t, k, 4, total); len(got) != n {
+		t.Fatalf("%d distinct events in Kafka (of %d messages), want %d", len(got), total, n)
+	}
+	t.Logf("%d events, %d messages in Kafka after the thaw", n, total)
+}
