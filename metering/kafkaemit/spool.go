@@ -170,8 +170,6 @@ func (sp *spooler) diskWriter(ctx context.Context) {
 // write in flight then runs on under wctx).
 func (sp *spooler) drainer(ctx, wctx context.Context) {
 	e := sp.e
-	const minBackoff, maxBackoff = 100 * time.Millisecond, 2 * time.Second
-	backoff := minBackoff
 	b := newBatch(e.cfg.BatchSize)
 	tick := time.NewTicker(drainRateWindow)
 	defer tick.Stop()
@@ -181,16 +179,6 @@ func (sp *spooler) drainer(ctx, wctx context.Context) {
 			n := sp.drained.Load()
 			sp.rateBits.Store(math.Float64bits(float64(n-lastN) / d.Seconds()))
 			lastAt, lastN = now, n
-		}
-	}
-	sleep := func(d time.Duration) bool {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.C:
-			return true
 		}
 	}
 	// Paced: batches of a tenth of a second's worth of DrainRate, each
@@ -205,7 +193,7 @@ func (sp *spooler) drainer(ctx, wctx context.Context) {
 		recs, pos, err := sp.s.Read(perBatch, 4<<20)
 		if err != nil {
 			e.log.Error("reading the spool failed", "err", err)
-			if !sleep(maxBackoff) {
+			if !sleepCtx(ctx, maxBackoff) {
 				return
 			}
 			continue
@@ -233,43 +221,9 @@ func (sp *spooler) drainer(ctx, wctx context.Context) {
 			b.times = append(b.times, r.Time)
 		}
 		msgs, _ := b.take()
-		delivered := false
-		for len(msgs) > 0 {
-			wc, cancel := context.WithTimeout(wctx, e.cfg.WriteTimeout)
-			err := e.w.WriteMessages(wc, msgs...)
-			cancel()
-			if err == nil {
-				e.sentN(len(msgs))
-				delivered = true
-				break
-			}
-			b.release()
-			sp.kafkaFailed()
-			failed, why := e.failures(msgs, err)
-			retry := make([]kafka.Message, 0, len(failed))
-			for j, i := range failed {
-				if permanent(why[j], msgErr(err, i)) {
-					e.drop(ReasonRefused, 1)
-					continue
-				}
-				retry = append(retry, msgs[i])
-			}
-			e.sentN(len(msgs) - len(failed))
-			e.log.Debug("kafka write of spooled events failed", "messages", len(msgs), "failed", len(failed), "err", err)
-			msgs = retry
-			if len(msgs) == 0 {
-				delivered = true // what is left Kafka will never take
-				break
-			}
-			if !sleep(backoff) {
-				break
-			}
-			backoff = min(2*backoff, maxBackoff)
-		}
-		if !delivered {
+		if !sp.deliver(ctx, wctx, msgs, b) {
 			return // ctx ended: not acknowledged, read again at the next start
 		}
-		backoff = minBackoff
 		sp.kafkaOK()
 		if err := sp.s.Ack(pos); err != nil {
 			e.log.Error("deleting a spool segment failed", "err", err)
@@ -278,10 +232,61 @@ func (sp *spooler) drainer(ctx, wctx context.Context) {
 		sp.mDrained.Add(float64(len(recs)))
 		if e.cfg.DrainRate > 0 {
 			slot := time.Duration(float64(len(recs)) / e.cfg.DrainRate * float64(time.Second))
-			if rest := slot - time.Since(began); rest > 0 && !sleep(rest) {
+			if rest := slot - time.Since(began); rest > 0 && !sleepCtx(ctx, rest) {
 				return
 			}
 		}
+	}
+}
+
+// Backoff of the drainer's retries.
+const minBackoff, maxBackoff = 100 * time.Millisecond, 2 * time.Second
+
+// deliver writes msgs until Kafka has taken every one it ever will (a
+// record it refuses for good is dropped and counted), retrying the rest
+// with a backoff; false when ctx ended first. A failed write releases b's
+// memory (its messages may still be held by kafka-go).
+func (sp *spooler) deliver(ctx, wctx context.Context, msgs []kafka.Message, b *batch) bool {
+	e := sp.e
+	for backoff := minBackoff; ; backoff = min(2*backoff, maxBackoff) {
+		wc, cancel := context.WithTimeout(wctx, e.cfg.WriteTimeout)
+		err := e.w.WriteMessages(wc, msgs...)
+		cancel()
+		if err == nil {
+			e.sentN(len(msgs))
+			return true
+		}
+		b.release()
+		sp.kafkaFailed()
+		failed, why := e.failures(msgs, err)
+		retry := make([]kafka.Message, 0, len(failed))
+		for j, i := range failed {
+			if permanent(why[j], msgErr(err, i)) {
+				e.drop(ReasonRefused, 1)
+				continue
+			}
+			retry = append(retry, msgs[i])
+		}
+		e.sentN(len(msgs) - len(failed))
+		e.log.Debug("kafka write of spooled events failed", "messages", len(msgs), "failed", len(failed), "err", err)
+		if msgs = retry; len(msgs) == 0 {
+			return true // what was left Kafka will never take
+		}
+		if !sleepCtx(ctx, backoff) {
+			return false
+		}
+	}
+}
+
+// sleepCtx sleeps d; false when ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
