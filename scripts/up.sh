@@ -175,7 +175,8 @@ wait_until kafka-dev 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$KAFKA_PORT"
 if wants limiter; then
   start limiter "$BIN_DIR/limiter" LIMITER_ADDR="127.0.0.1:$LIMITER_PORT" REDIS_ADDRS="127.0.0.1:$REDIS_PORT" \
     KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" POLICY_FILE="$ROOT/deploy/policy.yaml" \
-    POLICY_SOURCE=kafka POLICY_CACHE_DIR="$RUN_DIR/policy-cache" POLICY_TRUSTED_KEYS_FILE="$KEYS/keyring"
+    POLICY_SOURCE=kafka POLICY_CACHE_DIR="$RUN_DIR/policy-cache" POLICY_TRUSTED_KEYS_FILE="$KEYS/keyring" \
+    LIMITER_SPOOL_DIR="$RUN_DIR/spool"
 fi
 wait_until clickhouse 90 http_ok "http://127.0.0.1:$CH_HTTP_PORT/ping"
 if wants meter-consumer; then

@@ -40,9 +40,14 @@ type config struct {
 	MaxKeys         int
 	// LocalMaxBytes is LIMITER_LOCAL_MAX_BYTES, the local tier's heap
 	// bound; 0 = localMaxBytes's default.
-	LocalMaxBytes  int64
-	ShutdownGrace  time.Duration
-	EmitBuffer     int
+	LocalMaxBytes int64
+	ShutdownGrace time.Duration
+	EmitBuffer    int
+	// SpoolDir is LIMITER_SPOOL_DIR, where the emitter keeps what Kafka
+	// does not take (empty = no spool: lossy); SpoolMaxBytes its budget.
+	SpoolDir       string
+	SpoolMaxBytes  int64
+	SpoolDrainRate float64       // LIMITER_SPOOL_DRAIN_RATE: spooled events/s sent back at most
 	LeaseBlock     int           // 0 = token leasing off
 	LeaseHotOps    float64       // decisions per second that make a key hot
 	LeaseMaxHold   time.Duration // leased tokens unused this long go back
@@ -89,6 +94,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		LocalMaxBytes:     e.Int("LIMITER_LOCAL_MAX_BYTES", 0, 1<<20, 1<<40),
 		ShutdownGrace:     e.Duration("LIMITER_SHUTDOWN_GRACE", 8*s, 100*ms, 10*s),
 		EmitBuffer:        int(e.Int("LIMITER_EMIT_BUFFER", 65536, 16, 1<<24)),
+		SpoolDir:          e.String("LIMITER_SPOOL_DIR", ""),
+		SpoolMaxBytes:     e.Bytes("LIMITER_SPOOL_MAX_BYTES", 1<<30, 1<<20, 1<<50),
+		SpoolDrainRate:    float64(e.Int("LIMITER_SPOOL_DRAIN_RATE", 10000, 100, 100_000_000)),
 		LeaseBlock:        int(e.Int("LIMITER_LEASE_BLOCK", 0, 0, 1_000_000)),
 		LeaseHotOps:       e.Float("LIMITER_LEASE_HOT_OPS", 500),
 		LeaseMaxHold:      e.Duration("LIMITER_LEASE_MAX_HOLD", s, 10*ms, time.Hour),

@@ -1,28 +1,50 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/metering/kafkaemit"
+	"github.com/ratewarden/ratewarden/metering/spool"
 )
 
 // newEmitter builds the bounded, non-blocking Kafka emitter: a slow or dead
-// broker drops (and counts) events, never slows a decision. Its flush at
+// broker never slows a decision; its events go to the spool in
+// LIMITER_SPOOL_DIR, or without one are dropped (and counted). Its flush at
 // shutdown gets half the grace: the HTTP and gRPC drains come before it.
-func newEmitter(cfg config, reg prometheus.Registerer, log *slog.Logger) (*kafkaemit.Emitter, error) {
-	return kafkaemit.New(kafkaemit.Config{
+// refusing is the connection checker's verdict that Kafka refuses the
+// limiter's credential or TLS handshake: a write failing meanwhile is
+// counted as refused.
+func newEmitter(cfg config, refusing func() bool, reg prometheus.Registerer, log *slog.Logger) (*kafkaemit.Emitter, error) {
+	var sp *spool.Spool
+	if cfg.SpoolDir == "" {
+		log.Info("LIMITER_SPOOL_DIR is empty: decision events Kafka does not take in time are dropped and counted (no spool)")
+	} else {
+		var err error
+		if sp, err = spool.Open(spool.Config{Dir: cfg.SpoolDir, MaxBytes: cfg.SpoolMaxBytes}); err != nil {
+			return nil, fmt.Errorf("LIMITER_SPOOL_DIR: %w", err)
+		}
+	}
+	em, err := kafkaemit.New(kafkaemit.Config{
 		Brokers:      cfg.KafkaBrokers,
 		Topic:        cfg.KafkaTopic,
 		Buffer:       cfg.EmitBuffer,
 		FlushTimeout: cfg.ShutdownGrace / 2,
 		TLS:          cfg.Kafka.TLS,
 		SASL:         cfg.Kafka.SASL,
+		Spool:        sp,
+		DrainRate:    cfg.SpoolDrainRate,
+		Refusing:     refusing,
 		Logger:       log,
 		Registry:     reg,
 	})
+	if err != nil && sp != nil {
+		sp.Close()
+	}
+	return em, err
 }
 
 // newKafkaChecker checks the emitter's connection settings (TLS, SASL) at

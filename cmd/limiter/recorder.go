@@ -11,6 +11,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/metering/kafkaemit"
 )
 
 // eventSink is what the limiter needs of the metering emitter: a call that
@@ -117,7 +118,9 @@ func (m *meteringRecorder) policyRevision() int64 {
 type meteringParts struct {
 	rec   enforcement.Recorder  // nil when metering is off
 	ready func() (bool, string) // nil when metering is off
-	onHUP func()                // re-reads the Kafka password
+	// spool is the emitter's spool state; nil when metering is off.
+	spool func() (kafkaemit.SpoolStatus, bool)
+	onHUP func() // re-reads the Kafka password
 	// add registers the emitter and its connection checker (nothing when
 	// metering is off).
 	add func(g *lifecycle.Group)
@@ -133,11 +136,11 @@ func buildRecorder(cfg config, reg prometheus.Registerer, log *slog.Logger) (met
 	for _, w := range cfg.Kafka.Warnings() {
 		log.Warn(w)
 	}
-	em, err := newEmitter(cfg, reg, log)
+	checker, err := newKafkaChecker(cfg, reg, log)
 	if err != nil {
 		return meteringParts{}, err
 	}
-	checker, err := newKafkaChecker(cfg, reg, log)
+	em, err := newEmitter(cfg, checker.Refused, reg, log)
 	if err != nil {
 		return meteringParts{}, err
 	}
@@ -148,6 +151,7 @@ func buildRecorder(cfg config, reg prometheus.Registerer, log *slog.Logger) (met
 			g.Add("kafka checker", func(ctx context.Context) error { checker.Run(ctx); return nil })
 		},
 		ready: checker.Ready,
+		spool: em.Spool,
 		// The check re-reads the password first, and logs a change.
 		onHUP: checker.Recheck,
 	}, nil

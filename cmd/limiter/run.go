@@ -30,6 +30,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/limits"
+	"github.com/ratewarden/ratewarden/metering/kafkaemit"
 )
 
 // run builds the limiter from cfg and runs its components under one
@@ -161,6 +162,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		b := readiness(r.Context(), auth.info, lim.StoreFailing(), reloader.current(), meter.ready)
+		addSpool(&b, meter.spool)
 		addStores(&b, auth, missingStores(lim.Policy(), cfg.Stores))
 		writeJSON(w, http.StatusOK, b)
 	})
@@ -423,10 +425,39 @@ func addStores(b *readyBody, a *authority, missing []string) {
 
 // meteringStatus is "ok", or "failing" with the reason (a refused
 // credential, an untrusted certificate, no broker): events are being
-// dropped and counted meanwhile.
+// spooled, or without a spool dropped and counted, meanwhile.
 type meteringStatus struct {
 	Status string `json:"status"`
 	Reason string `json:"reason,omitempty"`
+	// Spool is the state of LIMITER_SPOOL_DIR's spool; absent without one.
+	Spool *spoolReady `json:"spool,omitempty"`
+}
+
+// spoolReady is the spool in /readyz: what it holds, how old its oldest
+// event is, and how fast Kafka is taking it back.
+type spoolReady struct {
+	Bytes            int64   `json:"bytes"`
+	MaxBytes         int64   `json:"maxBytes"`
+	Events           int64   `json:"events"`
+	OldestAgeSeconds float64 `json:"oldestAgeSeconds"`
+	DrainPerSecond   float64 `json:"drainPerSecond"`
+	// WaitingForKafka: a Kafka write failed and none has succeeded since;
+	// new events go to the spool.
+	WaitingForKafka bool `json:"waitingForKafka"`
+}
+
+// addSpool reports the spool in b.Metering; the limiter's status is not
+// changed by it (enforcement never waits on accounting).
+func addSpool(b *readyBody, spool func() (kafkaemit.SpoolStatus, bool)) {
+	if b.Metering == nil || spool == nil {
+		return
+	}
+	st, ok := spool()
+	if !ok {
+		return
+	}
+	b.Metering.Spool = &spoolReady{Bytes: st.Bytes, MaxBytes: st.MaxBytes, Events: st.Events,
+		OldestAgeSeconds: st.OldestAge.Seconds(), DrainPerSecond: st.DrainPerSecond, WaitingForKafka: st.WaitingForKafka}
 }
 
 // readinessCauseWait is how long /readyz waits for a fresh diagnosis.

@@ -132,7 +132,7 @@ func TestSecureKafkaEndToEnd(t *testing.T) {
 		check("acct_before")
 	}
 	eventually(t, time.Minute, "the limiter never counted its events as dropped", func() bool {
-		return metric(t, limiter.url, "metering_emitter_events_dropped_total", `reason="kafka_error"`) == 5
+		return metric(t, limiter.url, "metering_emitter_events_dropped_total", `reason="refused"`) == 5
 	})
 
 	// Fix the secrets: no restart.

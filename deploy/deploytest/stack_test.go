@@ -45,7 +45,7 @@ func startStack(t *testing.T) *stack {
 	s.limiter, s.meter, s.usage = "http://"+la, "http://"+ma, "http://"+ua
 	policyFile := filepath.Join(root, "deploy", "policy.yaml")
 	lim := startBinary(t, bin, "limiter", "LIMITER_ADDR="+la, "REDIS_ADDRS="+redis.Addr(),
-		"KAFKA_BROKERS="+kafka.Addr(), "POLICY_FILE="+policyFile)
+		"KAFKA_BROKERS="+kafka.Addr(), "POLICY_FILE="+policyFile, "LIMITER_SPOOL_DIR="+filepath.Join(t.TempDir(), "spool"))
 	meter := startBinary(t, bin, "meter-consumer", "METER_ADDR="+ma, "KAFKA_BROKERS="+kafka.Addr(),
 		"CLICKHOUSE_ADDR="+ch.Addr(), "CLICKHOUSE_DATABASE="+db,
 		"REDIS_ADDRS="+redis.Addr(), "POLICY_FILE="+policyFile, // the quota reconciler, as shipped

@@ -138,3 +138,34 @@ func ReadSecret(get func(string) string, name string) (string, error) {
 	}
 	return strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r"), nil
 }
+
+// byteUnits are the suffixes Bytes accepts, binary (KiB) and decimal (KB).
+var byteUnits = []struct {
+	suffix string
+	mult   int64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
+}
+
+// Bytes is a size in bytes in [lo, hi]: an integer, optionally followed by
+// a unit (KiB, MiB, GiB, TiB, or KB, MB, GB, TB, or B), or def.
+func (r *Reader) Bytes(name string, def, lo, hi int64) int64 {
+	v := strings.TrimSpace(r.get(name))
+	if v == "" {
+		return def
+	}
+	num, mult := v, int64(1)
+	for _, u := range byteUnits {
+		if strings.HasSuffix(v, u.suffix) {
+			num, mult = strings.TrimSpace(strings.TrimSuffix(v, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > hi/mult || n*mult < lo {
+		r.Fail(name, "%q is not a size in [%d, %d] bytes (an integer, optionally with KiB, MiB, GiB, KB, MB or GB)", v, lo, hi)
+		return def
+	}
+	return n * mult
+}

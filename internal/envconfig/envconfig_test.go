@@ -72,3 +72,23 @@ func TestSecretFromVariableOrFile(t *testing.T) {
 		t.Fatalf("an error carries a secret: %v", err)
 	}
 }
+
+func TestBytes(t *testing.T) {
+	env := map[string]string{"A": "1GiB", "B": "512 MiB", "C": "4096", "D": "2KB", "E": "1.5GiB", "F": "-1", "G": "9TiB", "H": "10B"}
+	r := New(func(k string) string { return env[k] })
+	for name, want := range map[string]int64{"A": 1 << 30, "B": 512 << 20, "C": 4096, "D": 2000, "H": 10, "Z": 7} {
+		if got := r.Bytes(name, 7, 0, 1<<40); got != want {
+			t.Errorf("%s=%q: %d, want %d", name, env[name], got, want)
+		}
+	}
+	if r.Err() != nil {
+		t.Fatalf("valid sizes refused: %v", r.Err())
+	}
+	for _, name := range []string{"E", "F", "G"} {
+		r := New(func(k string) string { return env[k] })
+		r.Bytes(name, 0, 0, 1<<40)
+		if r.Err() == nil || !strings.Contains(r.Err().Error(), name) {
+			t.Errorf("%s=%q accepted: %v", name, env[name], r.Err())
+		}
+	}
+}

@@ -107,6 +107,14 @@ func (c *Checker) Ready() (bool, string) {
 	return s.result == ResultOK, s.reason
 }
 
+// Refused is true while the last check found that the broker refuses this
+// process's connections (the SASL credential or mechanism, the TLS
+// handshake), as opposed to no broker answering.
+func (c *Checker) Refused() bool {
+	r := c.state.Load().result
+	return r == ResultAuth || r == ResultTLS
+}
+
 // Check re-reads the password, checks once and records the result; it
 // logs when the result changes (at Error for a refused credential or TLS,
 // which only the operator can fix). It returns the reason, "" when ok.

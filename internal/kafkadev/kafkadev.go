@@ -204,6 +204,30 @@ func (b *Broker) HoldFetches(partition int32) (release func()) {
 	}, func(stop <-chan struct{}) { <-stop })
 }
 
+// HoldProduces makes the broker hold every Produce request, unanswered
+// (and not yet applied), until the returned release is called, as a
+// frozen broker (SIGSTOP, a stalled disk) does: a producer's writes time
+// out, and the held ones are applied when it thaws. For tests.
+func (b *Broker) HoldProduces() (release func()) {
+	stop := make(chan struct{})
+	var stopped atomic.Bool
+	b.cluster.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if stopped.Load() {
+			b.cluster.DropControl()
+			return nil, nil, false
+		}
+		b.cluster.SleepControl(func() { <-stop })
+		return nil, nil, false
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			stopped.Store(true)
+			close(stop)
+		})
+	}
+}
+
 // controlFetches runs wait (in kfake's sleep, which lets the broker serve
 // other connections meanwhile) before kfake handles each Fetch request that
 // match selects, until the returned function is called; that wakes every

@@ -4,19 +4,31 @@
 // # Design
 //
 // Emit copies the event into a bounded channel and returns: a non-blocking
-// send, no encoding, no I/O, no lock. When the channel is full (Kafka slow
-// or down) the event is dropped and counted, and a log line says so at most
-// every 10 s. One goroutine owned by the Emitter drains the channel into
-// batches (BatchSize messages, or whatever arrived within BatchWait of the
-// first), encodes them with metering.Event.AppendEncode into one reused
-// buffer, and writes each batch with segmentio/kafka-go (message key = the
-// rate-limit key, hashed to a partition, acks from all in-sync replicas). A
-// batch that cannot be written within WriteTimeout is dropped and counted.
-// A single writer keeps one key's events in decision order.
+// send, no encoding, no I/O, no lock. One goroutine owned by the Emitter
+// drains the channel into batches (BatchSize messages, or whatever arrived
+// within BatchWait of the first), encodes them with
+// metering.Event.AppendEncode into one reused buffer, and writes each batch
+// with segmentio/kafka-go (message key = the rate-limit key, hashed to a
+// partition, acks from all in-sync replicas). A single writer keeps one
+// key's events in decision order while Kafka keeps up.
+//
+// A write that fails is counted by what is known of it: refused (Kafka
+// answered no, or could not be reached: nothing was written) or
+// unconfirmed (timed out, or the connection broke after the request went:
+// it may have been written, and may still be, late).
+//
+// Without a spool (Config.Spool nil) the emitter is lossy by design: when
+// the channel is full (Kafka slow or down) the event is dropped, a failed
+// batch is dropped, each counted by reason, and a log line says so at most
+// every 10 s. With a spool (spool.go) nothing is dropped while the spool's
+// byte budget lasts: the channel's overflow and every failed batch go to
+// disk, and the spool is drained oldest first once Kafka takes writes
+// again.
 //
 // New starts nothing; Run is the writer. When Run's context ends it stops
-// accepting events, writes what is buffered, and gives up (counting the
-// rest as dropped) FlushTimeout later.
+// accepting events, writes what is buffered, and gives up FlushTimeout
+// later: what is left is counted as dropped, or, with a spool, spooled for
+// the next start.
 package kafkaemit
 
 import (
@@ -25,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +46,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/metering/spool"
 )
 
 // Config configures an Emitter. Zero values take the documented defaults.
@@ -47,6 +61,33 @@ type Config struct {
 	// FlushTimeout bounds the writes left when Run's context ends (the
 	// one in flight and the buffered events), default 5 s.
 	FlushTimeout time.Duration
+	// Compression is the codec of the record batches (kafka-go's:
+	// kafka.Snappy, kafka.Lz4, kafka.Zstd, kafka.Gzip); zero = Lz4, the
+	// cheapest per event in CPU on both sides (BENCHMARKS.md, Metering).
+	// NoCompression turns it off.
+	Compression   kafka.Compression
+	NoCompression bool
+
+	// Spool, when set, keeps what Kafka does not take (spool.go); the
+	// Emitter owns it from New on and closes it when Run returns. nil =
+	// lossy: the overflow and failed batches are dropped and counted.
+	Spool *spool.Spool
+	// DrainRate is the most spooled events per second the drainer sends,
+	// default 10,000: a backlog drains beside fresh traffic without taking
+	// the CPU decisions need (on a small machine the unpaced drain took a
+	// third of /check's throughput). Negative = unpaced.
+	DrainRate float64
+	// SpillBuffer is the events held between Emit and the spool's disk
+	// writer when the buffer is full, default 16,384; past it the disk is
+	// behind and events are dropped (reason spool_behind).
+	SpillBuffer int
+
+	// Refusing reports that Kafka refuses this process's connections (a
+	// credential, a TLS handshake: the limiter's connection check knows).
+	// A broker that refuses a credential closes the connection, which
+	// kafka-go reports like any cut connection; while Refusing holds, such
+	// a failure counts as refused, not unconfirmed. nil = never.
+	Refusing func() bool
 
 	// TLS and SASL say how to reach the brokers (internal/kafkaconn builds
 	// them from the environment); nil = plaintext, no authentication.
@@ -57,12 +98,29 @@ type Config struct {
 	Registry prometheus.Registerer // required; metrics are registered here
 }
 
-// Drop reasons, the values of the "reason" label.
+// Drop reasons, the values of the "reason" label of
+// metering_emitter_events_dropped_total.
 const (
-	ReasonBufferFull = "buffer_full" // Emit found the buffer full
-	ReasonKafka      = "kafka_error" // the batch could not be written
-	ReasonClosed     = "closed"      // Emit after Run ended, or left over when its flush gave up
+	ReasonBufferFull = "buffer_full" // Emit found the buffer full (no spool)
+	// ReasonRefused: Kafka answered the write with an error, or could not
+	// be reached; nothing was written (no spool, or a record Kafka will
+	// never take, such as one too large).
+	ReasonRefused = "refused"
+	// ReasonUnconfirmed: the write timed out or its connection broke
+	// after the request went: it may have been written (no spool).
+	ReasonUnconfirmed = "unconfirmed"
+	ReasonClosed      = "closed"       // Emit after Run ended, or left over when its flush gave up (no spool)
+	ReasonSpoolFull   = "spool_full"   // the spool's byte budget is spent
+	ReasonSpoolBehind = "spool_behind" // the spool's disk writer could not keep up with the overflow
+	ReasonSpoolError  = "spool_error"  // the spool's disk refused a write
+	// ReasonSpoolCorrupt: a damaged stretch of a segment skipped when the
+	// spool was opened (a write torn by a kill, a flipped bit): at least
+	// one event each.
+	ReasonSpoolCorrupt = "spool_corrupt"
 )
+
+var dropReasons = []string{ReasonBufferFull, ReasonRefused, ReasonUnconfirmed, ReasonClosed,
+	ReasonSpoolFull, ReasonSpoolBehind, ReasonSpoolError, ReasonSpoolCorrupt}
 
 // Emitter publishes events. Emit is safe for concurrent use and never
 // blocks; it buffers from New on, and Run (called once) writes.
@@ -81,14 +139,17 @@ type Emitter struct {
 
 	mDropped *prometheus.CounterVec
 	dropBy   map[string]prometheus.Counter // mDropped by reason, resolved once
+	failBy   map[string]prometheus.Counter // metering_emitter_write_failed_events_total by reason
 	mSent    prometheus.Counter
 	mBatch   prometheus.Histogram
 	mWrite   prometheus.Histogram
+
+	sp *spooler // nil without a spool
 }
 
 // New validates cfg and registers the metrics. It starts nothing and does
-// not contact Kafka: a broker that is down at start only causes drops,
-// never an error.
+// not contact Kafka: a broker that is down at start only causes drops (or
+// spooling), never an error.
 func New(cfg Config) (*Emitter, error) {
 	var errs []error
 	if len(cfg.Brokers) == 0 {
@@ -118,6 +179,19 @@ func New(cfg Config) (*Emitter, error) {
 	if cfg.FlushTimeout <= 0 {
 		cfg.FlushTimeout = 5 * time.Second
 	}
+	if cfg.SpillBuffer <= 0 {
+		cfg.SpillBuffer = 16384
+	}
+	if cfg.DrainRate == 0 {
+		cfg.DrainRate = 10000
+	}
+	codec := cfg.Compression
+	switch {
+	case cfg.NoCompression:
+		codec = 0
+	case codec == 0:
+		codec = kafka.Lz4
+	}
 	e := &Emitter{
 		cfg: cfg,
 		log: cfg.Logger,
@@ -137,6 +211,7 @@ func New(cfg Config) (*Emitter, error) {
 			BatchSize:       cfg.BatchSize,
 			BatchBytes:      1 << 20, // Kafka's default max.message.bytes
 			BatchTimeout:    time.Millisecond,
+			Compression:     codec,
 			RequiredAcks:    kafka.RequireAll,
 			MaxAttempts:     3,
 			WriteBackoffMin: 50 * time.Millisecond,
@@ -146,11 +221,11 @@ func New(cfg Config) (*Emitter, error) {
 		},
 		mDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "metering_emitter_events_dropped_total",
-			Help: "Decision events not published, by reason (buffer_full, kafka_error, closed).",
+			Help: "Decision events not published, by reason (buffer_full, refused, unconfirmed, closed, spool_full, spool_behind, spool_error, spool_corrupt).",
 		}, []string{"reason"}),
 		mSent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "metering_emitter_events_sent_total",
-			Help: "Decision events acknowledged by Kafka.",
+			Help: "Decision events acknowledged by Kafka (an event resent from the spool counts each time).",
 		}),
 		mBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "metering_emitter_batch_messages", Help: "Messages per Kafka write.",
@@ -161,6 +236,10 @@ func New(cfg Config) (*Emitter, error) {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
+	failed := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "metering_emitter_write_failed_events_total",
+		Help: "Events in Kafka writes that failed, by what is known: refused (not written) or unconfirmed (timed out: may have been written). With a spool they are kept and sent again.",
+	}, []string{"reason"})
 	buffered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "metering_emitter_buffer_events", Help: "Events waiting in the emitter's buffer.",
 	}, func() float64 { return float64(len(e.ch)) })
@@ -168,20 +247,32 @@ func New(cfg Config) (*Emitter, error) {
 		Name: "metering_emitter_buffer_capacity", Help: "Capacity of the emitter's buffer, in events.",
 	})
 	capacity.Set(float64(cfg.Buffer))
-	for _, c := range []prometheus.Collector{e.mDropped, e.mSent, e.mBatch, e.mWrite, buffered, capacity} {
+	for _, c := range []prometheus.Collector{e.mDropped, failed, e.mSent, e.mBatch, e.mWrite, buffered, capacity} {
 		if err := cfg.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("kafkaemit: metrics: %w", err)
 		}
 	}
 	e.dropBy = map[string]prometheus.Counter{}
-	for _, r := range []string{ReasonBufferFull, ReasonKafka, ReasonClosed} {
+	for _, r := range dropReasons {
 		e.dropBy[r] = e.mDropped.WithLabelValues(r)
+	}
+	e.failBy = map[string]prometheus.Counter{
+		ReasonRefused: failed.WithLabelValues(ReasonRefused), ReasonUnconfirmed: failed.WithLabelValues(ReasonUnconfirmed),
+	}
+	if cfg.Spool != nil {
+		sp, err := newSpooler(e, cfg.Spool, cfg.Registry)
+		if err != nil {
+			return nil, err
+		}
+		e.sp = sp
 	}
 	return e, nil
 }
 
 // Emit queues ev for publication and returns at once. When the buffer is
-// full, or once Run's context has ended, ev is dropped and counted.
+// full it goes to the spool's disk writer instead (dropped and counted
+// without a spool, or when that writer is behind too); once Run's context
+// has ended, ev is dropped and counted.
 func (e *Emitter) Emit(ev metering.Event) {
 	if e.closing.Load() {
 		e.drop(ReasonClosed, 1)
@@ -189,8 +280,17 @@ func (e *Emitter) Emit(ev metering.Event) {
 	}
 	select {
 	case e.ch <- ev:
+		return
 	default:
+	}
+	if e.sp == nil {
 		e.drop(ReasonBufferFull, 1)
+		return
+	}
+	select {
+	case e.sp.spill <- ev:
+	default:
+		e.drop(ReasonSpoolBehind, 1)
 	}
 }
 
@@ -201,23 +301,37 @@ func (e *Emitter) Dropped() uint64 { return e.dropped.Load() }
 func (e *Emitter) Sent() uint64 { return e.sent.Load() }
 
 func (e *Emitter) drop(reason string, n int) {
+	if n == 0 {
+		return
+	}
 	total := e.dropped.Add(uint64(n))
 	e.dropBy[reason].Add(float64(n))
 	now := time.Now().UnixNano()
 	last := e.lastDropLog.Load()
 	if now-last >= int64(10*time.Second) && e.lastDropLog.CompareAndSwap(last, now) {
 		since := total - e.droppedAtLog.Swap(total)
-		e.log.Warn("dropping decision events: Kafka is slow or unreachable, or the emitter is closed",
+		e.log.Warn("dropping decision events: Kafka is slow or unreachable, the spool is full, or the emitter is closed",
 			"reason", reason, "dropped_since_last_log", since, "dropped_total", total, "buffer", e.cfg.Buffer)
 	}
 }
 
-// batch is the loop's batch under construction: keys and encoded values
-// in one reused arena.
+func (e *Emitter) sentN(n int) {
+	e.sent.Add(uint64(n))
+	e.mSent.Add(float64(n))
+}
+
+// batch is a batch under construction: keys and encoded values in one
+// reused arena, with each event's time (for the spool).
 type batch struct {
 	arena []byte
 	spans [][4]int // key start/end, value start/end in arena
+	times []int64
 	msgs  []kafka.Message
+}
+
+func newBatch(n int) *batch {
+	return &batch{arena: make([]byte, 0, n*300), spans: make([][4]int, 0, n), times: make([]int64, 0, n),
+		msgs: make([]kafka.Message, 0, n)}
 }
 
 func (b *batch) add(ev *metering.Event) {
@@ -226,37 +340,37 @@ func (b *batch) add(ev *metering.Event) {
 	vs := len(b.arena)
 	b.arena = ev.AppendEncode(b.arena)
 	b.spans = append(b.spans, [4]int{ks, vs, vs, len(b.arena)})
+	b.times = append(b.times, ev.TS)
 }
 
 func (b *batch) len() int { return len(b.spans) }
 
-// abandon gives the batch a new arena after a write that failed. kafka-go
-// returns from a write that timed out while its transport may still be
-// encoding the request, and may still send it, from the old arena: reusing
-// it would put the next batch's events into that request, under the old
-// messages' partitions (events in the wrong partition, and the same event id
-// in two partitions, which no per-partition deduplication can catch).
-func (b *batch) abandon() {
-	b.arena = make([]byte, 0, cap(b.arena))
-	b.msgs = make([]kafka.Message, 0, cap(b.msgs))
-}
-
-// take returns the batch's messages (valid until the next add) and empties it.
-func (b *batch) take() []kafka.Message {
+// take returns the batch's messages and times (valid until the next add)
+// and empties it.
+func (b *batch) take() ([]kafka.Message, []int64) {
 	// The arena may have moved while growing: slice it only now.
 	b.msgs = b.msgs[:0]
 	for _, s := range b.spans {
 		b.msgs = append(b.msgs, kafka.Message{Key: b.arena[s[0]:s[1]:s[1]], Value: b.arena[s[2]:s[3]:s[3]]})
 	}
-	b.spans, b.arena = b.spans[:0], b.arena[:0]
-	return b.msgs
+	times := b.times
+	b.spans, b.arena, b.times = b.spans[:0], b.arena[:0], b.times[len(b.times):]
+	return b.msgs, times
+}
+
+// release gives the batch new memory after a write that failed: kafka-go
+// may still hold the messages of a write that timed out, and write them
+// later, so their bytes must not be reused.
+func (b *batch) release() {
+	b.arena = make([]byte, 0, cap(b.arena))
+	b.msgs = make([]kafka.Message, 0, cap(b.msgs))
 }
 
 // Run writes batches until ctx ends, then stops accepting events, writes
 // what is buffered and closes the writer, all within FlushTimeout of ctx's
-// end (what is left then is dropped and counted), and returns. The error
-// says that the flush was cut short, or that closing the writer failed.
-// Run must be called once.
+// end (what is left then is dropped and counted, or spooled), and returns.
+// The error says that the flush was cut short, or that closing the writer
+// or the spool failed. Run must be called once.
 func (e *Emitter) Run(ctx context.Context) error {
 	// Writes are not cancelled with ctx: the one in flight when ctx ends
 	// completes, then the buffer is written, until abort FlushTimeout later.
@@ -271,14 +385,22 @@ func (e *Emitter) Run(ctx context.Context) error {
 		e.closing.Store(true)
 		cutoff.Reset(e.cfg.FlushTimeout)
 	})
+	var wg sync.WaitGroup
+	if e.sp != nil {
+		wg.Add(2)
+		go func() { defer wg.Done(); e.sp.diskWriter(ctx) }()
+		go func() { defer wg.Done(); e.sp.drainer(ctx, wctx) }()
+	}
 	e.loop(ctx, wctx)
+	wg.Wait()
 	if !stopAfter() {
 		<-ended // the callback has started: let it finish before Run returns
 	}
 
 	var err error
 	if wctx.Err() != nil {
-		err = fmt.Errorf("kafkaemit: flush cut short after %s: the rest was dropped", e.cfg.FlushTimeout)
+		err = fmt.Errorf("kafkaemit: flush cut short after %s: the rest was %s", e.cfg.FlushTimeout,
+			map[bool]string{false: "dropped", true: "spooled"}[e.sp != nil])
 	}
 	e.closing.Store(true)
 	if cerr := e.w.Close(); cerr != nil && err == nil {
@@ -288,24 +410,41 @@ func (e *Emitter) Run(ctx context.Context) error {
 		tr.CloseIdleConnections()
 	}
 	// An Emit that raced with the end may have slipped in after the drain.
-	n := len(e.ch)
-	for i := 0; i < n; i++ {
-		<-e.ch
+	b := newBatch(0)
+	for n := len(e.ch); n > 0; n-- {
+		ev := <-e.ch
+		b.add(&ev)
 	}
-	if n > 0 {
-		e.drop(ReasonClosed, n)
+	if e.sp != nil {
+		for n := len(e.sp.spill); n > 0; n-- {
+			ev := <-e.sp.spill
+			b.add(&ev)
+		}
+	}
+	e.keep(b, ReasonClosed)
+	if e.sp != nil {
+		if cerr := e.sp.close(); cerr != nil && err == nil {
+			err = cerr
+		}
 	}
 	return err
 }
 
-// loop is the single writer: until ctx ends, then the drain. Writes run
-// under wctx.
-func (e *Emitter) loop(ctx, wctx context.Context) {
-	b := &batch{
-		arena: make([]byte, 0, e.cfg.BatchSize*300),
-		spans: make([][4]int, 0, e.cfg.BatchSize),
-		msgs:  make([]kafka.Message, 0, e.cfg.BatchSize),
+// keep spools what b holds, or without a spool drops it (counted as
+// reason), and empties b.
+func (e *Emitter) keep(b *batch, reason string) {
+	msgs, times := b.take()
+	if e.sp == nil {
+		e.drop(reason, len(msgs))
+		return
 	}
+	e.sp.append(msgs, times)
+}
+
+// loop is the single writer of fresh events: until ctx ends, then the
+// drain. Writes run under wctx.
+func (e *Emitter) loop(ctx, wctx context.Context) {
+	b := newBatch(e.cfg.BatchSize)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -332,9 +471,7 @@ func (e *Emitter) loop(ctx, wctx context.Context) {
 			}
 		}
 		timer.Stop()
-		if !e.write(wctx, b.take()) {
-			b.abandon()
-		}
+		e.write(wctx, b)
 	}
 }
 
@@ -342,31 +479,37 @@ func (e *Emitter) loop(ctx, wctx context.Context) {
 func (e *Emitter) drain(wctx context.Context, b *batch) {
 	for {
 		if wctx.Err() != nil {
-			n := b.len() + len(e.ch)
-			b.take()
 			for len(e.ch) > 0 {
-				<-e.ch
+				ev := <-e.ch
+				b.add(&ev)
 			}
-			e.drop(ReasonClosed, n)
+			e.keep(b, ReasonClosed)
 			return
 		}
 		select {
 		case ev := <-e.ch:
 			b.add(&ev)
-			if b.len() >= e.cfg.BatchSize && !e.write(wctx, b.take()) {
-				b.abandon()
+			if b.len() >= e.cfg.BatchSize {
+				e.write(wctx, b)
 			}
 		default:
-			if b.len() > 0 && !e.write(wctx, b.take()) {
-				b.abandon()
+			if b.len() > 0 {
+				e.write(wctx, b)
 			}
 			return
 		}
 	}
 }
 
-// write writes one batch and reports whether Kafka acknowledged all of it.
-func (e *Emitter) write(wctx context.Context, msgs []kafka.Message) bool {
+// write sends b's events to Kafka (to the spool while the spool is known to
+// be waiting for Kafka), and empties b. What fails is spooled, or without a
+// spool dropped, and counted by what is known of it.
+func (e *Emitter) write(wctx context.Context, b *batch) {
+	if e.sp != nil && e.sp.waiting() {
+		e.keep(b, "")
+		return
+	}
+	msgs, times := b.take()
 	ctx, cancel := context.WithTimeout(wctx, e.cfg.WriteTimeout)
 	defer cancel()
 	start := time.Now()
@@ -374,21 +517,69 @@ func (e *Emitter) write(wctx context.Context, msgs []kafka.Message) bool {
 	e.mWrite.Observe(time.Since(start).Seconds())
 	e.mBatch.Observe(float64(len(msgs)))
 	if err == nil {
-		e.sent.Add(uint64(len(msgs)))
-		e.mSent.Add(float64(len(msgs)))
-		return true
+		e.sentN(len(msgs))
+		if e.sp != nil {
+			e.sp.kafkaOK()
+		}
+		return
 	}
-	// Partial failures: kafka.WriteErrors says which messages failed.
-	failed := len(msgs)
+	defer b.release()
+	failed, why := e.failures(msgs, err)
+	if ok := len(msgs) - len(failed); ok > 0 {
+		e.sentN(ok)
+	}
+	e.log.Debug("kafka write failed", "messages", len(msgs), "failed", len(failed), "err", err)
+	if e.sp == nil {
+		for i := range failed {
+			e.drop(why[i], 1)
+		}
+		return
+	}
+	e.sp.kafkaFailed()
+	keepMsgs := make([]kafka.Message, 0, len(failed))
+	keepTimes := make([]int64, 0, len(failed))
+	for j, i := range failed {
+		if permanent(why[j], msgErr(err, i)) {
+			e.drop(ReasonRefused, 1) // Kafka will never take it: sending it again would wedge the spool
+			continue
+		}
+		keepMsgs = append(keepMsgs, msgs[i])
+		keepTimes = append(keepTimes, times[i])
+	}
+	e.sp.append(keepMsgs, keepTimes)
+}
+
+// failures returns the indices of msgs a failed write did not deliver, with
+// what is known of each (refused or unconfirmed), and counts them.
+func (e *Emitter) failures(msgs []kafka.Message, err error) (idx []int, why []string) {
 	var werrs kafka.WriteErrors
-	if errors.As(err, &werrs) {
-		failed = werrs.Count()
+	if errors.As(err, &werrs) && len(werrs) == len(msgs) {
+		for i, we := range werrs {
+			if we != nil {
+				idx = append(idx, i)
+				why = append(why, classify(we))
+			}
+		}
+	} else {
+		r := classify(err)
+		if r == ReasonUnconfirmed && cutOff(err) && e.cfg.Refusing != nil && e.cfg.Refusing() {
+			r = ReasonRefused
+		}
+		for i := range msgs {
+			idx = append(idx, i)
+			why = append(why, r)
+		}
 	}
-	if ok := len(msgs) - failed; ok > 0 {
-		e.sent.Add(uint64(ok))
-		e.mSent.Add(float64(ok))
+	for _, r := range why {
+		e.failBy[r].Inc()
 	}
-	e.drop(ReasonKafka, failed)
-	e.log.Debug("kafka write failed", "messages", len(msgs), "failed", failed, "err", err)
-	return false
+	return idx, why
+}
+
+func msgErr(err error, i int) error {
+	var werrs kafka.WriteErrors
+	if errors.As(err, &werrs) && i < len(werrs) {
+		return werrs[i]
+	}
+	return err
 }
