@@ -776,7 +776,7 @@ func sendVia(ctx context.Context, rdb redis.Scripter, calls []*call, whole bool)
 		for _, c := range chunk {
 			keys = append(keys, c.bucketKey, c.quotaKey)
 		}
-		cmd := batchScript.Run(ctx, rdb, keys, packArgs(nil, chunk)) // EVALSHA, then EVAL on NOSCRIPT
+		cmd := batchScript.run(ctx, rdb, keys, packArgs(nil, chunk)) // EVALSHA, then EVAL on NOSCRIPT; never resent (spend.go)
 		answer(chunk, cmd)
 		ok = ok || cmd.Err() == nil
 	}
