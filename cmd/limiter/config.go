@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/keyname"
 	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
@@ -28,7 +29,11 @@ type config struct {
 	KafkaCheckEvery   time.Duration       // LIMITER_KAFKA_CHECK_EVERY: between connection checks
 	ExpectedInstances int
 	AuthToken         string
-	InstanceID        string
+	// KeyNames is how keys are named in metrics and logs
+	// (LIMITER_METRICS_KEY_SECRET, LIMITER_METRICS_RAW_KEYS;
+	// enforcement/keyname).
+	KeyNames   keyname.Namer
+	InstanceID string
 
 	StoreTimeout    time.Duration
 	StoreInFlight   int // LIMITER_STORE_BATCHES_IN_FLIGHT: script calls in flight per server; 0 = redisstore's default
@@ -104,6 +109,11 @@ func loadConfig(getenv func(string) string) (config, error) {
 	c.ListenTLS = tlsconf.ServerFromEnv(e, "LIMITER_TLS_CERT_FILE", "LIMITER_TLS_KEY_FILE")
 	c.Headers = headerModeFrom(e, "LIMITER_HEADERS", "both")
 	c.EnvoyHeaders = headerModeFrom(e, "LIMITER_ENVOY_HEADERS", "legacy")
+	keySecret, rawKeys := e.Secret("LIMITER_METRICS_KEY_SECRET"), e.Bool("LIMITER_METRICS_RAW_KEYS", false)
+	if rawKeys && keySecret != "" {
+		e.Fail("LIMITER_METRICS_RAW_KEYS", "is true while LIMITER_METRICS_KEY_SECRET is set: raw keys need no secret, set one of them")
+	}
+	c.KeyNames = keyname.Choose(keySecret, rawKeys)
 	if c.LocalHeadroom < 1 {
 		e.Fail("LIMITER_LOCAL_HEADROOM", "must be ≥ 1")
 	}

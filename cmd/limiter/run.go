@@ -70,7 +70,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	auth.add(&g)
 	hot := hotkeys.New(hotkeys.Config{Owner: auth.info.owner})
-	reg.MustRegister(hotkeys.NewCollector(hot))
+	reg.MustRegister(hotkeys.NewCollector(hot, cfg.KeyNames))
 
 	meter, err := buildRecorder(cfg, reg, log)
 	var sh *shadow.Evaluator
@@ -154,7 +154,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		addStores(&b, auth, missingStores(lim.Policy(), cfg.Stores))
 		writeJSON(w, http.StatusOK, b)
 	})
-	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot)))
+	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot, cfg.KeyNames)))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 
 	srv := &http.Server{
@@ -311,6 +311,7 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 			// of a lease call.
 			Timeout: time.Second,
 			Log:     log,
+			Names:   cfg.KeyNames,
 		})
 		a.Authority = a.lease
 	}
