@@ -11,6 +11,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
+	"github.com/ratewarden/ratewarden/internal/listenaddr"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
 	"github.com/ratewarden/ratewarden/metering"
@@ -29,6 +30,9 @@ type config struct {
 	KafkaCheckEvery   time.Duration       // LIMITER_KAFKA_CHECK_EVERY: between connection checks
 	ExpectedInstances int
 	AuthToken         string
+	// AdminInsecure is LIMITER_ADMIN_INSECURE: serve /admin/* without a
+	// token on an address beyond loopback.
+	AdminInsecure bool
 	// KeyNames is how keys are named in metrics and logs
 	// (LIMITER_METRICS_KEY_SECRET, LIMITER_METRICS_RAW_KEYS;
 	// enforcement/keyname).
@@ -109,6 +113,10 @@ func loadConfig(getenv func(string) string) (config, error) {
 	c.ListenTLS = tlsconf.ServerFromEnv(e, "LIMITER_TLS_CERT_FILE", "LIMITER_TLS_KEY_FILE")
 	c.Headers = headerModeFrom(e, "LIMITER_HEADERS", "both")
 	c.EnvoyHeaders = headerModeFrom(e, "LIMITER_ENVOY_HEADERS", "legacy")
+	c.AdminInsecure = e.Bool("LIMITER_ADMIN_INSECURE", false)
+	if c.AuthToken == "" && !c.AdminInsecure && !listenaddr.Loopback(c.Addr) {
+		e.Fail("LIMITER_AUTH_TOKEN", "is empty while LIMITER_ADDR %q listens beyond loopback, where GET /admin/hot-keys would show raw keys to anyone: set a token, listen on loopback, or set LIMITER_ADMIN_INSECURE=true to serve it open", c.Addr)
+	}
 	keySecret, rawKeys := e.Secret("LIMITER_METRICS_KEY_SECRET"), e.Bool("LIMITER_METRICS_RAW_KEYS", false)
 	if rawKeys && keySecret != "" {
 		e.Fail("LIMITER_METRICS_RAW_KEYS", "is true while LIMITER_METRICS_KEY_SECRET is set: raw keys need no secret, set one of them")

@@ -27,6 +27,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/split"
 	"github.com/ratewarden/ratewarden/internal/bearer"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
+	"github.com/ratewarden/ratewarden/internal/listenaddr"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/limits"
@@ -183,6 +184,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		"tls", cfg.ListenTLS != nil)
 	if cfg.ListenTLS != nil {
 		srv.TLSConfig = cfg.ListenTLS.Config()
+	}
+	if cfg.AuthToken == "" && !listenaddr.Loopback(cfg.Addr) {
+		log.Warn("LIMITER_ADMIN_INSECURE=true: GET /admin/hot-keys answers anyone who reaches LIMITER_ADDR, with raw keys", "addr", cfg.Addr)
 	}
 	g.HTTPServer("http", srv, ln)
 	g.OnStop("log", func(context.Context) error { log.Info("shutting down"); return nil })
