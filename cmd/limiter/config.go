@@ -14,6 +14,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/listenaddr"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
+	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/metering"
 )
 
@@ -128,6 +129,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if (c.DegradedRate > 0) != (c.DegradedBurst > 0) {
 		e.Fail("LIMITER_DEGRADED_MAX_RATE", "and LIMITER_DEGRADED_MAX_BURST must be set together")
 	}
+	tracing.CheckConfig(e) // OTEL_*: with the others, before anything starts
 	return c, e.Err()
 }
 
