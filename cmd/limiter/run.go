@@ -45,21 +45,30 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := limitmetrics.New(reg)
-	// OpenTelemetry, off unless an OTLP endpoint is set (internal/tracing).
+	// OpenTelemetry, off unless an OTLP endpoint is set (internal/tracing;
+	// its variables were checked with the configuration).
 	tr, err := tracing.New(os.Getenv, "limiter")
 	if err != nil {
 		return err
 	}
 	var g lifecycle.Group
 	g.OnStop("tracing", tr.Shutdown)
+	// A step below that fails releases what the group holds so far
+	// (lifecycle.Release): the tracer, the policy log's connections, the
+	// stores' clients, the gRPC listener.
+	abort := func(err error) error { return g.Release(err, cfg.ShutdownGrace) }
 
 	// The file, or the policy log read to its end (policylog_tail.go).
 	pol, doc, tail, err := loadPolicy(ctx, cfg, reg, log)
+	if tail != nil {
+		// Idempotent; the tail also closes them when it stops.
+		g.OnStop("policy log connections", func(context.Context) error { tail.log.Close(); return nil })
+	}
 	if err == nil && tail == nil {
 		err = checkStores(cfg.Stores)(doc) // a store the policy file names must exist
 	}
 	if err != nil {
-		return err
+		return abort(err)
 	}
 	if missing := missingStores(pol, cfg.Stores); len(missing) > 0 {
 		log.Warn("the policy log routes keys to stores REDIS_STORES does not name: those keys decide degraded here", "stores", missing)
@@ -67,20 +76,20 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	auth, err := buildAuthority(ctx, cfg, metrics, log)
 	if err != nil {
-		return err
+		return abort(err)
 	}
-	auth.add(&g)
+	auth.add(&g) // the stores' clients close at stop time, or on abort
 	hot := hotkeys.New(hotkeys.Config{Owner: auth.info.owner})
 	reg.MustRegister(hotkeys.NewCollector(hot, cfg.KeyNames))
 
+	// The emitter and its checker open nothing before they run.
 	meter, err := buildRecorder(cfg, reg, log)
 	var sh *shadow.Evaluator
 	if err == nil {
 		sh, err = buildShadow(&g, cfg, auth, reg, log) // shadow limits (shadow.go)
 	}
 	if err != nil {
-		auth.closeClients()
-		return err
+		return abort(err)
 	}
 
 	lim, err := enforcement.New(enforcement.Config{
@@ -96,8 +105,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		Shadow:            sh,
 	})
 	if err != nil {
-		auth.closeClients()
-		return err
+		return abort(err)
 	}
 	limitmetrics.RegisterLocal(reg, lim)
 	if cfg.Redis.Enabled() {
@@ -108,8 +116,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	g.Add("limiter", lim.Run)
 	if err := buildFleet(&g, auth, cfg, lim, metrics, log); err != nil {
-		auth.closeClients()
-		return err
+		return abort(err)
 	}
 	meter.add(&g)
 
@@ -168,16 +175,14 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	grpcSrv, err := newGRPC(cfg, chk, reg, log, grpcTracing(tr)...) // the Envoy rate limit service (grpc.go)
 	if err != nil {
-		auth.closeClients()
-		return err
+		return abort(err)
+	}
+	if grpcSrv != nil {
+		g.Server("grpc", grpcSrv.Serve, grpcSrv.Shutdown) // its Shutdown closes its listener, served or not
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		auth.closeClients()
-		return fmt.Errorf("listen on LIMITER_ADDR %s: %w", cfg.Addr, err)
-	}
-	if grpcSrv != nil {
-		g.Server("grpc", grpcSrv.Serve, grpcSrv.Shutdown)
+		return abort(fmt.Errorf("listen on LIMITER_ADDR %s: %w", cfg.Addr, err))
 	}
 	log.Info("limiter listening", "addr", ln.Addr().String(), "store", auth.info.kind,
 		"expected_instances", cfg.ExpectedInstances, "policy", cfg.PolicyFile, "instance", cfg.InstanceID,
@@ -262,7 +267,7 @@ func (a *authority) add(g *lifecycle.Group) {
 	}
 }
 
-// closeClients closes the stores' clients when run fails before the
+// closeClients closes the stores' clients when buildAuthority fails part
 // group runs.
 func (a *authority) closeClients() {
 	for _, h := range a.stores {

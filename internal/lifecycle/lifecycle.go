@@ -105,6 +105,27 @@ func (g *Group) OnStop(name string, release func(ctx context.Context) error) {
 	g.parts = append(g.parts, part{name: name, stop: release})
 }
 
+// Release is for a start that fails before Run: it calls, in reverse order
+// of registration, the stop of every part registered so far (closing a
+// client, a listener, the tracer) without running any, all within grace,
+// and returns cause joined with their errors. A component that opens
+// something in its constructor registers its release before the next step
+// that can fail. The Group is not to be run afterwards.
+func (g *Group) Release(cause error, grace time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	errs := []error{cause}
+	for i := len(g.parts) - 1; i >= 0; i-- {
+		if p := g.parts[i]; p.stop != nil {
+			if err := p.stop(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("%s: release: %w", p.name, err))
+			}
+		}
+	}
+	g.parts = nil
+	return errors.Join(errs...)
+}
+
 // Run starts the components in the order added, each under a context of
 // its own, and waits until ctx ends or one of them fails. Then it stops
 // them in reverse order: the last one added first (its stop, then its
