@@ -97,6 +97,23 @@ func TestPolicyCommandsRefuseBadStores(t *testing.T) {
 	}
 }
 
+// TestBinaryStartFailureExitsOne: past the configuration, a start that
+// fails (LIMITER_ADDR taken, after the gRPC listener opened) is exit 1
+// with the error naming the variable.
+func TestBinaryStartFailureExitsOne(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	code, out := runBounded(t, nil, "LIMITER_ADDR="+taken.Addr().String(),
+		fmt.Sprintf("LIMITER_GRPC_ADDR=127.0.0.1:%d", testenv.FreePort(t)))
+	if code != 1 || !strings.Contains(out, "listen on LIMITER_ADDR") || strings.Contains(out, "invalid configuration") {
+		t.Fatalf("exit %d, output %s: want 1 and the listen error", code, out)
+	}
+}
+
 // TestFailedStartReleasesWhatItOpened: a start that fails after the gRPC
 // listener and the Redis clients were opened (LIMITER_ADDR taken) closes
 // them: the gRPC port can be listened on again and Redis holds no

@@ -56,8 +56,8 @@ func TestInvalidConfigExitsWithOneLineNamingTheVariable(t *testing.T) {
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "OTEL_TRACES_SAMPLER=sometimes"}, "OTEL_TRACES_SAMPLER"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION=zip"}, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"},
 		// Several wrong at once: all on the one line.
-		{[]string{"METER_BATCH_SIZE=0", "OTEL_TRACES_SAMPLER_ARG=2"}, "KAFKA_BROKERS"},
-		{[]string{"METER_BATCH_SIZE=0", "OTEL_TRACES_SAMPLER_ARG=2"}, "METER_BATCH_SIZE"},
+		{[]string{"METER_BATCH_SIZE=0", "OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=2"}, "KAFKA_BROKERS"},
+		{[]string{"METER_BATCH_SIZE=0", "OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=2"}, "METER_BATCH_SIZE"},
 		{[]string{"METER_BATCH_SIZE=0", "OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=2"}, "OTEL_TRACES_SAMPLER_ARG"},
 	}
 	for _, c := range cases {
