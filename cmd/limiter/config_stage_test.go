@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +48,10 @@ func runBounded(t *testing.T, args []string, env ...string) (int, string) {
 // the limiter before anything starts: exit 2, one line naming each.
 func TestConfigErrorsExitTwoTogether(t *testing.T) {
 	t.Parallel()
+	badPolicy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(badPolicy, []byte("version: 1\ndefault_tier: missing\ntiers:\n  std: { rate: -1, burst: 1 }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		env  []string
 		want []string
@@ -58,6 +63,9 @@ func TestConfigErrorsExitTwoTogether(t *testing.T) {
 		{[]string{"OTEL_EXPORTER_OTLP_TIMEOUT=10s"}, []string{"OTEL_EXPORTER_OTLP_TIMEOUT"}},
 		{[]string{"OTEL_EXPORTER_OTLP_HEADERS=authorization"}, []string{"OTEL_EXPORTER_OTLP_HEADERS"}},
 		{[]string{"LIMITER_METRICS_RAW_KEYS=true", "LIMITER_METRICS_KEY_SECRET=s"}, []string{"LIMITER_METRICS_RAW_KEYS"}},
+		// The policy file, read first by run: the configuration's error too.
+		{[]string{"POLICY_FILE=" + badPolicy}, []string{"POLICY_FILE"}},
+		{[]string{"POLICY_FILE=" + badPolicy + ".missing"}, []string{"POLICY_FILE"}},
 		{[]string{"LIMITER_STORE_TIMEOUT=soon", "REDIS_STORES=acme", "OTEL_EXPORTER_OTLP_PROTOCOL=pigeon", "OTEL_SDK_DISABLED=maybe"},
 			[]string{"LIMITER_STORE_TIMEOUT", "REDIS_STORES", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_SDK_DISABLED"}},
 	} {

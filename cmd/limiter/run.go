@@ -41,7 +41,6 @@ import (
 // (which go back), the stores and their clients, and last the spans (those
 // of the final requests included).
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
-	mem := applyMemoryLimit(log) // memlimit.go
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := limitmetrics.New(reg)
@@ -67,9 +66,14 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err == nil && tail == nil {
 		err = checkStores(cfg.Stores)(doc) // a store the policy file names must exist
 	}
+	if err != nil && tail == nil && cfg.PolicyLog.Source != sourceKafka {
+		// The file is the configuration's: exit 2, as for a variable.
+		err = lifecycle.Invalid(fmt.Errorf("POLICY_FILE: %w", err))
+	}
 	if err != nil {
 		return abort(err)
 	}
+	mem := applyMemoryLimit(log) // memlimit.go
 	if missing := missingStores(pol, cfg.Stores); len(missing) > 0 {
 		log.Warn("the policy log routes keys to stores REDIS_STORES does not name: those keys decide degraded here", "stores", missing)
 	}

@@ -316,7 +316,7 @@ func buildReconciler(g *lifecycle.Group, cfg config, conn driver.Conn, schema sc
 		rlog.Warn("policy file refused; reconciling with the previous one", "path", cfg.PolicyFile, "err", err)
 	})
 	if _, err := pol.Get(); err != nil {
-		return component{}, fmt.Errorf("POLICY_FILE %s: %w", cfg.PolicyFile, err)
+		return component{}, lifecycle.Invalid(fmt.Errorf("POLICY_FILE: %w", err)) // exit 2, as for a variable
 	}
 	rec, err := reconcile.New(reconcile.Config{
 		Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Rows: reader, Policy: pol.Get,

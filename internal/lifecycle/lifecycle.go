@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -31,7 +32,8 @@ const ShutdownGrace = 9 * time.Second
 // Main reads the configuration with load, logs JSON on stderr (go-redis's
 // own lines too), and runs run until SIGTERM or SIGINT. It returns the exit
 // code: 2 for an invalid configuration (one line on stderr naming the
-// problem), 1 when run fails, 0 after a clean shutdown.
+// problem; also when run returns an error marked Invalid), 1 when run
+// fails, 0 after a clean shutdown.
 func Main[C any](name string, load func(getenv func(string) string) (C, error), run func(ctx context.Context, cfg C, log *slog.Logger) error) int {
 	cfg, err := load(os.Getenv)
 	if err != nil {
@@ -43,11 +45,29 @@ func Main[C any](name string, load func(getenv func(string) string) (C, error), 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := run(ctx, cfg, log); err != nil {
+		var inv invalid
+		if errors.As(err, &inv) {
+			// Found by run before anything started (a file the
+			// configuration names, read first): the configuration's error.
+			fmt.Fprintln(os.Stderr, name+": invalid configuration: "+strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; "))
+			return 2
+		}
 		log.Error(name+" stopped", "err", err)
 		return 1
 	}
 	return 0
 }
+
+// Invalid marks err as a configuration error run found itself (a file
+// the configuration names that does not load, read before anything
+// starts): Main reports it as it reports load's, on one line with exit 2.
+// err should name its variable.
+func Invalid(err error) error { return invalid{err} }
+
+type invalid struct{ err error }
+
+func (e invalid) Error() string { return e.err.Error() }
+func (e invalid) Unwrap() error { return e.err }
 
 // Group runs components and stops them in reverse order of Add. The zero
 // value is ready to use; a Group is run once.
