@@ -271,8 +271,8 @@ func (a *authority) add(g *lifecycle.Group) {
 	}
 }
 
-// closeClients closes the stores' clients when buildAuthority fails part
-// group runs.
+// closeClients closes the stores' clients opened so far when
+// buildAuthority fails part way (after it, the group closes them).
 func (a *authority) closeClients() {
 	for _, h := range a.stores {
 		_ = h.conn.Close()
