@@ -7,11 +7,14 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/keyname"
 	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
+	"github.com/ratewarden/ratewarden/internal/listenaddr"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
+	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/metering"
 )
 
@@ -28,7 +31,14 @@ type config struct {
 	KafkaCheckEvery   time.Duration       // LIMITER_KAFKA_CHECK_EVERY: between connection checks
 	ExpectedInstances int
 	AuthToken         string
-	InstanceID        string
+	// AdminInsecure is LIMITER_ADMIN_INSECURE: serve /admin/* without a
+	// token on an address beyond loopback.
+	AdminInsecure bool
+	// KeyNames is how keys are named in metrics and logs
+	// (LIMITER_METRICS_KEY_SECRET, LIMITER_METRICS_RAW_KEYS;
+	// enforcement/keyname).
+	KeyNames   keyname.Namer
+	InstanceID string
 
 	StoreTimeout    time.Duration
 	StoreInFlight   int // LIMITER_STORE_BATCHES_IN_FLIGHT: script calls in flight per server; 0 = redisstore's default
@@ -114,12 +124,22 @@ func loadConfig(getenv func(string) string) (config, error) {
 	c.ListenTLS = tlsconf.ServerFromEnv(e, "LIMITER_TLS_CERT_FILE", "LIMITER_TLS_KEY_FILE")
 	c.Headers = headerModeFrom(e, "LIMITER_HEADERS", "both")
 	c.EnvoyHeaders = headerModeFrom(e, "LIMITER_ENVOY_HEADERS", "legacy")
+	c.AdminInsecure = e.Bool("LIMITER_ADMIN_INSECURE", false)
+	if c.AuthToken == "" && !c.AdminInsecure && !listenaddr.Loopback(c.Addr) {
+		e.Fail("LIMITER_AUTH_TOKEN", "is empty while LIMITER_ADDR %q listens beyond loopback, where GET /admin/hot-keys would show raw keys to anyone: set a token, listen on loopback, or set LIMITER_ADMIN_INSECURE=true to serve it open", c.Addr)
+	}
+	keySecret, rawKeys := e.Secret("LIMITER_METRICS_KEY_SECRET"), e.Bool("LIMITER_METRICS_RAW_KEYS", false)
+	if rawKeys && keySecret != "" {
+		e.Fail("LIMITER_METRICS_RAW_KEYS", "is true while LIMITER_METRICS_KEY_SECRET is set: raw keys need no secret, set one of them")
+	}
+	c.KeyNames = keyname.Choose(keySecret, rawKeys)
 	if c.LocalHeadroom < 1 {
 		e.Fail("LIMITER_LOCAL_HEADROOM", "must be ≥ 1")
 	}
 	if (c.DegradedRate > 0) != (c.DegradedBurst > 0) {
 		e.Fail("LIMITER_DEGRADED_MAX_RATE", "and LIMITER_DEGRADED_MAX_BURST must be set together")
 	}
+	tracing.CheckConfig(e) // OTEL_*: with the others, before anything starts
 	return c, e.Err()
 }
 

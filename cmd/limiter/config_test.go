@@ -47,7 +47,7 @@ func TestInvalidConfigExitsWithOneLine(t *testing.T) {
 	cmd := exec.Command(limiterBin)
 	cmd.Env = append(os.Environ(), "LIMITER_EXPECTED_INSTANCES=-1")
 	out, err := cmd.CombinedOutput()
-	if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() == 0 {
+	if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 2 {
 		t.Fatalf("exit: %v", err)
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")

@@ -258,11 +258,12 @@ func (g *grpcServer) Serve() error {
 
 // Shutdown stops the server gracefully: health turns NOT_SERVING, new
 // calls are refused, calls in flight finish until ctx ends; then they are
-// cut, and that is the error.
+// cut, and that is the error. The listener is closed too when Serve never
+// ran (a start that failed after newGRPC).
 func (g *grpcServer) Shutdown(ctx context.Context) error {
 	g.hs.Shutdown() // NOT_SERVING: health checkers stop sending first
 	stopped := make(chan struct{})
-	go func() { g.srv.GracefulStop(); close(stopped) }()
+	go func() { g.srv.GracefulStop(); _ = g.ln.Close(); close(stopped) }()
 	select {
 	case <-stopped:
 		return nil

@@ -38,12 +38,15 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 		return cli.Refuse("one policy FILE is required", fs, checkUsage, stderr)
 	}
 	file := files[0]
+	// The stores it routes keys to must be this environment's (REDIS_STORES).
+	known, err := storesOfEnv(os.Getenv)
+	if err != nil {
+		return invalidConfig("limiter policy check", err, stderr)
+	}
 	p, ok := readPolicyFile(file, stderr)
 	if !ok {
 		return cli.ExitFail
 	}
-	// The stores it routes keys to must be this environment's (REDIS_STORES).
-	known := parseStores(os.Getenv("REDIS_STORES"), func(string, ...any) {})
 	if err := p.CheckStores(func(name string) bool { return known[name] != nil }); err != nil {
 		fmt.Fprintln(stderr, "policy refused:")
 		fmt.Fprintln(stderr, "  "+err.Error())
@@ -81,6 +84,11 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 	case !byDescriptor && (*key == "" || *scope == ""):
 		return cli.Refuse("explain needs --key and --scope", fs, explainUsage, stderr)
 	}
+	// A REDIS_STORES the limiter would refuse is this environment's mistake
+	// whatever the policy says.
+	if _, err := storesOfEnv(os.Getenv); err != nil {
+		return invalidConfig("limiter policy explain", err, stderr)
+	}
 	p, ok := readPolicyFile(files[0], stderr)
 	if !ok {
 		return cli.ExitFail
@@ -95,6 +103,13 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprint(stdout, policy.Explain(p, *key, *scope, *tier))
 	return cli.ExitOK
+}
+
+// invalidConfig reports configuration errors (one line, each naming its
+// variable, as the limiter's start does) and is exit 2: nothing ran.
+func invalidConfig(cmd string, err error, stderr io.Writer) int {
+	fmt.Fprintln(stderr, cmd+": invalid configuration: "+err.Error())
+	return cli.ExitUsage
 }
 
 // readPolicyFile loads file, or prints why it is refused, one problem a line.

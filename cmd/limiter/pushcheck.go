@@ -150,7 +150,11 @@ func checkWriterStores(names map[string]string, getenv func(string) string, stde
 		}
 		return true
 	}
-	known := parseStores(raw, func(string, ...any) {})
+	known, err := storesOfEnv(getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, "refused: invalid configuration: "+err.Error())
+		return false
+	}
 	ok := true
 	for _, name := range sorted {
 		if where := names[name]; known[name] == nil {

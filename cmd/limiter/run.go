@@ -27,6 +27,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/split"
 	"github.com/ratewarden/ratewarden/internal/bearer"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
+	"github.com/ratewarden/ratewarden/internal/listenaddr"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/limits"
@@ -41,46 +42,59 @@ import (
 // (which go back), the stores and their clients, and last the spans (those
 // of the final requests included).
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
-	mem := applyMemoryLimit(log) // memlimit.go
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := limitmetrics.New(reg)
-	// OpenTelemetry, off unless an OTLP endpoint is set (internal/tracing).
+	// OpenTelemetry, off unless an OTLP endpoint is set (internal/tracing;
+	// its variables were checked with the configuration).
 	tr, err := tracing.New(os.Getenv, "limiter")
 	if err != nil {
 		return err
 	}
 	var g lifecycle.Group
 	g.OnStop("tracing", tr.Shutdown)
+	// A step below that fails releases what the group holds so far
+	// (lifecycle.Release): the tracer, the policy log's connections, the
+	// stores' clients, the gRPC listener.
+	abort := func(err error) error { return g.Release(err, cfg.ShutdownGrace) }
 
 	// The file, or the policy log read to its end (policylog_tail.go).
 	pol, doc, tail, err := loadPolicy(ctx, cfg, reg, log)
+	if tail != nil {
+		// Idempotent; the tail also closes them when it stops.
+		g.OnStop("policy log connections", func(context.Context) error { tail.log.Close(); return nil })
+	}
 	if err == nil && tail == nil {
 		err = checkStores(cfg.Stores)(doc) // a store the policy file names must exist
 	}
-	if err != nil {
-		return err
+	if err != nil && tail == nil && cfg.PolicyLog.Source != sourceKafka {
+		// The file is the configuration's: exit 2, as for a variable.
+		err = lifecycle.Invalid(fmt.Errorf("POLICY_FILE: %w", err))
 	}
+	if err != nil {
+		return abort(err)
+	}
+	mem := applyMemoryLimit(log) // memlimit.go
 	if missing := missingStores(pol, cfg.Stores); len(missing) > 0 {
 		log.Warn("the policy log routes keys to stores REDIS_STORES does not name: those keys decide degraded here", "stores", missing)
 	}
 
 	auth, err := buildAuthority(ctx, cfg, metrics, log)
 	if err != nil {
-		return err
+		return abort(err)
 	}
-	auth.add(&g)
+	auth.add(&g) // the stores' clients close at stop time, or on abort
 	hot := hotkeys.New(hotkeys.Config{Owner: auth.info.owner})
-	reg.MustRegister(hotkeys.NewCollector(hot))
+	reg.MustRegister(hotkeys.NewCollector(hot, cfg.KeyNames))
 
+	// The emitter and its checker open nothing before they run.
 	meter, err := buildRecorder(cfg, reg, log)
 	var sh *shadow.Evaluator
 	if err == nil {
 		sh, err = buildShadow(&g, cfg, auth, reg, log) // shadow limits (shadow.go)
 	}
 	if err != nil {
-		auth.closeClients()
-		return err
+		return abort(err)
 	}
 
 	lim, err := enforcement.New(enforcement.Config{
@@ -98,8 +112,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		ReservationTTL:    cfg.ReservationTTL,
 	})
 	if err != nil {
-		auth.closeClients()
-		return err
+		return abort(err)
 	}
 	limitmetrics.RegisterLocal(reg, lim)
 	if cfg.Redis.Enabled() {
@@ -115,8 +128,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		Help: "Settles and charges held because the store could not be asked, applied once it answers (docs/reserve-settle.md).",
 	}, func() float64 { return float64(lim.PendingSettles()) }))
 	if err := buildFleet(&g, auth, cfg, lim, metrics, log); err != nil {
-		auth.closeClients()
-		return err
+		return abort(err)
 	}
 	meter.add(&g)
 
@@ -166,7 +178,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		addStores(&b, auth, missingStores(lim.Policy(), cfg.Stores))
 		writeJSON(w, http.StatusOK, b)
 	})
-	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot)))
+	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot, cfg.KeyNames)))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 
 	srv := &http.Server{
@@ -179,22 +191,23 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	grpcSrv, err := newGRPC(cfg, chk, reg, log, grpcTracing(tr)...) // the Envoy rate limit service (grpc.go)
 	if err != nil {
-		auth.closeClients()
-		return err
+		return abort(err)
+	}
+	if grpcSrv != nil {
+		g.Server("grpc", grpcSrv.Serve, grpcSrv.Shutdown) // its Shutdown closes its listener, served or not
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		auth.closeClients()
-		return fmt.Errorf("listen on LIMITER_ADDR %s: %w", cfg.Addr, err)
-	}
-	if grpcSrv != nil {
-		g.Server("grpc", grpcSrv.Serve, grpcSrv.Shutdown)
+		return abort(fmt.Errorf("listen on LIMITER_ADDR %s: %w", cfg.Addr, err))
 	}
 	log.Info("limiter listening", "addr", ln.Addr().String(), "store", auth.info.kind,
 		"expected_instances", cfg.ExpectedInstances, "policy", cfg.PolicyFile, "instance", cfg.InstanceID,
 		"tls", cfg.ListenTLS != nil)
 	if cfg.ListenTLS != nil {
 		srv.TLSConfig = cfg.ListenTLS.Config()
+	}
+	if cfg.AuthToken == "" && !listenaddr.Loopback(cfg.Addr) {
+		log.Warn("LIMITER_ADMIN_INSECURE=true: GET /admin/hot-keys answers anyone who reaches LIMITER_ADDR, with raw keys", "addr", cfg.Addr)
 	}
 	g.HTTPServer("http", srv, ln)
 	g.OnStop("log", func(context.Context) error { log.Info("shutting down"); return nil })
@@ -272,8 +285,8 @@ func (a *authority) add(g *lifecycle.Group) {
 	}
 }
 
-// closeClients closes the stores' clients when run fails before the
-// group runs.
+// closeClients closes the stores' clients opened so far when
+// buildAuthority fails part way (after it, the group closes them).
 func (a *authority) closeClients() {
 	for _, h := range a.stores {
 		_ = h.conn.Close()
@@ -328,6 +341,7 @@ func buildAuthority(ctx context.Context, cfg config, metrics *limitmetrics.Metri
 			// of a lease call.
 			Timeout: time.Second,
 			Log:     log,
+			Names:   cfg.KeyNames,
 		})
 		a.Authority = a.lease
 	}

@@ -71,6 +71,16 @@ func parseStores(v string, fail func(format string, args ...any)) map[string][]s
 	return out
 }
 
+// storesOfEnv parses REDIS_STORES for the operator's commands (policy
+// check, explain, push): the names and addresses, or every problem, each
+// naming the variable, as the limiter itself would refuse them at start.
+func storesOfEnv(getenv func(string) string) (map[string][]string, error) {
+	e := envconfig.New(getenv)
+	const name = "REDIS_STORES"
+	stores := parseStores(e.Raw(name), func(format string, args ...any) { e.Fail(name, format, args...) })
+	return stores, e.Err()
+}
+
 // storesFrom reads REDIS_STORES; each store is reached as the default one
 // is (TLS, ACL user, password), at its own addresses: one standalone,
 // several a Cluster.

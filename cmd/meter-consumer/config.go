@@ -9,6 +9,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/consumer"
 	"github.com/ratewarden/ratewarden/metering/notify"
@@ -113,5 +114,6 @@ func loadConfig(getenv func(string) string) (config, error) {
 			e.Fail("WEBHOOK_SECRET", "%v", err)
 		}
 	}
+	tracing.CheckConfig(e) // OTEL_*: with the others, before anything starts
 	return c, e.Err()
 }

@@ -54,6 +54,16 @@ func TestInvalidConfigExitsWithOneLineNamingTheVariable(t *testing.T) {
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "METER_RECONCILE_EVERY=0s"}, "METER_RECONCILE_EVERY"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "CLICKHOUSE_CLUSTER=ratewarden"}, "CLICKHOUSE_SHARDS"},
 		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "CLICKHOUSE_CLUSTER=ratewarden", "CLICKHOUSE_SHARDS=a:1;;b:2"}, "CLICKHOUSE_SHARDS"},
+		// internal/tracing's variables, found with the others (they used
+		// to exit 1 once ClickHouse was opened).
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "OTEL_TRACES_SAMPLER=sometimes"}, "OTEL_TRACES_SAMPLER"},
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION=zip"}, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"},
+		// The reconciler's policy file, read before anything runs.
+		{[]string{"KAFKA_BROKERS=127.0.0.1:9092", "REDIS_ADDRS=127.0.0.1:1", "POLICY_FILE=/nonexistent/policy.yaml"}, "POLICY_FILE"},
+		// Several wrong at once: all on the one line.
+		{[]string{"METER_BATCH_SIZE=0", "OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=2"}, "KAFKA_BROKERS"},
+		{[]string{"METER_BATCH_SIZE=0", "OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=2"}, "METER_BATCH_SIZE"},
+		{[]string{"METER_BATCH_SIZE=0", "OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=2"}, "OTEL_TRACES_SAMPLER_ARG"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

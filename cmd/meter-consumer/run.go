@@ -57,12 +57,6 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	conn = tr.ClickHouse(conn)
-	store, err := buildStore(cfg, conn, log)
-	if err != nil {
-		return err
-	}
-	defer store.close()
 	var g lifecycle.Group
 	g.OnStop("tracing", func(ctx context.Context) error {
 		if err := tr.Shutdown(ctx); err != nil { // the last batches' spans
@@ -70,6 +64,16 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		return nil
 	})
+	// A step below that fails releases what the group holds (the tracer,
+	// the reconciler's Redis client); the ClickHouse connections close in
+	// their defers.
+	abort := func(err error) error { return g.Release(err, lifecycle.ShutdownGrace) }
+	conn = tr.ClickHouse(conn)
+	store, err := buildStore(cfg, conn, log)
+	if err != nil {
+		return abort(err)
+	}
+	defer store.close()
 
 	schema := schemaGate(make(chan struct{}))
 	schemaComp := component{
@@ -89,11 +93,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	obs, err := consumer.InsertMetrics(reg)
 	if err != nil {
-		return err
+		return abort(err)
 	}
 	sink, err := store.sink(obs)
 	if err != nil {
-		return err
+		return abort(err)
 	}
 	meter, err := consumer.New(consumer.Config{
 		Brokers:        cfg.KafkaBrokers,
@@ -112,7 +116,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		Registry:       reg,
 	})
 	if err != nil {
-		return err
+		return abort(err)
 	}
 	meterComp := component{
 		name: "meter",
@@ -136,7 +140,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		Every: cfg.KafkaCheckEvery, Logger: log.With("component", "kafka"), Registry: reg,
 	})
 	if err != nil {
-		return err
+		return abort(err)
 	}
 	kafkaComp := component{
 		name:  "kafka",
@@ -147,11 +151,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	components := []component{clickhouseComponent(conn, log), schemaComp, kafkaComp, meterComp}
 	audit, err := policyAuditComponent(cfg, conn, schema, reg, log) // policy_audit (policylog.go)
 	if err != nil {
-		return err
+		return abort(err)
 	}
 	components = append(components, audit)
 	if j, err := judgeComponent(cfg, conn, schema, reg, log); err != nil { // the rollout judge (policylog.go)
-		return err
+		return abort(err)
 	} else if j != nil {
 		components = append(components, *j)
 	}
@@ -165,7 +169,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			Logger: log.With("component", "notifier"), Registry: reg,
 		})
 		if err != nil {
-			return err
+			return abort(err)
 		}
 		components = append(components, component{
 			name: "notifier",
@@ -180,16 +184,16 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 
 	if cfg.Redis.Enabled() {
-		rc, err := buildReconciler(cfg, conn, schema, reg, log)
+		rc, err := buildReconciler(&g, cfg, conn, schema, reg, log)
 		if err != nil {
-			return err
+			return abort(err)
 		}
 		components = append(components, rc)
 	}
 
 	ln, err := net.Listen("tcp", cfg.MeterAddr)
 	if err != nil {
-		return fmt.Errorf("METER_ADDR %s: %w", cfg.MeterAddr, err)
+		return abort(fmt.Errorf("METER_ADDR %s: %w", cfg.MeterAddr, err))
 	}
 	// The health server stops after the components: /readyz answers while
 	// they finish.
@@ -294,12 +298,15 @@ var redisOptions = redisclient.Options{Timeout: 2 * time.Second, PoolSize: 16}
 // METER_RECONCILE_EVERY it raises the limiters' quota counters in Redis to
 // what the rollups record, so that a Redis that lost its state does not hand
 // out a fresh allowance. It waits for the schema like the others.
-func buildReconciler(cfg config, conn driver.Conn, schema schemaGate, reg *prometheus.Registry, log *slog.Logger) (component, error) {
+// Its Redis client is closed by g, after the component has stopped (or on
+// a start that fails).
+func buildReconciler(g *lifecycle.Group, cfg config, conn driver.Conn, schema schemaGate, reg *prometheus.Registry, log *slog.Logger) (component, error) {
 	rlog := log.With("component", "reconciler")
 	rc, err := cfg.Redis.Open(redisOptions)
 	if err != nil {
 		return component{}, err
 	}
+	g.OnStop("reconciler redis client", func(context.Context) error { return rc.Close() })
 	rdb := rc.UniversalClient
 	reader, err := quotause.NewReader(conn, cfg.Database)
 	if err != nil {
@@ -309,7 +316,7 @@ func buildReconciler(cfg config, conn driver.Conn, schema schemaGate, reg *prome
 		rlog.Warn("policy file refused; reconciling with the previous one", "path", cfg.PolicyFile, "err", err)
 	})
 	if _, err := pol.Get(); err != nil {
-		return component{}, fmt.Errorf("POLICY_FILE %s: %w", cfg.PolicyFile, err)
+		return component{}, lifecycle.Invalid(fmt.Errorf("POLICY_FILE: %w", err)) // exit 2, as for a variable
 	}
 	rec, err := reconcile.New(reconcile.Config{
 		Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Rows: reader, Policy: pol.Get,
@@ -322,7 +329,6 @@ func buildReconciler(cfg config, conn driver.Conn, schema schemaGate, reg *prome
 	return component{
 		name: "reconciler",
 		run: func(ctx context.Context) error {
-			defer rdb.Close()
 			if !schema.wait(ctx) { // the rollups must exist
 				return nil
 			}

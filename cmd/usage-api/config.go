@@ -9,6 +9,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
+	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/metering/usage"
 )
 
@@ -73,5 +74,6 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.AdminToken != "" && c.AdminToken == c.TokenSecret {
 		e.Fail("USAGE_TOKEN_SECRET", "must differ from USAGE_ADMIN_TOKEN")
 	}
+	tracing.CheckConfig(e) // OTEL_*: with the others, before anything starts
 	return c, e.Err()
 }

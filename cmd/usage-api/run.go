@@ -50,14 +50,17 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		return nil
 	})
+	// A step below that fails releases what the group holds (the tracer);
+	// the connections close in their defers.
+	abort := func(err error) error { return g.Release(err, lifecycle.ShutdownGrace) }
 
 	store, err := usage.NewStore(tr.ClickHouse(conn), cfg.Database)
 	if err != nil {
-		return err
+		return abort(err)
 	}
 	signer, err := usage.NewSigner([]byte(cfg.TokenSecret))
 	if err != nil {
-		return err
+		return abort(err)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -66,7 +69,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if cfg.Redis.Enabled() {
 		conn, err := cfg.Redis.Open(redisOptions)
 		if err != nil {
-			return err
+			return abort(err)
 		}
 		defer conn.Close()
 		rdb = conn.UniversalClient
@@ -78,7 +81,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		PolicyPath: cfg.PolicyFile, Logger: log, Registry: reg, QueryTimeout: cfg.QueryTimeout,
 		Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix})
 	if err != nil {
-		return err
+		return abort(err)
 	}
 
 	// The schema (our tables and the rollups) is applied in the background
@@ -92,7 +95,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			for _, addr := range shard {
 				c, err := openClickHouse(cfg, addr)
 				if err != nil {
-					return err
+					return abort(err)
 				}
 				defer c.Close()
 				shards[i] = append(shards[i], c)
@@ -108,13 +111,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	handler, closePolicyLog, err := withPolicyAPI(cfg, conn, srv.Handler(), log) // policyops.go
 	if err != nil {
-		return err
+		return abort(err)
 	}
 	defer closePolicyLog()
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.Addr, err)
+		return abort(fmt.Errorf("listen %s: %w", cfg.Addr, err))
 	}
 	hs := &http.Server{
 		Handler:           tr.Handler("", handler),

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/hotkeys"
+	"github.com/ratewarden/ratewarden/enforcement/keyname"
 )
 
 // clock is a settable clock.
@@ -132,7 +134,8 @@ func TestHandlerAndCollector(t *testing.T) {
 				enforcement.Decision{Source: enforcement.SourceShared}, time.Microsecond)
 		}
 	}
-	srv := httptest.NewServer(hotkeys.Handler(tr))
+	names := keyname.New([]byte("test-secret"))
+	srv := httptest.NewServer(hotkeys.Handler(tr, names))
 	defer srv.Close()
 	res, err := http.Get(srv.URL + "/admin/hot-keys?limit=3")
 	if err != nil {
@@ -146,6 +149,11 @@ func TestHandlerAndCollector(t *testing.T) {
 	if res.StatusCode != 200 || len(snap.Keys) != 3 || len(snap.Shards) != 1 || snap.Keys[0].OpsPerSecond <= 0 {
 		t.Fatalf("status %d snapshot %+v", res.StatusCode, snap)
 	}
+	for _, k := range snap.Keys { // the operator's map from a series to its key
+		if k.MetricKey != names.Name(k.Key) || k.MetricKey == k.Key {
+			t.Fatalf("key %q shown with metric key %q, want %q", k.Key, k.MetricKey, names.Name(k.Key))
+		}
+	}
 	for _, bad := range []string{"?limit=0", "?limit=x", "?limit=100000"} {
 		r, err := http.Get(srv.URL + "/admin/hot-keys" + bad)
 		if err != nil {
@@ -158,7 +166,7 @@ func TestHandlerAndCollector(t *testing.T) {
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(hotkeys.NewCollector(tr))
+	reg.MustRegister(hotkeys.NewCollector(tr, names))
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -166,6 +174,13 @@ func TestHandlerAndCollector(t *testing.T) {
 	series := map[string]int{}
 	for _, mf := range mfs {
 		series[mf.GetName()] = len(mf.GetMetric())
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "key" && (strings.HasPrefix(l.GetValue(), "k") || len(l.GetValue()) != 16) {
+					t.Fatalf("%s carries key=%q: a raw key, not its name", mf.GetName(), l.GetValue())
+				}
+			}
+		}
 	}
 	if series["limiter_hot_key_ops_per_second"] != 10 || series["limiter_hot_key_shared_ops_per_second"] != 10 {
 		t.Fatalf("hot-key series for 1000 keys: %v, want exactly 10 each", series)

@@ -149,6 +149,9 @@ type KeyRate struct {
 	MaxOverestimate float64 `json:"maxOverestimate"`
 	Slot            uint16  `json:"slot"`
 	Shard           string  `json:"shard"`
+	// MetricKey is the key's label in the limiter_hot_key_* metrics (a
+	// keyed hash, or the key when raw keys are chosen); set by Handler.
+	MetricKey string `json:"metricKey,omitempty"`
 }
 
 // ShardRate is the decision rate of one Redis shard.

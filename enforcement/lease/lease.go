@@ -48,6 +48,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/keyname"
 	"github.com/ratewarden/ratewarden/limits"
 )
 
@@ -106,6 +107,8 @@ type Config struct {
 	Now func() time.Time
 	// Log receives failed returns (default: discarded).
 	Log *slog.Logger
+	// Names names keys in log lines (keyname; the zero value logs no key).
+	Names keyname.Namer
 }
 
 func (c *Config) defaults() {
@@ -481,7 +484,7 @@ func (a *Authority) returnTokens(ctx context.Context, key, scope string, lim enf
 	if _, err := a.store.Return(ctx, key, scope, lim, n); err != nil {
 		// The tokens are lost to this run: the bucket under-admits by n
 		// until it refills, the safe direction.
-		a.cfg.Log.Warn("lease: could not return tokens", "key", key, "scope", scope, "tokens", n, "err", err)
+		a.cfg.Log.Warn("lease: could not return tokens", "key", a.cfg.Names.Name(key), "scope", scope, "tokens", n, "err", err)
 		return err
 	}
 	return nil

@@ -316,16 +316,45 @@ func parseInt(b []byte) (int64, error) {
 	return n, nil
 }
 
+// The largest reply a server may announce on this connection; a longer
+// bulk string or array, or deeper nesting, is a broken or hostile peer,
+// refused before anything is allocated for it (the connection is then
+// closed, and its calls fail). Each is what the scripts can legitimately
+// return, with room to spare.
+const (
+	// maxCallDecisions is the most decisions one script call carries
+	// (PipelineConfig.MaxBatch is capped by it).
+	maxCallDecisions = 4096
+	// resultBytes is one decision's packed result in batch.lua's reply
+	// (8 doubles).
+	resultBytes = 64
+	// maxMessageBytes bounds an error message, or any other bulk string
+	// the connection reads (handshake replies are a few bytes).
+	maxMessageBytes = 64 << 10
+	// maxReplyElements is batch.lua's longest reply: the packed results,
+	// then an index and a message per failed decision.
+	maxReplyElements = 1 + 2*maxCallDecisions
+	// maxReplyDepth: batch.lua's reply is one array of strings and
+	// integers; one nested level is skipped, no more.
+	maxReplyDepth = 2
+)
+
+// errTooLarge is a reply over one of the caps above.
+var errTooLarge = fmt.Errorf("%w: reply over its bound", errProtocol)
+
 // readBulk reads the bytes of a bulk string whose header line is ln
-// ("$n") into *buf; nil for a null bulk. The bytes stay valid until the
-// next readBulk into the same buffer.
-func (c *duplexConn) readBulk(ln []byte, buf *[]byte) ([]byte, error) {
+// ("$n"), of at most limit bytes, into *buf; nil for a null bulk. The
+// bytes stay valid until the next readBulk into the same buffer.
+func (c *duplexConn) readBulk(ln []byte, buf *[]byte, limit int) ([]byte, error) {
 	if ln[0] != '$' {
 		return nil, fmt.Errorf("%w: %q where a bulk string was expected", errProtocol, ln)
 	}
 	n, err := parseInt(ln[1:])
 	if err != nil || n < 0 {
 		return nil, err
+	}
+	if n > int64(limit) {
+		return nil, fmt.Errorf("%w: a bulk string of %d bytes announced, at most %d expected", errTooLarge, n, limit)
 	}
 	if cap(*buf) < int(n)+2 {
 		*buf = make([]byte, n+2)
@@ -337,16 +366,35 @@ func (c *duplexConn) readBulk(ln []byte, buf *[]byte) ([]byte, error) {
 	return b[:n], nil
 }
 
+// arrayLen is the length of the array whose header line is ln ("*n"),
+// refused over maxReplyElements.
+func arrayLen(ln []byte) (int64, error) {
+	n, err := parseInt(ln[1:])
+	if err != nil {
+		return 0, err
+	}
+	if n > maxReplyElements {
+		return 0, fmt.Errorf("%w: an array of %d elements announced, at most %d expected", errTooLarge, n, maxReplyElements)
+	}
+	return n, nil
+}
+
 // skip reads past the rest of the value whose first line is ln.
-func (c *duplexConn) skip(ln []byte) error {
+func (c *duplexConn) skip(ln []byte) error { return c.skipAt(ln, 0) }
+
+// skipAt is skip of a value nested depth arrays deep.
+func (c *duplexConn) skipAt(ln []byte, depth int) error {
 	switch ln[0] {
 	case '+', '-', ':':
 		return nil
 	case '$':
-		_, err := c.readBulk(ln, &c.msg)
+		_, err := c.readBulk(ln, &c.msg, maxMessageBytes)
 		return err
 	case '*':
-		n, err := parseInt(ln[1:])
+		if depth >= maxReplyDepth {
+			return fmt.Errorf("%w: arrays nested over %d deep", errTooLarge, maxReplyDepth)
+		}
+		n, err := arrayLen(ln)
 		if err != nil {
 			return err
 		}
@@ -355,7 +403,7 @@ func (c *duplexConn) skip(ln []byte) error {
 			if err != nil {
 				return err
 			}
-			if err := c.skip(ln); err != nil {
+			if err := c.skipAt(ln, depth+1); err != nil {
 				return err
 			}
 		}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/ratewarden/ratewarden/enforcement"
 )
 
@@ -19,7 +17,7 @@ var (
 	//go:embed leasecall.lua
 	leaseCallLua string
 
-	leaseScript = redis.NewScript(stateLua + leaseLua + leaseCallLua)
+	leaseScript = newSpendScript(stateLua + leaseLua + leaseCallLua) // spend.go: sent at most once
 )
 
 // Lease takes between need and want whole tokens from the bucket of (key,
@@ -39,7 +37,7 @@ func (s *Store) Return(ctx context.Context, key, scope string, lim enforcement.L
 
 func (s *Store) lease(ctx context.Context, key, scope string, lim enforcement.Limit, mode string, a, b int64) (enforcement.Grant, error) {
 	bucketKey := s.BucketKey(key, scope)
-	res, err := leaseScript.Run(ctx, s.rdb, []string{bucketKey}, lim.Rate, lim.Burst, mode, a, b).Int64Slice()
+	res, err := leaseScript.run(ctx, s.rdb, []string{bucketKey}, lim.Rate, lim.Burst, mode, a, b).Int64Slice()
 	if err != nil {
 		return enforcement.Grant{}, fmt.Errorf("redis lease script (%s) for %q: %w", mode, bucketKey, err)
 	}

@@ -71,8 +71,8 @@ type PipelineConfig struct {
 	// where each decision is a script call of its own, it does not apply.
 	Workers int
 	// MaxBatch is the most decisions in one script call over one server
-	// (default 256); a longer queue is written as several calls in one
-	// flush.
+	// (default 256, at most 4096); a longer queue is written as several
+	// calls in one flush.
 	MaxBatch int
 	// MinBatch and MaxDelay: a queue holding fewer than MinBatch decisions
 	// waits up to MaxDelay for more before it is written (default 0: never
@@ -169,6 +169,7 @@ func NewPipelined(rdb PipelineClient, prefix string, cfg PipelineConfig) *Pipeli
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 256
 	}
+	cfg.MaxBatch = min(cfg.MaxBatch, maxCallDecisions) // what a reply may carry (duplex.go)
 	if cfg.Workers <= 0 {
 		cfg.Workers = defaultInFlight
 	}
@@ -591,7 +592,7 @@ func (p *Pipelined) serve(l *lane, cn *duplexConn) error {
 		case '-':
 			refused = string(ln[1:])
 		case '*':
-			n, err := parseInt(ln[1:])
+			n, err := arrayLen(ln)
 			if err != nil {
 				return err
 			}
@@ -602,17 +603,17 @@ func (p *Pipelined) serve(l *lane, cn *duplexConn) error {
 				}
 				switch {
 				case i == 0 && ln[0] == '$':
-					packed, err = cn.readBulk(ln, &cn.bulk)
+					packed, err = cn.readBulk(ln, &cn.bulk, resultBytes*len(g.calls))
 				case i%2 == 1 && ln[0] == ':':
 					var at int64
 					at, err = parseInt(ln[1:])
 					failed = append(failed, failure{at: at})
 				case i%2 == 0 && ln[0] == '$' && len(failed) > 0:
 					var msg []byte
-					msg, err = cn.readBulk(ln, &cn.msg)
+					msg, err = cn.readBulk(ln, &cn.msg, maxMessageBytes)
 					failed[len(failed)-1].msg = string(msg)
 				default:
-					err = cn.skip(ln)
+					err = cn.skipAt(ln, 1)
 					packed = nil // not batch.lua's reply
 				}
 				if err != nil {
@@ -776,7 +777,7 @@ func sendVia(ctx context.Context, rdb redis.Scripter, calls []*call, whole bool)
 		for _, c := range chunk {
 			keys = append(keys, c.bucketKey, c.quotaKey)
 		}
-		cmd := batchScript.Run(ctx, rdb, keys, packArgs(nil, chunk)) // EVALSHA, then EVAL on NOSCRIPT
+		cmd := batchScript.run(ctx, rdb, keys, packArgs(nil, chunk)) // EVALSHA, then EVAL on NOSCRIPT; never resent (spend.go)
 		answer(chunk, cmd)
 		ok = ok || cmd.Err() == nil
 	}

@@ -32,8 +32,8 @@ var (
 	//go:embed batch.lua
 	batchLua string
 
-	bucketScript = redis.NewScript(stateLua + decideLua + bucketLua)
-	batchScript  = redis.NewScript(stateLua + decideLua + batchLua)
+	bucketScript = newSpendScript(stateLua + decideLua + bucketLua) // spend.go: sent at most once
+	batchScript  = newSpendScript(stateLua + decideLua + batchLua)
 )
 
 // Store is an enforcement.Authority backed by Redis. It is safe for
@@ -104,11 +104,12 @@ func (s *Store) QuotaKey(key, quotaID string, windowStart time.Time) string {
 	return limits.QuotaKey(s.prefix, key, quotaID, windowStart)
 }
 
-// Take implements enforcement.Authority with one round trip (EVALSHA; the
-// script is loaded on NOSCRIPT and the call retried once).
+// Take implements enforcement.Authority with one round trip (EVALSHA; EVAL
+// on NOSCRIPT). A call that may have reached Redis is never sent again
+// (spend.go).
 func (s *Store) Take(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64) (enforcement.Verdict, error) {
 	keys, args := s.bucketCall(key, scope, lim, cost)
-	res, err := bucketScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+	res, err := bucketScript.run(ctx, s.rdb, keys, args...).Int64Slice()
 	return verdictOf(keys[0], res, err)
 }
 

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -31,7 +32,8 @@ const ShutdownGrace = 9 * time.Second
 // Main reads the configuration with load, logs JSON on stderr (go-redis's
 // own lines too), and runs run until SIGTERM or SIGINT. It returns the exit
 // code: 2 for an invalid configuration (one line on stderr naming the
-// problem), 1 when run fails, 0 after a clean shutdown.
+// problem; also when run returns an error marked Invalid), 1 when run
+// fails, 0 after a clean shutdown.
 func Main[C any](name string, load func(getenv func(string) string) (C, error), run func(ctx context.Context, cfg C, log *slog.Logger) error) int {
 	cfg, err := load(os.Getenv)
 	if err != nil {
@@ -43,11 +45,29 @@ func Main[C any](name string, load func(getenv func(string) string) (C, error), 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := run(ctx, cfg, log); err != nil {
+		var inv invalid
+		if errors.As(err, &inv) {
+			// Found by run before anything started (a file the
+			// configuration names, read first): the configuration's error.
+			fmt.Fprintln(os.Stderr, name+": invalid configuration: "+strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; "))
+			return 2
+		}
 		log.Error(name+" stopped", "err", err)
 		return 1
 	}
 	return 0
 }
+
+// Invalid marks err as a configuration error run found itself (a file
+// the configuration names that does not load, read before anything
+// starts): Main reports it as it reports load's, on one line with exit 2.
+// err should name its variable.
+func Invalid(err error) error { return invalid{err} }
+
+type invalid struct{ err error }
+
+func (e invalid) Error() string { return e.err.Error() }
+func (e invalid) Unwrap() error { return e.err }
 
 // Group runs components and stops them in reverse order of Add. The zero
 // value is ready to use; a Group is run once.
@@ -103,6 +123,27 @@ func (g *Group) HTTPServer(name string, srv *http.Server, ln net.Listener) {
 // the place for closing a client the later components use.
 func (g *Group) OnStop(name string, release func(ctx context.Context) error) {
 	g.parts = append(g.parts, part{name: name, stop: release})
+}
+
+// Release is for a start that fails before Run: it calls, in reverse order
+// of registration, the stop of every part registered so far (closing a
+// client, a listener, the tracer) without running any, all within grace,
+// and returns cause joined with their errors. A component that opens
+// something in its constructor registers its release before the next step
+// that can fail. The Group is not to be run afterwards.
+func (g *Group) Release(cause error, grace time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	errs := []error{cause}
+	for i := len(g.parts) - 1; i >= 0; i-- {
+		if p := g.parts[i]; p.stop != nil {
+			if err := p.stop(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("%s: release: %w", p.name, err))
+			}
+		}
+	}
+	g.parts = nil
+	return errors.Join(errs...)
 }
 
 // Run starts the components in the order added, each under a context of

@@ -116,3 +116,22 @@ func TestGroupReportsStopErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseStopsWithoutRunning: a start that failed releases what was
+// registered (stops, newest first) and runs nothing.
+func TestReleaseStopsWithoutRunning(t *testing.T) {
+	var g Group
+	r := &recorder{}
+	g.OnStop("tracer", func(context.Context) error { r.note("tracer"); return nil })
+	g.Add("worker", func(context.Context) error { r.note("ran"); return nil })
+	g.OnStop("client", func(context.Context) error { r.note("client"); return errors.New("refused") })
+	g.Server("server", func() error { r.note("served"); return nil }, func(context.Context) error { r.note("server"); return nil })
+	cause := errors.New("listen failed")
+	err := g.Release(cause, time.Second)
+	if got := r.String(); got != "server client tracer" {
+		t.Fatalf("released %q, want server client tracer", got)
+	}
+	if !errors.Is(err, cause) || !strings.Contains(err.Error(), "client: release: refused") {
+		t.Fatalf("error %v", err)
+	}
+}

@@ -32,6 +32,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/ratewarden/ratewarden/internal/envconfig"
 )
 
 // Scope is the instrumentation scope of the product's spans.
@@ -67,60 +69,152 @@ type Provider struct {
 // New reads the tracing variables through getenv (os.Getenv in the
 // binaries) and returns the Provider of a process whose default service
 // name is service (OTEL_SERVICE_NAME overrides it). Every bad value is
-// reported at once. It starts nothing.
+// reported at once; the binaries find them earlier, with the rest of
+// their configuration (Check). It starts nothing.
 func New(getenv func(string) string, service string) (*Provider, error) {
 	prop := propagation.TraceContext{}
 	off := &Provider{tp: noop.NewTracerProvider(), prop: prop}
 	off.tracer = off.tp.Tracer(Scope)
-	var errs []error
-	disabled := false
-	if v := strings.TrimSpace(getenv(envDisabled)); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: want true or false", envDisabled, v))
+	st, problems := read(getenv)
+	if len(problems) > 0 {
+		errs := make([]error, len(problems))
+		for i, p := range problems {
+			errs[i] = p
 		}
-		disabled = b
-	}
-	endpoint := strings.TrimSpace(getenv(envTracesEndpoint))
-	endpointVar := envTracesEndpoint
-	if endpoint == "" {
-		endpoint, endpointVar = strings.TrimSpace(getenv(envEndpoint)), envEndpoint
-	}
-	protocol, err := protocolFrom(getenv)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	sampler, root, err := samplerFrom(getenv)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	if endpoint != "" {
-		if u, err := url.Parse(endpoint); err != nil || u.Host == "" {
-			errs = append(errs, fmt.Errorf("%s=%q: want a URL such as http://127.0.0.1:4318", endpointVar, endpoint))
-		}
-	}
-	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	if disabled || endpoint == "" {
+	if st.disabled || st.endpoint == "" {
 		return off, nil
 	}
-	res, err := resource.New(context.Background(),
-		resource.WithAttributes(attribute.String("service.name", service)),
-		resource.WithFromEnv(), // OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME: after, so they win
-		resource.WithTelemetrySDK(),
-	)
+	res, err := newResource(service)
 	if err != nil {
-		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
+		return nil, fmt.Errorf("%s: %w", envResource, err)
 	}
+	protocol := st.protocol
 	lazy := &lazyProcessor{newExporter: func() (sdktrace.SpanExporter, error) { return newExporter(protocol) }}
 	sdk := sdktrace.NewTracerProvider(
-		sdktrace.WithSampler(sampler),
+		sdktrace.WithSampler(st.sampler),
 		sdktrace.WithResource(res),
 		sdktrace.WithSpanProcessor(lazy),
 		sdktrace.WithIDGenerator(idGenerator{}),
 	)
-	return &Provider{tp: sdk, sdk: sdk, tracer: sdk.Tracer(Scope), prop: prop, lazy: lazy, proto: protocol, root: root}, nil
+	return &Provider{tp: sdk, sdk: sdk, tracer: sdk.Tracer(Scope), prop: prop, lazy: lazy, proto: protocol, root: st.root}, nil
+}
+
+// envResource is the resource's variable (read by the SDK, from the
+// process environment, with OTEL_SERVICE_NAME).
+const envResource = "OTEL_RESOURCE_ATTRIBUTES"
+
+func newResource(service string) (*resource.Resource, error) {
+	return resource.New(context.Background(),
+		resource.WithAttributes(attribute.String("service.name", service)),
+		resource.WithFromEnv(), // OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME: after, so they win
+		resource.WithTelemetrySDK(),
+	)
+}
+
+// Problem is a bad value of one tracing variable.
+type Problem struct {
+	Var, Value, Want string
+}
+
+func (p Problem) Error() string { return fmt.Sprintf("%s=%q: want %s", p.Var, p.Value, p.Want) }
+
+// Check reports every bad value of the tracing variables: those New reads
+// through getenv, the exporters' timeouts, compression and headers (which
+// the SDK would otherwise log and replace at the first span), and
+// OTEL_RESOURCE_ATTRIBUTES (read by the SDK from the process environment).
+// A binary calls it while reading its configuration, so that a bad OTEL_*
+// value stops it with the others, before anything starts.
+func Check(getenv func(string) string) []Problem {
+	_, problems := read(getenv)
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"} {
+		if v := strings.TrimSpace(getenv(name)); v != "" {
+			if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 0 {
+				problems = append(problems, Problem{name, v, "a number of milliseconds ≥ 0"})
+			}
+		}
+	}
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"} {
+		if v := strings.TrimSpace(getenv(name)); v != "" && v != "gzip" && v != "none" {
+			problems = append(problems, Problem{name, v, "gzip or none"})
+		}
+	}
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"} {
+		if v := strings.TrimSpace(getenv(name)); v != "" && !validPairs(v) {
+			// The value is not repeated: headers carry credentials.
+			problems = append(problems, Problem{name, "…", "key=value pairs separated by commas"})
+		}
+	}
+	if v := getenv(envResource); strings.TrimSpace(v) != "" {
+		if _, err := newResource(""); err != nil {
+			problems = append(problems, Problem{envResource, v, "key=value pairs separated by commas (values percent-encoded)"})
+		}
+	}
+	return problems
+}
+
+// CheckConfig records Check's problems on e (a binary's configuration
+// reader), each naming its variable.
+func CheckConfig(e *envconfig.Reader) {
+	for _, p := range Check(e.Raw) {
+		e.Fail(p.Var, "%q: want %s", p.Value, p.Want)
+	}
+}
+
+// validPairs reports whether v is key=value[,key=value...] with
+// non-empty keys, as the OTLP exporters parse their headers.
+func validPairs(v string) bool {
+	for _, pair := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(pair, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return false
+		}
+		if _, err := url.QueryUnescape(val); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// settings are the tracing variables New reads itself.
+type settings struct {
+	disabled bool
+	endpoint string
+	protocol string
+	sampler  sdktrace.Sampler
+	root     rootRule
+}
+
+func read(getenv func(string) string) (settings, []Problem) {
+	var st settings
+	var problems []Problem
+	if v := strings.TrimSpace(getenv(envDisabled)); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			problems = append(problems, Problem{envDisabled, v, "true or false"})
+		}
+		st.disabled = b
+	}
+	st.endpoint = strings.TrimSpace(getenv(envTracesEndpoint))
+	endpointVar := envTracesEndpoint
+	if st.endpoint == "" {
+		st.endpoint, endpointVar = strings.TrimSpace(getenv(envEndpoint)), envEndpoint
+	}
+	var err error
+	var p Problem
+	if st.protocol, err = protocolFrom(getenv); errors.As(err, &p) {
+		problems = append(problems, p)
+	}
+	if st.sampler, st.root, err = samplerFrom(getenv); errors.As(err, &p) {
+		problems = append(problems, p)
+	}
+	if st.endpoint != "" {
+		if u, err := url.Parse(st.endpoint); err != nil || u.Host == "" {
+			problems = append(problems, Problem{endpointVar, st.endpoint, "a URL such as http://127.0.0.1:4318"})
+		}
+	}
+	return st, problems
 }
 
 // Enabled reports whether spans are exported (an endpoint is set).
@@ -160,7 +254,7 @@ func protocolFrom(getenv func(string) string) (string, error) {
 	case "grpc":
 		return "grpc", nil
 	}
-	return "", fmt.Errorf("%s=%q: want http/protobuf or grpc", name, v)
+	return "", Problem{name, v, "http/protobuf or grpc"}
 }
 
 // SamplerFrom is the sampler of OTEL_TRACES_SAMPLER and
@@ -182,7 +276,7 @@ func samplerFrom(getenv func(string) string) (sdktrace.Sampler, rootRule, error)
 		}
 		f, err := strconv.ParseFloat(arg, 64)
 		if err != nil || f < 0 || f > 1 {
-			return nil, rootRule{}, fmt.Errorf("%s=%q: want a ratio in [0, 1]", envSamplerArg, arg)
+			return nil, rootRule{}, Problem{envSamplerArg, arg, "a ratio in [0, 1]"}
 		}
 		return sdktrace.TraceIDRatioBased(f), ratioRule(f), nil
 	}
@@ -205,7 +299,7 @@ func samplerFrom(getenv func(string) string) (sdktrace.Sampler, rootRule, error)
 		}
 		return sdktrace.ParentBased(s), r, nil
 	}
-	return nil, rootRule{}, fmt.Errorf("%s=%q: want always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio", envSampler, name)
+	return nil, rootRule{}, Problem{envSampler, name, "always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio"}
 }
 
 // newExporter builds the OTLP exporter of protocol; it reads its endpoint
