@@ -58,11 +58,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	// stores' clients, the gRPC listener.
 	abort := func(err error) error { return g.Release(err, cfg.ShutdownGrace) }
 
-	// The file, or the policy log read to its end (policylog_tail.go).
+	// The file, or the policy log read to its end (policylog.Follower).
 	pol, doc, tail, err := loadPolicy(ctx, cfg, reg, log)
 	if tail != nil {
 		// Idempotent; the tail also closes them when it stops.
-		g.OnStop("policy log connections", func(context.Context) error { tail.log.Close(); return nil })
+		g.OnStop("policy log connections", func(context.Context) error { tail.Close(); return nil })
 	}
 	if err == nil && tail == nil {
 		err = checkStores(cfg.Stores)(doc) // a store the policy file names must exist
