@@ -47,6 +47,7 @@ func runBounded(t *testing.T, args []string, env ...string) (int, string) {
 // internal/tracing reads, which used to exit 1 after other setup), stops
 // the limiter before anything starts: exit 2, one line naming each.
 func TestConfigErrorsExitTwoTogether(t *testing.T) {
+	testenv.SkipShort(t)
 	t.Parallel()
 	badPolicy := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(badPolicy, []byte("version: 1\ndefault_tier: missing\ntiers:\n  std: { rate: -1, burst: 1 }\n"), 0o644); err != nil {
@@ -89,6 +90,7 @@ func TestConfigErrorsExitTwoTogether(t *testing.T) {
 // REDIS_STORES the limiter would refuse (they used to ignore its errors):
 // exit 2, one line naming it, before reading the policy.
 func TestPolicyCommandsRefuseBadStores(t *testing.T) {
+	testenv.SkipShort(t)
 	t.Parallel()
 	for _, args := range [][]string{
 		{"policy", "check", "../../deploy/policy.yaml"},
@@ -109,6 +111,7 @@ func TestPolicyCommandsRefuseBadStores(t *testing.T) {
 // fails (LIMITER_ADDR taken, after the gRPC listener opened) is exit 1
 // with the error naming the variable.
 func TestBinaryStartFailureExitsOne(t *testing.T) {
+	testenv.SkipShort(t)
 	t.Parallel()
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

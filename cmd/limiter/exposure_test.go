@@ -51,6 +51,7 @@ func TestAdminTokenRequiredBeyondLoopback(t *testing.T) {
 // TestBinaryRefusesOpenAdminBeyondLoopback: the built binary exits 2 with
 // one line naming the variable, before it listens.
 func TestBinaryRefusesOpenAdminBeyondLoopback(t *testing.T) {
+	testenv.SkipShort(t)
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

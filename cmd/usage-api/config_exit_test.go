@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/ratewarden/ratewarden/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 // the OTEL_* ones included (they used to exit 1 once ClickHouse was
 // opened), stop it before anything starts: exit 2, one line naming each.
 func TestConfigErrorsExitTwoTogether(t *testing.T) {
+	testenv.SkipShort(t)
 	t.Parallel()
 	good := []string{"USAGE_ADMIN_TOKEN=admin-token-0123456789", "USAGE_TOKEN_SECRET=secret-0123456789abcdef", "USAGE_API_ADDR=127.0.0.1:1"}
 	for _, tc := range []struct {
