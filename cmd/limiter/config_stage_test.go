@@ -67,6 +67,7 @@ func TestConfigErrorsExitTwoTogether(t *testing.T) {
 		// The policy file, read first by run: the configuration's error too.
 		{[]string{"POLICY_FILE=" + badPolicy}, []string{"POLICY_FILE"}},
 		{[]string{"POLICY_FILE=" + badPolicy + ".missing"}, []string{"POLICY_FILE"}},
+		{[]string{"LIMITER_SHADOW_POLICY_FILE=" + badPolicy}, []string{"LIMITER_SHADOW_POLICY_FILE"}},
 		{[]string{"LIMITER_STORE_TIMEOUT=soon", "REDIS_STORES=acme", "OTEL_EXPORTER_OTLP_PROTOCOL=pigeon", "OTEL_SDK_DISABLED=maybe"},
 			[]string{"LIMITER_STORE_TIMEOUT", "REDIS_STORES", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_SDK_DISABLED"}},
 	} {

@@ -1,7 +1,7 @@
 package main
 
-// The writers' verbs of the policy log (CONTRACT.md, "Policy control
-// plane"): `limiter policy push|rollback|history|show|diff`, `limiter
+// The writers' verbs of the policy log (docs/policy-commands.md,
+// docs/reference.md "CLI verbs"): `limiter policy push|rollback|history|show|diff`, `limiter
 // override set|get|list|delete`, `limiter fleet status`. They reach Kafka
 // with the limiter's variables (KAFKA_BROKERS, KAFKA_SASL_*, KAFKA_TLS*,
 // POLICY_TOPIC). A write exits 0 only once it has read its own record back

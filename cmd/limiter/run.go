@@ -74,6 +74,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return abort(err)
 	}
+	shadowFile, err := loadShadowFile(cfg.Shadow.PolicyFile) // shadow.go
+	if err != nil {
+		return abort(lifecycle.Invalid(err))
+	}
 	mem := applyMemoryLimit(log) // memlimit.go
 	if missing := missingStores(pol, cfg.Stores); len(missing) > 0 {
 		log.Warn("the policy log routes keys to stores REDIS_STORES does not name: those keys decide degraded here", "stores", missing)
@@ -91,7 +95,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	meter, err := buildRecorder(cfg, reg, log)
 	var sh *shadow.Evaluator
 	if err == nil {
-		sh, err = buildShadow(&g, cfg, auth, reg, log) // shadow limits (shadow.go)
+		sh, err = buildShadow(&g, cfg, shadowFile, auth, reg, log) // shadow limits (shadow.go)
 	}
 	if err != nil {
 		return abort(err)

@@ -49,23 +49,32 @@ type candidateSetter struct{ ev *shadow.Evaluator }
 
 func (c candidateSetter) SetPolicy(p enforcement.Policy) { c.ev.SetCandidate(p) }
 
+// loadShadowFile reads LIMITER_SHADOW_POLICY_FILE (nil when unset). A
+// file that does not load is the configuration's error, found before
+// anything starts.
+func loadShadowFile(path string) (*policy.Policy, error) {
+	if path == "" {
+		return nil, nil
+	}
+	p, err := policy.Load(path)
+	if err != nil {
+		return nil, fmt.Errorf("LIMITER_SHADOW_POLICY_FILE: %w", err)
+	}
+	return p, nil
+}
+
 // buildShadow assembles the shadow tier: its own store namespace, its own
 // deadline and breaker (a slow shadow never opens the enforced breaker),
 // and the candidate policy when LIMITER_SHADOW_POLICY_FILE is set. It adds
 // what runs it to g, after the authority's stores: it stops before the
 // client it shares with the default store closes.
-func buildShadow(g *lifecycle.Group, cfg config, a *authority, reg prometheus.Registerer, log *slog.Logger) (*shadow.Evaluator, error) {
+func buildShadow(g *lifecycle.Group, cfg config, candidateFile *policy.Policy, a *authority, reg prometheus.Registerer, log *slog.Logger) (*shadow.Evaluator, error) {
 	log = log.With("tier", "shadow")
 	var candidate enforcement.Policy
-	var candidateFile *policy.Policy
-	if cfg.Shadow.PolicyFile != "" {
-		p, err := policy.Load(cfg.Shadow.PolicyFile)
-		if err != nil {
-			return nil, fmt.Errorf("LIMITER_SHADOW_POLICY_FILE: %w", err)
-		}
-		candidate, candidateFile = p, p
+	if candidateFile != nil {
+		candidate = candidateFile
 		log.Info("shadow policy: every decision is also evaluated under the candidate file (reported, never enforced)",
-			"file", cfg.Shadow.PolicyFile, "hash", p.Hash())
+			"file", cfg.Shadow.PolicyFile, "hash", candidateFile.Hash())
 	}
 	var store enforcement.Authority
 	var run func(context.Context) error

@@ -240,25 +240,13 @@ func TestDocPagesAreShort(t *testing.T) {
 	}
 }
 
-// outside are the files that still cite a document outside the
-// repository, each with why it is not fixed here; a file that no longer
-// does must leave the list.
-var outside = map[string]string{
-	"cmd/limiter/policylog_cmd.go": "its package comment; the operator verbs move out of cmd/limiter, and the comment with them",
-}
-
 // TestRepositoryStandsAlone: nothing cites the contract file that lives
 // outside the repository, and the benchmark page names no temporary path.
 func TestRepositoryStandsAlone(t *testing.T) {
 	contract := "CONTRACT" + ".md"
 	for _, rel := range repoFiles(t, isText) {
-		cites := strings.Contains(readRepo(t, rel), contract)
-		_, pending := outside[rel]
-		switch {
-		case cites && !pending:
+		if strings.Contains(readRepo(t, rel), contract) {
 			t.Errorf("%s cites %s, a file outside the repository: say it in the repository's docs (docs/reference.md)", rel, contract)
-		case !cites && pending:
-			t.Errorf("%s no longer cites %s: remove it from the outside list", rel, contract)
 		}
 	}
 	for _, rel := range []string{"BENCHMARKS.md"} {
