@@ -246,6 +246,9 @@ func (d apiDoc) exercise(t *testing.T, base, token string, pathValues map[string
 				t.Errorf("%s %s: the request body has no example", o.method, o.path)
 				continue
 			}
+			if o.op["x-reserve-first"] == true {
+				ex = withReservation(t, base, token, asMap(ex))
+			}
 			var err error
 			if body, err = json.Marshal(ex); err != nil {
 				t.Fatal(err)
@@ -421,4 +424,23 @@ func checkOpenAPI(t *testing.T, s *stack) {
 			}
 		}
 	})
+}
+
+// withReservation is ex with its "reservation" replaced by a real one: a
+// settle's documented example needs a reservation made just before.
+func withReservation(t *testing.T, base, token string, ex map[string]any) map[string]any {
+	t.Helper()
+	st, _, out := do(t, "POST", base+"/check", token, []byte(`{"key":"openapi_reserve","scope":"api:search","cost":5,"reserve":true}`))
+	var d struct {
+		Reservation string `json:"reservation"`
+	}
+	if err := json.Unmarshal(out, &d); st != 200 || err != nil || d.Reservation == "" {
+		t.Fatalf("reserve before the settle example: %d %s (%v)", st, out, err)
+	}
+	c := map[string]any{}
+	for k, v := range ex {
+		c[k] = v
+	}
+	c["reservation"] = d.Reservation
+	return c
 }

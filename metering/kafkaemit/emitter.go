@@ -345,6 +345,20 @@ func (b *batch) add(ev *metering.Event) {
 
 func (b *batch) len() int { return len(b.spans) }
 
+// stamp gives every message its record time before it is written. kafka-go
+// fills a zero Time from the broker's answer after a retried attempt
+// succeeds, while the transport may still be encoding an earlier attempt
+// that timed out from the same message: a data race in the library that a
+// message with its own time never reaches.
+func stamp(msgs []kafka.Message) {
+	now := time.Now()
+	for i := range msgs {
+		if msgs[i].Time.IsZero() {
+			msgs[i].Time = now
+		}
+	}
+}
+
 // take returns the batch's messages and times (valid until the next add)
 // and empties it.
 func (b *batch) take() ([]kafka.Message, []int64) {
@@ -513,6 +527,7 @@ func (e *Emitter) write(wctx context.Context, b *batch) {
 	ctx, cancel := context.WithTimeout(wctx, e.cfg.WriteTimeout)
 	defer cancel()
 	start := time.Now()
+	stamp(msgs)
 	err := e.w.WriteMessages(ctx, msgs...)
 	e.mWrite.Observe(time.Since(start).Seconds())
 	e.mBatch.Observe(float64(len(msgs)))

@@ -250,6 +250,7 @@ func (sp *spooler) deliver(ctx, wctx context.Context, msgs []kafka.Message, b *b
 	e := sp.e
 	for backoff := minBackoff; ; backoff = min(2*backoff, maxBackoff) {
 		wc, cancel := context.WithTimeout(wctx, e.cfg.WriteTimeout)
+		stamp(msgs)
 		err := e.w.WriteMessages(wc, msgs...)
 		cancel()
 		if err == nil {
