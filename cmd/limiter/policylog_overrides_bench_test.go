@@ -63,29 +63,7 @@ func BenchmarkTailStartOverrides(b *testing.B) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	b.ResetTimer()
 	for range b.N {
-		before := heapstat.Live()
-		cpu0 := cpuTime()
-		start := time.Now()
-		tail, err := newPolicyTail(cfg, prometheus.NewRegistry(), logger)
-		if err != nil {
-			b.Fatal(err)
-		}
-		pol, err := tail.Start(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		took := time.Since(start)
-		cpu := cpuTime() - cpu0
-		after := heapstat.Live()
-		if got := tail.Current(); got.Source != sourceKafka || got.Overrides != startOverrides {
-			b.Fatalf("started from %s with %d overrides, want kafka with %d", got.Source, got.Overrides, startOverrides)
-		}
-		b.ReportMetric(took.Seconds(), "s/start")
-		b.ReportMetric(cpu.Seconds(), "cpu-s/start")
-		b.ReportMetric(float64(int64(after)-int64(before))/startOverrides, "bytes/override")
-		runtime.KeepAlive(tail)
-		runtime.KeepAlive(pol)
-		tail.Close()
+		measureStart(b, ctx, cfg, logger, "")
 	}
 }
 
@@ -155,4 +133,34 @@ func fillOverrides(b *testing.B, addr string, n int, base int64) {
 	if p := res.Topics[kafkalog.DefaultTopic]; len(p) != 1 || p[0].LastOffset != base+int64(n) {
 		b.Fatalf("the log ends at %+v, want offset %d", p, base+int64(n))
 	}
+}
+
+// measureStart starts one policy log follower on cfg and reports the
+// start's wall time, CPU time and live heap per override, with the
+// metrics' names prefixed by prefix. It fails unless the follower started
+// from the log with startOverrides overrides.
+func measureStart(b *testing.B, ctx context.Context, cfg config, logger *slog.Logger, prefix string) {
+	b.Helper()
+	before := heapstat.Live()
+	cpu0 := cpuTime()
+	start := time.Now()
+	tail, err := newPolicyTail(cfg, prometheus.NewRegistry(), logger)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pol, err := tail.Start(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	took := time.Since(start)
+	cpu := cpuTime() - cpu0
+	after := heapstat.Live()
+	if got := tail.Current(); got.Source != sourceKafka || got.Overrides != startOverrides {
+		b.Fatalf("started from %s with %d overrides, want kafka with %d", got.Source, got.Overrides, startOverrides)
+	}
+	b.ReportMetric(took.Seconds(), prefix+"s/start")
+	b.ReportMetric(cpu.Seconds(), prefix+"cpu-s/start")
+	b.ReportMetric(float64(int64(after)-int64(before))/startOverrides, prefix+"bytes/override")
+	runtime.KeepAlive(pol)
+	tail.Close()
 }

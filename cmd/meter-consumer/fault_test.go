@@ -135,6 +135,20 @@ func (p *meterProc) readyzBody() (int, string) {
 // stalls scrapes meter_partition_stalls_total by partition from /metrics.
 func (p *meterProc) stalls(t *testing.T) map[int]float64 {
 	t.Helper()
+	out := map[int]float64{}
+	for _, l := range strings.Split(p.scrape(t), "\n") {
+		var part int
+		var v float64
+		if _, err := fmt.Sscanf(l, `meter_partition_stalls_total{partition="%d"} %g`, &part, &v); err == nil {
+			out[part] = v
+		}
+	}
+	return out
+}
+
+// scrape returns the process's /metrics text.
+func (p *meterProc) scrape(t *testing.T) string {
+	t.Helper()
 	c := &http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get("http://" + p.addr + "/metrics")
 	if err != nil {
@@ -145,15 +159,7 @@ func (p *meterProc) stalls(t *testing.T) map[int]float64 {
 	if err != nil {
 		t.Fatalf("scrape %s: %v", p.addr, err)
 	}
-	out := map[int]float64{}
-	for _, l := range strings.Split(string(b), "\n") {
-		var part int
-		var v float64
-		if _, err := fmt.Sscanf(l, `meter_partition_stalls_total{partition="%d"} %g`, &part, &v); err == nil {
-			out[part] = v
-		}
-	}
-	return out
+	return string(b)
 }
 
 // waitUntil polls cond until it holds and fails naming what it waited for

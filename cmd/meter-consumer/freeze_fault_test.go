@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -296,17 +295,7 @@ func TestBrokerFrozenUnderLoadCountsEveryEventOnce(t *testing.T) {
 // counter scrapes one unlabelled counter from /metrics.
 func (p *meterProc) counter(t *testing.T, name string) float64 {
 	t.Helper()
-	c := &http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + p.addr + "/metrics")
-	if err != nil {
-		t.Fatalf("scrape %s: %v", p.addr, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("scrape %s: %v", p.addr, err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range strings.Split(p.scrape(t), "\n") {
 		var v float64
 		if _, err := fmt.Sscanf(l, name+" %g", &v); err == nil {
 			return v
