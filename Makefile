@@ -63,6 +63,18 @@ stress-test:
 	@scripts/deps.sh test
 	@scripts/stress-test.sh
 
+# A soak, not part of `make test`: the broker stopped for SOAK_OUTAGE
+# (default 10m) under SOAK_RATE decision events/s (default 5000) through an
+# emitter with a disk spool, then back; every event must be in ClickHouse
+# exactly once (TestSoakKafkaStoppedWithSpool; docs/spool.md). About
+# SOAK_OUTAGE × 1.6 + 2 minutes; `SOAK_OUTAGE=1m make soak-spool` is a smoke run.
+SOAK_OUTAGE ?= 10m
+SOAK_RATE ?= 5000
+.PHONY: soak-spool
+soak-spool:
+	@scripts/deps.sh
+	RATEWARDEN_SOAK_OUTAGE=$(SOAK_OUTAGE) RATEWARDEN_SOAK_RATE=$(SOAK_RATE) $(GO) test -count=1 -timeout 3h -run '^TestSoakKafkaStoppedWithSpool$$' -v ./cmd/meter-consumer
+
 clean:
 	rm -rf $(BIN)
 
@@ -105,3 +117,22 @@ bench-floor:
 .PHONY: bench-compare
 bench-compare:
 	@BASE="$(BASE)" HEAD="$(or $(HEAD),HEAD)" bench/compare.sh
+
+# The multi-region test bed (scripts/regions-*.sh; docs/regions-testbed.md):
+# regions a, b, c, each its own redis-server and a limiter (18080, 28080,
+# 38080), the WAN between them through wan-dev (15/40/75 ms one-way, 10%
+# jitter), the demo policy deploy/regions-policy.yaml; pids and logs under
+# run/regions/. regions-cut / regions-heal REGION=b cut every link of a
+# region or heal them; regions-down stops exactly what regions-up started.
+.PHONY: regions-up regions-down regions-cut regions-heal
+regions-up:
+	@scripts/regions-up.sh
+
+regions-down:
+	@scripts/regions-down.sh
+
+regions-cut:
+	@scripts/regions-cut.sh cut "$(REGION)"
+
+regions-heal:
+	@scripts/regions-cut.sh heal "$(REGION)"

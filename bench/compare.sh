@@ -187,7 +187,7 @@ read -r rejBmin rejBmed rejBcpu rejBallocs <<<"$(rej B)"
   echo "Written by \`make bench-compare BASE=$BASE HEAD=$HEAD\` (bench/compare.sh) on $START_TIME: the limiter built from"
   echo "$AREV (before) and from $BREV (after), interleaved in every pass (see Method), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),"
   echo "$(redis-server --version | awk '{print $1, $2, $3}'), Go $($GO env GOVERSION), LIMITER_STORE_TIMEOUT=${BENCH_STORE_TIMEOUT:-100ms}. Load average"
-  echo "at the start $START_LOAD, at the end $END_LOAD (other sessions' work). Raw outputs: \`$OUT\`."
+  echo "at the start $START_LOAD, at the end $END_LOAD (other sessions' work)."
   echo
   echo "| comparison | before | after | each pass, before / after | target |"
   echo "|---|---:|---:|---|---|"

@@ -239,5 +239,5 @@ count of OK answers and its non-OK column is the limiter's count of other codes 
 CANCELLED); it reports a mean latency, no percentiles. grpcload lets the calls in flight at the end finish.
 
 During the gRPC floods $over descriptors were answered OVER_LIMIT; over the whole run the local tier rejected $local_rej decisions
-in process (both front doors share it). Raw outputs: \`$OUT\`.
+in process (both front doors share it).
 MD

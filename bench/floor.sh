@@ -144,7 +144,7 @@ S="$OUT/section.md"
   echo
   echo "Written by \`bench/floor.sh\` (\`make bench-floor\`) on $START_TIME, $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),"
   echo "$(redis-server --version | awk '{print $1, $2, $3}'), Go $($GO env GOVERSION), the limiter with LIMITER_STORE_TIMEOUT=${BENCH_STORE_TIMEOUT:-100ms}."
-  echo "Load average at the start $START_LOAD, at the end $END_LOAD. Raw outputs: \`$OUT\`. Each ratio is a pass's run"
+  echo "Load average at the start $START_LOAD, at the end $END_LOAD. Each ratio is a pass's run"
   echo "over the floor's run just before it; the median is over the $PASSES interleaved passes (see Method)."
   echo
   echo "| comparison | median | each pass | target |"

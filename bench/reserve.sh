@@ -8,6 +8,10 @@
 #   SECONDS_EACH (default 5)  each phase
 #   PASSES       (default 3)
 #   CONNS        (default 32)
+#   BASE_LIMITER (optional)   another limiter binary (say, main's build):
+#                             each pass then runs the phases against it and
+#                             against this tree's limiter in turn, so that
+#                             before and after come from the same run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${SECONDS_EACH:-5}
@@ -19,11 +23,29 @@ require_tools redis-server redis-cli curl
 $GO build -o "$OUT/bin/" ./cmd/limiter
 $GO build -C bench -o "$(realpath -m "$OUT")/bin/" ./reservebench
 start_redis
-LPORT=$(free_port)
-env LIMITER_ADDR="127.0.0.1:$LPORT" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
-  LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" KAFKA_BROKERS= "$OUT/bin/limiter" 2>>"$OUT/limiter.log" &
-PIDS+=($!)
-wait_port "$LPORT"
+# start_limiter BINARY: a limiter on a free port; sets LPORT and LPID.
+start_limiter() {
+  LPORT=$(free_port)
+  env LIMITER_ADDR="127.0.0.1:$LPORT" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
+    LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" KAFKA_BROKERS= "$1" 2>>"$OUT/limiter.log" &
+  LPID=$!
+  PIDS+=($LPID)
+  wait_port "$LPORT"
+}
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
-"$OUT/bin/reservebench" -url "http://127.0.0.1:$LPORT" -conns "$CONNS" -duration "${SECONDS_EACH}s" -passes "$PASSES"
+if [ -z "${BASE_LIMITER:-}" ]; then
+  start_limiter "$OUT/bin/limiter"
+  "$OUT/bin/reservebench" -url "http://127.0.0.1:$LPORT" -conns "$CONNS" -duration "${SECONDS_EACH}s" -passes "$PASSES"
+else
+  for pass in $(seq 1 "$PASSES"); do
+    for which in base tree; do
+      bin="$OUT/bin/limiter"
+      [ "$which" = base ] && bin="$BASE_LIMITER"
+      start_limiter "$bin"
+      echo "pass $pass: $which"
+      "$OUT/bin/reservebench" -url "http://127.0.0.1:$LPORT" -conns "$CONNS" -duration "${SECONDS_EACH}s" -passes 1 | sed "s/^/  $which /"
+      kill "$LPID"; wait "$LPID" 2>/dev/null || true
+    done
+  done
+fi
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -64,7 +64,7 @@ S="$OUT/section.md"
   echo
   echo "Written by \`make bench\` (bench/run.sh) on $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),"
   echo "$(redis-server --version | awk '{print $1, $2, $3}'), Go $($GO env GOVERSION); one redis-server, the limiters (LIMITER_STORE_TIMEOUT=${BENCH_STORE_TIMEOUT:-100ms},"
-  echo "bench/policy.yaml) and the load tools share the cores. Load average at the start $(cut -d' ' -f1-3 /proc/loadavg). Raw outputs: \`$OUT\`."
+  echo "bench/policy.yaml) and the load tools share the cores. Load average at the start $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
 } >"$S"
 

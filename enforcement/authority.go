@@ -27,6 +27,9 @@ type Verdict struct {
 	// InProcess: decided in this process with no network work (spent from
 	// tokens leased earlier); the decision's source is local, not shared.
 	InProcess bool
+	// Regional: a global limit decided on the region's escrow share while
+	// its global budget could not be reached (SourceRegional).
+	Regional bool
 }
 
 // MemoryAuthority is the in-process authority of single-node mode: the same

@@ -89,6 +89,9 @@ const (
 	SourceLocal    Source = iota + 1 // decided in process with no network work (the local tier, or leased tokens)
 	SourceShared                     // the shared authority decided
 	SourceDegraded                   // the authority could not be asked; the tightened local limit decided
+	// SourceRegional: a global limit decided while its global budget could
+	// not be reached, on the region's escrow share (enforcement/global).
+	SourceRegional
 )
 
 // String returns the contract's spelling of s.
@@ -100,6 +103,8 @@ func (s Source) String() string {
 		return "shared"
 	case SourceDegraded:
 		return "degraded"
+	case SourceRegional:
+		return "regional"
 	}
 	return "unknown"
 }

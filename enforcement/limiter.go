@@ -72,6 +72,15 @@ type Recorder interface {
 type Config struct {
 	// Authority is the shared tier. Required (MemoryAuthority in single-node mode).
 	Authority Authority
+	// Global, optional, decides the limits resolved Global (scope: global)
+	// in a deployment of several regions (enforcement/global): from the
+	// region's pool of the key's global budget. Nil: Authority decides
+	// every limit, as in a one-region deployment.
+	Global Authority
+	// Regions is how many regions share a global limit (≥ 1; default 1):
+	// while the region's own store cannot be asked, a global limit's
+	// tightened bucket is also divided by it.
+	Regions int
 	// Policy is the initial policy. Required.
 	Policy Policy
 	// ExpectedInstances is how many replicas share the load until the
@@ -336,6 +345,9 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.ExpectedInstances < 1 {
 		cfg.ExpectedInstances = 1
 	}
+	if cfg.Regions < 1 {
+		cfg.Regions = 1
+	}
 	if cfg.LocalHeadroom <= 0 {
 		cfg.LocalHeadroom = 2
 	}
@@ -450,8 +462,8 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 			e.mu.Unlock()
 			return Decision{}, err
 		}
-		if r == nil || res.Limit != r.res.Limit {
-			e.forget() // learned under another limit
+		if r == nil || res.Limit != r.res.Limit || res.Global != r.res.Global {
+			e.forget() // learned under another limit, or from another store
 		}
 		l.setRef(e, box.ref(req.Tier, res))
 	}
@@ -501,8 +513,9 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 		}
 	}
 	lim := res.Limit
+	global := res.Global && l.cfg.Global != nil
 	e.mu.Unlock()
-	err = l.askStore(ctx, &req, &d, e, lim, cost, start, nowUS)
+	err = l.askStore(ctx, &req, &d, e, lim, global, cost, start, nowUS)
 	return d, err
 }
 
@@ -512,11 +525,13 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 // keeps a small stack frame.
 //
 //go:noinline
-func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *entry, lim Limit, cost int64, start reading, nowUS int64) error {
+func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *entry, lim Limit, global bool, cost int64, start reading, nowUS int64) error {
 	var v Verdict
 	var err error
 	if req.Reserve {
-		v, err = l.reserveTake(ctx, req, d, lim, cost, start)
+		v, err = l.reserveTake(ctx, req, d, lim, global, cost, start)
+	} else if global {
+		v, err = l.cfg.Global.Take(ctx, req.Key, req.Scope, lim, cost)
 	} else {
 		v, err = l.cfg.Authority.Take(ctx, req.Key, req.Scope, lim, cost)
 	}
@@ -543,6 +558,9 @@ func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *en
 		if v.InProcess {
 			d.Source = SourceLocal
 		} else {
+			if v.Regional {
+				d.Source = SourceRegional
+			}
 			d.DecidedUS = v.Now.UnixMicro()
 		}
 		d.WouldAllow = v.Allowed
@@ -575,6 +593,12 @@ func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *en
 	}
 	if l.cfg.Observer != nil {
 		l.cfg.Observer.AuthorityFailed(err)
+	}
+	if global && l.cfg.Regions > 1 {
+		// Every region's fleet may be deciding this limit degraded:
+		// each gets its share, as the escrow does.
+		n := l.cfg.Regions
+		lim.Rate, lim.Burst = lim.Rate/float64(n), max(1, lim.Burst/int64(n))
 	}
 	*d = l.degradedDecision(req, *d, lim, cost, e, start, nowUS)
 	return nil

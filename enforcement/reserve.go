@@ -87,6 +87,7 @@ type Settlement struct {
 	Kind        string // KindSettle or KindCharge
 	Key, Scope  string
 	Tier        string
+	Domain      string // the Envoy rate limit domain a charge came through
 	Policy      string
 	Reservation string // the settled id (empty for a charge)
 	Limit       int64  // the bucket's capacity
@@ -215,19 +216,36 @@ type SettlementRecorder interface {
 func (l *Limiter) ReservationTTL() time.Duration { return l.cfg.ReservationTTL }
 
 // reserveTake is the store call of a decision that reserves: Reserve on
-// the reservation store, with a fresh id the decision carries when allowed.
-func (l *Limiter) reserveTake(ctx context.Context, req *Request, d *Decision, lim Limit, cost int64, start reading) (Verdict, error) {
+// the reservation store (reserverFor), with a fresh id the decision
+// carries when allowed.
+func (l *Limiter) reserveTake(ctx context.Context, req *Request, d *Decision, lim Limit, global bool, cost int64, start reading) (Verdict, error) {
 	if l.cfg.Reservations == nil {
 		return Verdict{}, ErrReserveUnsupported
 	}
 	// Issued at the decision's own time (its event's): the settle's
 	// actual cost is accounted to the same minute as the estimate.
 	id := newReservationID(idRecorded, l.wall(start), cost, req.Key, req.Scope, req.Tier)
-	v, err := l.cfg.Reservations.Reserve(ctx, req.Key, req.Scope, lim, cost, id, l.cfg.ReservationTTL)
+	r, _ := l.reserverFor(global)
+	v, err := r.Reserve(ctx, req.Key, req.Scope, lim, cost, id, l.cfg.ReservationTTL)
 	if err == nil && v.Allowed {
 		d.Reservation = id
 	}
 	return v, err
+}
+
+// reserverFor is where reservations, settles and charges of a limit are
+// kept: a global limit's (global: resolved Global) in the region's pool of
+// its global budget (pool true), so that they spend the global budget as
+// its decisions do, when Config.Global keeps reservations; any other's in
+// Config.Reservations. Every path to a store asks it here, the settle
+// queue's too: a reservation is found only where it was made.
+func (l *Limiter) reserverFor(global bool) (r Reserver, pool bool) {
+	if global {
+		if r, ok := l.cfg.Global.(Reserver); ok {
+			return r, true
+		}
+	}
+	return l.cfg.Reservations, false
 }
 
 // degradedReservation gives an allowed degraded decision that reserves an
@@ -272,10 +290,11 @@ func (l *Limiter) Settle(ctx context.Context, id string, cost int64) (Settlement
 // applySettle asks the store to apply p, and queues it when the store
 // cannot be asked.
 func (l *Limiter) applySettle(ctx context.Context, p pendingSettle, start reading) (Settlement, error) {
-	s, err := l.cfg.Reservations.Settle(ctx, p.key, p.scope, p.id, p.res.Limit, p.cost, p.unrecorded, l.cfg.ReservationTTL)
+	r, pool := l.reserverFor(p.res.Global)
+	s, err := r.Settle(ctx, p.key, p.scope, p.id, p.res.Limit, p.cost, p.unrecorded, l.cfg.ReservationTTL)
 	switch {
 	case err == nil:
-		l.settled(&s, p, start)
+		l.settled(&s, p, pool, start)
 		return s, nil
 	case errors.Is(err, ErrReservationNotFound), errors.Is(err, ErrAlreadySettled):
 		return Settlement{}, err
@@ -311,17 +330,18 @@ func (l *Limiter) Charge(ctx context.Context, req Request) (Settlement, error) {
 		return Settlement{}, err
 	}
 	id := newReservationID(idUnrecorded, l.wall(start), 0, req.Key, req.Scope, req.Tier)
-	p := pendingSettle{kind: KindCharge, id: id, key: req.Key, scope: req.Scope, tier: req.Tier, cost: req.Cost, unrecorded: true, res: res}
+	p := pendingSettle{kind: KindCharge, id: id, key: req.Key, scope: req.Scope, tier: req.Tier, domain: req.Domain, cost: req.Cost, unrecorded: true, res: res}
 	return l.applySettle(ctx, p, start)
 }
 
 // MaxCost is the largest cost a request, a settle or a charge may name.
 const MaxCost = limits.MaxCost
 
-// settled completes a settlement the store made: who and what, what the
-// local tier learns from it, and its event.
-func (l *Limiter) settled(s *Settlement, p pendingSettle, start reading) {
-	s.Kind, s.Key, s.Scope, s.Tier = p.kind, p.key, p.scope, p.tier
+// settled completes a settlement the store made (pool: the region's pool
+// of a global budget, reserverFor): who and what, what the local tier
+// learns from it, and its event.
+func (l *Limiter) settled(s *Settlement, p pendingSettle, pool bool, start reading) {
+	s.Kind, s.Key, s.Scope, s.Tier, s.Domain = p.kind, p.key, p.scope, p.tier, p.domain
 	if p.kind == KindSettle {
 		s.Reservation, s.ReservedAt = p.id, time.UnixMilli(p.issued)
 		if p.unrecorded {
@@ -333,7 +353,11 @@ func (l *Limiter) settled(s *Settlement, p pendingSettle, start reading) {
 		}
 	}
 	s.Policy, s.Limit = p.res.Policy, p.res.Burst
-	s.Warning = p.res.Limit.SoftLimitReached(float64(s.Remaining), s.QuotaUsed)
+	if !pool {
+		// A pool is not the key's bucket: the global store judges its
+		// soft limit (Settlement.Warning as it returned it).
+		s.Warning = p.res.Limit.SoftLimitReached(float64(s.Remaining), s.QuotaUsed)
+	}
 	if p.res.Tier != "" {
 		s.Tier = p.res.Tier
 	}
@@ -365,6 +389,16 @@ func (l *Limiter) learnSettlement(key, scope string, lim Limit, s *Settlement) {
 	}
 	reset := s.ResetAt.Sub(s.Now).Seconds()
 	e.known.shadow = Bucket{Tokens: float64(lim.Burst) - reset*lim.Rate, TS: now}
+	if s.Refunded > 0 && e.local.TS != 0 {
+		// The reservation spent its estimate from the local bucket too;
+		// what the settle gives back is there again, or the local tier
+		// would reject what the store holds for as long as its own refill
+		// takes. Settled on another instance than the reservation's, the
+		// tokens land in a bucket that did not spend them: the local tier
+		// only passes more requests on to the store, which decides.
+		e.local.Tokens = min(float64(lim.Burst), e.local.refilled(now, l.localRate(lim.Rate), lim.Burst)+float64(s.Refunded))
+		e.local.TS = now
+	}
 }
 
 var _ Reserver = (*Stores)(nil)

@@ -93,12 +93,15 @@ func (m *MemoryAuthority) Settle(_ context.Context, key, scope, id string, lim L
 		if q.window != start.Unix() {
 			q.window, q.end, q.used = start.Unix(), end.Unix(), 0
 		}
-		// The estimate counted in its own window: only when that is this
-		// one does the difference apply here; in a later window the
-		// actual cost is charged to it whole.
-		if rec.quotaWindow == q.window {
+		// The difference belongs to the window the estimate counted in.
+		// When that is this one, it applies here; when it is an earlier
+		// one, this window is charged nothing (the earlier window's count
+		// is gone from this process, and it decides nothing any more). A
+		// settle with no record charges the whole cost here.
+		switch rec.quotaWindow {
+		case q.window:
 			q.used += cost - rec.estimate
-		} else {
+		case 0:
 			q.used += cost
 		}
 		s.QuotaUsed = q.used

@@ -304,3 +304,62 @@ func alterID(id string) string {
 	}
 	return string(b)
 }
+
+// TestSettleAcrossAQuotaWindowCountsInTheReservationsWindow: a reservation
+// made on the last second of a month and settled in the next month
+// belongs to the month it was made in (as the rollups count it): the new
+// month's quota is charged nothing for it, while a charge, which has no
+// reservation, counts in the month it arrives.
+func TestSettleAcrossAQuotaWindowCountsInTheReservationsWindow(t *testing.T) {
+	for _, period := range []enforcement.Period{enforcement.PeriodMonth, enforcement.PeriodDay} {
+		clk := &clock{t: time.Date(2026, 7, 31, 23, 59, 59, 0, time.UTC)}
+		mem := enforcement.NewMemoryAuthority(clk.Now, 100)
+		pol := fixedPolicy{enforcement.Resolved{Limit: enforcement.Limit{Rate: 1000, Burst: 1000,
+			QuotaLimit: 10000, QuotaPeriod: period, QuotaID: "tier:t"}, Policy: "p", Tier: "t", Cost: 1}}
+		l := newLimiter(t, enforcement.Config{Authority: mem, Reservations: mem, Policy: pol, Now: clk.Now,
+			ReservationTTL: time.Hour, LocalHeadroom: 1000})
+		ctx := context.Background()
+		d, err := l.Check(ctx, reserveReq("k", 300))
+		if err != nil || !d.Allowed || d.Quota.Remaining != 10000-300 {
+			t.Fatalf("%s: reserve 300: %+v, %v", period, d, err)
+		}
+		clk.Add(2 * time.Second) // the next window
+		s, err := l.Settle(ctx, d.Reservation, 742)
+		if err != nil || s.QuotaUsed != 0 {
+			t.Fatalf("%s: settle 742 of 300 in the next window: quota used %d (want 0: the reservation's window takes it), %v", period, s.QuotaUsed, err)
+		}
+		if s, err = l.Charge(ctx, req("k", 5)); err != nil || s.QuotaUsed != 5 {
+			t.Fatalf("%s: a charge in the new window: quota used %d, want 5 (%v)", period, s.QuotaUsed, err)
+		}
+		// Within one window the difference applies there.
+		d, _ = l.Check(ctx, reserveReq("k", 100))
+		if s, err = l.Settle(ctx, d.Reservation, 40); err != nil || s.QuotaUsed != 45 {
+			t.Fatalf("%s: settle 40 of 100 in its own window: quota used %d, want 45 (%v)", period, s.QuotaUsed, err)
+		}
+	}
+}
+
+// TestARefundReachesTheLocalTier: a reservation passes the instance's local
+// bucket, which spends its estimate as the store does. A settle that gives
+// tokens back gives them back there too; otherwise the local tier rejects
+// what the store holds, for as long as its own refill takes (hours on a
+// slow limit).
+func TestARefundReachesTheLocalTier(t *testing.T) {
+	clk := newClock()
+	mem := enforcement.NewMemoryAuthority(clk.Now, 100)
+	l := newLimiter(t, enforcement.Config{Authority: mem, Reservations: mem, Policy: policyOf(0.001, 1000),
+		Now: clk.Now, ReservationTTL: time.Minute, LocalHeadroom: 1})
+	ctx := context.Background()
+	d, err := l.Check(ctx, reserveReq("k", 800))
+	if err != nil || !d.Allowed || d.Remaining != 200 {
+		t.Fatalf("reserve 800: %+v, %v", d, err)
+	}
+	s, err := l.Settle(ctx, d.Reservation, 100)
+	if err != nil || s.Refunded != 700 || s.Remaining != 900 {
+		t.Fatalf("settle 100 of 800: %+v, %v", s, err)
+	}
+	d, err = l.Check(ctx, req("k", 500))
+	if err != nil || !d.Allowed || d.Remaining != 400 || d.Source != enforcement.SourceShared {
+		t.Fatalf("check 500 with 900 in the store: %+v, %v", d, err)
+	}
+}

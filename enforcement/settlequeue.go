@@ -21,6 +21,7 @@ type pendingSettle struct {
 	kind             string // KindSettle or KindCharge
 	id               string // the reservation id (a charge's own, unrecorded)
 	key, scope, tier string
+	domain           string // the Envoy domain a charge came through
 	cost             int64
 	estimate         int64 // the id's (a degraded reservation's, for its events)
 	issued           int64 // the id's: when the reservation was made (ms)
@@ -112,7 +113,8 @@ func (l *Limiter) DrainSettles(ctx context.Context) int {
 
 		call, cancel := context.WithTimeout(ctx, settleDeadline)
 		start := l.read()
-		s, err := l.cfg.Reservations.Settle(call, p.key, p.scope, p.id, p.res.Limit, p.cost, p.unrecorded, l.cfg.ReservationTTL)
+		r, pool := l.reserverFor(p.res.Global)
+		s, err := r.Settle(call, p.key, p.scope, p.id, p.res.Limit, p.cost, p.unrecorded, l.cfg.ReservationTTL)
 		cancel()
 		if err != nil && !errors.Is(err, ErrReservationNotFound) && !errors.Is(err, ErrAlreadySettled) {
 			if l.cfg.Observer != nil && ctx.Err() == nil {
@@ -121,7 +123,7 @@ func (l *Limiter) DrainSettles(ctx context.Context) int {
 			return l.PendingSettles()
 		}
 		if err == nil {
-			l.settled(&s, p, start)
+			l.settled(&s, p, pool, start)
 		}
 		// Not found: the reservation expired while queued, and its
 		// estimate stands. Already settled: an earlier try landed.

@@ -104,6 +104,12 @@ type Resolved struct {
 	Tier   string // the tier the request resolved to
 	DryRun bool   // count what would be rejected, reject nothing
 	Cost   int64  // the scope's cost when the request names none
+	Unit   string // what the cost counts ("tokens"), "" when the policy names nothing
+	// Global: one limit shared by every region (policy `scope: global`),
+	// enforced from the region's pool of the key's global budget; false =
+	// each region enforces the limit on its own (the default, and all a
+	// one-region deployment ever does).
+	Global bool
 }
 
 // DefaultStore is the name of the default store (REDIS_ADDRS) in readiness

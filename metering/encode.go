@@ -94,5 +94,9 @@ func (e *Event) appendOptional(dst []byte) []byte {
 		dst = append(dst, `,"reserved_ts":`...)
 		dst = strconv.AppendInt(dst, e.ReservedTS, 10)
 	}
+	if e.Region != "" {
+		dst = append(dst, `,"region":`...)
+		dst = jsonstr.Append(dst, e.Region)
+	}
 	return dst
 }

@@ -76,6 +76,8 @@ func BenchmarkDecode(b *testing.B) {
 func FuzzDecoderMatchesDecode(f *testing.F) {
 	e := sample()
 	f.Add(e.AppendEncode(nil))
+	e.Region = "b"
+	f.Add(e.AppendEncode(nil))
 	f.Add([]byte(`{"v":1,"event_id":"a","ts":5,"key":"k","scope":"s","extra":[1]}`))
 	f.Add([]byte(`{"v":2,"event_id":"a","ts":5,"key":"k","scope":"s"}`))
 	f.Add([]byte(` {"ts":5 , "v":1,"event_id":"a","key":"k\"","scope":"s","cost":-1}`))

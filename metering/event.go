@@ -1,7 +1,7 @@
 // Package metering is the accounting side of the product: the decision event
 // that every rate-limit decision becomes, and (in subpackages) what carries it
 // to Kafka and rolls it into ClickHouse. It depends on the standard library only
-// and never on enforcement: the limiter's main turns a decision into an Event.
+// and never on enforcement: internal/decisionevents turns a decision into an Event.
 package metering
 
 import (
@@ -58,7 +58,8 @@ type Event struct {
 	// it ignore it.
 	TraceID string `json:"trace_id,omitempty"`
 	// DecidedUS is, for a shared decision, the instant the store decided
-	// (Redis TIME), µs since the Unix epoch; absent otherwise. TS is the
+	// (Redis TIME), µs since the Unix epoch, and for a settle or a charge
+	// the instant the store applied it; absent otherwise. TS is the
 	// limiter's clock before the store call; a replay decides at this
 	// instant instead. Added within version 1: decoders that do not know
 	// it ignore it.
@@ -91,6 +92,11 @@ type Event struct {
 	// the reservation's own minute, where its estimate was counted. Added
 	// within version 1.
 	ReservedTS int64 `json:"reserved_ts,omitempty"`
+	// Region is the region of the limiter that decided (its
+	// LIMITER_REGION); absent in a one-region deployment, whose events'
+	// bytes are as before. A global key's usage is the sum over regions.
+	// Added within version 1: decoders that do not know it ignore it.
+	Region string `json:"region,omitempty"`
 }
 
 // Event kinds (Event.Kind).

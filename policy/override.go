@@ -32,6 +32,10 @@ type Override struct {
 	// override of the whole key (no scope) may set it; alone, it moves the
 	// key and leaves its limit to the document. "" = the document's routing.
 	Store string `json:"store,omitempty"`
+	// Scope is global or regional, as a tier's: the override's limit is
+	// then shared by every region, or enforced by each on its own; "" =
+	// the document's. Alone, it changes only that.
+	Scope string `json:"scope,omitempty"`
 }
 
 // MaxOverrideReason bounds an override's reason.
@@ -49,8 +53,8 @@ func (o Override) Validate(p *Policy) error {
 	}
 	hasRate := o.Rate != 0 || o.Burst != 0 || o.Period != ""
 	switch {
-	case o.Tier == "" && !hasRate && o.Quota == 0 && o.Store == "":
-		fail("override: sets nothing: give a tier, or a rate and burst, or a quota, or a store")
+	case o.Tier == "" && !hasRate && o.Quota == 0 && o.Store == "" && o.Scope == "":
+		fail("override: sets nothing: give a tier, or a rate and burst, or a quota, or a store, or a scope")
 	case o.Tier != "" && hasRate:
 		fail("override: a tier or a rate and burst, not both")
 	}
@@ -82,6 +86,9 @@ func (o Override) Validate(p *Policy) error {
 		if _, ok := quotaPeriods[o.QuotaPeriod]; !ok {
 			fail("quota_period: %q is not hour, day or month", o.QuotaPeriod)
 		}
+	}
+	if o.Scope != "" && o.Scope != ScopeGlobal && o.Scope != ScopeRegional {
+		fail("scope: must be global or regional, got %q", truncate(o.Scope, 40))
 	}
 	if o.Store != "" && !limits.ValidStoreName(o.Store) {
 		fail("store: %q is not a store name (letters, digits, '_' and '-', at most 64; not %q)", truncate(o.Store, 40), limits.DefaultStore)
@@ -133,8 +140,9 @@ func (w *WithOverrides) Resolve(key, scope, tier string) (limits.Resolved, error
 	if (scoped != nil && scoped.expires != 0) || (own != nil && own.expires != 0) {
 		now = w.now().UnixNano()
 	}
-	res, err := w.resolve(inForce(scoped, own, now), key, scope, tier)
-	return w.ov.route(res, err, own, now), err
+	c := inForce(scoped, own, now)
+	res, err := w.resolve(c, key, scope, tier)
+	return w.ov.route(regionScoped(res, c, own, now), err, own, now), err
 }
 
 // ResolveAt is Resolve judged at now. An override naming a tier resolves as
@@ -147,8 +155,20 @@ func (w *WithOverrides) Resolve(key, scope, tier string) (limits.Resolved, error
 func (w *WithOverrides) ResolveAt(key, scope, tier string, now time.Time) (limits.Resolved, error) {
 	at := now.UnixNano()
 	scoped, own := w.ov.find(key, scope)
-	res, err := w.resolve(inForce(scoped, own, at), key, scope, tier)
-	return w.ov.route(res, err, own, at), err
+	c := inForce(scoped, own, at)
+	res, err := w.resolve(c, key, scope, tier)
+	return w.ov.route(regionScoped(res, c, own, at), err, own, at), err
+}
+
+// regionScoped is res with the region scope of the override in force c,
+// else of the whole key's override own when in force, else as resolved.
+func regionScoped(res limits.Resolved, c, own *entry, now int64) limits.Resolved {
+	if c != nil && c.region != 0 {
+		res.Global = c.region == regionGlobal
+	} else if own != nil && own.region != 0 && (own.expires == 0 || now < own.expires) {
+		res.Global = own.region == regionGlobal
+	}
+	return res
 }
 
 // inForce is the override that applies at now: the key-and-scope one

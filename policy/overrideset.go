@@ -59,6 +59,33 @@ type entry struct {
 	tier    uint16 // 1 + index in Overrides.tiers; 0 = none
 	store   uint16 // 1 + index in Overrides.stores; 0 = the document's routing
 	qperiod uint8  // limits.Period
+	region  uint8  // regionGlobal, regionRegional; 0 = the document's
+}
+
+// entry.region values.
+const (
+	regionGlobal   = 1
+	regionRegional = 2
+)
+
+func regionOf(scope string) uint8 {
+	switch scope {
+	case ScopeGlobal:
+		return regionGlobal
+	case ScopeRegional:
+		return regionRegional
+	}
+	return 0
+}
+
+func scopeOf(region uint8) string {
+	switch region {
+	case regionGlobal:
+		return ScopeGlobal
+	case regionRegional:
+		return ScopeRegional
+	}
+	return ""
 }
 
 // shard is a part of the set: an open-addressing table (linear probing)
@@ -296,7 +323,7 @@ func (s *Overrides) Put(k OverrideKey, o Override) { s.PutTagged(k, o, OverrideT
 // PutTagged is Put remembering tag with the override (Tag returns it).
 func (s *Overrides) PutTagged(k OverrideKey, o Override, tag OverrideTag) {
 	e := entry{key: k.Key, tier: s.tierIndex(o.Tier), store: s.storeIndex(o.Store), burst: o.Burst, quota: o.Quota, qperiod: uint8(quotaPeriods[o.QuotaPeriod]),
-		tag: tag, scope: s.scopeIndex(k.Scope), next: noEntry}
+		tag: tag, scope: s.scopeIndex(k.Scope), next: noEntry, region: regionOf(o.Scope)}
 	if o.Rate > 0 {
 		e.rate = o.Rate / periodSeconds[o.Period]
 	}
@@ -439,8 +466,11 @@ func (s *Overrides) Clone() *Overrides {
 }
 
 // each calls fn for every entry of the set, in no order.
-func (s *Overrides) each(fn func(OverrideKey, *entry)) {
-	for si := range s.shards {
+func (s *Overrides) each(fn func(OverrideKey, *entry)) { s.eachIn(0, len(s.shards), fn) }
+
+// eachIn is each over the shards lo … hi-1.
+func (s *Overrides) eachIn(lo, hi int, fn func(OverrideKey, *entry)) {
+	for si := lo; si < hi; si++ {
 		sh := &s.shards[si]
 		for _, v := range sh.slots {
 			if v == 0 {
@@ -484,14 +514,28 @@ func (s *Overrides) MissingTiers(p *Policy) []string {
 // that Put would compile to the same entry (its rate per second, without
 // its reason).
 func (s *Overrides) Each(fn func(OverrideKey, Override)) {
-	s.each(func(k OverrideKey, e *entry) {
-		o := Override{Tier: s.tierName(e.tier), Store: s.storeName(e.store), Rate: e.rate, Burst: e.burst, Quota: e.quota}
+	s.EachTagged(func(k OverrideKey, o Override, _ OverrideTag) { fn(k, o) })
+}
+
+// EachTagged is Each with the tag each override was put with.
+func (s *Overrides) EachTagged(fn func(OverrideKey, Override, OverrideTag)) {
+	s.EachTaggedPart(0, 1, fn)
+}
+
+// EachTaggedPart is EachTagged over part part of parts (0 ≤ part <
+// parts): the parts are disjoint and make up the set, so that they can be
+// walked at the same time, by as many goroutines, while nothing changes
+// the set.
+func (s *Overrides) EachTaggedPart(part, parts int, fn func(OverrideKey, Override, OverrideTag)) {
+	n := len(s.shards)
+	s.eachIn(part*n/parts, (part+1)*n/parts, func(k OverrideKey, e *entry) {
+		o := Override{Tier: s.tierName(e.tier), Store: s.storeName(e.store), Rate: e.rate, Burst: e.burst, Quota: e.quota, Scope: scopeOf(e.region)}
 		if p := limits.Period(e.qperiod); p != limits.PeriodNone {
 			o.QuotaPeriod = p.String()
 		}
 		if e.expires != 0 {
 			o.Expires = time.Unix(0, e.expires).UTC()
 		}
-		fn(k, o)
+		fn(k, o, e.tag)
 	})
 }

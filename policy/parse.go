@@ -457,13 +457,15 @@ func (v *validator) compile(f File) *Policy {
 		lim.Rate = v.rate(path, t.Rate, t.Period)
 		v.burst(path+".burst", t.Burst)
 		v.soft(path+".soft_limit_percent", t.SoftLimitPercent)
+		v.unit(path+".unit", t.Unit)
 		if t.Quota != nil {
 			lim.QuotaLimit, lim.QuotaPeriod = v.quota(path+".quota", t.Quota)
 			lim.QuotaID = "tier:" + name
 			lim.QuotaDenyUnknown = t.Quota.UnknownWhileDegraded == "deny"
 		}
 		lim.Store = t.Store
-		p.tiers[name] = tierLimit{name: name, limit: lim}
+		v.regionScope(path+".scope", t.Scope)
+		p.tiers[name] = tierLimit{name: name, limit: lim, global: t.Scope == ScopeGlobal}
 	}
 	if f.DefaultTier == "" {
 		v.fail("default_tier", "is required")
@@ -522,9 +524,11 @@ func (v *validator) compile(f File) *Policy {
 		if r.SoftLimitPercent != nil {
 			v.soft(path+".soft_limit_percent", *r.SoftLimitPercent)
 		}
+		v.unit(path+".unit", r.Unit)
 		if r.Quota != nil {
 			v.quota(path+".quota", r.Quota)
 		}
+		v.regionScope(path+".region_scope", r.RegionScope)
 		if r.Split < 0 || r.Split > 1024 {
 			v.fail(path+".split", "must be between 0 and 1024, got %d", r.Split)
 		}
@@ -605,6 +609,21 @@ func (v *validator) burst(path string, burst int64) {
 	}
 }
 
+// unit checks a cost unit's name: empty, or 1 to 32 lower-case letters,
+// digits and '_' (it is shown as it is, after a number).
+func (v *validator) unit(path, u string) {
+	if u == "" {
+		return
+	}
+	ok := len(u) <= 32
+	for _, c := range u {
+		ok = ok && (c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_')
+	}
+	if !ok {
+		v.fail(path, "must be 1 to 32 lower-case letters, digits or '_', got %q", u)
+	}
+}
+
 func (v *validator) soft(path string, pct float64) {
 	if !(pct >= 0 && pct <= 100) { // NaN fails too
 		v.fail(path, "must be between 0 and 100, got %v", pct)
@@ -625,6 +644,13 @@ func (v *validator) quota(path string, q *Quota) (int64, limits.Period) {
 		v.fail(path+".unknown_while_degraded", "must be share or deny, got %q", q.UnknownWhileDegraded)
 	}
 	return q.Limit, period
+}
+
+// regionScope checks a tier's scope or a rule's region_scope.
+func (v *validator) regionScope(path, scope string) {
+	if scope != "" && scope != ScopeGlobal && scope != ScopeRegional {
+		v.fail(path, "must be global or regional, got %q", truncate(scope, 40))
+	}
 }
 
 // storeName checks the name of a store: what REDIS_STORES may name (letters,

@@ -45,9 +45,15 @@ type Tier struct {
 	Burst            int64   `yaml:"burst"`
 	SoftLimitPercent float64 `yaml:"soft_limit_percent"`
 	Quota            *Quota  `yaml:"quota"`
+	// Unit names what the tier's cost counts ("tokens", "bytes"), for the
+	// usage API and the dashboard; "" counts requests' costs, unnamed.
+	Unit string `yaml:"unit"`
 	// Store routes the tier's keys to a named store (REDIS_STORES); a
 	// key's own entry in the keys map wins over it.
 	Store string `yaml:"store"`
+	// Scope is global (one limit shared by every region) or regional
+	// (each region enforces it on its own: the default).
+	Scope string `yaml:"scope"`
 }
 
 // KeyEntry is the long form of a keys map entry.
@@ -80,12 +86,17 @@ type Rule struct {
 	Burst            *int64   `yaml:"burst"`
 	SoftLimitPercent *float64 `yaml:"soft_limit_percent"`
 	Quota            *Quota   `yaml:"quota"`
+	Unit             string   `yaml:"unit"` // as Tier.Unit; "" = the tier's
 	DryRun           bool     `yaml:"dry_run"`
 	// Split spreads each matching key over this many sub-buckets (hot keys).
 	Split int `yaml:"split"`
 	// Shadow: the rule is evaluated beside the enforced one, in its own
 	// bucket state, and reported, never enforced (see shadow.go).
 	Shadow bool `yaml:"shadow"`
+	// RegionScope is global or regional, as a tier's scope; empty =
+	// the tier's. A rule's scope already matches the request's scope,
+	// hence the longer name.
+	RegionScope string `yaml:"region_scope"`
 }
 
 // Policy is a validated policy file, ready to resolve limits. It is
@@ -103,9 +114,18 @@ type Policy struct {
 }
 
 type tierLimit struct {
-	name  string
-	limit limits.Limit
+	name   string
+	limit  limits.Limit
+	global bool // scope: global
 }
+
+// Region scopes: what a tier's scope, a rule's region_scope and an
+// override's scope may say ("" = regional for a tier, inherited for a
+// rule or an override).
+const (
+	ScopeGlobal   = "global"
+	ScopeRegional = "regional"
+)
 
 type compiledRule struct {
 	Rule
@@ -200,13 +220,16 @@ func (p *Policy) resolve(key, scope, tier string, withShadow bool) (limits.Resol
 	if !ok {
 		return limits.Resolved{}, nil, fmt.Errorf("%w %q", limits.ErrUnknownTier, tier)
 	}
-	res := limits.Resolved{Limit: tl.limit, Policy: tier, Tier: tier, DryRun: p.file.DryRun, Cost: 1}
+	res := limits.Resolved{Limit: tl.limit, Policy: tier, Tier: tier, DryRun: p.file.DryRun, Cost: 1, Global: tl.global, Unit: p.file.Tiers[tier].Unit}
 	if c, ok := p.file.Costs[scope]; ok {
 		res.Cost = c
 	}
 	r := p.bestRule(key, scope, tier, withShadow)
 	if r != nil {
 		res.Policy = r.Name
+		if r.RegionScope != "" {
+			res.Global = r.RegionScope == ScopeGlobal
+		}
 		res.DryRun = res.DryRun || r.DryRun
 		if r.Rate != nil {
 			res.Rate = *r.Rate / periodSeconds[r.Period]
@@ -222,6 +245,9 @@ func (p *Policy) resolve(key, scope, tier string, withShadow bool) (limits.Resol
 			res.QuotaDenyUnknown = r.Quota.UnknownWhileDegraded == "deny"
 		}
 		res.Split = r.Split
+		if r.Unit != "" {
+			res.Unit = r.Unit
+		}
 	}
 	if c := p.ceiling; c != nil {
 		res.Rate = min(res.Rate, c.Rate)

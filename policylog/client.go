@@ -51,6 +51,35 @@ type Client struct {
 	// signatures that held in this run, in log order.
 	prior   *Checked
 	checked []checkedEntry
+
+	// Checkpoints (checkpoint.go). planned: the first read looked for
+	// one; plan: the checkpoint it relies on until its Through; vouched:
+	// the records applied unverified under it; forged: the offsets read
+	// whose signature does not hold; lastThrough: the Through of the
+	// latest checkpoint read.
+	planned     bool
+	plan        *plan
+	vouched     int
+	forged      []int64
+	lastThrough int64
+	// CheckpointEvery: a write after this many records since the latest
+	// checkpoint also writes one (0 = never; DefaultCheckpointEvery).
+	CheckpointEvery int
+	// CheckpointErr is why the last checkpoint a write tried failed.
+	CheckpointErr error
+	// OnCheckpoint, when set, is told what the first read made of the
+	// checkpoint it relied on.
+	OnCheckpoint func(CheckpointResult)
+	// NoCheckpoints makes the client check every signature (the audit:
+	// each record's own verdict); set before the first read.
+	NoCheckpoints bool
+	// held: what OnApply is told once the checkpoint matched (applied and
+	// ignored records are counted only).
+	held                     []heldOutcome
+	heldApplied, heldIgnored int
+	// next: the batch after the one being applied, fetched and prepared
+	// meanwhile (fetchNext).
+	next chan nextBatch
 }
 
 // NewClient returns a client that has read nothing yet. keep is passed to
@@ -59,7 +88,7 @@ type Client struct {
 // to); a reader that only enforces keeps neither, so that a log of a
 // million overrides costs it only the overrides.
 func NewClient(log Log, keep bool) *Client {
-	return &Client{log: log, keep: keep, st: NewState(keep)}
+	return &Client{log: log, keep: keep, st: NewState(keep), CheckpointEvery: DefaultCheckpointEvery}
 }
 
 // Authenticate makes the client apply only records signed by a key of
@@ -178,22 +207,49 @@ func OverrideEntryOf(r Record) OverrideEntry {
 // Poll fetches once from where the client stands and applies what came;
 // it reports whether the client has reached the end of the log.
 func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {
-	entries, end, err := c.log.Fetch(ctx, c.st.NextOffset())
-	if err != nil {
+	var (
+		entries []Entry
+		end     int64
+		prep    []prepared
+	)
+	if f, ok := c.fetched(); ok {
+		entries, end, prep = f.entries, f.end, f.prep
+	} else if entries, end, err = c.log.Fetch(ctx, c.st.NextOffset()); err != nil {
 		return false, err
 	}
 	if next := c.st.NextOffset(); end < next {
 		// A reader only moves forward, so the log it read ended at or
 		// after next.
-		c.st, c.history, c.checked = c.newState(), nil, nil
+		c.st, c.history, c.checked, c.forged, c.vouched, c.plan, c.planned = c.newState(), nil, nil, nil, 0, nil, false
+		c.held, c.heldApplied, c.heldIgnored, c.lastThrough = nil, 0, 0, 0
 		return false, fmt.Errorf("%w: it ends at offset %d, before offset %d already read", ErrStartedOver, end, next)
 	}
-	auths := c.authenticateAll(entries)
+	if !c.planned && !c.NoCheckpoints && c.keys != nil && c.st.NextOffset() == 0 && len(entries) > 0 && entries[len(entries)-1].Offset+1 < end {
+		// A first read of a log longer than one fetch: rely on its
+		// latest checkpoint, if any (checkpoint.go).
+		c.planned = true
+		if c.plan, err = c.findCheckpoint(ctx, end); err != nil {
+			c.planned = false
+			return false, err
+		}
+	}
+	if prep == nil {
+		prep = prepareAll(entries, c.st, c.plan, c.prior)
+	}
+	c.fetchNext(ctx, entries, end)
 	for i, e := range entries {
 		if e.Offset < c.st.NextOffset() {
 			continue // a batch may start before the offset asked for
 		}
-		c.applyAuthed(e, auths[i])
+		if c.plan != nil && e.Offset >= c.plan.rec.Checkpoint.Through && !c.settle("") {
+			return false, nil // read again from the start, every signature checked
+		}
+		c.applyPrepared(e, prep[i].a, prep[i].d)
+	}
+	if c.plan != nil && c.st.NextOffset() >= end {
+		// Its record is at or after Through: the log no longer holds it.
+		c.settle("the log ends before the checkpoint's offset")
+		return false, nil
 	}
 	if len(entries) == 0 && c.st.NextOffset() < end {
 		// Nothing from where the client stands, yet the log goes on: the
@@ -213,27 +269,49 @@ func (c *Client) Poll(ctx context.Context) (caughtUp bool, err error) {
 	return c.st.NextOffset() >= end, nil
 }
 
-// parallelFrom is the batch size from which signatures are checked on
-// every CPU: a signature costs far more to check than the rest of a
-// record, and a start reads the log in large batches.
+// parallelFrom is the batch size from which entries are prepared on
+// every CPU: checking a signature, and decoding a record, cost more than
+// applying it, and a start reads the log in large batches.
 const parallelFrom = 64
 
-// authenticateAll judges the signatures of entries (the apply rule's
-// first step, which depends on nothing but the entry itself), on every
-// CPU for a large batch; the records are then applied in log order.
-func (c *Client) authenticateAll(entries []Entry) []auth {
-	out := make([]auth, len(entries))
-	if c.keys == nil {
-		return out
+// prepared is an entry's signature judged and its value decoded: the
+// apply rule's first two steps, which depend on nothing but the entry.
+type prepared struct {
+	a auth
+	d decoded
+}
+
+// prepareAll prepares entries on every CPU for a large batch, with st's
+// keyring, under the checkpoint p (nil: none) and sparing what prior
+// vouches for; the records are then applied in log order. It changes
+// nothing, and may run while the client applies another batch.
+func prepareAll(entries []Entry, st *State, p *plan, prior *Checked) []prepared {
+	out := make([]prepared, len(entries))
+	prepare := func(i int) {
+		e := entries[i]
+		switch {
+		case st.keys == nil:
+		case p != nil && e.Offset < p.rec.Checkpoint.Through:
+			out[i].a = st.vouch(e, p)
+		default:
+			out[i].a = st.authenticate(e, prior)
+		}
+		out[i].d = decodeEntry(e)
 	}
 	workers := min(runtime.GOMAXPROCS(0), len(entries)/parallelFrom+1)
+	if workers == 1 {
+		for i := range entries {
+			prepare(i)
+		}
+		return out
+	}
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(entries); i += workers {
-				out[i] = c.st.authenticate(entries[i], c.prior)
+				prepare(i)
 			}
 		}()
 	}
@@ -241,12 +319,70 @@ func (c *Client) authenticateAll(entries []Entry) []auth {
 	return out
 }
 
-func (c *Client) apply(e Entry) Outcome { return c.applyAuthed(e, c.st.authenticate(e, c.prior)) }
+// nextBatch is a batch fetched and prepared ahead (fetchNext).
+type nextBatch struct {
+	from    int64
+	entries []Entry
+	end     int64
+	prep    []prepared
+	err     error
+}
 
-func (c *Client) applyAuthed(e Entry, a auth) Outcome {
-	o := c.st.apply(e, a)
+// fetchNext fetches and prepares the batch after entries (a batch of a
+// log that goes on past it, end) while the client applies entries: a
+// start reads a long log batch after batch, and this keeps a second CPU
+// busy meanwhile. The next Poll takes it (fetched).
+func (c *Client) fetchNext(ctx context.Context, entries []Entry, end int64) {
+	n := len(entries)
+	if n < parallelFrom || entries[n-1].Offset+1 >= end {
+		return
+	}
+	from := entries[n-1].Offset + 1
+	// A checkpoint relied on now is relied on for the records below its
+	// Through in the next batch too: settle drops it only on reaching
+	// Through, and when it did not match, the client reads again from
+	// the start and this batch is not used.
+	st, p, prior := c.st, c.plan, c.prior
+	ch := make(chan nextBatch, 1)
+	c.next = ch
+	go func() {
+		b := nextBatch{from: from}
+		if b.entries, b.end, b.err = c.log.Fetch(ctx, from); b.err == nil {
+			b.prep = prepareAll(b.entries, st, p, prior)
+		}
+		ch <- b
+	}()
+}
+
+// fetched is the batch fetchNext fetched, when it is the one the client
+// reads next; ok is false otherwise, or when the fetch failed (the
+// client then fetches again).
+func (c *Client) fetched() (b nextBatch, ok bool) {
+	if c.next == nil {
+		return b, false
+	}
+	b = <-c.next
+	c.next = nil
+	return b, b.err == nil && b.from == c.st.NextOffset()
+}
+
+func (c *Client) apply(e Entry) Outcome {
+	return c.applyPrepared(e, c.st.authenticate(e, c.prior), decodeEntry(e))
+}
+
+func (c *Client) applyPrepared(e Entry, a auth, d decoded) Outcome {
+	o := c.st.applyDecoded(e, a, d)
 	if a.signed {
 		c.checked = append(c.checked, checkedEntry{off: e.Offset, sum: a.sum})
+	}
+	if a.forged {
+		c.forged = append(c.forged, e.Offset)
+	}
+	if a.vouched {
+		c.vouched++
+	}
+	if o.Record.Kind == KindCheckpoint && o.Result == Ignored && o.Record.Checkpoint != nil {
+		c.lastThrough = max(c.lastThrough, o.Record.Checkpoint.Through)
 	}
 	if c.keep {
 		h := HistoryItem{Offset: e.Offset, LogKey: e.Key, Result: o.Result, Code: o.Code, Reason: o.Reason, Meta: metaOf(&o.Record), Restates: o.Record.Restates}
@@ -255,10 +391,27 @@ func (c *Client) applyAuthed(e Entry, a auth) Outcome {
 		}
 		c.history = append(c.history, h)
 	}
-	if c.OnApply != nil {
+	switch {
+	case c.OnApply == nil:
+	case c.plan == nil:
 		c.OnApply(e, o)
+	case o.Result == Refused:
+		// Provisional until the checkpoint is compared (settle).
+		e.Value = nil
+		c.held = append(c.held, heldOutcome{e, o})
+	case o.Result == Applied:
+		c.heldApplied++
+	default:
+		c.heldIgnored++
 	}
 	return o
+}
+
+// heldOutcome is a refusal read under a checkpoint, told to OnApply once
+// the checkpoint matched.
+type heldOutcome struct {
+	e Entry
+	o Outcome
 }
 
 // Sync reads to the end of the log as it is now.
@@ -301,7 +454,18 @@ const NoExpect = -1
 // change of the same key meanwhile, or content the new head makes invalid
 // (a document dropping a tier an override now uses), is refused, naming
 // who wrote what.
+//
+// Every CheckpointEvery records, a write that was applied also writes a
+// checkpoint (checkpoint.go), when the client can vouch for what it read.
 func (c *Client) Write(ctx context.Context, rec Record, expect int64) (Outcome, error) {
+	o, err := c.write(ctx, rec, expect)
+	if err == nil {
+		c.maybeCheckpoint(ctx, rec.Author)
+	}
+	return o, err
+}
+
+func (c *Client) write(ctx context.Context, rec Record, expect int64) (Outcome, error) {
 	if err := c.Sync(ctx); err != nil {
 		return Outcome{}, fmt.Errorf("read the policy log: %w", err)
 	}

@@ -157,25 +157,41 @@ func StateDigest(doc *policy.Policy, ov *policy.Overrides) string {
 	if doc == nil {
 		return ""
 	}
+	// Summed over each part of the overrides on every CPU, then added up.
+	type acc struct {
+		sum, xor uint64
+		n        int
+	}
+	accs := make([]acc, overrideParts(ov.Len()))
+	inParts(len(accs), func(part int) {
+		var a acc
+		ov.EachTaggedPart(part, len(accs), func(k policy.OverrideKey, o policy.Override, _ policy.OverrideTag) {
+			v := uint64(mixSeed)
+			for _, s := range [...]string{k.Key, k.Scope, o.Tier, o.Store, o.QuotaPeriod} {
+				v = mixString(v, s)
+			}
+			if o.Scope != "" { // digests of states without one stay what they were
+				v = mixString(v, o.Scope)
+			}
+			var exp int64
+			if !o.Expires.IsZero() {
+				exp = o.Expires.UnixNano()
+			}
+			for _, w := range [...]uint64{math.Float64bits(o.Rate), uint64(o.Burst), uint64(o.Quota), uint64(exp)} {
+				v = mix(v, w)
+			}
+			v = fmix(v)
+			a.sum += v
+			a.xor ^= v
+			a.n++
+		})
+		accs[part] = a
+	})
 	var sum, xor uint64
 	n := 0
-	ov.Each(func(k policy.OverrideKey, o policy.Override) {
-		v := uint64(mixSeed)
-		for _, s := range [...]string{k.Key, k.Scope, o.Tier, o.Store, o.QuotaPeriod} {
-			v = mixString(v, s)
-		}
-		var exp int64
-		if !o.Expires.IsZero() {
-			exp = o.Expires.UnixNano()
-		}
-		for _, w := range [...]uint64{math.Float64bits(o.Rate), uint64(o.Burst), uint64(o.Quota), uint64(exp)} {
-			v = mix(v, w)
-		}
-		v = fmix(v)
-		sum += v
-		xor ^= v
-		n++
-	})
+	for _, a := range accs {
+		sum, xor, n = sum+a.sum, xor^a.xor, n+a.n
+	}
 	h := sha256.New()
 	h.Write([]byte(doc.Hash()))
 	var tail [24]byte
@@ -251,7 +267,36 @@ func (c *Client) Restore(ctx context.Context, from *State, author, message strin
 		return o, err
 	}
 	if o.Result != Applied {
+		if o.Code == CodeConflict && c.st.Epoch() >= rec.Epoch {
+			// Another restore got in first. Compaction keeps the latest
+			// record of log key "epoch": this refused one, which a reader
+			// of the compacted log would apply in place of the winner. So
+			// the epoch in force is restated after it.
+			_, doc := c.st.Document()
+			o.Reason = fmt.Sprintf("another restore got in first: epoch %d is in force (revision %d, by %s: %q); this one was refused", c.st.Epoch(), c.st.Head(), doc.Author, doc.Message)
+			if err := c.restateEpoch(ctx, rec, author); err != nil {
+				return o, fmt.Errorf("%w (and restating epoch %d failed: %v)", &Refusal{o}, c.st.Epoch(), err)
+			}
+		}
 		return o, &Refusal{o}
 	}
 	return o, nil
+}
+
+// restateEpoch writes the state in force as a restatement of the epoch in
+// force, naming the refused epoch record: a no-op on the full log
+// (State.apply), and on a compacted one, where it is the latest record of
+// log key "epoch", the same state the full log reaches at its offset.
+func (c *Client) restateEpoch(ctx context.Context, refused Record, author string) error {
+	rec, err := EpochRecord(c.st, c.st.Epoch(), author, fmt.Sprintf("restated: epoch %d in force, after a concurrent restore (revision %d) was refused", c.st.Epoch(), refused.Revision))
+	if err != nil {
+		return err
+	}
+	rec.Time = time.Now().UTC()
+	rec.Restates, rec.RefusedRevision, rec.RefusedSHA256 = true, refused.Revision, refused.SHA256
+	o, err := c.append(ctx, rec)
+	if err == nil && o.Result != Ignored {
+		err = fmt.Errorf("the restatement was %s: %s", o.Result, o.Reason)
+	}
+	return err
 }

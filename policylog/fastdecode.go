@@ -27,7 +27,7 @@ import (
 var (
 	recordFields = [...]string{"revision", "parent", "kind", "author", "message", "time", "sha256", "document",
 		"key", "scope", "override", "deleted", "restates", "refused_revision", "refused_sha256", "sig"}
-	overrideFields = [...]string{"tier", "rate", "burst", "period", "quota", "quota_period", "expires", "reason", "store"}
+	overrideFields = [...]string{"tier", "rate", "burst", "period", "quota", "quota_period", "expires", "reason", "store", "scope"}
 )
 
 // scanner reads the canonical encoding; every method reports false on
@@ -294,6 +294,9 @@ func (s *scanner) override() (*policy.Override, bool) {
 		case "store":
 			o.Store, ok = s.str()
 			ok = ok && o.Store != ""
+		case "scope":
+			o.Scope, ok = s.str()
+			ok = ok && o.Scope != ""
 		}
 		return ok
 	})

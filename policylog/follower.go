@@ -7,13 +7,16 @@ package policylog
 // between decisions. /readyz and the metrics read atomics.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -106,6 +109,9 @@ type Metrics struct {
 	errors   prometheus.Counter
 	stale    prometheus.Gauge
 	unsafe   prometheus.Gauge
+	// checkpoints counts the starts that relied on a checkpoint, by
+	// result (matched, mismatch).
+	checkpoints *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics of the policy in force on reg.
@@ -135,15 +141,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "limiter_policy_log_unsafe",
 			Help: "1 while the policy topic can delete records (cleanup.policy, retention.ms, retention.bytes) or starts after offset 0 without an epoch record to prove the state complete.",
 		}),
+		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_policy_log_checkpoints_total",
+			Help: "Reads of the policy log from its start that relied on its latest checkpoint, by result: matched (the records below it applied without checking each signature) or mismatch (the state below it is not the one the checkpoint signs: every signature checked instead).",
+		}, []string{"result"}),
 	}
 	for _, s := range []string{SourceFile, SourceKafka, SourceCache, SourceBootstrap} {
 		m.source.WithLabelValues(s)
 	}
+	m.checkpoints.WithLabelValues("matched")
+	m.checkpoints.WithLabelValues("mismatch")
 	m.records.WithLabelValues(Applied, "")
 	for _, c := range []string{CodeConflict, CodeInvalid, CodeGarbled, CodeUnauthenticated} {
 		m.records.WithLabelValues(Refused, c)
 	}
-	reg.MustRegister(m.revision, m.source, m.records, m.errors, m.stale, m.unsafe)
+	reg.MustRegister(m.revision, m.source, m.records, m.errors, m.stale, m.unsafe, m.checkpoints)
 	return m
 }
 
@@ -160,13 +172,18 @@ func (m *Metrics) Set(info Info) {
 	}
 }
 
-// FollowedLog is the log a Follower reads: a Log it makes sure exists
-// before reading it, and closes when it stops.
+// FollowedLog is the log a Follower reads: a Log whose existence it
+// checks before reading it (Exists: an error wrapping ErrNoTopic when it
+// does not exist; a reader creates nothing), and closes when it stops.
 type FollowedLog interface {
 	Log
-	Ensure(ctx context.Context) error
+	Exists(ctx context.Context) error
 	Close()
 }
+
+// ErrNoTopic is wrapped by the errors of a log whose topic does not
+// exist. A reader takes it for an empty log, creates nothing, and says so.
+var ErrNoTopic = errors.New("the policy topic does not exist")
 
 // IntegrityChecker is a log that can say whether it can lose records
 // (an error wrapping ErrLogUnsafe) and where it starts now; a Follower
@@ -256,6 +273,19 @@ func (f *Follower) newClient() *Client {
 				"reason", o.Reason, "revision", o.Record.Revision, "author", o.Record.Author)
 		}
 	}
+	c.OnCheckpoint = func(r CheckpointResult) {
+		if !r.Matched {
+			f.cfg.Metrics.checkpoints.WithLabelValues("mismatch").Inc()
+			f.cfg.Logger.Error("policy log: the checkpoint does not match the records below it; reading the log again, every signature checked",
+				"checkpoint_offset", r.Offset, "through", r.Through, "reason", r.Reason)
+			return
+		}
+		f.cfg.Metrics.checkpoints.WithLabelValues("matched").Inc()
+		f.cfg.Metrics.records.WithLabelValues(Applied, "").Add(float64(r.Applied))
+		f.cfg.Metrics.records.WithLabelValues(Ignored, "").Add(float64(r.Ignored))
+		f.cfg.Logger.Info("policy log: the records below the checkpoint applied without checking each signature (the checkpoint's digest matches)",
+			"checkpoint_offset", r.Offset, "through", r.Through, "vouched", r.Vouched)
+	}
 	return c
 }
 
@@ -270,6 +300,13 @@ func (f *Follower) Current() Info {
 	}
 	return info
 }
+
+// published is the Info last published, without the integrity verdict
+// Current adds to it: what the follower compares with the log read and
+// stores again. An "unsafe" status is not the "ok" one published (a
+// revision in force would be swapped in again at every read), and a
+// verdict stored with it would outlive the check that made it.
+func (f *Follower) published() Info { return *f.info.Load() }
 
 // checkIntegrity asks the log whether it can lose records, and whether
 // it starts after what the state read proves complete (CompleteFrom).
@@ -319,19 +356,38 @@ func (f *Follower) Close() { f.cfg.Log.Close() }
 func (f *Follower) Start(ctx context.Context) (enforcement.Policy, error) {
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.StartWait)
 	defer cancel()
-	err := f.cfg.Log.Ensure(ctx)
-	if err == nil {
-		err = f.client.Sync(ctx)
+	missing := ""
+	read := func() error {
+		err := f.cfg.Log.Exists(ctx)
+		if errors.Is(err, ErrNoTopic) {
+			// Nothing to read, and nothing is created: a reader never
+			// makes the log (a mistyped POLICY_TOPIC would start an empty
+			// one). It is read once a writer creates it.
+			missing = err.Error()
+			return nil
+		}
+		if err == nil {
+			missing = ""
+			err = f.client.Sync(ctx)
+		}
+		return err
 	}
+	err := read()
 	for err != nil && ctx.Err() == nil {
 		f.cfg.Metrics.errors.Inc()
 		select {
 		case <-ctx.Done():
 		case <-time.After(500 * time.Millisecond):
-			if err = f.cfg.Log.Ensure(ctx); err == nil {
-				err = f.client.Sync(ctx)
-			}
+			err = read()
 		}
+	}
+	if err == nil && missing != "" {
+		f.cfg.Logger.Error("policy log: "+missing+"; a writer (limiter policy push) creates it", "topic", f.cfg.Topic)
+		defer func() {
+			if cur := f.published(); cur.Status == StatusOK {
+				f.setStatus(StatusFailing, missing)
+			}
+		}()
 	}
 	if err == nil {
 		// What the start checked is all the previous run could vouch for.
@@ -432,7 +488,7 @@ func (h held) staleReason(st *State) string {
 // setStatus sets /readyz's policy.status and logError (Run is its only
 // writer after Start).
 func (f *Follower) setStatus(status, msg string) {
-	info := f.Current()
+	info := f.published()
 	info.Status, info.LogError = status, msg
 	f.publish(info)
 }
@@ -455,7 +511,7 @@ func (f *Follower) Run(ctx context.Context) error {
 		if errors.Is(err, ErrStartedOver) {
 			// The client forgot the old log; the policy in force stays
 			// until the new one restores it under a new epoch (epoch.go).
-			cur := f.Current()
+			cur := f.published()
 			if f.held == nil && cur.Source != SourceBootstrap {
 				f.held = &held{revision: cur.Revision, epoch: cur.Epoch}
 			}
@@ -487,7 +543,7 @@ func (f *Follower) Run(ctx context.Context) error {
 			f.setStatus(StatusOK, "")
 			failing = false
 		}
-		cur := f.Current()
+		cur := f.published()
 		st := f.client.State()
 		if !caughtUp {
 			continue
@@ -581,14 +637,9 @@ func (f *Follower) writeCache() {
 	}
 	st := f.client.State()
 	_, doc := st.Document()
-	body := cacheBody{Topic: f.cfg.Topic, Head: st.Head(), Epoch: st.Epoch(), Document: doc, Overrides: make([]cachedOverride, 0, st.Overrides())}
-	st.EachOverride(func(k policy.OverrideKey, o policy.Override) {
-		o.Reason = "cached"
-		body.Overrides = append(body.Overrides, cachedOverride{Key: k.Key, Scope: k.Scope, Override: o})
-	})
-	b, err := json.Marshal(body)
+	b, err := cacheJSON(cacheBody{Topic: f.cfg.Topic, Head: st.Head(), Epoch: st.Epoch(), Document: doc}, st)
 	if err == nil {
-		err = writeFileAtomic(filepath.Join(f.cfg.CacheDir, CacheFile), b)
+		err = writeFileAtomic(filepath.Join(f.cfg.CacheDir, CacheFile), b...)
 	}
 	if err == nil && f.cfg.Keys != nil {
 		err = f.client.Checked().Save(filepath.Join(f.cfg.CacheDir, CheckedFile))
@@ -598,15 +649,112 @@ func (f *Follower) writeCache() {
 	}
 }
 
-func writeFileAtomic(path string, b []byte) error {
+// cacheJSON is json.Marshal(body) with body.Overrides the overrides of
+// st, in pieces to write one after the other: each part of the overrides
+// (policy.Overrides.EachTaggedPart, in the order EachOverride walks them)
+// is encoded on its own CPU.
+func cacheJSON(body cacheBody, st *State) ([][]byte, error) {
+	parts := make([][]byte, overrideParts(st.Overrides()))
+	errs := make([]error, len(parts))
+	inParts(len(parts), func(part int) {
+		b := []byte{'['}
+		st.ov.EachTaggedPart(part, len(parts), func(k policy.OverrideKey, o policy.Override, _ policy.OverrideTag) {
+			if errs[part] != nil {
+				return
+			}
+			if len(b) > 1 {
+				b = append(b, ',')
+			}
+			o.Reason = "cached"
+			b, errs[part] = appendCachedOverride(b, &cachedOverride{Key: k.Key, Scope: k.Scope, Override: o})
+		})
+		parts[part] = append(b, ']')
+	})
+	body.Overrides = []cachedOverride{}
+	head, err := json.Marshal(body)
+	if err = errors.Join(append(errs, err)...); err != nil {
+		return nil, err
+	}
+	// head ends with the empty array of overrides, its last member: the
+	// parts' elements go between its brackets.
+	const tail = `[]}`
+	if !bytes.HasSuffix(head, []byte(tail)) {
+		return nil, fmt.Errorf("policy cache: unexpected encoding %.40q", head[max(0, len(head)-40):])
+	}
+	out := [][]byte{head[:len(head)-len(tail)+1]}
+	for _, p := range parts {
+		if p = p[1 : len(p)-1]; len(p) > 0 {
+			if len(out) > 1 {
+				out = append(out, []byte(","))
+			}
+			out = append(out, p)
+		}
+	}
+	return append(out, []byte(tail[1:])), nil
+}
+
+// appendCachedOverride appends c as json.Marshal encodes it: written
+// here for what a cache holds (plain strings, a rate in the range
+// encoding/json writes without an exponent), through json.Marshal for
+// anything else.
+func appendCachedOverride(b []byte, c *cachedOverride) ([]byte, error) {
+	o := &c.Override
+	plain := func(s string) bool {
+		for i := 0; i < len(s); i++ {
+			if ch := s[i]; ch < 0x20 || ch > 0x7e || ch == '"' || ch == '\\' || ch == '<' || ch == '>' || ch == '&' {
+				return false
+			}
+		}
+		return true
+	}
+	if a := math.Abs(o.Rate); (a != 0 && (a < 1e-6 || a >= 1e21)) || !o.Expires.IsZero() ||
+		!plain(c.Key) || !plain(c.Scope) || !plain(o.Tier) || !plain(o.Period) || !plain(o.QuotaPeriod) ||
+		!plain(o.Reason) || !plain(o.Store) || !plain(o.Scope) {
+		j, err := json.Marshal(c)
+		return append(b, j...), err
+	}
+	str := func(name, v string, omitEmpty bool) {
+		if v != "" || !omitEmpty {
+			b = append(append(append(append(b, `,"`...), name...), `":"`...), v...)
+			b = append(b, '"')
+		}
+	}
+	b = append(append(b, `{"key":"`...), c.Key...)
+	b = append(b, '"')
+	str("scope", c.Scope, true)
+	b = append(b, `,"override":{`...)
+	start := len(b)
+	str("tier", o.Tier, true)
+	if o.Rate != 0 {
+		b = strconv.AppendFloat(append(b, `,"rate":`...), o.Rate, 'f', -1, 64)
+	}
+	if o.Burst != 0 {
+		b = strconv.AppendInt(append(b, `,"burst":`...), o.Burst, 10)
+	}
+	str("period", o.Period, true)
+	if o.Quota != 0 {
+		b = strconv.AppendInt(append(b, `,"quota":`...), o.Quota, 10)
+	}
+	str("quota_period", o.QuotaPeriod, true)
+	str("reason", o.Reason, false)
+	str("store", o.Store, true)
+	str("scope", o.Scope, true)
+	b = append(b[:start], b[start+1:]...) // the first member's comma
+	return append(b, "}}"...), nil
+}
+
+// writeFileAtomic writes the concatenation of parts to path atomically.
+func writeFileAtomic(path string, parts ...[]byte) error {
 	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path)+"-*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(f.Name()) // after a rename there is nothing left to remove
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
+	for _, b := range parts {
+		if _, err := f.Write(b); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()

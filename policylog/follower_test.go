@@ -28,6 +28,9 @@ type memLog struct {
 	down    bool
 	closed  bool
 	changed chan struct{}
+	// batch, when set, is the most entries one Fetch returns (a broker
+	// answers a long log in several fetches).
+	batch int
 }
 
 func newMemLog() *memLog { return &memLog{changed: make(chan struct{})} }
@@ -70,10 +73,14 @@ func (l *memLog) Fetch(ctx context.Context, from int64) ([]policylog.Entry, int6
 	if from >= end {
 		return nil, end, nil
 	}
-	return append([]policylog.Entry(nil), l.entries[from:]...), end, nil
+	to := end
+	if l.batch > 0 {
+		to = min(end, from+int64(l.batch))
+	}
+	return append([]policylog.Entry(nil), l.entries[from:to]...), end, nil
 }
 
-func (l *memLog) Ensure(context.Context) error {
+func (l *memLog) Exists(context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.down {

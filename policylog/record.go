@@ -109,6 +109,8 @@ type Record struct {
 	// (Document is the document in force).
 	Epoch int64    `json:"epoch,omitempty"`
 	State []Record `json:"state,omitempty"`
+	// Checkpoint belongs to a KindCheckpoint record (checkpoint.go).
+	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
 	// Sig is the id of the key that signed the record and its signature,
 	// "<key id>:<base64>"; Signer.Encode appends it as the value's last
 	// member whatever the order of the fields (keyring.go).
@@ -135,6 +137,8 @@ func (r *Record) LogKey() string {
 		return r.rolloutLogKey()
 	case KindEpoch:
 		return EpochKey
+	case KindCheckpoint:
+		return CheckpointKey
 	}
 	return r.Kind
 }
@@ -158,6 +162,8 @@ func (r *Record) Content() []byte {
 		return r.rolloutContent()
 	case KindEpoch:
 		return r.epochContent()
+	case KindCheckpoint:
+		return r.checkpointContent()
 	}
 	return nil
 }
@@ -214,7 +220,7 @@ func decodeJSON(key string, value []byte) (Record, error) {
 		return Record{}, fmt.Errorf("%w: %v", ErrGarbled, err)
 	}
 	switch r.Kind {
-	case KindPolicy, KindOverride, KindRollout, KindVerdict, KindEpoch:
+	case KindPolicy, KindOverride, KindRollout, KindVerdict, KindEpoch, KindCheckpoint:
 	default:
 		return r, fmt.Errorf("%w: unknown kind %q", ErrGarbled, r.Kind)
 	}
@@ -225,6 +231,9 @@ func decodeJSON(key string, value []byte) (Record, error) {
 		return r, fmt.Errorf("%w: %v", ErrGarbled, err)
 	}
 	if err := decodeEpoch(&r); err != nil {
+		return r, fmt.Errorf("%w: %v", ErrGarbled, err)
+	}
+	if err := decodeCheckpoint(&r); err != nil {
 		return r, fmt.Errorf("%w: %v", ErrGarbled, err)
 	}
 	if lk := r.LogKey(); lk != key {

@@ -1,10 +1,13 @@
 package policylog
 
 import (
+	"errors"
 	"fmt"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ratewarden/ratewarden/policy"
@@ -123,6 +126,10 @@ type auth struct {
 	err      error
 	sum      [16]byte // the digest of a signature that held (checked.go)
 	signed   bool     // the signature held
+	// forged: signed in form by a trusted key, but the signature does
+	// not hold; vouched: not checked, a checkpoint vouches for it
+	// (checkpoint.go).
+	forged, vouched bool
 }
 
 // authenticate judges e's signature (zero without a keyring, or for a
@@ -136,7 +143,7 @@ func (s *State) authenticate(e Entry, prior *Checked) auth {
 		vouched = func(sum [16]byte) bool { return prior.vouches(e.Offset, sum) }
 	}
 	id, until, sum, err := s.keys.check(e.Key, e.Value, vouched)
-	return auth{identity: id, until: until, err: err, sum: sum, signed: err == nil}
+	return auth{identity: id, until: until, err: err, sum: sum, signed: err == nil, forged: errors.Is(err, errBadSignature)}
 }
 
 // Head is the revision in force (0 = nothing applied yet).
@@ -211,7 +218,27 @@ func (s *State) Apply(e Entry) Outcome { return s.apply(e, s.authenticate(e, nil
 
 // apply is Apply with e's signature already judged (a is zero without a
 // keyring).
-func (s *State) apply(e Entry, a auth) Outcome {
+func (s *State) apply(e Entry, a auth) Outcome { return s.applyDecoded(e, a, decodeEntry(e)) }
+
+// decoded is what Decode made of an entry's value: like the signature's
+// judgement, it depends on the entry alone, so a reader computes both
+// ahead of the apply rule, on every CPU (prepareAll).
+type decoded struct {
+	rec Record
+	err error
+}
+
+func decodeEntry(e Entry) decoded {
+	if e.Value == nil {
+		return decoded{}
+	}
+	rec, err := Decode(e.Key, e.Value)
+	return decoded{rec: rec, err: err}
+}
+
+// applyDecoded is apply with e's value already decoded (d is
+// decodeEntry(e)).
+func (s *State) applyDecoded(e Entry, a auth, d decoded) Outcome {
 	gap := e.Offset != s.lastOffset+1 // records were compacted away before this one
 	s.lastOffset = e.Offset
 	s.compacted = s.compacted || gap
@@ -223,7 +250,7 @@ func (s *State) apply(e Entry, a auth) Outcome {
 		// not looked at. Its self-declared author is kept out of the
 		// outcome's record (the audit's author is a proven identity) and
 		// named in the reason.
-		rec, _ := Decode(e.Key, e.Value)
+		rec := d.rec
 		reason := a.err.Error()
 		if rec.Author != "" {
 			reason += fmt.Sprintf(" (it names itself %q)", rec.Author)
@@ -231,9 +258,9 @@ func (s *State) apply(e Entry, a auth) Outcome {
 		rec.Author = ""
 		return s.refuse(rec, CodeUnauthenticated, reason)
 	}
-	rec, err := Decode(e.Key, e.Value)
-	if err != nil {
-		return s.refuse(Record{}, CodeGarbled, err.Error())
+	rec := d.rec
+	if d.err != nil {
+		return s.refuse(Record{}, CodeGarbled, d.err.Error())
 	}
 	if s.keys != nil {
 		if a.until != 0 && rec.Revision > a.until {
@@ -243,15 +270,23 @@ func (s *State) apply(e Entry, a auth) Outcome {
 		}
 		rec.Author = AuthorOf(a.identity, rec.Author)
 	}
-	if rec.Restates {
-		return s.restate(rec)
+	if rec.Kind == KindCheckpoint {
+		return Outcome{Result: Ignored, Record: rec, Head: s.head} // it changes no state (checkpoint.go)
 	}
 	if rec.Kind == KindEpoch {
+		if rec.Restates && rec.Epoch <= s.epoch {
+			// A restore that lost a race restated the epoch in force
+			// (epoch.go): a no-op where that epoch was applied.
+			return Outcome{Result: Ignored, Record: rec, Head: s.head}
+		}
 		o := s.applyEpoch(rec)
 		if o.Result == Applied {
 			s.epochOffset = e.Offset
 		}
 		return o
+	}
+	if rec.Restates {
+		return s.restate(rec)
 	}
 	if rec.Revision != rec.Parent+1 {
 		return s.refuse(rec, CodeGarbled, fmt.Sprintf("revision %d does not follow its parent %d", rec.Revision, rec.Parent))
@@ -445,3 +480,29 @@ func (s *State) Records() []Record {
 // EachOverride calls fn for every override in force, in no order, in its
 // compiled form (policy.Overrides.Each).
 func (s *State) EachOverride(fn func(policy.OverrideKey, policy.Override)) { s.ov.Each(fn) }
+
+// walkParallel is the number of overrides from which a walk of every
+// override (a digest, the cache) is split among every CPU.
+const walkParallel = 1 << 14
+
+// overrideParts is how many parts a walk of n overrides is split into
+// (policy.Overrides.EachTaggedPart), one goroutine each.
+func overrideParts(n int) int { return max(1, min(runtime.GOMAXPROCS(0), n/walkParallel)) }
+
+// inParts runs fn for each part 0 … parts-1 at the same time, and
+// returns when all have.
+func inParts(parts int, fn func(part int)) {
+	if parts == 1 {
+		fn(0)
+		return
+	}
+	var wg sync.WaitGroup
+	for part := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn(part)
+		}()
+	}
+	wg.Wait()
+}

@@ -177,6 +177,12 @@ func applyOne(ctx context.Context, conn driver.Conn, database string, m Migratio
 				continue
 			}
 			if err := conn.Exec(ctx, strings.ReplaceAll(st, "${DB}", database)); err != nil {
+				// Another process applying at once may have added the
+				// column between the check and the ALTER: its refusal
+				// ("column with this name already exists") is success.
+				if done, cerr := columnExists(ctx, conn, database, st); cerr == nil && done {
+					continue
+				}
 				return fmt.Errorf("schema: %s statement %d: %w", m.Name, i+1, err)
 			}
 		}

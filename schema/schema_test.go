@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
 	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/schema"
 )
@@ -128,6 +130,50 @@ func TestApplyTwiceChangesNothing(t *testing.T) {
 	}
 }
 
+// TestApplyAtOnce: processes that start together (two consumers of one
+// deployment) apply the migrations at the same time. Each checks that a
+// column is missing before it adds it, so both may try to add it; the one
+// that loses that race must still succeed, and the schema be the one a
+// single Apply gives.
+func TestApplyAtOnce(t *testing.T) {
+	single := ch.Database(t)
+	conn := ch.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := schema.Apply(ctx, conn, single); err != nil {
+		t.Fatal(err)
+	}
+	want := strings.ReplaceAll(snapshot(t, single), single, "DB")
+	for round := range 3 {
+		db := ch.Database(t)
+		errs := make(chan error, 4)
+		for range cap(errs) {
+			c := ch.Conn(t)
+			go func() { errs <- schema.Apply(ctx, c, db) }()
+		}
+		for range cap(errs) {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: an Apply beside others failed: %v", round, err)
+			}
+		}
+		if got := strings.ReplaceAll(snapshot(t, db), db, "DB"); columnsOf(got) != columnsOf(want) {
+			t.Fatalf("round %d: applied at once:\n%s\nwant:\n%s", round, got, want)
+		}
+	}
+}
+
+// columnsOf is a snapshot without its recorded migrations, which a
+// concurrent Apply may record more than once.
+func columnsOf(snap string) string {
+	var keep []string
+	for _, l := range strings.Split(snap, "\n") {
+		if !strings.HasPrefix(l, "migration ") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
 func TestApplyRejectsBadDatabaseName(t *testing.T) {
 	conn := ch.Conn(t)
 	if err := schema.Apply(context.Background(), conn, "x; DROP DATABASE default"); err == nil {
@@ -187,6 +233,30 @@ func TestRollupMarkersSurviveMerges(t *testing.T) {
 	}
 }
 
+// applyBelow creates db and runs the statements of every migration below
+// version by hand, recording none: a database as an older release, or a
+// crash mid-migration, left it.
+func applyBelow(ctx context.Context, t *testing.T, conn driver.Conn, db string, version uint32) {
+	t.Helper()
+	migs, err := schema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range migs {
+		if m.Version >= version {
+			break
+		}
+		for _, s := range m.Statements {
+			if err := conn.Exec(ctx, strings.ReplaceAll(s, "${DB}", db)); err != nil {
+				t.Fatalf("%s: %v", m.Name, err)
+			}
+		}
+	}
+}
+
 // A crash after one ADD COLUMN of a migration and before its recording
 // leaves the column in place: the re-run must skip it, not fail (18.16 has
 // no ADD COLUMN IF NOT EXISTS).
@@ -195,18 +265,7 @@ func TestApplyResumesAfterAPartialAddColumnMigration(t *testing.T) {
 	conn := ch.Conn(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	migs, err := schema.Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range migs[0].Statements { // 0001: decisions_raw
-		if err := conn.Exec(ctx, strings.ReplaceAll(s, "${DB}", db)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	applyBelow(ctx, t, conn, db, 2) // 0001: decisions_raw
 	if err := conn.Exec(ctx, "ALTER TABLE "+db+".decisions_raw ADD COLUMN domain String DEFAULT ''"); err != nil {
 		t.Fatal(err)
 	}
@@ -219,5 +278,49 @@ func TestApplyResumesAfterAPartialAddColumnMigration(t *testing.T) {
 	}
 	if n != 3 {
 		t.Fatalf("decisions_raw has %d of the columns domain, shadow, shadow_rejected; want 3", n)
+	}
+}
+
+// Rows written into decisions_raw before 0058 (every one a decision) read
+// as decisions whose actual_cost is their cost when allowed, 0 when
+// rejected; a settle written after it carries a negative actual_cost.
+func TestRawRowsFromBeforeSettlesReadAsDecisions(t *testing.T) {
+	db := ch.Database(t)
+	conn := ch.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	applyBelow(ctx, t, conn, db, 58)
+	insert := func(columns string, rows ...[]any) {
+		t.Helper()
+		b, err := conn.PrepareBatch(ctx, "INSERT INTO "+db+".decisions_raw ("+columns+")")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if err := b.Append(r...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := b.Send(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	old := "event_id, ts, event_time, key, cost, allowed, kafka_offset"
+	insert(old, []any{"a", uint64(at.UnixMilli()), at, "k", uint64(5), uint8(1), uint64(1)},
+		[]any{"b", uint64(at.UnixMilli()), at, "k", uint64(3), uint8(0), uint64(2)})
+	if err := schema.Apply(ctx, conn, db); err != nil {
+		t.Fatal(err)
+	}
+	insert(old+", kind, reservation, estimate, actual, reserved_ts, actual_cost",
+		[]any{"c", uint64(at.UnixMilli() + 60_000), at.Add(time.Minute), "k", uint64(0), uint8(1), uint64(3), "settle", "r", uint64(5), uint64(2), uint64(at.UnixMilli()), int64(-3)})
+	var decisions, settles uint64
+	var actual, allowedCost int64
+	if err := conn.QueryRow(ctx, "SELECT countIf(kind = 'decision'), countIf(kind = 'settle'), sum(actual_cost), sumIf(actual_cost, event_id = 'a') FROM "+db+".decisions_raw").
+		Scan(&decisions, &settles, &actual, &allowedCost); err != nil {
+		t.Fatal(err)
+	}
+	if decisions != 2 || settles != 1 || allowedCost != 5 || actual != 5-3 {
+		t.Fatalf("%d decisions, %d settles, actual cost %d (row a %d); want 2, 1, 2 and 5", decisions, settles, actual, allowedCost)
 	}
 }

@@ -10,6 +10,11 @@ const (
 	UsageMinute = "usage_minute"
 	UsageHour   = "usage_hour"
 	UsageDay    = "usage_day"
+	// UsageRegionMinute, UsageRegionHour and UsageRegionDay are the same
+	// rollups per region as well, of the events that carry a region (0006).
+	UsageRegionMinute = "usage_region_minute"
+	UsageRegionHour   = "usage_region_hour"
+	UsageRegionDay    = "usage_region_day"
 	// EventIDs holds every distinct event's id and position once: the
 	// consumer's long deduplication window (0005).
 	EventIDs = "event_ids"
@@ -33,3 +38,22 @@ const (
 
 // RollupTables are the usage rollups, finest first.
 func RollupTables() []string { return []string{UsageMinute, UsageHour, UsageDay} }
+
+// RegionRollupTables are the per-region usage rollups, finest first.
+func RegionRollupTables() []string {
+	return []string{UsageRegionMinute, UsageRegionHour, UsageRegionDay}
+}
+
+// RegionRollupOf is the per-region twin of a usage rollup table (usage_hour
+// → usage_region_hour), or "" for any other table.
+func RegionRollupOf(table string) string {
+	switch table {
+	case UsageMinute:
+		return UsageRegionMinute
+	case UsageHour:
+		return UsageRegionHour
+	case UsageDay:
+		return UsageRegionDay
+	}
+	return ""
+}

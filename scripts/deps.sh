@@ -6,6 +6,7 @@
 #
 #   scripts/deps.sh          what `make up` needs: the stack's servers and curl
 #   scripts/deps.sh test     what the tests need on top (make test, make stress-test)
+#   scripts/deps.sh regions  what `make regions-up` needs: redis-server and curl
 #
 # Nothing is installed when everything is there (only `command -v` checks),
 # so the common case costs nothing and needs no root. When something is
@@ -39,7 +40,8 @@ test_extra=(
 case "$set_name" in
   stack) wanted=("${stack[@]}") ;;
   test) wanted=("${stack[@]}" "${test_extra[@]}") ;;
-  *) echo "usage: $0 [stack|test]" >&2; exit 2 ;;
+  regions) wanted=("redis-server redis-server" "curl curl") ;;
+  *) echo "usage: $0 [stack|test|regions]" >&2; exit 2 ;;
 esac
 
 need=()

@@ -24,17 +24,7 @@ for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
     rm -f "$f"
     continue
   fi
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 200); do
-    [ -d "/proc/$pid" ] || break
-    # a zombie (exited, not yet reaped by its parent) has stopped
-    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] && break
-    sleep 0.1
-  done
-  if [ -d "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]; then
-    say "$c (pid $pid) did not stop within 20 s: SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
+  stop_pid "$c" "$pid"
   rm -f "$f"
   say "stopped $c (pid $pid)"
   stopped=$((stopped + 1))

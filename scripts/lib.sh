@@ -1,4 +1,5 @@
-# Shared by scripts/up.sh and scripts/down.sh (sourced, not executed).
+# Shared by scripts/up.sh, scripts/down.sh and scripts/regions-*.sh
+# (sourced, not executed).
 #
 # Every process the local stack starts has a pid file in $RUN_DIR/pids/
 # holding "<pid> <resolved executable path>". A process is "ours" only when
@@ -49,5 +50,68 @@ port_free() {
 who_listens() {
   if command -v ss >/dev/null 2>&1; then
     ss -Hltnp "sport = :$1" 2>/dev/null | sed -n 's/.*users:((\(.*\)))/\1/p' | head -1
+  fi
+}
+
+# start NAME EXE [ENV=V ...] -- [ARGS ...]: runs EXE in its own session with
+# stdin/stdout/stderr detached (log in $LOG_DIR/NAME.log), records its pid
+# in $PID_DIR/NAME.pid.
+start() {
+  local name="$1" exe="$2"; shift 2
+  local envs=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  # Run it by its own name (redis-server and clickhouse-server are symlinks
+  # to multi-call binaries that look at argv[0]); the pid file records the
+  # resolved executable, which is what /proc/<pid>/exe shows.
+  local path real
+  path="$(command -v "$exe")"
+  real="$(readlink -f "$path")"
+  (cd "$ROOT" && exec env "${envs[@]}" setsid "$path" "$@" </dev/null >>"$LOG_DIR/$name.log" 2>&1) &
+  echo "$! $real" >"$PID_DIR/$name.pid"
+  say "started $name (pid $!, log $LOG_DIR/$name.log)"
+}
+
+# wait_until NAME SECONDS CMD...: waits for CMD to succeed while NAME lives.
+wait_until() {
+  local name="$1" secs="$2"; shift 2
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    if ! alive "$name"; then
+      printf 'error: %s exited during start; last lines of %s:\n' "$name" "$LOG_DIR/$name.log" >&2
+      tail -n 20 "$LOG_DIR/$name.log" >&2 || true
+      echo "(what did start keeps running: ${STOP_HINT:-make down} stops it)" >&2
+      exit 1
+    fi
+    if [ $SECONDS -ge $deadline ]; then
+      printf 'error: %s not ready after %ss; last lines of %s:\n' "$name" "$secs" "$LOG_DIR/$name.log" >&2
+      tail -n 20 "$LOG_DIR/$name.log" >&2 || true
+      echo "(what did start keeps running: ${STOP_HINT:-make down} stops it)" >&2
+      exit 1
+    fi
+    sleep 0.2
+  done
+}
+# alive NAME: the recorded pid runs (it may not have exec'd its binary yet).
+alive() {
+  local pid _
+  read -r pid _ <"$PID_DIR/$1.pid" 2>/dev/null || return 1
+  [ -d "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]
+}
+http_ok() { curl -fsS -m 2 -o /dev/null "$1"; }
+
+# stop_pid NAME PID: SIGTERM, up to 20 s to finish, then SIGKILL.
+stop_pid() {
+  local c="$1" pid="$2"
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 200); do
+    [ -d "/proc/$pid" ] || break
+    # a zombie (exited, not yet reaped by its parent) has stopped
+    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] && break
+    sleep 0.1
+  done
+  if [ -d "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]; then
+    say "$c (pid $pid) did not stop within 20 s: SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
   fi
 }

@@ -6,7 +6,9 @@
 #
 #   STRESS_RUNS=5      how many times each test runs
 #   STRESS_CPUS=nproc  stress-ng CPU workers (default: one per core)
-#   STRESS_RACE=1      with the race detector, as make test (0: without)
+#   STRESS_RACE=1      with the race detector, the tests and the binaries
+#                      they run as processes (RATEWARDEN_RACE_CHILDREN=1;
+#                      make test builds those without it); 0: neither
 #   STRESS_TESTS       "package regexp" lines, replacing the default set below
 #   STRESS_OUT         directory for the logs (default: a new one under $TMPDIR)
 #   STRESS_HOSTILE=1   then the hostile-traffic pass (0: without): the
@@ -99,7 +101,10 @@ fi
 OUT="${STRESS_OUT:-$(mktemp -d "${TMPDIR:-/tmp}/ratewarden-stress.XXXXXX")}"
 mkdir -p "$OUT" || die "cannot create $OUT"
 race=()
-[ "$RACE" = 1 ] && race=(-race)
+if [ "$RACE" = 1 ]; then
+  race=(-race)
+  export RATEWARDEN_RACE_CHILDREN=1
+fi
 
 # Compile every test binary before the load starts, so that the runs time
 # the tests and not the compiler (the binaries land in the build cache).

@@ -103,53 +103,7 @@ if [ ! -s "$KEYS/keyring" ]; then
   mv "$KEYS/keyring.new" "$KEYS/keyring"
 fi
 
-# --- 5. start -----------------------------------------------------------------
-# start NAME EXE [ENV=V ...] -- [ARGS ...]: runs EXE in its own session with
-# stdin/stdout/stderr detached (log in run/logs/NAME.log), records its pid.
-start() {
-  local name="$1" exe="$2"; shift 2
-  local envs=()
-  while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
-  [ $# -gt 0 ] && shift
-  # Run it by its own name (redis-server and clickhouse-server are symlinks
-  # to multi-call binaries that look at argv[0]); the pid file records the
-  # resolved executable, which is what /proc/<pid>/exe shows.
-  local path real
-  path="$(command -v "$exe")"
-  real="$(readlink -f "$path")"
-  (cd "$ROOT" && exec env "${envs[@]}" setsid "$path" "$@" </dev/null >>"$LOG_DIR/$name.log" 2>&1) &
-  echo "$! $real" >"$PID_DIR/$name.pid"
-  say "started $name (pid $!, log $LOG_DIR/$name.log)"
-}
-
-# wait_until NAME SECONDS CMD...: waits for CMD to succeed while NAME lives.
-wait_until() {
-  local name="$1" secs="$2"; shift 2
-  local deadline=$((SECONDS + secs))
-  until "$@" >/dev/null 2>&1; do
-    if ! alive "$name"; then
-      printf 'error: %s exited during start; last lines of %s:\n' "$name" "$LOG_DIR/$name.log" >&2
-      tail -n 20 "$LOG_DIR/$name.log" >&2 || true
-      echo "(what did start keeps running: make down stops it)" >&2
-      exit 1
-    fi
-    if [ $SECONDS -ge $deadline ]; then
-      printf 'error: %s not ready after %ss; last lines of %s:\n' "$name" "$secs" "$LOG_DIR/$name.log" >&2
-      tail -n 20 "$LOG_DIR/$name.log" >&2 || true
-      echo "(what did start keeps running: make down stops it)" >&2
-      exit 1
-    fi
-    sleep 0.2
-  done
-}
-# alive NAME: the recorded pid runs (it may not have exec'd its binary yet).
-alive() {
-  local pid _
-  read -r pid _ <"$PID_DIR/$1.pid" 2>/dev/null || return 1
-  [ -d "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]
-}
-http_ok() { curl -fsS -m 2 -o /dev/null "$1"; }
-
+# --- 5. start (start, wait_until: scripts/lib.sh) -------------------------
 if wants redis; then
   # Quota counters survive a restart: AOF fsynced every second; under memory
   # pressure buckets (short TTLs) go before quota counters (docs/backends.md).
@@ -199,7 +153,17 @@ wait_until limiter 30 http_ok "http://127.0.0.1:$LIMITER_PORT/readyz"
 # stacked on top of it.
 policy_cli() { KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" POLICY_TRUSTED_KEYS_FILE="$KEYS/keyring" \
   POLICY_SIGNING_KEY_FILE="$KEYS/operator.pem" "$BIN_DIR/limiter" "$@"; }
-log_head() { policy_cli policy history --limit 1 | sed -n 's/^head: revision \([0-9]*\)$/\1/p'; }
+# A topic that does not exist yet is an empty log: readers (the limiter,
+# history) create nothing, the first push creates it.
+log_head() {
+  local out
+  if ! out="$(policy_cli policy history --limit 1 2>&1)"; then
+    case "$out" in *"does not exist"*) echo 0; return 0 ;; esac
+    printf '%s\n' "$out" >&2
+    return 1
+  fi
+  printf '%s\n' "$out" | sed -n 's/^head: revision \([0-9]*\)$/\1/p'
+}
 head="$(log_head)" || die "cannot read the policy log (limiter policy history)"
 if [ "${head:-0}" = 0 ]; then
   if ! policy_cli policy push "$ROOT/deploy/policy.yaml" --expect-revision 0 --author make-up \

@@ -13,6 +13,8 @@ import (
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/listenaddr"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/internal/rlsserver"
+	"github.com/ratewarden/ratewarden/internal/sharedtier"
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
 	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/metering"
@@ -21,8 +23,8 @@ import (
 // config is everything the limiter reads from its environment.
 type config struct {
 	Addr              string
-	Redis             redisclient.Config // every REDIS_* variable (internal/redisclient)
-	Stores            []namedStore       // REDIS_STORES: dedicated capacity beside the default store (stores.go)
+	Redis             redisclient.Config       // every REDIS_* variable (internal/redisclient)
+	Stores            []redisclient.NamedStore // REDIS_STORES: dedicated capacity beside the default store
 	PolicyFile        string
 	PolicyLog         policyLogConfig // POLICY_SOURCE, POLICY_TOPIC, POLICY_CACHE_DIR (policylog_tail.go)
 	KafkaBrokers      []string
@@ -66,7 +68,9 @@ type config struct {
 	Shadow         shadowConfig  // shadow limits beside enforcement (shadow.go)
 
 	// ListenTLS is the certificate of the HTTP and gRPC listeners
-	// (LIMITER_TLS_CERT_FILE, LIMITER_TLS_KEY_FILE); nil = plain text.
+	// (LIMITER_TLS_CERT_FILE, LIMITER_TLS_KEY_FILE, both or neither), for
+	// deployments without a service mesh; SIGHUP re-reads the pair (a
+	// renewed certificate is served to new connections). nil = plain text.
 	ListenTLS *tlsconf.ServerCert
 
 	GRPCAddr          string // the Envoy rate limit service; empty = off
@@ -74,6 +78,10 @@ type config struct {
 
 	Headers      ratelimitheader.Mode // LIMITER_HEADERS: the fields of /check's "headers" object
 	EnvoyHeaders ratelimitheader.Mode // LIMITER_ENVOY_HEADERS: the Envoy answers' response_headers_to_add
+
+	// RegionConfig is LIMITER_REGION, LIMITER_REGIONS and GLOBAL_REDIS_*
+	// (internal/sharedtier, region.go).
+	sharedtier.RegionConfig
 }
 
 // loadConfig reads the environment; every problem is reported at once, each
@@ -115,12 +123,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	c.Shadow = shadowConfigFrom(e, c.StoreTimeout)
 	c.PolicyLog = policyLogConfigFrom(e, c.KafkaBrokers)
-	c.Stores = storesFrom(e, c.Redis)
+	c.Stores = redisclient.StoresFromEnv(e, c.Redis)
+	c.RegionConfig = sharedtier.RegionsFromEnv(e, c.Redis)
 	e.HostPort("LIMITER_ADDR", c.Addr)
 	for _, a := range c.KafkaBrokers {
 		e.HostPort("KAFKA_BROKERS", a)
 	}
-	c.GRPCAddr, c.GRPCAddrIsDefault = grpcAddrFrom(e)
+	c.GRPCAddr, c.GRPCAddrIsDefault = rlsserver.AddrFromEnv(e)
 	c.ListenTLS = tlsconf.ServerFromEnv(e, "LIMITER_TLS_CERT_FILE", "LIMITER_TLS_KEY_FILE")
 	c.Headers = headerModeFrom(e, "LIMITER_HEADERS", "both")
 	c.EnvoyHeaders = headerModeFrom(e, "LIMITER_ENVOY_HEADERS", "legacy")

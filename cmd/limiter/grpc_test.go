@@ -25,6 +25,13 @@ import (
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
+// The Envoy client calls of the tests (internal/testenv).
+var (
+	dial = testenv.DialGRPC
+	desc = testenv.Descriptor
+	rls  = testenv.ShouldRateLimit
+)
+
 // envoyPolicy is the policy of the README's "Using it from Envoy": per
 // client address, per API key and route, a global per-route limit. Rates
 // are per minute or slower, so that nothing refills noticeably during a
@@ -79,36 +86,6 @@ func startEnvoyLimiter(t *testing.T, policyYAML string, env ...string) (*limiter
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	p := startLimiter(t, policyYAML, append([]string{"LIMITER_GRPC_ADDR=" + addr}, env...)...)
 	return p, addr
-}
-
-func dial(t testing.TB, addr string) *grpc.ClientConn {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
-}
-
-// desc builds a descriptor from key, value pairs.
-func desc(kv ...string) *ratelimitv3.RateLimitDescriptor {
-	d := &ratelimitv3.RateLimitDescriptor{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
-	}
-	return d
-}
-
-func rls(t testing.TB, c rlsv3.RateLimitServiceClient, domain string, hits uint32, ds ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: ds, HitsAddend: hits})
-	if err != nil {
-		t.Fatalf("ShouldRateLimit: %v", err)
-	}
-	return resp
 }
 
 func headerMap(resp *rlsv3.RateLimitResponse) map[string]string {

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -33,10 +32,7 @@ func TestDecisionsReachTheRollups(t *testing.T) {
 	ch := testenv.StartClickHouse(t)
 	db := ch.Database(t)
 
-	consumerBin := filepath.Join(t.TempDir(), "meter-consumer")
-	if out, err := exec.Command("go", "build", "-o", consumerBin, "../meter-consumer").CombinedOutput(); err != nil {
-		t.Fatalf("build meter-consumer: %v\n%s", err, out)
-	}
+	consumerBin := testenv.Binary(t, "cmd/meter-consumer")
 	meterAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	consumer := exec.Command(consumerBin)
 	consumer.Env = append(os.Environ(), "KAFKA_BROKERS="+k.Addr(), "CLICKHOUSE_ADDR="+ch.Addr(),

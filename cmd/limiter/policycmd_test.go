@@ -1,11 +1,18 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 )
+
+// policyCommand runs `limiter policy ARGS...` through the limiter's command
+// table and returns the exit code.
+func policyCommand(args []string, stdout, stderr io.Writer) int {
+	return program().Main(append([]string{"policy"}, args...), stdout, stderr)
+}
 
 func runPolicy(args ...string) (code int, stdout, stderr string) {
 	var out, errOut strings.Builder

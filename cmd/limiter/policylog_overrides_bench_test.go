@@ -144,7 +144,8 @@ func measureStart(b *testing.B, ctx context.Context, cfg config, logger *slog.Lo
 	before := heapstat.Live()
 	cpu0 := cpuTime()
 	start := time.Now()
-	tail, err := newPolicyTail(cfg, prometheus.NewRegistry(), logger)
+	reg := prometheus.NewRegistry()
+	tail, err := newPolicyTail(cfg, reg, logger)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -161,6 +162,31 @@ func measureStart(b *testing.B, ctx context.Context, cfg config, logger *slog.Lo
 	b.ReportMetric(took.Seconds(), prefix+"s/start")
 	b.ReportMetric(cpu.Seconds(), prefix+"cpu-s/start")
 	b.ReportMetric(float64(int64(after)-int64(before))/startOverrides, prefix+"bytes/override")
+	// 1 when the start relied on a checkpoint that matched (signed logs).
+	b.ReportMetric(counterValue(b, reg, "limiter_policy_log_checkpoints_total", "matched"), prefix+"checkpoint-matched")
 	runtime.KeepAlive(pol)
 	tail.Close()
+}
+
+// counterValue is the value of the counter name{result=result} in reg (0
+// when absent).
+func counterValue(b *testing.B, reg *prometheus.Registry, name, result string) float64 {
+	b.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

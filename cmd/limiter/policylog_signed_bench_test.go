@@ -67,6 +67,16 @@ func BenchmarkTailStartSignedOverrides(b *testing.B) {
 		b.Fatal(err)
 	}
 	fillSignedOverrides(b, k.Addr(), signer, startOverrides)
+	if os.Getenv("BENCH_NO_CHECKPOINT") == "" {
+		// What `limiter policy checkpoint` writes (writers write one every
+		// policylog.DefaultCheckpointEvery records): its writer checks
+		// every signature once, outside the measure.
+		cw := policylog.NewClient(l, false)
+		policylog.Keys{Signer: signer, Ring: ring}.Use(cw)
+		if _, err := cw.Checkpoint(ctx, "", "bench"); err != nil {
+			b.Fatal(err)
+		}
+	}
 	cfg := config{
 		KafkaBrokers: []string{k.Addr()}, Kafka: &kafkaconn.Security{},
 		PolicyLog: policyLogConfig{Source: sourceKafka, Topic: kafkalog.DefaultTopic, StartWait: 10 * time.Minute, Keys: ring},

@@ -28,20 +28,12 @@ func TestMain(m *testing.M) {
 	if testenv.Short() {
 		os.Exit(m.Run()) // no binary: the tests that run one skip
 	}
-	dir, err := os.MkdirTemp("", "limiter-bin-")
-	if err != nil {
+	var err error
+	if limiterBin, err = testenv.Build("cmd/limiter"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	limiterBin = filepath.Join(dir, "limiter")
-	out, err := exec.Command("go", "build", "-race", "-o", limiterBin, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build limiter: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.Main(m))
 }
 
 // limiterProc is a limiter process started for a test.
@@ -85,6 +77,7 @@ func startLimiterBinary(t testing.TB, bin, policyYAML string, env ...string) *li
 		t.Fatal(err)
 	}
 	go func() { cmd.Wait(); close(p.done) }()
+	testenv.FailOnRaceReport(t, "the limiter", p.logs.String) // after the stop below: cleanups run last first
 	t.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {

@@ -72,10 +72,7 @@ func decodePush(t *testing.T, out string) pushJSON {
 func TestPushPreviewsRecordedTraffic(t *testing.T) {
 	t.Parallel()
 	r := testenv.StartRedis(t)
-	k := testenv.StartKafka(t, "ratelimit.decisions", 2)
-	ch := testenv.StartClickHouse(t)
-	db := ch.Database(t)
-	startMeter(t, k, ch, db)
+	k, ch, db := startRecording(t, 2)
 	env := []string{"KAFKA_BROKERS=" + k.Addr(), "CLICKHOUSE_ADDR=" + ch.Addr(), "CLICKHOUSE_DATABASE=" + db, "REDIS_STORES="}
 	// A deadline no loaded machine reaches for 20 rows: the counts below
 	// are of the whole window, not of a partial replay.

@@ -86,6 +86,10 @@ type replayReport struct {
 		Compared, Agree, DifferWithinTolerance, DifferBeyondTolerance int64
 	} `json:"agreement"`
 	FirstDifference string `json:"firstDifference"`
+	Settlements     struct {
+		Settles, SettlesUnmatched, Charges int64
+	} `json:"settlements"`
+	ActualCost struct{ Recorded, Replayed int64 } `json:"actualCost"`
 }
 
 func runReplayBin(t *testing.T, policyYAML string, env []string, from, to time.Time) replayReport {
@@ -122,10 +126,7 @@ func runReplayBin(t *testing.T, policyYAML string, env []string, from, to time.T
 func TestReplayReproducesRecordedDecisions(t *testing.T) {
 	t.Parallel()
 	r := testenv.StartRedis(t)
-	k := testenv.StartKafka(t, "ratelimit.decisions", 4)
-	ch := testenv.StartClickHouse(t)
-	db := ch.Database(t)
-	startMeter(t, k, ch, db)
+	k, ch, db := startRecording(t, 4)
 
 	env := []string{"REDIS_ADDRS=" + r.Addr(), "KAFKA_BROKERS=" + k.Addr(), "LIMITER_GRPC_ADDR="}
 	a := startLimiter(t, recordedPolicy, env...)
@@ -240,13 +241,22 @@ func TestReplayReproducesRecordedDecisions(t *testing.T) {
 	}
 }
 
+// startRecording starts what records decisions: a broker with the
+// decisions topic in partitions, ClickHouse with a database of the test's
+// own, and the real meter-consumer between them.
+func startRecording(t *testing.T, partitions int) (*testenv.Kafka, *testenv.ClickHouse, string) {
+	t.Helper()
+	k := testenv.StartKafka(t, "ratelimit.decisions", partitions)
+	ch := testenv.StartClickHouse(t)
+	db := ch.Database(t)
+	startMeter(t, k, ch, db)
+	return k, ch, db
+}
+
 // startMeter runs the real meter-consumer against the broker and ClickHouse.
 func startMeter(t *testing.T, k *testenv.Kafka, ch *testenv.ClickHouse, db string) {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "meter-consumer")
-	if out, err := exec.Command("go", "build", "-o", bin, "../meter-consumer").CombinedOutput(); err != nil {
-		t.Fatalf("build meter-consumer: %v\n%s", err, out)
-	}
+	bin := testenv.Binary(t, "cmd/meter-consumer")
 	meterAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	c := exec.Command(bin)
 	c.Env = append(os.Environ(), "KAFKA_BROKERS="+k.Addr(), "CLICKHOUSE_ADDR="+ch.Addr(),

@@ -8,14 +8,13 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
+	"github.com/ratewarden/ratewarden/internal/policyctl"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
@@ -39,32 +38,6 @@ tiers:
   free: { rate: 0.001, burst: 1 }
 `
 
-var (
-	meterBinOnce sync.Once
-	meterBinPath string
-	meterBinErr  error
-)
-
-// meterBinary builds the meter-consumer once for the rollout tests.
-func meterBinary(t *testing.T) string {
-	t.Helper()
-	meterBinOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "meter-bin-")
-		if err != nil {
-			meterBinErr = err
-			return
-		}
-		meterBinPath = filepath.Join(dir, "meter-consumer")
-		if out, err := exec.Command("go", "build", "-race", "-o", meterBinPath, "../meter-consumer").CombinedOutput(); err != nil {
-			meterBinErr = fmt.Errorf("build meter-consumer: %v\n%s", err, out)
-		}
-	})
-	if meterBinErr != nil {
-		t.Fatal(meterBinErr)
-	}
-	return meterBinPath
-}
-
 // meterProc is a meter-consumer started for a test.
 type meterProc struct {
 	addr string
@@ -78,7 +51,7 @@ type meterProc struct {
 func startJudgingMeter(t *testing.T, k *testenv.Kafka, ch *testenv.ClickHouse, db string, env ...string) *meterProc {
 	t.Helper()
 	m := &meterProc{addr: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), logs: &syncBuffer{}, done: make(chan struct{})}
-	m.cmd = exec.Command(meterBinary(t))
+	m.cmd = exec.Command(testenv.Binary(t, "cmd/meter-consumer"))
 	m.cmd.Env = append(append(os.Environ(), "KAFKA_BROKERS="+k.Addr(), "CLICKHOUSE_ADDR="+ch.Addr(), "CLICKHOUSE_DATABASE="+db,
 		"METER_ADDR="+m.addr, "METER_BATCH_WAIT=50ms", "METER_SESSION_TIMEOUT=2s",
 		"POLICY_JUDGE=true", "POLICY_JUDGE_SETTLE=2s"), env...)
@@ -88,6 +61,7 @@ func startJudgingMeter(t *testing.T, k *testenv.Kafka, ch *testenv.ClickHouse, d
 		t.Fatal(err)
 	}
 	go func() { m.cmd.Wait(); close(m.done) }()
+	testenv.FailOnRaceReport(t, "the meter-consumer", m.logs.String) // after the stop below
 	t.Cleanup(func() {
 		m.cmd.Process.Signal(syscall.SIGTERM)
 		<-m.done
@@ -184,7 +158,7 @@ func pushRollout(t *testing.T, env []string, doc, shadowFor, bound string) int64
 	t.Helper()
 	out, errOut, code := runCLI(t, env, "policy", "push", writeTemp(t, "cand.yaml", doc), "--shadow-for", shadowFor,
 		"--max-newly-rejected", bound, "-m", "try "+shadowFor, "--author", "ops", "--json")
-	var res writeResult
+	var res policyctl.WriteResult
 	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Result != policylog.Applied {
 		t.Fatalf("push --shadow-for: %d %q %q", code, out, errOut)
 	}
@@ -241,8 +215,11 @@ func TestRolloutPromotesAndWithdraws(t *testing.T) {
 			fmt.Sprintf("LIMITER_INSTANCE_ID=r%d", i))...))
 	}
 
-	// 1. The same limits: promoted.
-	rev := pushRollout(t, env, rolloutSame, "3s", "0.5%")
+	// 1. The same limits: promoted. Each rollout runs long enough that a
+	// busy machine's limiters apply it well before it ends: a rollout
+	// that no limiter evaluated is withdrawn for want of evidence.
+	const rolloutFor = "6s"
+	rev := pushRollout(t, env, rolloutSame, rolloutFor, "0.5%")
 	for _, p := range fleet {
 		pol := waitRevision(t, p, int(rev))
 		if ro, _ := pol["rollout"].(map[string]any); ro == nil || ro["revision"] != float64(rev) || ro["maxNewlyRejected"] != 0.005 {
@@ -272,7 +249,10 @@ func TestRolloutPromotesAndWithdraws(t *testing.T) {
 	}
 
 	// 2. A tight candidate: withdrawn, and the document stays.
-	rev = pushRollout(t, env, rolloutTight, "3s", "0.5%")
+	rev = pushRollout(t, env, rolloutTight, rolloutFor, "0.5%")
+	for _, p := range fleet {
+		waitRevision(t, p, int(rev))
+	}
 	recs = driveUntilVerdict(t, k, fleet, rev)
 	vs = verdictsOf(recs, rev)
 	if len(vs) != 1 || vs[0].rec.Verdict.Decision != policylog.Withdraw {
@@ -298,7 +278,7 @@ func TestRolloutPromotesAndWithdraws(t *testing.T) {
 
 	out, _, code = runCLI(t, env, "policy", "history")
 	if code != 0 || !strings.Contains(out, "verdict promote rollout 2") || !strings.Contains(out, fmt.Sprintf("verdict withdraw rollout %d", rev)) ||
-		!strings.Contains(out, "rollout (shadow 3s, max 0.5%)") {
+		!strings.Contains(out, "rollout (shadow "+rolloutFor+", max 0.5%)") {
 		t.Errorf("history: %d\n%s", code, out)
 	}
 	// The rollup holds at least what the judge counted (events that came
@@ -482,19 +462,6 @@ func TestRolloutTwoVerdictsRace(t *testing.T) {
 		rows[2].author != "judge-c" || rows[2].result != policylog.Refused || rows[2].code != policylog.CodeConflict ||
 		!strings.Contains(rows[2].reason, fmt.Sprintf("rollout %d was already closed at revision %d by judge-a", rev, rev+1)) {
 		t.Errorf("policy_audit verdicts: %+v", rows)
-	}
-}
-
-func TestParseShare(t *testing.T) {
-	for in, want := range map[string]float64{"0.5%": 0.005, "0.005": 0.005, "0%": 0, "100%": 1, " 2% ": 0.02} {
-		if got, err := parseShare(in); err != nil || got != want {
-			t.Errorf("parseShare(%q) = %v, %v; want %v", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "x", "101%", "-1%", "1.5", "NaN"} {
-		if _, err := parseShare(in); err == nil {
-			t.Errorf("parseShare(%q) accepted", in)
-		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -10,11 +9,12 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
-	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/enforcement/shadow"
 	"github.com/ratewarden/ratewarden/enforcement/split"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
+	"github.com/ratewarden/ratewarden/internal/reload"
+	"github.com/ratewarden/ratewarden/internal/sharedtier"
 	"github.com/ratewarden/ratewarden/policy"
 )
 
@@ -36,13 +36,6 @@ func shadowConfigFrom(e *envconfig.Reader, storeTimeout time.Duration) shadowCon
 		Timeout:    e.Duration("LIMITER_SHADOW_TIMEOUT", storeTimeout, 100*time.Microsecond, 10*time.Second),
 	}
 }
-
-// shadowKeyPrefix is the Redis namespace of shadow buckets and quota
-// counters: `rl:shadow:{key}:b2:scope` can never be an enforced key, whose
-// layout is `rl:{key}:...` (the reconciler, which restores quota counters
-// under `rl:{`, never touches them either). The rate-limit key stays the
-// hash tag, so a shadow bucket lives in its enforced twin's Cluster slot.
-func shadowKeyPrefix(prefix string) string { return prefix + ":shadow" }
 
 // candidateSetter gives the reloader of the candidate file its target.
 type candidateSetter struct{ ev *shadow.Evaluator }
@@ -68,7 +61,7 @@ func loadShadowFile(path string) (*policy.Policy, error) {
 // and the candidate policy when LIMITER_SHADOW_POLICY_FILE is set. It adds
 // what runs it to g, after the authority's stores: it stops before the
 // client it shares with the default store closes.
-func buildShadow(g *lifecycle.Group, cfg config, candidateFile *policy.Policy, a *authority, reg prometheus.Registerer, log *slog.Logger) (*shadow.Evaluator, error) {
+func buildShadow(g *lifecycle.Group, cfg config, candidateFile *policy.Policy, a *sharedtier.Tier, reg prometheus.Registerer, log *slog.Logger) (*shadow.Evaluator, error) {
 	log = log.With("tier", "shadow")
 	var candidate enforcement.Policy
 	if candidateFile != nil {
@@ -76,25 +69,7 @@ func buildShadow(g *lifecycle.Group, cfg config, candidateFile *policy.Policy, a
 		log.Info("shadow policy: every decision is also evaluated under the candidate file (reported, never enforced)",
 			"file", cfg.Shadow.PolicyFile, "hash", candidateFile.Hash())
 	}
-	var store enforcement.Authority
-	var run func(context.Context) error
-	if a.rdb == nil {
-		// Single-node mode: in-process buckets of their own.
-		mem := memoryAuthority(cfg.MaxKeys, localMaxBytes(cfg.LocalMaxBytes, 0))
-		store, run = mem, mem.Run
-	} else {
-		shared := redisstore.NewShared(a.rdb, redisstore.SharedConfig{
-			Prefix:   shadowKeyPrefix(cfg.Redis.KeyPrefix),
-			Pipeline: redisstore.PipelineConfig{Timeout: cfg.Shadow.Timeout},
-			Guard: redisstore.GuardSettings{
-				Timeout:             cfg.Shadow.Timeout,
-				ConsecutiveFailures: uint32(cfg.BreakerFailures),
-				OpenFor:             cfg.BreakerOpenFor,
-			},
-			Log: log,
-		})
-		store, run = shared, shared.Run
-	}
+	store, run := a.ShadowStore(cfg.Shadow.Timeout, log)
 	ev, err := shadow.New(shadow.Config{
 		Authority:         split.New(store, nil),
 		Candidate:         candidate,
@@ -113,8 +88,8 @@ func buildShadow(g *lifecycle.Group, cfg config, candidateFile *policy.Policy, a
 	if candidateFile != nil {
 		// The candidate file reloads as the enforced one does (file watch
 		// and SIGHUP), with metrics of its own (limiter_shadow_policy_*).
-		rl := newFileReloader("shadow policy", "limiter_shadow_policy", cfg.Shadow.PolicyFile, candidateSetter{ev}, reg, log)
-		rl.set(candidateFile)
+		rl := reload.NewFile("shadow policy", "limiter_shadow_policy", cfg.Shadow.PolicyFile, candidateSetter{ev}, reg, log)
+		rl.Set(candidateFile)
 		g.Add("shadow policy reloader", rl.Run)
 	}
 	return ev, nil

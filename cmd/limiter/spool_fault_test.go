@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -29,7 +31,12 @@ tiers:
 // the limiter spools, is SIGKILLed with a full spool and started again on
 // the same directory (still without a broker), decides more, and then the
 // broker comes back (its log kept): every decision made reaches Kafka, by
-// distinct event id, and nothing is counted as dropped.
+// distinct event id, and nothing is counted as dropped. Among the
+// decisions, some requests reserve and settle at an actual cost below or
+// above the estimate, or are charged (request): their settle and charge
+// events reach Kafka through the spool as well, and the actual cost of
+// the distinct events in Kafka equals the actual cost the limiter
+// charged, exactly.
 func TestFaultKafkaStoppedSpoolLosesNothing(t *testing.T) {
 	t.Parallel()
 	port := testenv.FreePort(t)
@@ -47,7 +54,8 @@ func TestFaultKafkaStoppedSpoolLosesNothing(t *testing.T) {
 	env := []string{"KAFKA_BROKERS=" + k.Addr(), "LIMITER_EMIT_BUFFER=256", "LIMITER_SPOOL_DIR=" + spoolDir}
 	p := startLimiter(t, spoolPolicy, env...)
 
-	var decided atomic.Int64
+	var decided atomic.Int64 // events made: decisions, settles and charges
+	var charged atomic.Int64 // the actual cost they charged
 	// load makes n decisions, or with for > 0 as many as it can in that
 	// time.
 	load := func(p *limiterProc, n int, d ...time.Duration) {
@@ -61,11 +69,12 @@ func TestFaultKafkaStoppedSpoolLosesNothing(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for i := w; i < n && (until.IsZero() || time.Now().Before(until)); i += 8 {
-					if _, status := p.check(t, fmt.Sprintf("acct_%d", i%97), "api:read", 1); status != 200 {
-						t.Errorf("/check answered %d", status)
+					events, cost, ok := request(t, p, fmt.Sprintf("acct_%d", i%97), i)
+					if !ok {
 						return
 					}
-					decided.Add(1)
+					decided.Add(events)
+					charged.Add(cost)
 				}
 			}()
 		}
@@ -92,7 +101,7 @@ func TestFaultKafkaStoppedSpoolLosesNothing(t *testing.T) {
 	// much load as the test makes (a measurement, not part of make test).
 	outage, _ := time.ParseDuration(os.Getenv("RATEWARDEN_SPOOL_OUTAGE"))
 	load(p, 4000, outage)
-	t.Logf("%d decisions made so far", decided.Load())
+	t.Logf("%d events made so far", decided.Load())
 	// Every event is sent or spooled (an unconfirmed one may be both).
 	waitFor(t, "every decision sent or spooled", 60*time.Second, func() bool {
 		ev, waiting := spooled(p)
@@ -125,23 +134,88 @@ func TestFaultKafkaStoppedSpoolLosesNothing(t *testing.T) {
 	// to hold as many distinct ids as decisions were made, or fail.
 	var ids map[string]int
 	var total int
+	var cost int64
 	waitFor(t, "every decision in Kafka", 60*time.Second, func() bool {
-		ids, total = topicEventIDs(t, k.Addr(), metering.DefaultTopic, 4)
+		ids, total, cost = topicEventIDs(t, k.Addr(), metering.DefaultTopic, 4)
 		return len(ids) >= int(decided.Load())
 	})
 	if len(ids) != int(decided.Load()) {
-		t.Fatalf("%d distinct event ids in Kafka, %d decisions", len(ids), decided.Load())
+		t.Fatalf("%d distinct event ids in Kafka, %d events made", len(ids), decided.Load())
 	}
-	t.Logf("%d decisions, %d distinct events in Kafka (%d messages: the rest are resends)", decided.Load(), len(ids), total)
+	if cost != charged.Load() {
+		t.Fatalf("actual cost of the distinct events in Kafka %d, charged %d", cost, charged.Load())
+	}
+	t.Logf("%d events made (decisions, settles and charges), %d distinct events in Kafka (%d messages: the rest are resends); actual cost in Kafka ÷ actual cost charged = %d ÷ %d = 1",
+		decided.Load(), len(ids), total, cost, charged.Load())
 }
 
-// topicEventIDs reads every message of topic and counts each event id.
-func topicEventIDs(t *testing.T, addr, topic string, partitions int) (map[string]int, int) {
+// request is the i-th request of the load, on key: a /check of cost 1, or
+// for every tenth a reservation of 5 tokens settled at an actual cost from
+// 0 to 10, and for some others a /charge of 1 to 50 tokens. It returns how
+// many events that made and the actual cost it charged (ok false: it
+// failed the test).
+func request(t *testing.T, p *limiterProc, key string, i int) (events, cost int64, ok bool) {
+	post := func(path, body string) (map[string]any, bool) {
+		resp, err := client.Post(p.url+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Errorf("POST %s: %v", path, err)
+			return nil, false
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+			t.Errorf("POST %s %s: %d %v (%v)", path, body, resp.StatusCode, out, err)
+			return nil, false
+		}
+		return out, true
+	}
+	switch {
+	case i%10 == 0:
+		d, ok := post("/check", fmt.Sprintf(`{"key":%q,"scope":"api:read","cost":5,"reserve":true}`, key))
+		if !ok {
+			return 0, 0, false
+		}
+		id, _ := d["reservation"].(string)
+		if d["allowed"] != true || id == "" {
+			return 1, 0, true
+		}
+		actual := int64(i * 7 % 11)
+		s, ok := post("/settle", fmt.Sprintf(`{"reservation":%q,"cost":%d}`, id, actual))
+		if !ok || s["settled"] != true {
+			t.Errorf("settle %d of 5: %v", actual, s)
+			return 0, 0, false
+		}
+		return 2, actual, true
+	case i%23 == 11:
+		actual := int64(1 + i%50)
+		s, ok := post("/charge", fmt.Sprintf(`{"key":%q,"scope":"api:read","cost":%d}`, key, actual))
+		if !ok || s["queued"] == true {
+			t.Errorf("charge %d: %v", actual, s)
+			return 0, 0, false
+		}
+		return 1, actual, true
+	}
+	d, status := p.check(t, key, "api:read", 1)
+	if status != 200 {
+		t.Errorf("/check answered %d", status)
+		return 0, 0, false
+	}
+	if d.Allowed {
+		return 1, 1, true
+	}
+	return 1, 0, true
+}
+
+// topicEventIDs reads every message of topic, counts each event id and
+// returns the actual cost of the distinct events: allowed decisions'
+// costs, settles' actual − estimate, charges' actual.
+func topicEventIDs(t *testing.T, addr, topic string, partitions int) (map[string]int, int, int64) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ids := map[string]int{}
 	total := 0
+	var cost int64
 	for part := 0; part < partitions; part++ {
 		conn, err := kafka.DialLeader(ctx, "tcp", addr, topic, part)
 		if err != nil {
@@ -166,6 +240,16 @@ func topicEventIDs(t *testing.T, addr, topic string, partitions int) (map[string
 			if err != nil {
 				t.Fatalf("partition %d offset %d: %v", part, m.Offset, err)
 			}
+			if ids[ev.EventID] == 0 {
+				switch {
+				case ev.Kind == metering.KindSettle:
+					cost += int64(ev.Actual) - int64(ev.Estimate)
+				case ev.Kind == metering.KindCharge:
+					cost += int64(ev.Actual)
+				case ev.Allowed:
+					cost += int64(ev.Cost)
+				}
+			}
 			ids[ev.EventID]++
 			total++
 			if m.Offset >= end-1 {
@@ -174,5 +258,5 @@ func topicEventIDs(t *testing.T, addr, topic string, partitions int) (map[string
 		}
 		r.Close()
 	}
-	return ids, total
+	return ids, total, cost
 }

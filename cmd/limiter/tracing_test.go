@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -71,10 +70,7 @@ func TestCheckTraceFromLimiterToDecisionsRaw(t *testing.T) {
 	ch := testenv.StartClickHouse(t)
 	db := ch.Database(t)
 
-	consumerBin := filepath.Join(t.TempDir(), "meter-consumer")
-	if out, err := exec.Command("go", "build", "-o", consumerBin, "../meter-consumer").CombinedOutput(); err != nil {
-		t.Fatalf("build meter-consumer: %v\n%s", err, out)
-	}
+	consumerBin := testenv.Binary(t, "cmd/meter-consumer")
 	consumer := exec.Command(consumerBin)
 	consumer.Env = append(os.Environ(), "KAFKA_BROKERS="+k.Addr(), "CLICKHOUSE_ADDR="+ch.Addr(),
 		"CLICKHOUSE_DATABASE="+db, fmt.Sprintf("METER_ADDR=127.0.0.1:%d", testenv.FreePort(t)))

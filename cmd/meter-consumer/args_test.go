@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/ratewarden/ratewarden/internal/cli/clitest"
@@ -17,11 +15,7 @@ import (
 // port.
 func TestStrictWords(t *testing.T) {
 	t.Parallel()
-	testenv.SkipShort(t) // builds and runs the binary
-	bin := filepath.Join(t.TempDir(), "meter-consumer")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := testenv.Binary(t, "cmd/meter-consumer")
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	env := []string{"METER_ADDR=" + addr, fmt.Sprintf("KAFKA_BROKERS=127.0.0.1:%d", testenv.FreePort(t)),
 		fmt.Sprintf("CLICKHOUSE_ADDR=127.0.0.1:%d", testenv.FreePort(t))}

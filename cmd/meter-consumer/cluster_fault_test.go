@@ -55,6 +55,9 @@ func localQuery(t *testing.T, n *testenv.ClickHouse, q string) (string, error) {
 // read through the Distributed tables, holds exactly one count per
 // distinct event; every replica holds the same rows as its sibling; and
 // each shard holds only the Kafka partitions that chsink.ShardOf gives it.
+// A tenth of the events are settles and some charges (withSettles): the
+// actual cost read through the Distributed tables, and on every replica
+// the same as its sibling's, equals the actual cost charged, exactly.
 func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
@@ -73,12 +76,17 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 		"METER_SESSION_TIMEOUT=6s", // as in TestExactTotalsUnderFaults
 		"METER_STALL_AFTER=" + stallAfter.String(),
 	}
-	evs := faultEvents(60_000)
+	evs := withSettles(faultEvents(60_000))
 
 	var produced sync.WaitGroup
 	produced.Add(1)
 	var dups int
 	var sent atomic.Int64
+	// A test that fails before the stream ends stops the producer and
+	// waits for it: a t.Errorf after the test has ended would panic the
+	// whole test binary.
+	stopCtx, stop := context.WithCancel(context.Background())
+	t.Cleanup(func() { stop(); produced.Wait() })
 	go func() {
 		defer produced.Done()
 		w := &kafka.Writer{Addr: kafka.TCP(k.Addr()), Topic: k.Topic(), Balancer: &kafka.Hash{},
@@ -89,15 +97,15 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 			for i := range batch {
 				msgs[i] = kafka.Message{Key: []byte(batch[i].Key), Value: batch[i].AppendEncode(nil)}
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			ctx, cancel := context.WithTimeout(stopCtx, 30*time.Second)
 			defer cancel()
-			if err := w.WriteMessages(ctx, msgs...); err != nil {
+			if err := w.WriteMessages(ctx, msgs...); err != nil && stopCtx.Err() == nil {
 				t.Errorf("produce: %v", err)
 			}
 		}
 		rr := rand.New(rand.NewPCG(seed+1, seed))
 		// Chunks of 300 every 120 ms: the stream outlasts the faults.
-		for i := 0; i < len(evs); i += 300 {
+		for i := 0; i < len(evs) && stopCtx.Err() == nil; i += 300 {
 			send(evs[i:min(i+300, len(evs))])
 			if i > 0 && rr.IntN(3) == 0 { // a producer retry
 				from := max(0, i-600) + rr.IntN(300)
@@ -145,7 +153,7 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 	// Events produced now certainly arrive while it is down, whatever the
 	// stream has done by then (some of their keys are on shard 1's
 	// partitions).
-	more := faultEvents(3000)
+	more := withSettles(faultEvents(3000))
 	w := &kafka.Writer{Addr: kafka.TCP(k.Addr()), Topic: k.Topic(), Balancer: &kafka.Hash{},
 		BatchSize: 1000, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
 	msgs := make([]kafka.Message, len(more))
@@ -216,6 +224,7 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 	all := append(append([]metering.Event(nil), evs...), more...)
 	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(all), 180*time.Second)
 	waitRaw(t, conn, db, len(all), 60*time.Second)
+	inCH := actualCostIn(t, conn, db, all)
 
 	// Every replica holds its shard's rows, the same as its sibling; every
 	// shard holds only its own partitions.
@@ -251,7 +260,7 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 					return false
 				}
 				for _, table := range testenv.RollupTables() {
-					r, err := localQuery(t, n, "SELECT sum(requests) FROM "+db+"."+table+"_local WHERE key != ''")
+					r, err := localQuery(t, n, "SELECT arrayJoin([sum(requests), sum(cost)]) FROM "+db+"."+table+"_local WHERE key != ''")
 					if err != nil {
 						return false
 					}
@@ -263,7 +272,8 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 			return got[0] == got[len(got)-1]
 		})
 	}
-	t.Logf("%d distinct events (%d while a replica was down), %d duplicates produced, %d consumer SIGKILLs, a replica of each shard lost mid-stream: totals exact through the Distributed tables", len(all), len(more), dups, kills)
+	t.Logf("%d distinct events (%d while a replica was down; %d settles and charges), %d duplicates produced, %d consumer SIGKILLs, a replica of each shard lost mid-stream: totals exact through the Distributed tables; actual cost in ClickHouse ÷ actual cost charged = %d ÷ %d = 1",
+		len(all), len(more), len(all)-decisionsIn(all), dups, kills, inCH, costOf(all))
 }
 
 func contains(list []string, s string) bool {

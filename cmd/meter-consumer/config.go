@@ -1,6 +1,7 @@
 package main
 
 import (
+	"regexp"
 	"strings"
 	"time"
 
@@ -46,6 +47,13 @@ type config struct {
 	Redis          redisclient.Config // REDIS_* (internal/redisclient), the limiters' Redis
 	PolicyFile     string             // POLICY_FILE, the limiters' policy (which quotas exist)
 	ReconcileEvery time.Duration      // METER_RECONCILE_EVERY, between reconcile passes
+	// ReconcileRegion is METER_RECONCILE_REGION: the region whose Redis
+	// REDIS_ADDRS is ("" = one region). Its regional quota counters are
+	// raised to its own usage, global ones to every region's.
+	ReconcileRegion string
+	// GlobalRedis is GLOBAL_REDIS_* (as the limiters'): the home region's
+	// Redis, where global quotas' counters are raised; with a region only.
+	GlobalRedis redisclient.Config
 
 	// The policy log (docs/policy.md): its audit always, its judge when on.
 	PolicyTopic string        // POLICY_TOPIC
@@ -80,6 +88,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Redis:           redisclient.FromEnv(e),
 		PolicyFile:      e.String("POLICY_FILE", "deploy/policy.yaml"),
 		ReconcileEvery:  e.Duration("METER_RECONCILE_EVERY", reconcile.DefaultEvery, 100*time.Millisecond, time.Hour),
+		ReconcileRegion: e.String("METER_RECONCILE_REGION", ""),
+		GlobalRedis:     redisclient.FromEnvPrefix(e, "GLOBAL_REDIS"),
 		Cluster:         chcluster.FromEnv(e),
 		PolicyTopic:     e.String("POLICY_TOPIC", kafkalog.DefaultTopic),
 		Judge:           e.Bool("POLICY_JUDGE", false),
@@ -90,6 +100,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 		e.Fail("POLICY_SIGNING_KEY_FILE/POLICY_TRUSTED_KEYS_FILE", "%v", err)
 	}
 	c.PolicyKeys = keys
+	if r := c.ReconcileRegion; r != "" && !regionName.MatchString(r) {
+		e.Fail("METER_RECONCILE_REGION", "%q is not a region name (1 to 32 of a-z, 0-9 and '-', as LIMITER_REGION)", clipValue(r))
+	}
+	if c.ReconcileRegion == "" && c.GlobalRedis.Enabled() {
+		e.Fail("GLOBAL_REDIS_ADDRS", "is set while METER_RECONCILE_REGION is empty: the home Redis keeps the quotas of global limits across regions only")
+	}
 	if len(c.KafkaBrokers) == 0 {
 		e.Fail("KAFKA_BROKERS", "required (comma-separated host:port)")
 	}
@@ -116,4 +132,14 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	tracing.CheckConfig(e) // OTEL_*: with the others, before anything starts
 	return c, e.Err()
+}
+
+// regionName is what METER_RECONCILE_REGION may be: a LIMITER_REGION.
+var regionName = regexp.MustCompile(`^[a-z0-9-]{1,32}$`)
+
+func clipValue(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
 }

@@ -42,7 +42,8 @@ type syncBuffer struct {
 func startMeter(t *testing.T, env []string) *meterProc {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	cmd := binaryCmd(append(env, "METER_ADDR="+addr)...)
+	cmd := exec.Command(testenv.Binary(t, "cmd/meter-consumer"))
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "GORACE=" + os.Getenv("GORACE"), "METER_ADDR=" + addr}, env...)
 	logPath := filepath.Join(t.TempDir(), "meter.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -59,6 +60,10 @@ func startMeter(t *testing.T, env []string) *meterProc {
 		logFile.Close()
 		close(p.done)
 	}()
+	testenv.FailOnRaceReport(t, "the meter-consumer on "+addr, func() string { // after the kill below
+		b, _ := os.ReadFile(logPath)
+		return string(b)
+	})
 	t.Cleanup(func() {
 		p.kill()
 		if t.Failed() { // the consumer's side of the story, minus debug lines
@@ -208,6 +213,85 @@ func faultEvents(n int) []metering.Event {
 	return out
 }
 
+// withSettles turns some of evs into the events of costs known after the
+// work, in place (afterTheWork on each in order).
+func withSettles(evs []metering.Event) []metering.Event {
+	for i := range evs {
+		var before *metering.Event
+		if i >= 5 {
+			before = &evs[i-5]
+		}
+		afterTheWork(&evs[i], i, before)
+	}
+	return evs
+}
+
+// afterTheWork turns e, the i-th event of a stream, into an event of a cost
+// known after the work, given before, the event five earlier as already
+// turned (nil for the first five), so that a live stream can turn each
+// event as it makes it: every tenth event (from the first) becomes an
+// allowed reservation, settled five events later (the actual cost is below
+// or above its estimate), and some others become charges. The settles near
+// a month boundary settle a reservation of the month before, whose
+// difference the rollups count in that month (each usage table's carry
+// stream).
+func afterTheWork(e *metering.Event, i int, before *metering.Event) {
+	switch {
+	case i%10 == 0 && i%23 != 11:
+		e.Allowed, e.Reservation = true, fmt.Sprintf("res-%d", i)
+	case i%10 == 5 && before != nil && before.Reservation != "":
+		r := before
+		e.Key, e.Scope, e.Tier, e.Policy = r.Key, r.Scope, r.Tier, r.Policy
+		e.Kind, e.Reservation, e.ReservedTS = metering.KindSettle, r.Reservation, r.TS
+		e.Cost, e.Allowed, e.Estimate, e.Actual = 0, true, r.Cost, uint64(i*7%11) // some below, some above
+	case i%23 == 11:
+		e.Kind, e.Cost, e.Allowed, e.Actual = metering.KindCharge, 0, true, uint64(1+i%50)
+	}
+}
+
+// decisionsIn is how many of evs are decisions (decisions_raw holds every
+// event, settles and charges as rows of their kind).
+func decisionsIn(evs []metering.Event) int {
+	n := 0
+	for i := range evs {
+		if evs[i].IsDecision() {
+			n++
+		}
+	}
+	return n
+}
+
+// costOf is the actual cost the rollups must hold for evs.
+func costOf(evs []metering.Event) uint64 {
+	var c uint64
+	for _, t := range testenv.TotalsOf(evs) {
+		c += t.Cost
+	}
+	return c
+}
+
+// actualCostIn returns the actual cost usage_minute holds (read through
+// conn: the Distributed table in cluster mode) and fails unless it, and
+// decisions_raw's sum(actual_cost), are costOf(evs), the actual cost
+// charged.
+func actualCostIn(t *testing.T, conn driver.Conn, db string, evs []metering.Event) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var inCH uint64
+	if err := conn.QueryRow(ctx, "SELECT sum(cost) FROM "+db+".usage_minute WHERE key != ''").Scan(&inCH); err != nil {
+		t.Fatal(err)
+	}
+	var inRaw int64
+	if err := conn.QueryRow(ctx, "SELECT sum(actual_cost) FROM "+db+".decisions_raw").Scan(&inRaw); err != nil {
+		t.Fatal(err)
+	}
+	if want := costOf(evs); inCH != want || inRaw != int64(want) {
+		t.Fatalf("actual cost in the rollups %d, in decisions_raw %d; charged %d", inCH, inRaw, want)
+	}
+	return inCH
+}
+
 // stallAfter is the stall watchdog's clock (METER_STALL_AFTER) in the fault
 // test: short enough to provoke a stall within the test, far above any
 // pause of a healthy partition on a loaded machine, and so that the faults
@@ -220,7 +304,10 @@ const stallAfter = 20 * time.Second
 // offsets) while two consumer processes are SIGKILLed and restarted at
 // random moments (each time also a rebalance) and ClickHouse is stopped and
 // started again; then every rollup must hold exactly one count per distinct
-// event, and the stall watchdog must not have fired. Then the broker stops
+// event, and the stall watchdog must not have fired. A tenth of the events
+// are settles and some charges (withSettles): the actual cost in ClickHouse
+// must equal the actual cost charged, exactly, although the replayed range
+// and the producer retries send settles again across consumer restarts. Then the broker stops
 // answering the fetches of one partition while it has messages to read: the
 // watchdog must count that stall on the partition's owner, whose /readyz
 // names the partition, and once the broker answers again the partition
@@ -247,7 +334,7 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 		"METER_SESSION_TIMEOUT=6s",
 		"METER_STALL_AFTER=" + stallAfter.String(),
 	}
-	evs := faultEvents(60_000)
+	evs := withSettles(faultEvents(60_000))
 
 	// The producer: chunks of 500 every 120 ms (about 4,000 events/s, so
 	// that the stream outlasts most of the faults), with producer-retry
@@ -256,6 +343,10 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 	produced.Add(1)
 	var dups int
 	var sent atomic.Int64 // distinct events produced so far
+	// Stopped and waited for if the test fails first: a t.Errorf after
+	// the test has ended would panic the whole test binary.
+	stopCtx, stop := context.WithCancel(context.Background())
+	t.Cleanup(func() { stop(); produced.Wait() })
 	go func() {
 		defer produced.Done()
 		w := &kafka.Writer{Addr: kafka.TCP(k.Addr()), Topic: k.Topic(), Balancer: &kafka.Hash{},
@@ -266,14 +357,14 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 			for i := range batch {
 				msgs[i] = kafka.Message{Key: []byte(batch[i].Key), Value: batch[i].AppendEncode(nil)}
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			ctx, cancel := context.WithTimeout(stopCtx, 30*time.Second)
 			defer cancel()
-			if err := w.WriteMessages(ctx, msgs...); err != nil {
+			if err := w.WriteMessages(ctx, msgs...); err != nil && stopCtx.Err() == nil {
 				t.Errorf("produce: %v", err)
 			}
 		}
 		rr := rand.New(rand.NewPCG(seed+1, seed))
-		for i := 0; i < len(evs); i += 500 {
+		for i := 0; i < len(evs) && stopCtx.Err() == nil; i += 500 {
 			send(evs[i:min(i+500, len(evs))])
 			if i > 0 && rr.IntN(3) == 0 { // a producer retry: part of a recent chunk again
 				from := max(0, i-1000) + rr.IntN(500)
@@ -337,7 +428,9 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(evs), 120*time.Second)
 
 	waitRaw(t, conn, db, len(evs), 60*time.Second)
-	t.Logf("%d distinct events, %d duplicates produced, %d consumer SIGKILLs, 1 ClickHouse restart: totals exact", len(evs), dups, kills)
+	inCH := actualCostIn(t, conn, db, evs)
+	t.Logf("%d distinct events (%d settles and charges), %d duplicates produced, %d consumer SIGKILLs, 1 ClickHouse restart: totals exact; actual cost in the rollups and in decisions_raw ÷ actual cost charged = %d ÷ %d = 1",
+		len(evs), len(evs)-decisionsIn(evs), dups, kills, inCH, costOf(evs))
 
 	// Kills, rebalances and a ClickHouse outage are errors, reported as
 	// such: the stall watchdog stayed quiet on every partition.

@@ -8,19 +8,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
-// TestMain doubles as the meter-consumer binary: the tests start the test
-// executable itself with METER_CONSUMER_AS_BINARY=1 to get a real process
-// they can SIGKILL.
+// TestMain doubles as the meter-consumer binary for the configuration
+// tests, which need no build: they start the test executable itself with
+// METER_CONSUMER_AS_BINARY=1. The tests that run the consumer as a service
+// start the built binary (testenv.Binary).
 func TestMain(m *testing.M) {
 	if os.Getenv("METER_CONSUMER_AS_BINARY") == "1" {
 		os.Exit(serve()) // not main: the test binary's own flags are not the consumer's words
 	}
-	if os.Getenv("KAFKADEV_AS_BINARY") == "1" {
-		os.Exit(serveBroker()) // a broker in a process of its own, for SIGSTOP
-	}
-	os.Exit(m.Run())
+	os.Exit(testenv.Main(m))
 }
 
 func binaryCmd(env ...string) *exec.Cmd {

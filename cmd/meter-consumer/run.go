@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
@@ -308,6 +309,15 @@ func buildReconciler(g *lifecycle.Group, cfg config, conn driver.Conn, schema sc
 	}
 	g.OnStop("reconciler redis client", func(context.Context) error { return rc.Close() })
 	rdb := rc.UniversalClient
+	var home redis.UniversalClient // global quotas' counters, across regions
+	if cfg.ReconcileRegion != "" && cfg.GlobalRedis.Enabled() {
+		hc, err := cfg.GlobalRedis.Open(redisOptions)
+		if err != nil {
+			return component{}, err
+		}
+		g.OnStop("reconciler home redis client", func(context.Context) error { return hc.Close() })
+		home = hc.UniversalClient
+	}
 	reader, err := quotause.NewReader(conn, cfg.Database)
 	if err != nil {
 		return component{}, err
@@ -319,13 +329,14 @@ func buildReconciler(g *lifecycle.Group, cfg config, conn driver.Conn, schema sc
 		return component{}, lifecycle.Invalid(fmt.Errorf("POLICY_FILE: %w", err)) // exit 2, as for a variable
 	}
 	rec, err := reconcile.New(reconcile.Config{
-		Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Rows: reader, Policy: pol.Get,
+		Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Rows: reader, Policy: pol.Get, Region: cfg.ReconcileRegion,
+		GlobalRedis: home, GlobalKeyPrefix: cfg.GlobalRedis.KeyPrefix,
 		Every: cfg.ReconcileEvery, Logger: rlog, Registry: reg,
 	})
 	if err != nil {
 		return component{}, err
 	}
-	log.Info("quota reconciler on", "redis", cfg.Redis.Addrs, "redis_kind", rc.Kind(), "redis_tls", cfg.Redis.TLS, "every", cfg.ReconcileEvery.String(), "policy", cfg.PolicyFile)
+	log.Info("quota reconciler on", "redis", cfg.Redis.Addrs, "redis_kind", rc.Kind(), "redis_tls", cfg.Redis.TLS, "every", cfg.ReconcileEvery.String(), "policy", cfg.PolicyFile, "region", cfg.ReconcileRegion)
 	return component{
 		name: "reconciler",
 		run: func(ctx context.Context) error {

@@ -20,28 +20,22 @@ import (
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
-// bins holds limiter, meter-consumer and usage-api, built once.
+// bins is the directory of limiter, meter-consumer and usage-api, built once.
 var bins string
 
 func TestMain(m *testing.M) {
 	if testenv.Short() {
 		os.Exit(m.Run()) // no binaries: the tests that run them skip
 	}
-	dir, err := os.MkdirTemp("", "usage-e2e-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	for _, cmd := range []string{"cmd/limiter", "cmd/meter-consumer", "cmd/usage-api"} {
+		bin, err := testenv.Build(cmd)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		bins = filepath.Dir(bin)
 	}
-	out, err := exec.Command("go", "build", "-o", dir+"/", "../limiter", "../meter-consumer", ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build binaries: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	bins = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.Main(m))
 }
 
 type syncBuffer struct {

@@ -187,17 +187,13 @@ var citation = regexp.MustCompile(`\b((?:docs/[a-z0-9-]+|README)(?:\.md)?),?\s+"
 
 var commentBreak = regexp.MustCompile(`\s*\n\s*(?://|#)?\s*`)
 
-// staleCitations are files whose citations are fixed when they move out
-// of cmd/limiter (their section moved to docs/policy-log.md).
-var staleCitations = map[string]bool{"cmd/limiter/pushcheck.go": true}
-
 // TestDocSectionCitations: every `docs/x.md, "Section"` or `README,
 // "Section"` in the repository names a file that exists and a heading of
 // it that starts with Section.
 func TestDocSectionCitations(t *testing.T) {
 	titlesOf := map[string][]string{}
 	for _, rel := range repoFiles(t, isText) {
-		if rel == "deploy/deploytest/docs_test.go" || staleCitations[rel] {
+		if rel == "deploy/deploytest/docs_test.go" {
 			continue
 		}
 		text := readRepo(t, rel)

@@ -18,15 +18,23 @@ import (
 // still be declared in the Go sources; once a scrape shows one, the test
 // says so and it can leave this list.
 var conditional = map[string]string{
-	"meter_insert_errors_total":          "labelled by table; the first child appears with the first failed INSERT",
-	"notifier_attempts_total":            "the soft-limit notifier (consumer group notifier) in meter-consumer; labelled by outcome, appears with the first webhook attempt",
-	"notifier_notifications_total":       "the soft-limit notifier in meter-consumer; labelled by result",
-	"notifier_deliveries_in_flight":      "the soft-limit notifier in meter-consumer",
-	"limiter_shadow_decisions_total":     "labelled by shadow rule; the first child appears with the first shadow verdict (a policy with a shadow rule, or LIMITER_SHADOW_POLICY_FILE)",
-	"meter_rollout_judge_leader":         "the rollout judge in meter-consumer, with POLICY_JUDGE=true",
-	"meter_rollout_verdicts_total":       "the rollout judge in meter-consumer, with POLICY_JUDGE=true",
-	"meter_rollout_overdue_seconds":      "the rollout judge in meter-consumer, with POLICY_JUDGE=true",
-	"meter_rollout_newly_rejected_ratio": "the rollout judge in meter-consumer, with POLICY_JUDGE=true",
+	"limiter_region_decisions_total":       "a limiter started as a region (LIMITER_REGION set; enforcement/global)",
+	"limiter_region_global_up":             "a limiter started as a region (LIMITER_REGION set; enforcement/global)",
+	"limiter_region_home_errors_total":     "a limiter started as a region (LIMITER_REGION set; enforcement/global)",
+	"limiter_region_home_rtt_seconds":      "a limiter started as a region (LIMITER_REGION set; enforcement/global)",
+	"limiter_region_leased_tokens_total":   "a limiter started as a region (LIMITER_REGION set; enforcement/global)",
+	"limiter_region_pool_errors_total":     "a limiter started as a region (LIMITER_REGION set; enforcement/global)",
+	"limiter_region_pool_tokens":           "a limiter started as a region (LIMITER_REGION set; enforcement/global)",
+	"limiter_region_returned_tokens_total": "a limiter started as a region (LIMITER_REGION set; enforcement/global)",
+	"meter_insert_errors_total":            "labelled by table; the first child appears with the first failed INSERT",
+	"notifier_attempts_total":              "the soft-limit notifier (consumer group notifier) in meter-consumer; labelled by outcome, appears with the first webhook attempt",
+	"notifier_notifications_total":         "the soft-limit notifier in meter-consumer; labelled by result",
+	"notifier_deliveries_in_flight":        "the soft-limit notifier in meter-consumer",
+	"limiter_shadow_decisions_total":       "labelled by shadow rule; the first child appears with the first shadow verdict (a policy with a shadow rule, or LIMITER_SHADOW_POLICY_FILE)",
+	"meter_rollout_judge_leader":           "the rollout judge in meter-consumer, with POLICY_JUDGE=true",
+	"meter_rollout_verdicts_total":         "the rollout judge in meter-consumer, with POLICY_JUDGE=true",
+	"meter_rollout_overdue_seconds":        "the rollout judge in meter-consumer, with POLICY_JUDGE=true",
+	"meter_rollout_newly_rejected_ratio":   "the rollout judge in meter-consumer, with POLICY_JUDGE=true",
 }
 
 // synthesized are series Prometheus makes itself.

@@ -17,6 +17,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/policy"
 )
 
@@ -160,6 +161,12 @@ func knownEnv(tb testing.TB, bin string) map[string]bool {
 					out[string(m[1])+suffix] = true
 				}
 			}
+			// redisclient.FromEnvPrefix(e, prefix) reads a set of its own.
+			for _, m := range redisPrefix.FindAllSubmatch(raw, -1) {
+				for _, v := range redisclient.Vars(string(m[1])) {
+					out[v] = true
+				}
+			}
 			for _, m := range internalImport.FindAllSubmatch(raw, -1) {
 				scan(string(m[1]))
 			}
@@ -171,6 +178,7 @@ func knownEnv(tb testing.TB, bin string) map[string]bool {
 
 var (
 	secretConst = regexp.MustCompile(`VarPassword += "([A-Z][A-Z0-9_]*)"`)
+	redisPrefix = regexp.MustCompile(`FromEnvPrefix\(e, "([A-Z][A-Z0-9_]*)"\)`)
 	clientTLS   = regexp.MustCompile(`(?:FilesFromEnv|ClientFromEnv)\(e, "([A-Z][A-Z0-9_]*)"\)`)
 )
 

@@ -203,7 +203,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			continue
 		}
 		if p.charge {
-			if err := s.charge(ctx, p, st, a, i, mapper); err != nil {
+			if err := s.charge(ctx, domain, p, st, a, i, mapper); err != nil {
 				return nil, err
 			}
 			s.observe(domain, ResultCharged)
@@ -235,14 +235,23 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			}
 			return nil, status.Errorf(codes.Internal, "descriptors[%d]: %v", i, err)
 		}
-		if p.hasCost && p.cost == 0 && d.Allowed && d.Remaining <= 0 && !d.DryRun {
+		if p.hasCost && p.cost == 0 && !d.DryRun && d.Bucket.Rate > 0 {
 			// hits_addend 0 asks "is this bucket in debt or empty?":
 			// Envoy's request-time check of a limit whose cost is only
-			// charged when the stream is done. In debt the decision
-			// already rejected; an empty bucket is over the limit too.
-			d.Allowed, d.WouldAllow = false, false
-			// Fewer than one token is there: one comes within 1/rate.
-			d.RetryAfter = ceilMS(time.Duration(float64(time.Second) / d.Bucket.Rate))
+			// charged when the stream is done. It passes on one whole
+			// token, which the refill brings within 1/rate: an empty
+			// bucket is over the limit for that long, and a bucket in
+			// debt (the decision already rejected) for that long after
+			// the debt is paid, so a client that waits retry-after is
+			// not turned away once more.
+			oneToken := ceilMS(time.Duration(float64(time.Second) / d.Bucket.Rate))
+			switch {
+			case d.Allowed && d.Remaining <= 0:
+				d.Allowed, d.WouldAllow = false, false
+				d.RetryAfter = oneToken
+			case !d.Allowed:
+				d.RetryAfter += oneToken
+			}
 		}
 		warn = warn || (d.Warning && !d.DryRun)
 		st.CurrentLimit = currentLimit(mapper, p.mapped, d, a.limit(i))
@@ -280,12 +289,12 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 
 // charge applies a charge descriptor: always OK, its status reporting the
 // bucket after the charge (remaining 0 in debt).
-func (s *Service) charge(ctx context.Context, p *plan, st *rlsv3.RateLimitResponse_DescriptorStatus, a *answer, i int, mapper *policy.Policy) error {
+func (s *Service) charge(ctx context.Context, domain string, p *plan, st *rlsv3.RateLimitResponse_DescriptorStatus, a *answer, i int, mapper *policy.Policy) error {
 	c, ok := s.lim.(Charger)
 	if !ok {
 		return status.Errorf(codes.Unimplemented, "descriptors[%d]: this service cannot charge", i)
 	}
-	set, err := c.Charge(ctx, enforcement.Request{Key: p.mapped.Key, Scope: p.mapped.Scope, Tier: p.mapped.Tier, Cost: p.cost, HasCost: true})
+	set, err := c.Charge(ctx, enforcement.Request{Key: p.mapped.Key, Scope: p.mapped.Scope, Tier: p.mapped.Tier, Cost: p.cost, HasCost: true, Domain: domain})
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:

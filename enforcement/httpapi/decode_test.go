@@ -59,3 +59,27 @@ func FuzzScanAgreesWithJSON(f *testing.F) {
 		}
 	})
 }
+
+// FuzzScanSettleAgreesWithJSON: whenever the /settle scanner accepts a
+// body, the general decoder reads the same id and cost (or refuses it the
+// same way).
+func FuzzScanSettleAgreesWithJSON(f *testing.F) {
+	for _, s := range []string{
+		`{"reservation":"AbC","cost":742}`, ` { "cost" : 0 , "reservation" : "x" } `, `{"reservation":"","cost":1}`,
+		`{"reservation":"x","cost":-1}`, `{"reservation":"x","cost":01}`, `{"reservation":"x","cost":1000000001}`,
+		`{"reservation":"x","reservation":"y","cost":1}`, `{"RESERVATION":"x","cost":1}`, `{"reservation":"x"}`,
+		`{"reservation":"x","cost":1}x`, `{"reservation":"a\u0000","cost":1}`, "{\"reservation\":\"\xff\",\"cost\":1}",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if _, _, ok := scanSettle(body); !ok {
+			return
+		}
+		id1, c1, e1 := DecodeSettle(body)
+		id2, c2, e2 := decodeSettleJSON(body)
+		if id1 != id2 || c1 != c2 || (e1 == nil) != (e2 == nil) || (e1 != nil && *e1 != *e2) {
+			t.Fatalf("%q: scanner %q %d %v, encoding/json %q %d %v", body, id1, c1, e1, id2, c2, e2)
+		}
+	})
+}

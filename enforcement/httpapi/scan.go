@@ -157,3 +157,56 @@ func scanPlainInt(b []byte, i int) int {
 	}
 	return j
 }
+
+// scanSettle decodes the /settle body a well-behaved client sends — one
+// flat object with at most one "reservation" (a plain string) and one
+// "cost" (a plain integer), in either order — without reflection.
+// Anything else returns ok = false and takes the general decoder
+// (DecodeSettle), so both always agree: the fuzz test compares them.
+func scanSettle(body []byte) (id []byte, cost []byte, ok bool) {
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return nil, nil, false
+	}
+	i = skipSpace(body, i+1)
+	var seenID, seenCost bool
+	for {
+		name, j, ok := scanPlainString(body, i)
+		if !ok {
+			return nil, nil, false
+		}
+		i = skipSpace(body, j)
+		if i >= len(body) || body[i] != ':' {
+			return nil, nil, false
+		}
+		i = skipSpace(body, i+1)
+		switch string(name) {
+		case "reservation":
+			v, j, ok := scanPlainString(body, i)
+			if !ok || seenID {
+				return nil, nil, false
+			}
+			id, seenID, i = v, true, j
+		case "cost":
+			j := scanPlainInt(body, i)
+			if j == i || seenCost {
+				return nil, nil, false
+			}
+			cost, seenCost, i = body[i:j], true, j
+		default:
+			return nil, nil, false
+		}
+		i = skipSpace(body, i)
+		if i >= len(body) {
+			return nil, nil, false
+		}
+		switch body[i] {
+		case ',':
+			i = skipSpace(body, i+1)
+		case '}':
+			return id, cost, seenID && seenCost && skipSpace(body, i+1) == len(body)
+		default:
+			return nil, nil, false
+		}
+	}
+}

@@ -53,6 +53,7 @@ func (h *SettleHandler) Settle() http.Handler {
 			return
 		}
 		id, cost, apiErr := DecodeSettle(body)
+		release(body)
 		if apiErr != nil {
 			WriteError(w, apiErr, "")
 			return
@@ -83,6 +84,7 @@ func (h *SettleHandler) Charge() http.Handler {
 			return
 		}
 		req, apiErr := DecodeCharge(body)
+		release(body)
 		if apiErr != nil {
 			WriteError(w, apiErr, "")
 			return
@@ -111,18 +113,44 @@ func (h *SettleHandler) admit(w http.ResponseWriter, r *http.Request) ([]byte, b
 		WriteError(w, &Error{Status: http.StatusUnauthorized, Code: "unauthorized", Message: "a valid bearer token is required"}, "")
 		return nil, false
 	}
-	body, apiErr := readBody(r, nil)
+	bp := bufPool.Get().(*[]byte)
+	body, apiErr := readBody(r, (*bp)[:0])
 	if apiErr != nil {
+		*bp = body[:0]
+		bufPool.Put(bp)
 		WriteError(w, apiErr, "")
 		return nil, false
 	}
 	return body, true
 }
 
+// release gives a body admit read back to the pool, once nothing refers
+// to it (the decoded id is a copy).
+func release(body []byte) {
+	b := body[:0]
+	bufPool.Put(&b)
+}
+
 // DecodeSettle parses a /settle body: the reservation id (a non-empty
 // string of at most MaxReservationBytes) and the actual cost (an integer
 // in [0, 1e9]), both required.
 func DecodeSettle(body []byte) (id string, cost int64, apiErr *Error) {
+	if raw, rawCost, ok := scanSettle(body); ok { // the common body, without reflection
+		switch {
+		case len(raw) == 0:
+			return "", 0, invalid("reservation is required")
+		case len(raw) > MaxReservationBytes:
+			return "", 0, invalid("reservation is %d bytes, at most %d allowed", len(raw), MaxReservationBytes)
+		}
+		cost, apiErr = parseCost(rawCost)
+		return string(raw), cost, apiErr
+	}
+	return decodeSettleJSON(body)
+}
+
+// decodeSettleJSON is DecodeSettle's general decoder: any valid JSON, with
+// encoding/json's rules.
+func decodeSettleJSON(body []byte) (id string, cost int64, apiErr *Error) {
 	var b struct {
 		Reservation *string         `json:"reservation"`
 		Cost        json.RawMessage `json:"cost"`
@@ -178,7 +206,9 @@ func settleErrorFor(err error) *Error {
 
 // writeSettlement writes a settle's or a charge's answer.
 func writeSettlement(w http.ResponseWriter, status int, s *enforcement.Settlement) {
-	b := make([]byte, 0, 256)
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	b := (*bp)[:0]
 	b = append(b, '{')
 	if s.Kind == enforcement.KindSettle {
 		b = append(b, `"settled":`...)
@@ -217,4 +247,5 @@ func writeSettlement(w http.ResponseWriter, status int, s *enforcement.Settlemen
 	w.Header()["Content-Type"] = jsonContentType
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
+	*bp = b[:0]
 }

@@ -1,5 +1,6 @@
 // Package limitmetrics exports what the limiter does as Prometheus metrics.
-// The names here are the ones deploy/alerts.yml and the Grafana dashboard use.
+// The names here are the ones the alert rules (deploy/prometheus/rules/)
+// and the Grafana dashboard use.
 package limitmetrics
 
 import (
@@ -26,7 +27,7 @@ type Metrics struct {
 	breaker        *prometheus.GaugeVec
 	anonymous      *prometheus.CounterVec
 	instances      prometheus.Gauge
-	fixed          [2][4]prometheus.Counter // [allowed][source]
+	fixed          [2][5]prometheus.Counter // [allowed][source]
 	anon           [2]prometheus.Counter    // [allowed]
 	policyCounters sync.Map                 // policy name → *[3]prometheus.Counter
 }
@@ -41,7 +42,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_decisions_total",
-			Help: "Decisions by result (allowed, rejected) and source (local, shared, degraded).",
+			Help: "Decisions by result (allowed, rejected) and source (local, shared, degraded, regional).",
 		}, []string{"result", "source"}),
 		byPolicy: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_policy_decisions_total",
@@ -88,7 +89,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.decisions, m.byPolicy, m.latency, m.storeLatency, m.storeErrors,
 		m.unavailable, m.clockBack, m.breaker, m.anonymous, m.instances)
 	for a, result := range []string{"rejected", "allowed"} {
-		for _, s := range []enforcement.Source{enforcement.SourceLocal, enforcement.SourceShared, enforcement.SourceDegraded} {
+		for _, s := range []enforcement.Source{enforcement.SourceLocal, enforcement.SourceShared, enforcement.SourceDegraded, enforcement.SourceRegional} {
 			m.fixed[a][s] = m.decisions.WithLabelValues(result, s.String())
 		}
 		m.anon[a] = m.anonymous.WithLabelValues(result)

@@ -1,31 +1,64 @@
-
--- Many decisions in one call (decide.lua is prepended): the auto-pipelined
--- store sends a whole batch as one EVALSHA, so Redis parses one command,
--- runs one script call and reads the clock once for all of them, and the
--- numbers cross the wire packed instead of as text.
+-- Many store calls in one (state.lua, decide.lua, reserve.lua and
+-- settle.lua are prepended): the auto-pipelined store sends a whole batch
+-- as one EVALSHA, so Redis parses one command, runs one script call and
+-- reads the clock once for all of them, and the numbers cross the wire
+-- packed instead of as text. A call is a decision, a reservation or a
+-- settle (a charge is a settle), each the same function its own script
+-- runs, so batching changes the transport, not the answer.
 --
--- KEYS[2i-1], KEYS[2i]  bucket and quota keys of decision i
--- ARGV[1]  6 little-endian doubles per decision: rate, burst, cost, quota
---          limit, quota window end (ms), soft limit (%)
+-- KEYS     per call in order: a decision's bucket and quota keys; a
+--          reservation's or a settle's bucket, quota and record keys
+-- ARGV[1]  per call, little-endian doubles: the op (0 decision,
+--          1 reservation, 2 settle), then rate, burst, cost, quota limit,
+--          quota window end (ms) and the soft limit (%) (a settle: its
+--          unrecorded flag, 1 or 0, in the soft limit's place); a
+--          reservation and a settle add the record's TTL (ms)
 --
--- Returns { results, [i, error, ...] }: results is 8 little-endian doubles
--- per decision (as decide returns them; all integers below 2^53, exact);
--- a decision whose Redis call failed (a key of the wrong type) is all
--- zeros there and is listed after it with its error, and the others stand.
--- Decisions run in order, each one atomic, as separate calls would.
+-- Returns { results, [i, error, ...] }: results is, per call, 8
+-- little-endian doubles for a decision or a reservation (as decide
+-- returns them), 9 for a settle (as settle returns them), all integers
+-- below 2^53 and so exact; a call whose Redis call failed (a key of the
+-- wrong type) is all zeros there and is listed after it with its error,
+-- and the others stand. Calls run in order, each one atomic, as separate
+-- calls would.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local args = ARGV[1]
 local out, failed = {}, { '' }
-local pos = 1
-for i = 1, #KEYS / 2 do
-  local rate, burst, cost, qlimit, qend, soft
-  rate, burst, cost, qlimit, qend, soft, pos = struct.unpack('<dddddd', args, pos)
-  local ok, a, b, c, d, e, f, g, h = pcall(decide, KEYS[2 * i - 1], KEYS[2 * i], rate, burst, cost, qlimit, qend, soft, now)
-  if ok then
-    out[i] = struct.pack('<dddddddd', a, b, c, d, e, f, g, h)
+local pos, k, i = 1, 1, 0
+local d8, d9 = '<dddddddd', '<ddddddddd'
+while pos <= #args do
+  i = i + 1
+  local op, rate, burst, cost, qlimit, qend, soft
+  op, rate, burst, cost, qlimit, qend, soft, pos = struct.unpack('<ddddddd', args, pos)
+  local ok, a, b, c, d, e, f, g, h, j
+  if op == 0 then
+    ok, a, b, c, d, e, f, g, h = pcall(decide, KEYS[k], KEYS[k + 1], rate, burst, cost, qlimit, qend, soft, now)
+    k = k + 2
   else
-    out[i] = string.rep('\0', 64)
+    local ttl
+    ttl, pos = struct.unpack('<d', args, pos)
+    if op == 1 then
+      ok, a, b, c, d, e, f, g, h = pcall(reserve, KEYS[k], KEYS[k + 1], KEYS[k + 2], rate, burst, cost, qlimit, qend, soft, ttl, now)
+    else
+      local r
+      ok, r = pcall(settle, KEYS[k], KEYS[k + 1], KEYS[k + 2], rate, burst, cost, qlimit, qend, soft == 1 and '1' or '0', ttl, now)
+      if ok then
+        a, b, c, d, e, f, g, h, j = r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]
+      else
+        a = r
+      end
+    end
+    k = k + 3
+  end
+  if ok then
+    if op == 2 then
+      out[i] = struct.pack(d9, a, b, c, d, e, f, g, h, j)
+    else
+      out[i] = struct.pack(d8, a, b, c, d, e, f, g, h)
+    end
+  else
+    out[i] = string.rep('\0', op == 2 and 72 or 64)
     local err = a -- a string, or a table { err = ... } from redis.call
     if type(err) == 'table' then err = err.err end
     failed[#failed + 1] = i

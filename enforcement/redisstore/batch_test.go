@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -50,5 +51,62 @@ func TestBatchReportNamesTheBatch(t *testing.T) {
 		if rep.Size != 4 {
 			t.Errorf("decision %d: batch size %d, want 4", i, rep.Size)
 		}
+	}
+}
+
+// TestBatchMixesDecisionsReservationsAndSettles: a decision, a
+// reservation, its settle's neighbour (a charge) and a settle of an id
+// that does not exist ride one script call (MinBatch holds the batch until
+// all four are queued) and each gets its own answer, as alone.
+func TestBatchMixesDecisionsReservationsAndSettles(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb := newClient(t, r.Addr())
+	p := redisstore.NewPipelined(rdb, "bmix", redisstore.PipelineConfig{MinBatch: 4, MaxDelay: time.Minute})
+	running(t, p)
+	lim := enforcement.Limit{Rate: 1e-6, Burst: 100}
+	reps := make([]redisstore.BatchReport, 4)
+	ctxOf := func(i int) (context.Context, context.CancelFunc) {
+		return context.WithTimeout(redisstore.WithBatchReport(context.Background(), &reps[i]), 2*time.Minute)
+	}
+	var wg sync.WaitGroup
+	run := func(i int, f func(ctx context.Context)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := ctxOf(i)
+			defer cancel()
+			f(ctx)
+		}()
+	}
+	run(0, func(ctx context.Context) {
+		if v, err := p.Take(ctx, "k0", "s", lim, 10); err != nil || !v.Allowed || v.Remaining != 90 {
+			t.Errorf("decision: %+v, %v", v, err)
+		}
+	})
+	run(1, func(ctx context.Context) {
+		if v, err := p.Reserve(ctx, "k1", "s", lim, 30, "id-1", time.Minute); err != nil || !v.Allowed || v.Remaining != 70 {
+			t.Errorf("reservation: %+v, %v", v, err)
+		}
+	})
+	run(2, func(ctx context.Context) {
+		if s, err := p.Settle(ctx, "k2", "s", "charge-2", lim, 120, true, time.Minute); err != nil || s.Remaining != -20 || s.Debt != 20 {
+			t.Errorf("charge into debt: %+v, %v", s, err)
+		}
+	})
+	run(3, func(ctx context.Context) {
+		if _, err := p.Settle(ctx, "k3", "s", "never-made", lim, 5, false, time.Minute); !errors.Is(err, enforcement.ErrReservationNotFound) {
+			t.Errorf("settle of no reservation: %v", err)
+		}
+	})
+	wg.Wait()
+	for i, rep := range reps {
+		if rep.Size != 4 {
+			t.Errorf("call %d: batch size %d, want 4", i, rep.Size)
+		}
+	}
+	// The reservation's settle, alone (on a lane that does not wait for
+	// more), refunds what it did not use.
+	if s, err := newPipelined(t, rdb, "bmix").Settle(context.Background(), "k1", "s", "id-1", lim, 10, false, time.Minute); err != nil || s.Estimate != 30 || s.Remaining != 90 {
+		t.Fatalf("settle 10 of 30: %+v, %v", s, err)
 	}
 }

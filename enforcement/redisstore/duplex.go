@@ -63,6 +63,15 @@ type group struct {
 
 var groups = sync.Pool{New: func() any { return new(group) }}
 
+// resultBytes is the size of g's packed results in batch.lua's reply.
+func (g *group) resultBytes() int {
+	n := 0
+	for _, c := range g.calls {
+		n += c.resultBytes()
+	}
+	return n
+}
+
 func (g *group) recycle() {
 	clear(g.calls)
 	g.calls = g.calls[:0]
@@ -261,15 +270,22 @@ func (c *duplexConn) bytes(b []byte) {
 // evalsha writes one EVALSHA of batch.lua over the decisions of calls,
 // their packed numbers in args (48 bytes each, as pack lays them out).
 func (c *duplexConn) evalsha(calls []*call, args []byte) {
-	c.array(3 + 2*len(calls) + 1)
+	n := 0
+	for _, k := range calls {
+		n += k.keys()
+	}
+	c.array(3 + n + 1)
 	c.str("evalsha")
 	c.str(batchSHA)
-	nkeys := strconv.AppendInt(c.keys[:0], int64(2*len(calls)), 10)
+	nkeys := strconv.AppendInt(c.keys[:0], int64(n), 10)
 	c.keys = nkeys
 	c.bytes(nkeys)
 	for _, k := range calls {
 		c.str(k.bucketKey)
 		c.str(k.quotaKey)
+		if k.op != opDecide {
+			c.str(k.recordKey)
+		}
 	}
 	c.bytes(args)
 }
@@ -325,9 +341,10 @@ const (
 	// maxCallDecisions is the most decisions one script call carries
 	// (PipelineConfig.MaxBatch is capped by it).
 	maxCallDecisions = 4096
-	// resultBytes is one decision's packed result in batch.lua's reply
-	// (8 doubles).
-	resultBytes = 64
+	// resultBytes is one decision's (or reservation's) packed result in
+	// batch.lua's reply (8 doubles), settleResultBytes one settle's (9).
+	resultBytes       = 64
+	settleResultBytes = 72
 	// maxMessageBytes bounds an error message, or any other bulk string
 	// the connection reads (handshake replies are a few bytes).
 	maxMessageBytes = 64 << 10

@@ -293,6 +293,24 @@ func (a *Guard) Do(ctx context.Context, fn func(ctx context.Context) error) erro
 	return a.do(ctx, fn)
 }
 
+// DoHeeding is Do for an fn that returns as soon as its ctx is done and
+// does not use ctx once it returned unless ctx was done by then (a call of
+// redisstore.Pipelined's, as Take's hot path): fn runs on the caller's
+// goroutine, under a reused call context.
+func (a *Guard) DoHeeding(ctx context.Context, fn func(ctx context.Context) error) error {
+	if err := ctx.Err(); err != nil {
+		return &callerError{err}
+	}
+	_, err := a.cb.Execute(func() (struct{}, error) {
+		w := a.begin(ctx, true)
+		return struct{}{}, a.end(w, fn(w))
+	})
+	if err != nil {
+		return a.breakerError(err)
+	}
+	return nil
+}
+
 // do is Do: fn in a goroutine of its own.
 func (a *Guard) do(ctx context.Context, fn func(ctx context.Context) error) error {
 	if err := ctx.Err(); err != nil {

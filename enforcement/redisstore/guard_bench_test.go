@@ -26,8 +26,9 @@ func BenchmarkGuardedPipelined(b *testing.B) {
 }
 
 // BenchmarkShared is BenchmarkGuardedPipelined through the store value
-// cmd/limiter wires (redisstore.Shared): the same guard and pipeline, with
-// the store's own bookkeeping (Failing) on every call.
+// the limiter wires (redisstore.Shared, built by internal/sharedtier): the
+// same guard and pipeline, with the store's own bookkeeping (Failing) on
+// every call.
 func BenchmarkShared(b *testing.B) {
 	r := testenv.StartRedis(b)
 	s := redisstore.NewShared(client(b, r.Addr()), redisstore.SharedConfig{Prefix: "sbench",

@@ -11,7 +11,10 @@ package redisstore
 // ahead of it to come back, and under load the decisions that queue while
 // a write is on its way go out together in the next one. The decision is
 // the same Lua function as Store's (decide.lua), so decisions are
-// identical; only the transport differs.
+// identical; only the transport differs. Reservations and settles (a
+// charge is a settle) ride the same lanes as calls of their own kind in
+// the same batches (batch.lua's op), each the same Lua function as in
+// its own script (reserve.lua, settle.lua).
 //
 // A lane is one server's queue and connection. Over one server there is
 // one. Over a Cluster there is one per master, chosen in Take by the master
@@ -123,11 +126,18 @@ var _ enforcement.Authority = (*Pipelined)(nil)
 
 type call struct {
 	ctx        context.Context // the caller's: a call it gave up on is not sent
+	op         callOp
 	key, scope string
 	lim        enforcement.Limit
 	cost       int64
 	v          enforcement.Verdict
+	st         settleReply // a settle's answer (v is a decision's)
 	err        error
+	// recordKey, ttl and unrecorded are a reservation's or a settle's:
+	// the record's key, its TTL (ms) and whether it has no record.
+	recordKey  string
+	ttl        int64
+	unrecorded bool
 	// done receives one value when v and err are set (buffered: the
 	// reader never waits for the caller).
 	done chan struct{}
@@ -135,6 +145,31 @@ type call struct {
 	bucketKey, quotaKey string
 	quotaEnd            int64
 	batch               int // decisions in the script call the call rode in
+}
+
+// callOp is what a call asks of batch.lua.
+type callOp uint8
+
+const (
+	opDecide  callOp = iota // a decision (decide.lua)
+	opReserve               // a reservation (reserve.lua)
+	opSettle                // a settle or a charge (settle.lua)
+)
+
+// keys is how many keys the call names in batch.lua's KEYS.
+func (c *call) keys() int {
+	if c.op == opDecide {
+		return 2
+	}
+	return 3
+}
+
+// resultBytes is the size of c's packed result in batch.lua's reply.
+func (c *call) resultBytes() int {
+	if c.op == opSettle {
+		return settleResultBytes
+	}
+	return resultBytes
 }
 
 // calls recycles call records: a caller that received its answer is the
@@ -294,10 +329,65 @@ func (p *Pipelined) laneOf(ctx context.Context, bucketKey string) (l *lane, clos
 
 // Take implements enforcement.Authority.
 func (p *Pipelined) Take(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64) (enforcement.Verdict, error) {
+	c := p.newCall(ctx, opDecide, key, scope, lim, cost)
+	if err := p.await(ctx, c); err != nil {
+		return errVerdict, err
+	}
+	v, err := c.v, c.err
+	c.recycle()
+	return v, err
+}
+
+// Reserve implements enforcement.Reserver: reserve.lua in the lane's
+// batches, as a decision is (Store.Reserve is the same script alone).
+func (p *Pipelined) Reserve(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64, id string, ttl time.Duration) (enforcement.Verdict, error) {
+	c := p.newCall(ctx, opReserve, key, scope, lim, cost)
+	c.recordKey, c.ttl = p.store.ReservationKey(key, id), ttlMS(ttl)
+	if err := p.await(ctx, c); err != nil {
+		return errVerdict, err
+	}
+	v, err := c.v, c.err
+	c.recycle()
+	return v, err
+}
+
+// Settle implements enforcement.Reserver: settle.lua in the lane's
+// batches. A settle is never sent twice (the lane's connection fails
+// every call on it rather than resend one), and settle.lua applies an id
+// at most once, so a settle whose reply was lost and that the caller
+// sends again is answered "already settled".
+func (p *Pipelined) Settle(ctx context.Context, key, scope, id string, lim enforcement.Limit, cost int64, unrecorded bool, ttl time.Duration) (enforcement.Settlement, error) {
+	r, err := p.settle(ctx, key, scope, id, lim, cost, unrecorded, ttl)
+	if err != nil {
+		return enforcement.Settlement{}, err
+	}
+	return r.result()
+}
+
+func (p *Pipelined) settle(ctx context.Context, key, scope, id string, lim enforcement.Limit, cost int64, unrecorded bool, ttl time.Duration) (settleReply, error) {
+	c := p.newCall(ctx, opSettle, key, scope, lim, cost)
+	c.recordKey, c.ttl, c.unrecorded = p.store.ReservationKey(key, id), ttlMS(ttl), unrecorded
+	if err := p.await(ctx, c); err != nil {
+		return settleReply{}, err
+	}
+	r, err := c.st, c.err
+	c.recycle()
+	return r, err
+}
+
+// newCall is a call record for one store call.
+func (p *Pipelined) newCall(ctx context.Context, op callOp, key, scope string, lim enforcement.Limit, cost int64) *call {
 	c := calls.Get().(*call)
-	c.ctx, c.key, c.scope, c.lim, c.cost = ctx, key, scope, lim, cost
+	c.ctx, c.op, c.key, c.scope, c.lim, c.cost = ctx, op, key, scope, lim, cost
 	c.bucketKey = p.store.BucketKey(key, scope)
 	c.quotaKey, c.quotaEnd = p.store.quotaOf(c.bucketKey, key, lim)
+	return c
+}
+
+// await sends c on its lane and waits for its answer. nil: c is answered
+// (its result fields are set) and the caller recycles it; an error: c is
+// not the caller's any more.
+func (p *Pipelined) await(ctx context.Context, c *call) error {
 	l := p.one
 	if p.cluster != nil {
 		l = nil
@@ -305,33 +395,31 @@ func (p *Pipelined) Take(ctx context.Context, key, scope string, lim enforcement
 			var closed bool
 			if l, closed = p.laneOf(ctx, c.bucketKey); closed {
 				c.recycle()
-				return errVerdict, ErrClosed
+				return ErrClosed
 			}
 		}
 		if l == nil { // the master is not known: through the cluster client
 			c.batch = 1
 			if !p.later([]*call{c}, p.deadline(c), p.viaCluster) {
 				c.recycle()
-				return errVerdict, ErrClosed
+				return ErrClosed
 			}
 		}
 	}
 	if l != nil {
 		if err := p.enqueue(l, c); err != nil {
 			c.recycle()
-			return errVerdict, err
+			return err
 		}
 	}
 	select {
 	case <-c.done:
-		v, err := c.v, c.err
 		reportBatch(ctx, c.batch)
-		c.recycle()
-		return v, err
+		return nil
 	case <-ctx.Done():
 		// The call is still answered, by the reader or by the
-		// connection's failure; its verdict is dropped.
-		return errVerdict, fmt.Errorf("redis bucket script for %q: %w", c.bucketKey, ctx.Err())
+		// connection's failure; its answer is dropped.
+		return fmt.Errorf("redis bucket script for %q: %w", c.bucketKey, ctx.Err())
 	}
 }
 
@@ -482,15 +570,35 @@ func (p *Pipelined) write(l *lane, cn *duplexConn, batch []*call) {
 	}
 }
 
-// packArgs appends the packed numbers of calls' decisions (batch.lua's
-// ARGV[1]).
+// packArgs appends the packed numbers of calls (batch.lua's ARGV[1]).
 func packArgs(b []byte, calls []*call) []byte {
 	for _, c := range calls {
-		for _, f := range [6]float64{c.lim.Rate, float64(c.lim.Burst), float64(c.cost), float64(c.lim.QuotaLimit), float64(c.quotaEnd), c.lim.SoftLimitPercent} {
+		soft := c.lim.SoftLimitPercent
+		if c.op == opSettle {
+			soft = 0
+			if c.unrecorded {
+				soft = 1
+			}
+		}
+		for _, f := range [7]float64{float64(c.op), c.lim.Rate, float64(c.lim.Burst), float64(c.cost), float64(c.lim.QuotaLimit), float64(c.quotaEnd), soft} {
 			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
+		}
+		if c.op != opDecide {
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(c.ttl)))
 		}
 	}
 	return b
+}
+
+// appendKeys appends calls' keys (batch.lua's KEYS).
+func appendKeys(keys []string, calls []*call) []string {
+	for _, c := range calls {
+		keys = append(keys, c.bucketKey, c.quotaKey)
+		if c.op != opDecide {
+			keys = append(keys, c.recordKey)
+		}
+	}
+	return keys
 }
 
 // close marks l closed and answers its queue with ErrClosed.
@@ -603,7 +711,7 @@ func (p *Pipelined) serve(l *lane, cn *duplexConn) error {
 				}
 				switch {
 				case i == 0 && ln[0] == '$':
-					packed, err = cn.readBulk(ln, &cn.bulk, resultBytes*len(g.calls))
+					packed, err = cn.readBulk(ln, &cn.bulk, g.resultBytes())
 				case i%2 == 1 && ln[0] == ':':
 					var at int64
 					at, err = parseInt(ln[1:])
@@ -649,22 +757,36 @@ type failure struct {
 }
 
 // answerPacked answers calls from one batch.lua reply: packed results, and
-// the decisions that failed.
+// the calls that failed.
 func answerPacked(calls []*call, packed []byte, failed []failure) {
-	if len(packed) != 64*len(calls) {
+	want := 0
+	for _, c := range calls {
+		want += c.resultBytes()
+	}
+	if len(packed) != want {
 		failCalls(calls, fmt.Errorf("%w: %d bytes for %d decisions", errBadReply, len(packed), len(calls)))
 		return
 	}
+	at := 0
 	for i, c := range calls {
+		n := c.resultBytes()
+		b := packed[at : at+n]
+		at += n
 		if msg, bad := failedAt(failed, int64(i+1)); bad {
 			c.answer(errVerdict, fmt.Errorf("redis bucket script for %q: %s", c.bucketKey, msg))
 			continue
 		}
-		var res [8]int64
-		for j := range res {
-			res[j] = int64(math.Float64frombits(binary.LittleEndian.Uint64(packed[64*i+8*j:])))
+		var res [9]int64
+		for j := range n / 8 {
+			res[j] = int64(math.Float64frombits(binary.LittleEndian.Uint64(b[8*j:])))
 		}
-		c.answer(verdictOf(c.bucketKey, res[:], nil))
+		if c.op == opSettle {
+			r, err := settleReplyOf(c.bucketKey, c.cost, res[:])
+			c.st = r
+			c.answer(errVerdict, err)
+			continue
+		}
+		c.answer(verdictOf(c.bucketKey, res[:8], nil))
 	}
 }
 
@@ -773,10 +895,7 @@ func sendVia(ctx context.Context, rdb redis.Scripter, calls []*call, whole bool)
 	ok := false
 	for i := 0; i < len(calls); i += per {
 		chunk := calls[i:min(i+per, len(calls))]
-		keys := make([]string, 0, 2*len(chunk))
-		for _, c := range chunk {
-			keys = append(keys, c.bucketKey, c.quotaKey)
-		}
+		keys := appendKeys(make([]string, 0, 3*len(chunk)), chunk)
 		cmd := batchScript.run(ctx, rdb, keys, packArgs(nil, chunk)) // EVALSHA, then EVAL on NOSCRIPT; never resent (spend.go)
 		answer(chunk, cmd)
 		ok = ok || cmd.Err() == nil

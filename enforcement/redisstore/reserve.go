@@ -7,16 +7,15 @@ import (
 	"math"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 )
 
 // Reservations are reserve.lua (a decision that also records the
-// reservation) and settle.lua (the settle, and the charge; settlecall.lua
-// runs it once per call), each on state.lua's bucket, so that they spend
-// the bucket Take spends.
+// reservation) and settle.lua (the settle, and the charge), each on
+// state.lua's bucket, so that they spend the bucket Take spends. Store runs
+// each once per call (reservecall.lua, settlecall.lua); Pipelined runs them
+// in batch.lua's batches beside the decisions.
 var (
 	//go:embed reserve.lua
 	reserveLua string
@@ -24,13 +23,16 @@ var (
 	settleLua string
 	//go:embed settlecall.lua
 	settleCallLua string
+	//go:embed reservecall.lua
+	reserveCallLua string
 
-	reserveScript = redis.NewScript(stateLua + decideLua + reserveLua)
-	settleScript  = redis.NewScript(stateLua + settleLua + settleCallLua)
+	reserveScript = newSpendScript(stateLua + decideLua + reserveLua + reserveCallLua) // spend.go: sent at most once
+	settleScript  = newSpendScript(stateLua + settleLua + settleCallLua)
 )
 
 var (
 	_ enforcement.Reserver = (*Store)(nil)
+	_ enforcement.Reserver = (*Pipelined)(nil)
 	_ enforcement.Reserver = (*Shared)(nil)
 )
 
@@ -46,7 +48,7 @@ func (s *Store) Reserve(ctx context.Context, key, scope string, lim enforcement.
 	keys, args := s.bucketCall(key, scope, lim, cost)
 	keys = append(keys, s.ReservationKey(key, id))
 	args = append(args, ttlMS(ttl))
-	res, err := reserveScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+	res, err := reserveScript.run(ctx, s.rdb, keys, args...).Int64Slice()
 	return verdictOf(keys[0], res, err)
 }
 
@@ -82,10 +84,15 @@ func (s *Store) settle(ctx context.Context, key, scope, id string, lim enforceme
 		un = 1
 	}
 	keys := []string{bucketKey, quotaKey, s.ReservationKey(key, id)}
-	res, err := settleScript.Run(ctx, s.rdb, keys, lim.Rate, lim.Burst, cost, lim.QuotaLimit, quotaEnd, un, ttlMS(ttl)).Int64Slice()
+	res, err := settleScript.run(ctx, s.rdb, keys, lim.Rate, lim.Burst, cost, lim.QuotaLimit, quotaEnd, un, ttlMS(ttl)).Int64Slice()
 	if err != nil {
 		return settleReply{}, fmt.Errorf("redis settle script for %q: %w", bucketKey, err)
 	}
+	return settleReplyOf(bucketKey, cost, res)
+}
+
+// settleReplyOf reads settle.lua's answer (9 numbers) to a settle of cost.
+func settleReplyOf(bucketKey string, cost int64, res []int64) (settleReply, error) {
 	if len(res) != 9 || res[0] < -2 || res[0] > 1 || res[0] == 0 {
 		return settleReply{}, fmt.Errorf("redis settle script for %q: %w: %v", bucketKey, errBadReply, res)
 	}
@@ -122,30 +129,51 @@ func (s *Store) PreloadReserve(ctx context.Context) error {
 	return nil
 }
 
-// Reserve implements enforcement.Reserver (Store.Reserve under the key's
-// guard: the deadline and breaker its decisions pass).
+// Reserve implements enforcement.Reserver under the key's guard (the
+// deadline and breaker its decisions pass): in the pipeline's batches
+// beside the decisions, or Store.Reserve when there is no pipeline.
 func (s *Shared) Reserve(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64, id string, ttl time.Duration) (enforcement.Verdict, error) {
 	var v enforcement.Verdict
-	err := s.do(ctx, key, scope, func(ctx context.Context) error {
-		var err error
-		v, err = s.store.Reserve(ctx, key, scope, lim, cost, id, ttl)
-		return err
-	})
+	var err error
+	if s.pipe != nil {
+		// The pipeline heeds its context: the call runs on this goroutine.
+		err = s.guardFor(keyslot.KeySlot(key, scope)).DoHeeding(ctx, func(ctx context.Context) error {
+			var err error
+			v, err = s.pipe.Reserve(ctx, key, scope, lim, cost, id, ttl)
+			return err
+		})
+	} else {
+		err = s.do(ctx, key, scope, func(ctx context.Context) error {
+			var err error
+			v, err = s.store.Reserve(ctx, key, scope, lim, cost, id, ttl)
+			return err
+		})
+	}
 	if err != nil {
 		return enforcement.Verdict{}, err
 	}
 	return v, nil
 }
 
-// Settle implements enforcement.Reserver under the key's guard. "Not
-// found" and "already settled" are answers, not store failures.
+// Settle implements enforcement.Reserver under the key's guard, as
+// Reserve. "Not found" and "already settled" are answers, not store
+// failures.
 func (s *Shared) Settle(ctx context.Context, key, scope, id string, lim enforcement.Limit, cost int64, unrecorded bool, ttl time.Duration) (enforcement.Settlement, error) {
 	var r settleReply
-	err := s.do(ctx, key, scope, func(ctx context.Context) error {
-		var err error
-		r, err = s.store.settle(ctx, key, scope, id, lim, cost, unrecorded, ttl)
-		return err
-	})
+	var err error
+	if s.pipe != nil {
+		err = s.guardFor(keyslot.KeySlot(key, scope)).DoHeeding(ctx, func(ctx context.Context) error {
+			var err error
+			r, err = s.pipe.settle(ctx, key, scope, id, lim, cost, unrecorded, ttl)
+			return err
+		})
+	} else {
+		err = s.do(ctx, key, scope, func(ctx context.Context) error {
+			var err error
+			r, err = s.store.settle(ctx, key, scope, id, lim, cost, unrecorded, ttl)
+			return err
+		})
+	}
 	if err != nil {
 		return enforcement.Settlement{}, err
 	}

@@ -1,35 +1,35 @@
--- A reservation: one decision (decide.lua, after state.lua, is prepended)
--- that, when allowed, records the reservation under KEYS[3] for its TTL,
--- in the same script, so the spend and the record land together or not at
+-- A reservation (state.lua and decide.lua are prepended): one decision
+-- that, when allowed, records the reservation under rkey for its TTL, in
+-- the same script, so the spend and the record land together or not at
 -- all. A record already there means this very call was sent again (a
 -- client resending after a lost reply): it spends nothing the second time
 -- and answers allowed with the bucket as it is.
 --
--- KEYS[1]  bucket
--- KEYS[2]  quota counter of the current window (same hash tag)
--- KEYS[3]  the reservation record (same hash tag; Store.ReservationKey)
--- ARGV     rate, burst, cost, quota limit, quota window end (ms), soft
---          limit (%), TTL (ms)
+-- bkey, qkey, rkey  the bucket, the quota counter of the current window
+--                   and the reservation record (one hash tag;
+--                   Store.ReservationKey)
+-- rate, burst, cost, qlimit, qend (ms), soft (%)  as decide's
+-- ttl               the record's life, ms
+-- now               the store's clock, µs
 --
 -- The record: "r", the estimate (a little-endian double), then the quota
 -- key the estimate counted in ("" without quota); settle.lua reads it.
 --
--- Returns { allowed, remaining, retry_ms, reset_ms, now_us, warning, quota_used, clock_back }.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local qlimit, qend, soft = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  local r = { decide(KEYS[1], KEYS[2], rate, burst, 0, qlimit, qend, soft, now) }
-  r[1], r[3] = 1, 0
-  return r
-end
-local r = { decide(KEYS[1], KEYS[2], rate, burst, cost, qlimit, qend, soft, now) }
-if r[1] == 1 then
-  local q = ''
-  if qlimit > 0 then
-    q = KEYS[2]
+-- reservecall.lua runs it once per call, batch.lua many times; it returns
+-- what decide returns (allowed, remaining, retry_ms, reset_ms, now_us,
+-- warning, quota_used, clock_back).
+local function reserve(bkey, qkey, rkey, rate, burst, cost, qlimit, qend, soft, ttl, now)
+  if redis.call('EXISTS', rkey) == 1 then
+    local _, b, _, d, e, f, g, h = decide(bkey, qkey, rate, burst, 0, qlimit, qend, soft, now)
+    return 1, b, 0, d, e, f, g, h
   end
-  redis.call('SET', KEYS[3], 'r' .. struct.pack('<d', cost) .. q, 'PX', tonumber(ARGV[7]))
+  local a, b, c, d, e, f, g, h = decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
+  if a == 1 then
+    local q = ''
+    if qlimit > 0 then
+      q = qkey
+    end
+    redis.call('SET', rkey, 'r' .. struct.pack('<d', cost) .. q, 'PX', ttl)
+  end
+  return a, b, c, d, e, f, g, h
 end
-return r

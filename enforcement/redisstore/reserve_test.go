@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -78,6 +79,11 @@ func TestReserveSettleChargeOnRedis(t *testing.T) {
 	store := redisstore.New(c, "res")
 	lim := enforcement.Limit{Rate: 1e-6, Burst: 100}
 	reserveRules(t, reserveOn(t, store, store, lim, time.Minute), "acct_1")
+	// The same rules through the shared store, whose reservations and
+	// settles ride the pipeline's batches beside the decisions.
+	shared := redisstore.NewShared(newClient(t, r.Addr()), redisstore.SharedConfig{Prefix: "res"})
+	runShared(t, shared)
+	reserveRules(t, reserveOn(t, shared, shared, lim, time.Minute), "acct_p")
 
 	ctx := context.Background()
 	t.Run("expired", func(t *testing.T) {
@@ -102,10 +108,12 @@ func TestReserveSettleChargeOnRedis(t *testing.T) {
 		}
 	})
 	t.Run("a reserve sent twice spends once", func(t *testing.T) {
-		for range 2 {
-			v, err := store.Reserve(ctx, "acct_3", "tokens", lim, 25, "same-id", time.Minute)
-			if err != nil || !v.Allowed || v.Remaining != 75 {
-				t.Fatalf("reserve: %+v, %v", v, err)
+		for _, st := range []enforcement.Reserver{store, shared} {
+			for range 2 {
+				v, err := st.Reserve(ctx, "acct_3", "tokens", lim, 25, "same-id", time.Minute)
+				if err != nil || !v.Allowed || v.Remaining != 75 {
+					t.Fatalf("%T reserve: %+v, %v", st, v, err)
+				}
 			}
 		}
 	})
@@ -122,6 +130,44 @@ func TestReserveSettleChargeOnRedis(t *testing.T) {
 			t.Fatalf("quota after a charge of 3: %+v", s)
 		}
 	})
+	t.Run("a settle in a later quota window counts in the reservation's", func(t *testing.T) {
+		ql := lim
+		ql.QuotaLimit, ql.QuotaPeriod, ql.QuotaID = 100000, enforcement.PeriodMonth, "q"
+		start, _ := ql.QuotaPeriod.Window(time.Now())
+		prevStart, _ := ql.QuotaPeriod.Window(start.Add(-time.Hour))
+		for i, st := range []interface {
+			enforcement.Reserver
+			ReservationKey(key, id string) string
+		}{store, shared.Store()} {
+			key, id := fmt.Sprintf("acct_q%d", i), "made-last-month"
+			var r enforcement.Reserver = st
+			if i == 1 {
+				r = shared // the pipelined path, same key layout
+			}
+			prev, cur := store.QuotaKey(key, "q", prevStart), store.QuotaKey(key, "q", start)
+			// The record reserve.lua would have written last month: the
+			// estimate 300, counted in last month's counter.
+			rec := append([]byte{'r'}, binary.LittleEndian.AppendUint64(nil, math.Float64bits(300))...)
+			rec = append(rec, prev...)
+			if err := c.Set(ctx, st.ReservationKey(key, id), rec, time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Set(ctx, prev, 300, time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+			s, err := r.Settle(ctx, key, "tokens", id, ql, 742, false, time.Minute)
+			if err != nil || s.QuotaUsed != 0 {
+				t.Fatalf("%T: settle 742 of 300 made last month: %+v, %v (want this month's quota untouched)", r, s, err)
+			}
+			if n, _ := c.Get(ctx, prev).Int64(); n != 742 {
+				t.Fatalf("%T: last month's counter %d, want 742", r, n)
+			}
+			if n, err := c.Exists(ctx, cur).Result(); err != nil || n != 0 {
+				t.Fatalf("%T: this month's counter exists (%d, %v)", r, n, err)
+			}
+		}
+	})
+	t.Run("overshoot within the underestimates in flight", func(t *testing.T) { overshoot(t, r.Addr()) })
 	t.Run("forged values in the record slot", func(t *testing.T) {
 		l := reserveOn(t, store, store, lim, time.Minute)
 		d, _ := l.Check(ctx, reserveReq("acct_5", 10))
@@ -163,7 +209,9 @@ func TestReserveSettleOnCluster(t *testing.T) {
 }
 
 // TestReserveSettleExactAcrossInstances: four limiters, each with its own
-// connection, run a random mix of reserve, settle (some twice, some after
+// connection (two on the plain store, one script call each, two on the
+// shared store, whose calls ride the pipeline's batches mixed with each
+// other), run a random mix of reserve, settle (some twice, some after
 // the TTL), charge and cost-0 checks on one key at once; at the end the
 // bucket Redis holds is exactly burst + refill − Σ actual costs, where a
 // reservation nobody settled in time costs its estimate and the refill is
@@ -184,8 +232,15 @@ func TestReserveSettleExactAcrossInstances(t *testing.T) {
 	var wg sync.WaitGroup
 	for inst := range 4 {
 		c := newClient(t, r.Addr())
-		st := redisstore.New(c, "x")
-		l := reserveOn(t, st, st, lim, 20*time.Millisecond)
+		var l *enforcement.Limiter
+		if inst%2 == 0 {
+			st := redisstore.New(c, "x")
+			l = reserveOn(t, st, st, lim, 20*time.Millisecond)
+		} else {
+			st := redisstore.NewShared(c, redisstore.SharedConfig{Prefix: "x", Guard: redisstore.GuardSettings{Timeout: time.Minute, MaxWait: time.Minute}})
+			runShared(t, st)
+			l = reserveOn(t, st, st, lim, 20*time.Millisecond)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -35,13 +35,22 @@ local function settle(bkey, qkey, rkey, rate, burst, cost, qlimit, qend, unrecor
   tokens = math.min(burst, tokens - (cost - estimate))
   local reset_ms = save_bucket(bkey, tokens, now, rate, burst, existed)
 
-  -- The quota: the difference, in the window the estimate counted in when
-  -- that is still the current one; else the whole cost, in this one.
+  -- The quota: the difference, in the window the estimate counted in.
+  -- When that is an earlier window than this one, its counter (same hash
+  -- tag) takes the difference while Redis still keeps it, and this window
+  -- is charged nothing: the reservation's actual cost belongs to the
+  -- window it was made in, as in the rollups. A settle with no record
+  -- (made degraded, or a charge) charges the whole cost to this window.
   local qused = 0
   if qlimit > 0 then
     local delta = cost
     if counted_in == qkey then
       delta = cost - estimate
+    elseif counted_in ~= nil and counted_in ~= '' then
+      delta = 0
+      if cost ~= estimate and redis.call('EXISTS', counted_in) == 1 then
+        redis.call('INCRBY', counted_in, cost - estimate) -- keeps its TTL
+      end
     end
     if delta ~= 0 then
       qused = redis.call('INCRBY', qkey, delta)

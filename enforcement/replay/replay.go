@@ -26,6 +26,17 @@
 //     (Row.DecidedUS) is decided at it, so that under the policy in force
 //     every recorded shared verdict is reproduced.
 //
+// Costs known only after the work (docs/reserve-settle.md) are replayed as
+// the limiter spent them: a reserving decision reserves its estimate
+// (MemoryAuthority.Reserve, under its recorded id), its settle moves the
+// bucket and the quota by actual − estimate at the instant the store
+// applied it (MemoryAuthority.Settle), and a charge spends its cost, debt
+// allowed. So every request costs its actual cost, a reservation that
+// expired unsettled its estimate, and a bucket in debt rejects what follows
+// as it did. A settle whose reservation the replay does not hold changes
+// nothing: the candidate rejected it (the request would not have run), or
+// it was made before the range (whose buckets start full).
+//
 // An Engine is not safe for concurrent use: one goroutine feeds it rows in
 // time order (per key at least).
 package replay
@@ -33,13 +44,14 @@ package replay
 import (
 	"context"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/limits"
 )
 
-// Row is one recorded decision.
+// Row is one recorded decision, settle or charge.
 type Row struct {
 	TS      int64 // decision time, ms since the Unix epoch
 	Key     string
@@ -52,9 +64,31 @@ type Row struct {
 	DryRun  bool
 	// DecidedUS is the instant the store decided a shared decision, µs
 	// since the Unix epoch (Redis TIME); 0 when not recorded. The row's
-	// bucket is decided at it instead of at TS.
+	// bucket is decided at it instead of at TS. A settle's or a charge's
+	// is the instant its store applied it.
 	DecidedUS int64
+	// Kind is KindSettle or KindCharge for a cost charged after the fact,
+	// anything else (KindDecision, "") for a decision. A settle or a
+	// charge is not a request and is in no decision count.
+	Kind string
+	// Reservation is the id of a reserving decision and of its settle.
+	Reservation string
+	// Estimate is a settle's estimate (its reservation's Cost); Actual
+	// the actual cost of a settle or a charge.
+	Estimate, Actual int64
 }
+
+// Row kinds (Row.Kind), as decisions_raw spells them.
+const (
+	KindDecision = "decision"
+	KindSettle   = enforcement.KindSettle
+	KindCharge   = enforcement.KindCharge
+)
+
+// reservationTTL is how long the replay keeps an unsettled reservation:
+// the longest LIMITER_RESERVATION_TTL. A recorded settle was applied
+// within the TTL in force, so its reservation is still held here.
+const reservationTTL = 24 * time.Hour
 
 // Resolver resolves a request's limit; *policy.Policy is one.
 type Resolver interface {
@@ -98,6 +132,9 @@ type Engine struct {
 	lastSweep time.Time
 	first     int64
 	last      int64
+	settled   Settlements
+	cost      ActualCost
+	charges   uint64 // ids of the replay's charges
 }
 
 type reqID struct{ key, scope, tier string }
@@ -140,6 +177,27 @@ type Agreement struct {
 	firstBeyondExample string
 }
 
+// Settlements counts the settle and charge rows replayed.
+type Settlements struct {
+	Settles int64 `json:"settles"`
+	// Unmatched settles found no reservation the replay holds (the
+	// candidate rejected it, it was made before the range, or the tier is
+	// unknown to the candidate): they moved no bucket.
+	Unmatched int64 `json:"settlesUnmatched"`
+	Charges   int64 `json:"charges"`
+}
+
+// ActualCost is the tokens the traffic actually cost: Recorded as it was
+// answered (the allowed decisions' costs, each settle's actual − estimate,
+// each charge), Replayed under the candidate (the decisions it allows, the
+// settles of the reservations it made, each charge its tier resolves).
+// Under the policy in force, over a range that holds the reservations of
+// its settles, the two are equal.
+type ActualCost struct {
+	Recorded int64 `json:"recorded"`
+	Replayed int64 `json:"replayed"`
+}
+
 // Report is a replay's result.
 type Report struct {
 	Rows      int64              `json:"rows"`
@@ -154,6 +212,10 @@ type Report struct {
 	// FirstDifference describes the first shared decision that differed
 	// beyond the tolerance (for a replay under the policy in force).
 	FirstDifference string `json:"firstDifference,omitempty"`
+	// Settlements are the settle and charge rows (not in Rows), and
+	// ActualCost what the traffic cost then and under the candidate.
+	Settlements Settlements `json:"settlements"`
+	ActualCost  ActualCost  `json:"actualCost"`
 }
 
 // New returns an Engine.
@@ -181,33 +243,16 @@ const unresolvable = "(unknown tier)"
 // Add replays one row.
 func (e *Engine) Add(r Row) {
 	at := time.UnixMilli(r.TS).UTC()
+	e.setClock(at, r.DecidedUS)
+	if r.Kind == KindSettle || r.Kind == KindCharge {
+		e.settle(&r)
+		return
+	}
 	if e.total.Decisions == 0 || r.TS < e.first {
 		e.first = r.TS
 	}
 	e.last = max(e.last, r.TS)
-	// Each row is decided at its own recorded time, the store's when
-	// recorded (a key's rows arrive in order; a row earlier than its
-	// bucket's last update is clamped by the bucket, as a clock step back
-	// is in the store).
-	e.now = at
-	if r.DecidedUS > 0 {
-		e.now = time.UnixMicro(r.DecidedUS).UTC()
-	}
-	if e.now.Sub(e.lastSweep) > 10*time.Second {
-		// Full buckets and ended quota windows restart as they are: what
-		// bounds memory over a long replay.
-		e.auth.Sweep(e.now)
-		e.lastSweep = e.now
-	}
-	id := reqID{r.Key, r.Scope, r.Tier}
-	rs, ok := e.cache[id]
-	if !ok {
-		if len(e.cache) >= e.cfg.MaxKeys {
-			clear(e.cache)
-		}
-		rs.res, rs.err = e.cfg.Policy.Resolve(r.Key, r.Scope, r.Tier)
-		e.cache[id] = rs
-	}
+	rs := e.resolve(r.Key, r.Scope, r.Tier)
 	rule := unresolvable
 	wouldAllow, dryRun := false, false
 	distance := time.Duration(-1) // how far from the bucket boundary; -1 = not a bucket question
@@ -226,14 +271,27 @@ func (e *Engine) Add(r Row) {
 			lim := res.Limit
 			wouldAllow = v.Remaining >= r.Cost && (!lim.HasQuota() || v.QuotaUsed+r.Cost <= lim.QuotaLimit)
 		default:
-			// MemoryAuthority never fails; its error is always nil.
-			v, _ := e.auth.Take(context.Background(), r.Key, r.Scope, res.Limit, r.Cost)
+			// MemoryAuthority never fails; its error is always nil. A
+			// reservation keeps a record under its recorded id, which its
+			// settle finds.
+			var v enforcement.Verdict
+			if r.Reservation != "" {
+				v, _ = e.auth.Reserve(context.Background(), r.Key, r.Scope, res.Limit, r.Cost, r.Reservation, reservationTTL)
+			} else {
+				v, _ = e.auth.Take(context.Background(), r.Key, r.Scope, res.Limit, r.Cost)
+			}
 			wouldAllow = v.Allowed
 			distance = boundaryDistance(res.Limit, r.Cost, v)
 		}
 	}
 	rejected := !wouldAllow && !dryRun
 	recordedRejected := !r.Allowed
+	if !recordedRejected {
+		e.cost.Recorded += r.Cost
+	}
+	if !rejected && rs.err == nil {
+		e.cost.Replayed += r.Cost
+	}
 
 	c := e.rules[rule]
 	if c == nil {
@@ -294,6 +352,70 @@ func (e *Engine) Add(r Row) {
 	}
 }
 
+// setClock sets the authority's clock to a row's instant: the store's when
+// recorded, else the recorded time (a key's rows arrive in order; a row
+// earlier than its bucket's last update is clamped by the bucket, as a
+// clock step back is in the store).
+func (e *Engine) setClock(at time.Time, decidedUS int64) {
+	e.now = at
+	if decidedUS > 0 {
+		e.now = time.UnixMicro(decidedUS).UTC()
+	}
+	if e.now.Sub(e.lastSweep) > 10*time.Second {
+		// Full buckets, ended quota windows and expired reservations
+		// restart as they are: what bounds memory over a long replay.
+		e.auth.Sweep(e.now)
+		e.lastSweep = e.now
+	}
+}
+
+// resolve is the candidate's limit of a request, cached.
+func (e *Engine) resolve(key, scope, tier string) resolved {
+	id := reqID{key, scope, tier}
+	rs, ok := e.cache[id]
+	if !ok {
+		if len(e.cache) >= e.cfg.MaxKeys {
+			clear(e.cache)
+		}
+		rs.res, rs.err = e.cfg.Policy.Resolve(key, scope, tier)
+		e.cache[id] = rs
+	}
+	return rs
+}
+
+// settle replays a settle or a charge on the candidate's bucket, by the
+// limiter's own Settle: a settle moves its reservation's bucket by actual −
+// estimate, a charge (a settle of a fresh id with no record) spends its
+// cost, both into debt if need be.
+func (e *Engine) settle(r *Row) {
+	var id string
+	if r.Kind == KindSettle {
+		e.settled.Settles++
+		e.cost.Recorded += r.Actual - r.Estimate
+		id = r.Reservation
+	} else {
+		e.settled.Charges++
+		e.cost.Recorded += r.Actual
+		e.charges++
+		id = "charge " + strconv.FormatUint(e.charges, 10)
+	}
+	rs := e.resolve(r.Key, r.Scope, r.Tier)
+	if rs.err != nil {
+		if r.Kind == KindSettle {
+			e.settled.Unmatched++
+		}
+		return
+	}
+	// The record, or the charge's marker, is kept for no time: the raw
+	// table holds each settle once, so none comes again.
+	s, err := e.auth.Settle(context.Background(), r.Key, r.Scope, id, rs.res.Limit, r.Actual, r.Kind == KindCharge, time.Nanosecond)
+	if err != nil {
+		e.settled.Unmatched++
+		return
+	}
+	e.cost.Replayed += s.Charged - s.Estimate
+}
+
 func keyCounts(k *KeyCounts) *Counts {
 	if k == nil {
 		return nil
@@ -329,6 +451,8 @@ func (e *Engine) Report() Report {
 		Rows: e.total.Decisions, Total: e.total, Rules: map[string]*Counts{},
 		Keys: len(e.keys), Untracked: e.untracked, Agreement: e.agree,
 		FirstDifference: e.agree.firstBeyondExample,
+		Settlements:     e.settled,
+		ActualCost:      e.cost,
 	}
 	if e.total.Decisions > 0 {
 		rep.From, rep.To = time.UnixMilli(e.first).UTC(), time.UnixMilli(e.last).UTC()

@@ -211,3 +211,86 @@ func TestTopNewlyRejectedRanksByChange(t *testing.T) {
 		t.Fatalf("total %+v rules %+v", rep.Total, rep.Rules)
 	}
 }
+
+// A bucket of 100 tokens refilling one an hour (nothing refills here).
+const tokens = `
+version: 1
+default_tier: llm
+tiers:
+  llm: { rate: 1, period: hour, burst: 100 }
+`
+
+const tighterTokens = `
+version: 1
+default_tier: llm
+tiers:
+  llm: { rate: 1, period: hour, burst: 60 }
+`
+
+// tokenRows is a recorded key whose verdicts follow from actual costs: a
+// settle's refund lets a later request in, a settle beyond its estimate
+// and a charge put the bucket in debt, which rejects even a cost of 0 and
+// a reservation; then the refill is far away.
+func tokenRows() []replay.Row {
+	d := func(ms, cost int64, allowed bool, reservation string) replay.Row {
+		r := replay.Row{TS: t0 + ms, Key: "acct", Scope: "llm:tokens", Tier: "llm", Cost: cost, Allowed: allowed, Source: "shared", Policy: "llm",
+			Reservation: reservation, DecidedUS: (t0+ms)*1000 + 300}
+		if reservation != "" {
+			r.Kind = replay.KindDecision
+		}
+		return r
+	}
+	s := func(ms int64, kind, reservation string, estimate, actual int64) replay.Row {
+		return replay.Row{TS: t0 + ms, Key: "acct", Scope: "llm:tokens", Tier: "llm", Allowed: true, Source: "shared", Policy: "llm",
+			Kind: kind, Reservation: reservation, Estimate: estimate, Actual: actual, DecidedUS: (t0+ms)*1000 + 300}
+	}
+	return []replay.Row{
+		d(0, 80, true, "r1"),                   // 100 → 20
+		s(1, replay.KindSettle, "r1", 80, 10),  // refund 70 → 90
+		d(2, 50, true, ""),                     // allowed thanks to the refund → 40
+		d(3, 40, true, "r2"),                   // → 0
+		s(4, replay.KindSettle, "r2", 40, 100), // → −60: debt
+		d(5, 0, false, ""),                     // cost 0 in debt: rejected
+		s(6, replay.KindCharge, "", 0, 30),     // → −90
+		d(7, 5, false, ""),                     // a reservation in debt: rejected, no id
+	}
+}
+
+// Settles and charges are replayed at their actual costs: under the policy
+// in force every recorded verdict is reproduced (refund and debt
+// included), they are counted apart from the decisions, and the actual
+// cost replayed is the recorded one. Under a tighter candidate, the
+// settles of reservations it rejects change nothing, and the request the
+// recorded debt rejected is newly allowed.
+func TestReplayAppliesSettlesAndChargesAtTheirActualCosts(t *testing.T) {
+	e := engine(t, tokens)
+	rows := tokenRows()
+	for _, r := range rows {
+		e.Add(r)
+	}
+	rep := e.Report()
+	if rep.Rows != 5 || rep.Total.Decisions != 5 || rep.Agreement.Compared != 5 || rep.Agreement.Agree != 5 {
+		t.Fatalf("under the policy in force: rows %d, agreement %+v (%s), want 5 decisions, all reproduced", rep.Rows, rep.Agreement, rep.FirstDifference)
+	}
+	if rep.Settlements != (replay.Settlements{Settles: 2, Charges: 1}) {
+		t.Fatalf("settlements %+v, want 2 settles and a charge, all matched", rep.Settlements)
+	}
+	if want := int64(80 + 10 - 80 + 50 + 40 + 100 - 40 + 30); rep.ActualCost != (replay.ActualCost{Recorded: want, Replayed: want}) {
+		t.Fatalf("actual cost %+v, want %d both", rep.ActualCost, want)
+	}
+
+	tight := engine(t, tighterTokens)
+	for _, r := range rows {
+		tight.Add(r)
+	}
+	rep = tight.Report()
+	// 80 > the bucket of 60: rejected, its settle unmatched; 50 allowed
+	// (60 → 10); the reservation of 40 rejected, its settle unmatched; the
+	// cost 0 allowed (10 left, no debt); the charge → −20; 5 rejected.
+	if rep.Settlements != (replay.Settlements{Settles: 2, Unmatched: 2, Charges: 1}) {
+		t.Fatalf("tighter: settlements %+v, want both settles unmatched", rep.Settlements)
+	}
+	if rep.Total.NewlyRejected != 2 || rep.Total.NewlyAllowed != 1 || rep.ActualCost.Replayed != 50+30 {
+		t.Fatalf("tighter: total %+v, actual cost %+v; want 2 newly rejected, 1 newly allowed, 80 replayed", rep.Total, rep.ActualCost)
+	}
+}

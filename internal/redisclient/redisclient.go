@@ -62,6 +62,7 @@ type Config struct {
 
 	secrets   *secrets
 	getenv    func(string) string
+	prefix    string      // of the variables: "REDIS", or FromEnvPrefix's
 	tlsConfig *tls.Config // built (and so validated) by FromEnv
 }
 
@@ -89,32 +90,54 @@ func (c Config) Kind() string {
 // FromEnv reads every REDIS_* variable through e (problems are recorded on
 // e, each naming its variable; the TLS files are read and checked now, so
 // an unreadable CA or a certificate without its key stops the start).
-func FromEnv(e *envconfig.Reader) Config {
+func FromEnv(e *envconfig.Reader) Config { return FromEnvPrefix(e, "REDIS") }
+
+// FromEnvPrefix is FromEnv for another set of the same variables:
+// prefix+"_ADDRS", prefix+"_PASSWORD", prefix+"_TLS_CA_FILE" and so on
+// (the limiter's GLOBAL_REDIS_* for the home region's Redis).
+func FromEnvPrefix(e *envconfig.Reader, prefix string) Config {
+	v := func(name string) string { return prefix + "_" + name }
 	c := Config{
-		Addrs:            e.List("REDIS_ADDRS"),
-		KeyPrefix:        e.String("REDIS_KEY_PREFIX", limits.DefaultKeyPrefix),
-		Username:         e.String("REDIS_USERNAME", ""),
-		SentinelMaster:   e.String("REDIS_SENTINEL_MASTER", ""),
-		SentinelUsername: e.String("REDIS_SENTINEL_USERNAME", ""),
+		Addrs:            e.List(v("ADDRS")),
+		KeyPrefix:        e.String(v("KEY_PREFIX"), limits.DefaultKeyPrefix),
+		Username:         e.String(v("USERNAME"), ""),
+		SentinelMaster:   e.String(v("SENTINEL_MASTER"), ""),
+		SentinelUsername: e.String(v("SENTINEL_USERNAME"), ""),
 		secrets: &secrets{
-			password:         e.Secret("REDIS_PASSWORD"),
-			sentinelPassword: e.Secret("REDIS_SENTINEL_PASSWORD"),
+			password:         e.Secret(v("PASSWORD")),
+			sentinelPassword: e.Secret(v("SENTINEL_PASSWORD")),
 		},
-		getenv: e.Raw, // Reload re-reads the password through it
 	}
+	c.TLS, c.TLSFiles = tlsconf.FilesFromEnv(e, prefix)
+	c.getenv = e.Raw // Reload re-reads the password through it
+	c.prefix = prefix
 	for _, a := range c.Addrs {
-		e.HostPort("REDIS_ADDRS", a)
+		e.HostPort(prefix+"_ADDRS", a)
 	}
 	if c.SentinelMaster != "" && len(c.Addrs) == 0 {
-		e.Fail("REDIS_SENTINEL_MASTER", "needs the sentinels' addresses in REDIS_ADDRS")
+		e.Fail(prefix+"_SENTINEL_MASTER", "needs the sentinels' addresses in %s_ADDRS", prefix)
 	}
-	c.TLS, c.TLSFiles = tlsconf.FilesFromEnv(e, "REDIS")
 	if c.TLS {
 		var err error
 		c.tlsConfig, err = tlsconf.Client(c.TLSFiles)
-		tlsconf.FailEnv(e, "REDIS", err)
+		tlsconf.FailEnv(e, prefix, err)
 	}
 	return c
+}
+
+// varSuffixes are the variables FromEnvPrefix reads, after "PREFIX_".
+var varSuffixes = []string{"ADDRS", "KEY_PREFIX", "USERNAME", "SENTINEL_MASTER", "SENTINEL_USERNAME",
+	"PASSWORD", "PASSWORD_FILE", "SENTINEL_PASSWORD", "SENTINEL_PASSWORD_FILE",
+	"TLS", "TLS_CA_FILE", "TLS_CERT_FILE", "TLS_KEY_FILE", "TLS_SERVER_NAME", "TLS_MIN_VERSION"}
+
+// Vars is every variable FromEnvPrefix(e, prefix) reads (the deployment
+// checks compare manifests with it).
+func Vars(prefix string) []string {
+	out := make([]string, len(varSuffixes))
+	for i, s := range varSuffixes {
+		out[i] = prefix + "_" + s
+	}
+	return out
 }
 
 // Options are a binary's tuning of its client; zero values are go-redis's
@@ -130,10 +153,11 @@ type Options struct {
 // needs. Safe for concurrent use.
 type Client struct {
 	redis.UniversalClient
-	kind  string
-	creds *credentials
-	tls   *dialer // nil without TLS
-	diag  diagnosis
+	kind   string
+	prefix string // of the variables Reload re-reads
+	creds  *credentials
+	tls    *dialer // nil without TLS
+	diag   diagnosis
 }
 
 // Open builds the client. It does not contact Redis: a server that is down
@@ -145,7 +169,10 @@ func (c Config) Open(o Options) (*Client, error) {
 	if c.TLS && c.tlsConfig == nil {
 		return nil, errors.New("REDIS_TLS: the TLS configuration was not read (use FromEnv)")
 	}
-	cl := &Client{kind: c.Kind(), creds: &credentials{user: c.Username, getenv: c.getenv}}
+	if c.prefix == "" {
+		c.prefix = "REDIS"
+	}
+	cl := &Client{kind: c.Kind(), prefix: c.prefix, creds: &credentials{user: c.Username, getenv: c.getenv}}
 	if c.secrets == nil {
 		c.secrets = &secrets{}
 	}
@@ -195,7 +222,7 @@ func (c *Client) Kind() string { return c.kind }
 // On an error nothing changes (the error names the variable, never the
 // secret). The sentinels' password is read at start only.
 func (c *Client) Reload() error {
-	pw, err := envconfig.ReadSecret(c.creds.getenv, "REDIS_PASSWORD")
+	pw, err := envconfig.ReadSecret(c.creds.getenv, c.prefix+"_PASSWORD")
 	if err != nil {
 		return err
 	}
@@ -203,7 +230,7 @@ func (c *Client) Reload() error {
 	if c.tls != nil {
 		e := envconfig.New(func(string) string { return "" })
 		cfg, err = tlsconf.Client(c.tls.files)
-		tlsconf.FailEnv(e, "REDIS", err)
+		tlsconf.FailEnv(e, c.prefix, err)
 		if err := e.Err(); err != nil {
 			return err
 		}

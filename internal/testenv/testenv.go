@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,7 +44,34 @@ func freePort() (int, error) { return pickPort(nil, 0) }
 var (
 	handedMu sync.Mutex
 	handed   = map[int]bool{}
+	// claims holds the port claims of this process open: closing one (or
+	// the garbage collector's finalizer) would release its lock.
+	claims []*os.File
 )
+
+// claimPort takes port p for this process among every process on the
+// machine that claims ports this way: the test binaries of other packages,
+// which `go test ./...` runs at the same time, each with a handed map of
+// its own. Without it, two packages could pick the same free port, and the
+// server started second would fail to bind while its test talked to the
+// other package's server. The claim is a lock on a file named by the port
+// (flock), released by the kernel when the process ends.
+func claimPort(p int) bool {
+	dir := filepath.Join(os.TempDir(), "ratewarden-testenv-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return true // no claims to be had: the handed map still holds
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return true
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return false
+	}
+	claims = append(claims, f)
+	return true
+}
 
 // pickPort returns a loopback port p, not in used, that is free together
 // with p+pair when pair is not 0 (a cluster node's bus port).
@@ -71,7 +99,8 @@ func pickPort(used map[int]bool, pair int) (int, error) {
 	}
 	for range 500 {
 		p := 10000 + rand.IntN(55536-pair)
-		if usable(p) && (pair == 0 || !used[p-pair] && usable(p+pair)) {
+		if usable(p) && (pair == 0 || !used[p-pair] && usable(p+pair)) &&
+			claimPort(p) && (pair == 0 || claimPort(p+pair)) {
 			handed[p] = true
 			if pair != 0 {
 				handed[p+pair] = true

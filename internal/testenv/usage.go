@@ -115,6 +115,18 @@ func TotalsOf(evs []metering.Event) map[UsageKey]UsageTotal {
 	for _, e := range evs {
 		k := UsageKey{Key: e.Key, Scope: e.Scope}
 		t := out[k]
+		switch e.Kind {
+		case metering.KindCharge:
+			t.Cost += e.Actual
+			out[k] = t
+			continue
+		case metering.KindSettle:
+			// The difference, in whichever month (the rollups count it in
+			// the reservation's minute: docs/reserve-settle.md).
+			t.Cost += e.Actual - e.Estimate // modular, as the rollups' UInt64
+			out[k] = t
+			continue
+		}
 		t.Requests++
 		if e.Allowed {
 			t.Allowed++

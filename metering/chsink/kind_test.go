@@ -6,8 +6,8 @@ import (
 	"github.com/ratewarden/ratewarden/metering"
 )
 
-// Settle and charge events are left out of every table, in order, and a
-// batch of decisions only is passed as it is.
+// Settle and charge events are left out of the tables of shadow verdicts,
+// in order, and a batch of decisions only is passed as it is.
 func TestDecisionsOnly(t *testing.T) {
 	recs := []Record{
 		{Offset: 1, Event: metering.Event{EventID: "a"}},

@@ -196,8 +196,8 @@ func (s *Sink) caughtUp(ctx context.Context, within time.Duration) error {
 	defer cancel()
 	// The tables of the consumer's progress, and its epochs.
 	tables := []string{"'" + epochsName + s.suffix + "'"}
-	for t := Table(0); t < numTables; t++ {
-		tables = append(tables, "'"+t.String()+s.suffix+"'")
+	for t := Table(0); t < firstCarry; t++ { // the carry streams' tables are among them
+		tables = append(tables, "'"+tableNames[t]+s.suffix+"'")
 	}
 	in := "(" + strings.Join(tables, ", ") + ")"
 	var began time.Time

@@ -19,8 +19,9 @@
 //  3. reads messages in offset order (fetch.go: its own fetcher, whose
 //     round trips have a deadline that allows for a slow broker, never
 //     kafka-go's Reader) into a batch cut by size, by time, and at every
-//     change of UTC month, dropping event ids already seen at an earlier
-//     offset (producer retries);
+//     change of UTC month (chsink.Months: the settles of the month
+//     before's reservations, counted in that month, ride along), dropping
+//     event ids already seen at an earlier offset (producer retries);
 //  4. commits the progress written so far to Kafka, which the group
 //     coordinator refuses from a member it no longer counts as the
 //     partition's owner (so a member dropped from the group stops writing
@@ -470,7 +471,7 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 		n          int                   // messages in the batch, duplicates and bad ones included
 		last       int64                 // position of the batch's last message
 		written    = ep.Position(offset) // every position below is in ClickHouse
-		month      int
+		month      chsink.Months
 		lastCommit time.Time
 		lagLabel   = strconv.Itoa(p)
 		timer      = time.NewTimer(time.Hour)
@@ -558,10 +559,11 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 		for _, msg := range res.msgs {
 			pos := ep.Position(msg.offset)
 			ev, err := dec.Decode(msg.value)
-			if err == nil && (ev.TS < minTS || ev.TS > maxTS) {
-				// DateTime cannot hold it: one such event would fail every
-				// INSERT of its batch forever.
-				err = fmt.Errorf("%w: ts %d out of range", metering.ErrBadEvent, ev.TS)
+			if err == nil && (ev.TS < minTS || ev.TS > maxTS || ev.ReservedTS != 0 && (ev.ReservedTS < minTS || ev.ReservedTS > maxTS)) {
+				// DateTime cannot hold it (a settle's cost is counted at
+				// its reserved_ts): one such event would fail every INSERT
+				// of its batch forever.
+				err = fmt.Errorf("%w: ts %d or reserved_ts %d out of range", metering.ErrBadEvent, ev.TS, ev.ReservedTS)
 			}
 			fresh := pos > seenUpTo
 			if err != nil {
@@ -570,8 +572,9 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 				}
 				c.log.Debug("skipping undecodable message", "partition", p, "offset", msg.offset, "err", err)
 			} else {
-				mo := chsink.MonthOf(ev.TS)
-				if len(batch) > 0 && mo != month {
+				mo := chsink.MonthsOf(&ev)
+				joined, ok := month.Join(mo)
+				if len(batch) > 0 && !ok {
 					if err := flush(c.cfg.InsertTimeout); err != nil {
 						return err
 					}
@@ -587,6 +590,8 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 				default:
 					if len(batch) == 0 {
 						month = mo
+					} else {
+						month = joined
 					}
 					batch = append(batch, chsink.Record{Offset: pos, Event: ev})
 				}

@@ -129,7 +129,7 @@ func (l *kafkaLog) eventID(ctx context.Context, offset int64) (string, probe, er
 		if err != nil {
 			return "", nothing, fmt.Errorf("partition %d: read offset %d: %w", l.partition, offset, err)
 		}
-		value, err := recordValue(rec)
+		value, _, err := recordValue(rec, nil)
 		if err != nil {
 			return "", nothing, fmt.Errorf("partition %d: read offset %d: %w", l.partition, offset, err)
 		}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol"
 )
 
 // A partition is read with kafka-go's Client.Fetch, not its Reader: the
@@ -144,6 +143,10 @@ func (f *fetcher) fetch(ctx context.Context, offset int64) (msgs []fetchedMsg, h
 		return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: %w", f.partition, offset, resp.Error)
 	}
 	next = offset
+	// One arena per response for the values (the consumer decodes them
+	// before the arena is dropped): an allocation per fetch, not one per
+	// message.
+	var arena []byte
 	for {
 		rec, err := resp.Records.ReadRecord()
 		if errors.Is(err, io.EOF) {
@@ -152,7 +155,8 @@ func (f *fetcher) fetch(ctx context.Context, offset int64) (msgs []fetchedMsg, h
 		if err != nil {
 			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: read record: %w", f.partition, offset, err)
 		}
-		value, err := recordValue(rec)
+		var value []byte
+		value, arena, err = recordValue(rec, arena)
 		if err != nil {
 			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: read record %d: %w", f.partition, offset, rec.Offset, err)
 		}
@@ -180,15 +184,30 @@ func (c *Consumer) kafkaClient(clientID string) (*kafka.Client, *kafka.Transport
 	return &kafka.Client{Addr: kafka.TCP(c.cfg.Brokers...), Transport: tr}, tr
 }
 
-// recordValue reads a fetched record's value and releases its key and
-// value.
-func recordValue(rec *kafka.Record) ([]byte, error) {
-	value, err := protocol.ReadAll(rec.Value)
-	if rec.Key != nil {
-		rec.Key.Close()
+// recordValue reads a fetched record's value into arena (a new one, twice
+// the size, when it is full: what a fetch allocates stays within twice
+// what it read) and releases the record's key and value. The value's
+// bytes stay valid after arena is replaced.
+func recordValue(rec *kafka.Record, arena []byte) (value, grown []byte, err error) {
+	defer func() {
+		if rec.Key != nil {
+			rec.Key.Close()
+		}
+		if rec.Value != nil {
+			rec.Value.Close()
+		}
+	}()
+	if rec.Value == nil {
+		return nil, arena, nil
 	}
-	if rec.Value != nil {
-		rec.Value.Close()
+	n := rec.Value.Len()
+	if cap(arena)-len(arena) < n {
+		arena = make([]byte, 0, max(n, 2*cap(arena), 4<<10))
 	}
-	return value, err
+	start := len(arena)
+	arena = arena[:start+n]
+	if _, err := io.ReadFull(rec.Value, arena[start:]); err != nil {
+		return nil, arena[:start], err
+	}
+	return arena[start : start+n : start+n], arena, nil
 }

@@ -8,9 +8,10 @@
 // drains the channel into batches (BatchSize messages, or whatever arrived
 // within BatchWait of the first), encodes them with
 // metering.Event.AppendEncode into one reused buffer, and writes each batch
-// with segmentio/kafka-go (message key = the rate-limit key, hashed to a
-// partition, acks from all in-sync replicas). A single writer keeps one
-// key's events in decision order while Kafka keeps up.
+// as one record batch per partition built here and sent with kafka-go's
+// Client.RawProduce (produce.go; message key = the rate-limit key, hashed
+// to a partition, acks from all in-sync replicas). A single writer keeps
+// one key's events in decision order while Kafka keeps up.
 //
 // A write that fails is counted by what is known of it: refused (Kafka
 // answered no, or could not be reached: nothing was written) or
@@ -128,7 +129,8 @@ type Emitter struct {
 	cfg Config
 	log *slog.Logger
 	ch  chan metering.Event
-	w   *kafka.Writer
+	tr  *kafka.Transport
+	p   *producer
 
 	closing atomic.Bool // Run's context has ended: Emit drops
 
@@ -192,33 +194,19 @@ func New(cfg Config) (*Emitter, error) {
 	case codec == 0:
 		codec = kafka.Lz4
 	}
+	tr := &kafka.Transport{
+		DialTimeout:    5 * time.Second,
+		ClientID:       "limiter",
+		MetadataTopics: []string{cfg.Topic},
+		TLS:            cfg.TLS,
+		SASL:           cfg.SASL,
+	}
 	e := &Emitter{
 		cfg: cfg,
 		log: cfg.Logger,
 		ch:  make(chan metering.Event, cfg.Buffer),
-		w: &kafka.Writer{
-			Addr:     kafka.TCP(cfg.Brokers...),
-			Topic:    cfg.Topic,
-			Balancer: &kafka.Hash{}, // same key → same partition, deterministically
-			Transport: &kafka.Transport{
-				DialTimeout: 5 * time.Second,
-				ClientID:    "limiter",
-				TLS:         cfg.TLS,
-				SASL:        cfg.SASL,
-			},
-			// The loop hands over whole batches; the writer must not wait
-			// for more.
-			BatchSize:       cfg.BatchSize,
-			BatchBytes:      1 << 20, // Kafka's default max.message.bytes
-			BatchTimeout:    time.Millisecond,
-			Compression:     codec,
-			RequiredAcks:    kafka.RequireAll,
-			MaxAttempts:     3,
-			WriteBackoffMin: 50 * time.Millisecond,
-			WriteBackoffMax: 500 * time.Millisecond,
-			ReadTimeout:     cfg.WriteTimeout,
-			WriteTimeout:    cfg.WriteTimeout,
-		},
+		tr:  tr,
+		p:   newProducer(&kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: tr}, cfg.Topic, codec),
 		mDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "metering_emitter_events_dropped_total",
 			Help: "Decision events not published, by reason (buffer_full, refused, unconfirmed, closed, spool_full, spool_behind, spool_error, spool_corrupt).",
@@ -345,20 +333,6 @@ func (b *batch) add(ev *metering.Event) {
 
 func (b *batch) len() int { return len(b.spans) }
 
-// stamp gives every message its record time before it is written. kafka-go
-// fills a zero Time from the broker's answer after a retried attempt
-// succeeds, while the transport may still be encoding an earlier attempt
-// that timed out from the same message: a data race in the library that a
-// message with its own time never reaches.
-func stamp(msgs []kafka.Message) {
-	now := time.Now()
-	for i := range msgs {
-		if msgs[i].Time.IsZero() {
-			msgs[i].Time = now
-		}
-	}
-}
-
 // take returns the batch's messages and times (valid until the next add)
 // and empties it.
 func (b *batch) take() ([]kafka.Message, []int64) {
@@ -370,14 +344,6 @@ func (b *batch) take() ([]kafka.Message, []int64) {
 	times := b.times
 	b.spans, b.arena, b.times = b.spans[:0], b.arena[:0], b.times[len(b.times):]
 	return b.msgs, times
-}
-
-// release gives the batch new memory after a write that failed: kafka-go
-// may still hold the messages of a write that timed out, and write them
-// later, so their bytes must not be reused.
-func (b *batch) release() {
-	b.arena = make([]byte, 0, cap(b.arena))
-	b.msgs = make([]kafka.Message, 0, cap(b.msgs))
 }
 
 // Run writes batches until ctx ends, then stops accepting events, writes
@@ -417,12 +383,7 @@ func (e *Emitter) Run(ctx context.Context) error {
 			map[bool]string{false: "dropped", true: "spooled"}[e.sp != nil])
 	}
 	e.closing.Store(true)
-	if cerr := e.w.Close(); cerr != nil && err == nil {
-		err = fmt.Errorf("kafkaemit: close writer: %w", cerr)
-	}
-	if tr, ok := e.w.Transport.(*kafka.Transport); ok {
-		tr.CloseIdleConnections()
-	}
+	e.tr.CloseIdleConnections()
 	// An Emit that raced with the end may have slipped in after the drain.
 	b := newBatch(0)
 	for n := len(e.ch); n > 0; n-- {
@@ -527,8 +488,7 @@ func (e *Emitter) write(wctx context.Context, b *batch) {
 	ctx, cancel := context.WithTimeout(wctx, e.cfg.WriteTimeout)
 	defer cancel()
 	start := time.Now()
-	stamp(msgs)
-	err := e.w.WriteMessages(ctx, msgs...)
+	err := e.p.write(ctx, msgs)
 	e.mWrite.Observe(time.Since(start).Seconds())
 	e.mBatch.Observe(float64(len(msgs)))
 	if err == nil {
@@ -538,7 +498,6 @@ func (e *Emitter) write(wctx context.Context, b *batch) {
 		}
 		return
 	}
-	defer b.release()
 	failed, why := e.failures(msgs, err)
 	if ok := len(msgs) - len(failed); ok > 0 {
 		e.sentN(ok)

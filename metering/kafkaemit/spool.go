@@ -181,11 +181,12 @@ func (sp *spooler) drainer(ctx, wctx context.Context) {
 			lastAt, lastN = now, n
 		}
 	}
-	// Paced: batches of a tenth of a second's worth of DrainRate, each
-	// followed by the rest of its time slot.
+	// Paced: batches of a quarter second's worth of DrainRate (at most
+	// BatchSize), each followed by the rest of its time slot. Fewer,
+	// larger batches cost less per event than a tenth of a second's.
 	perBatch := e.cfg.BatchSize
 	if e.cfg.DrainRate > 0 {
-		perBatch = max(1, min(perBatch, int(e.cfg.DrainRate/10)))
+		perBatch = max(1, min(perBatch, int(e.cfg.DrainRate/4)))
 	}
 	for ctx.Err() == nil {
 		began := time.Now()
@@ -210,18 +211,15 @@ func (sp *spooler) drainer(ctx, wctx context.Context) {
 			}
 			continue
 		}
-		// The messages get bytes of their own: kafka-go may still write a
-		// timed-out attempt after the spool's buffer has moved on.
+		// The messages point into the spool's buffer, valid until the next
+		// Read: the producer copies them into its record batches and holds
+		// none of them once a write has returned.
+		msgs := b.msgs[:0]
 		for _, r := range recs {
-			ks := len(b.arena)
-			b.arena = append(b.arena, r.Key...)
-			vs := len(b.arena)
-			b.arena = append(b.arena, r.Value...)
-			b.spans = append(b.spans, [4]int{ks, vs, vs, len(b.arena)})
-			b.times = append(b.times, r.Time)
+			msgs = append(msgs, kafka.Message{Key: r.Key, Value: r.Value})
 		}
-		msgs, _ := b.take()
-		if !sp.deliver(ctx, wctx, msgs, b) {
+		b.msgs = msgs
+		if !sp.deliver(ctx, wctx, msgs) {
 			return // ctx ended: not acknowledged, read again at the next start
 		}
 		sp.kafkaOK()
@@ -244,20 +242,19 @@ const minBackoff, maxBackoff = 100 * time.Millisecond, 2 * time.Second
 
 // deliver writes msgs until Kafka has taken every one it ever will (a
 // record it refuses for good is dropped and counted), retrying the rest
-// with a backoff; false when ctx ended first. A failed write releases b's
-// memory (its messages may still be held by kafka-go).
-func (sp *spooler) deliver(ctx, wctx context.Context, msgs []kafka.Message, b *batch) bool {
+// with a backoff; false when ctx ended first. The producer holds no
+// message once a write has returned, so msgs may point into buffers that
+// are reused afterwards.
+func (sp *spooler) deliver(ctx, wctx context.Context, msgs []kafka.Message) bool {
 	e := sp.e
 	for backoff := minBackoff; ; backoff = min(2*backoff, maxBackoff) {
 		wc, cancel := context.WithTimeout(wctx, e.cfg.WriteTimeout)
-		stamp(msgs)
-		err := e.w.WriteMessages(wc, msgs...)
+		err := e.p.write(wc, msgs)
 		cancel()
 		if err == nil {
 			e.sentN(len(msgs))
 			return true
 		}
-		b.release()
 		sp.kafkaFailed()
 		failed, why := e.failures(msgs, err)
 		retry := make([]kafka.Message, 0, len(failed))

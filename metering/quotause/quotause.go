@@ -12,6 +12,12 @@
 // (metering/reconcile) and the usage API (metering/usage) both attribute
 // through this package, so the number the reconciler restores and the number
 // a customer is shown are one number.
+//
+// Across regions, a limit with scope global is one limit shared by every
+// region: its quota counts every region's usage (Rows, summed over regions).
+// A regional limit is enforced by each region on its own: its quota counter
+// in a region's store counts that region's usage only (Reader.RegionRows).
+// InRegion picks, for one region, the rows each counter must count.
 package quotause
 
 import (
@@ -65,6 +71,9 @@ type Quota struct {
 	DryRunUsed uint64
 	// Scopes are the recorded scopes attributed to this counter, sorted.
 	Scopes []string
+	// Global: the limit is one for every region (scope global); across
+	// regions its counter is kept at the home (enforcement/global).
+	Global bool
 }
 
 // RedisKey is the counter's Redis key under prefix (limits.QuotaKey).
@@ -131,7 +140,7 @@ func Attribute(pol Resolver, rows []Row, now time.Time) ([]Quota, Skipped) {
 
 func newQuota(key string, res limits.Resolved, now time.Time) *Quota {
 	start, end := res.QuotaPeriod.Window(now)
-	return &Quota{Key: key, QuotaID: res.QuotaID, Limit: res.QuotaLimit, Period: res.QuotaPeriod, Start: start, End: end}
+	return &Quota{Key: key, QuotaID: res.QuotaID, Limit: res.QuotaLimit, Period: res.QuotaPeriod, Start: start, End: end, Global: res.Global}
 }
 
 // For returns the counter that res (a resolution of key with a quota)
@@ -144,4 +153,24 @@ func For(key string, res limits.Resolved, quotas []Quota, now time.Time) Quota {
 		}
 	}
 	return *newQuota(key, res, now)
+}
+
+// InRegion is the usage the quota counters of one region's store count,
+// for Attribute: the rows of all (every region's usage, Reader.Rows) whose
+// limit is global, and the rows of inRegion (that region's own usage,
+// Reader.RegionRows) whose limit is regional. Rows that resolve to no limit
+// are kept from all, for Attribute to count as skipped.
+func InRegion(pol Resolver, all, inRegion []Row) []Row {
+	out := make([]Row, 0, len(all))
+	for _, r := range all {
+		if res, err := pol.Resolve(r.Key, r.Scope, r.Tier); err != nil || res.Global {
+			out = append(out, r)
+		}
+	}
+	for _, r := range inRegion {
+		if res, err := pol.Resolve(r.Key, r.Scope, r.Tier); err == nil && !res.Global {
+			out = append(out, r)
+		}
+	}
+	return out
 }

@@ -40,6 +40,21 @@ type rowID struct{ key, scope, tier string }
 // scope, tier) of the month, held in memory for one pass). ctx bounds the
 // reads.
 func (r *Reader) Rows(ctx context.Context, now time.Time, key string) ([]Row, error) {
+	return r.rows(ctx, now, key, schema.UsageDay, schema.UsageHour, "")
+}
+
+// RegionRows is Rows of the usage that the limiters of one region decided
+// (usage_region_day and usage_region_hour, region = region): what that
+// region's quota counters of regional limits spent. region must not be
+// empty (usage recorded without a region is in Rows only).
+func (r *Reader) RegionRows(ctx context.Context, now time.Time, key, region string) ([]Row, error) {
+	if region == "" {
+		return nil, errors.New("quotause: RegionRows needs a region")
+	}
+	return r.rows(ctx, now, key, schema.UsageRegionDay, schema.UsageRegionHour, region)
+}
+
+func (r *Reader) rows(ctx context.Context, now time.Time, key, dayTable, hourTable, region string) ([]Row, error) {
 	now = now.UTC()
 	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
 	day := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
@@ -49,6 +64,9 @@ func (r *Reader) Rows(ctx context.Context, now time.Time, key string) ([]Row, er
 	if key != "" {
 		filter, args = " AND key = ?", []any{key}
 	}
+	if region != "" {
+		filter, args = filter+" AND region = ?", append(args, region)
+	}
 	byID := map[rowID]int{}
 	var out []Row
 
@@ -56,38 +74,38 @@ func (r *Reader) Rows(ctx context.Context, now time.Time, key string) ([]Row, er
 	// counters are 0 but they are not customers.
 	q := fmt.Sprintf("SELECT key, scope, tier, sumIf(cost, start >= toDateTime(?)) AS day_cost, sum(cost) AS month_cost"+
 		" FROM %s.%s WHERE start >= toDateTime(?) AND start < toDateTime(?) AND key != ''%s"+
-		" GROUP BY key, scope, tier", r.db, schema.UsageDay, filter)
+		" GROUP BY key, scope, tier", r.db, dayTable, filter)
 	rows, err := r.conn.Query(ctx, q, append([]any{day.Unix(), month.Unix(), month.AddDate(0, 1, 0).Unix()}, args...)...)
 	if err != nil {
-		return nil, fmt.Errorf("read usage_day of %s for quotas: %w", r.db, err)
+		return nil, fmt.Errorf("read %s of %s for quotas: %w", dayTable, r.db, err)
 	}
 	for rows.Next() {
 		var x Row
 		if err := rows.Scan(&x.Key, &x.Scope, &x.Tier, &x.Day, &x.Month); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("scan usage_day of %s: %w", r.db, err)
+			return nil, fmt.Errorf("scan %s of %s: %w", dayTable, r.db, err)
 		}
 		byID[rowID{x.Key, x.Scope, x.Tier}] = len(out)
 		out = append(out, x)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read usage_day of %s for quotas: %w", r.db, err)
+		return nil, fmt.Errorf("read %s of %s for quotas: %w", dayTable, r.db, err)
 	}
 
 	q = fmt.Sprintf("SELECT key, scope, tier, sum(cost) AS hour_cost"+
 		" FROM %s.%s WHERE start = toDateTime(?) AND key != ''%s"+
-		" GROUP BY key, scope, tier", r.db, schema.UsageHour, filter)
+		" GROUP BY key, scope, tier", r.db, hourTable, filter)
 	rows, err = r.conn.Query(ctx, q, append([]any{hour.Unix()}, args...)...)
 	if err != nil {
-		return nil, fmt.Errorf("read usage_hour of %s for quotas: %w", r.db, err)
+		return nil, fmt.Errorf("read %s of %s for quotas: %w", hourTable, r.db, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var id rowID
 		var cost uint64
 		if err := rows.Scan(&id.key, &id.scope, &id.tier, &cost); err != nil {
-			return nil, fmt.Errorf("scan usage_hour of %s: %w", r.db, err)
+			return nil, fmt.Errorf("scan %s of %s: %w", hourTable, r.db, err)
 		}
 		i, ok := byID[id]
 		if !ok {
@@ -100,7 +118,7 @@ func (r *Reader) Rows(ctx context.Context, now time.Time, key string) ([]Row, er
 		out[i].Hour = cost
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read usage_hour of %s for quotas: %w", r.db, err)
+		return nil, fmt.Errorf("read %s of %s for quotas: %w", hourTable, r.db, err)
 	}
 	return out, nil
 }

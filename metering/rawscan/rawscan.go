@@ -1,5 +1,6 @@
-// Package rawscan streams recorded decisions out of ClickHouse's
-// decisions_raw table in time order, for `limiter policy replay`. Values are
+// Package rawscan streams recorded decisions, settles and charges out of
+// ClickHouse's decisions_raw table in time order, for `limiter policy
+// replay`. Values are
 // always bound arguments (client-side binding: 18.16 has no server-side
 // parameters); rows are read block by block as the driver receives them,
 // never gathered, and the range is read in windows so that no query asks the
@@ -19,7 +20,8 @@ import (
 	"github.com/ratewarden/ratewarden/schema"
 )
 
-// Row is one recorded decision, as replay needs it.
+// Row is one recorded event, as replay needs it: a decision, or (Kind) a
+// settle or a charge.
 type Row struct {
 	TS      int64 // ms since the epoch
 	Key     string
@@ -35,6 +37,14 @@ type Row struct {
 	// decision, µs since the epoch (0: none recorded).
 	PolicyRevision int64
 	DecidedUS      int64
+	// Kind is "decision", "settle" or "charge" (rows written before
+	// decisions_raw had the column read "decision"). Reservation is the id
+	// of a reserving decision and of its settle; Estimate and Actual are a
+	// settle's estimate and actual cost, Actual a charge's cost.
+	Kind        string
+	Reservation string
+	Estimate    int64
+	Actual      int64
 }
 
 // Query is one range of decisions_raw.
@@ -62,12 +72,15 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // reads the clock once per batch) and ran in the batch's order, which the
 // events do not record; at one instant a bucket's remaining tokens only
 // fall, and a rejection leaves them as they were, so remaining DESC, then
-// the allowed first, is that order (exact for equal costs). event_time bounds the scan to the partitions
+// the allowed first, is that order (exact for equal costs; a settle that
+// shares a batch's instant is placed by the same rule, which holds for a
+// charge beyond its estimate and may place a refund early). A settle or a
+// charge carries the instant its store applied it. event_time bounds the scan to the partitions
 // (months) of the range; ts bounds it to the millisecond (the windows of
 // a scan are by ts, so only decisions the store took in another order
 // across a window's edge are read in ts order).
 func (q Query) toSQL(from, to time.Time) (string, []any) {
-	sql := "SELECT ts, key, scope, tier, cost, allowed, source, policy, dry_run, policy_revision, decided_us FROM " + q.Database + "." + schema.DecisionsRaw +
+	sql := "SELECT ts, key, scope, tier, cost, allowed, source, policy, dry_run, policy_revision, decided_us, kind, reservation, estimate, actual FROM " + q.Database + "." + schema.DecisionsRaw +
 		" WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?"
 	args := []any{uint32(from.Unix()), uint32(to.Unix()), uint64(from.UnixMilli()), uint64(to.UnixMilli())}
 	if s := q.Sample; s > 0 && s < 1 {
@@ -77,15 +90,17 @@ func (q Query) toSQL(from, to time.Time) (string, []any) {
 	return sql + " ORDER BY ifNull(decided_us, toInt64(ts) * 1000), remaining DESC, allowed DESC, kafka_partition, kafka_offset", args
 }
 
-// countSQL counts the rows of [q.From, q.To) (Sample ignored): what a
-// bounded replay reads first, to pick a sample that fits its row budget.
+// countSQL counts the rows of [q.From, q.To) (Sample ignored), settles and
+// charges included: what a bounded replay reads first, to pick a sample
+// that fits its row budget.
 func (q Query) countSQL() (string, []any) {
 	return "SELECT count() FROM " + q.Database + "." + schema.DecisionsRaw +
 			" WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?",
 		[]any{uint32(q.From.Unix()), uint32(q.To.Unix()), uint64(q.From.UnixMilli()), uint64(q.To.UnixMilli())}
 }
 
-// Count is the number of decisions recorded in [q.From, q.To), every key.
+// Count is the number of rows (decisions, settles and charges) recorded in
+// [q.From, q.To), every key.
 func Count(ctx context.Context, conn driver.Conn, q Query) (uint64, error) {
 	if err := q.Validate(); err != nil {
 		return 0, fmt.Errorf("rawscan: %w", err)
@@ -148,14 +163,16 @@ func scanWindow(ctx context.Context, conn driver.Conn, q Query, from, to time.Ti
 		return fmt.Errorf("rawscan: query decisions_raw [%s, %s): %w", from.Format(time.RFC3339), to.Format(time.RFC3339), err)
 	}
 	defer rows.Close()
-	var ts, cost uint64
+	var ts, cost, estimate, actual uint64
 	var allowed, dryRun uint8
 	var rev, decided *int64
 	for rows.Next() {
-		if err := rows.Scan(&ts, &r.Key, &r.Scope, &r.Tier, &cost, &allowed, &r.Source, &r.Policy, &dryRun, &rev, &decided); err != nil {
+		if err := rows.Scan(&ts, &r.Key, &r.Scope, &r.Tier, &cost, &allowed, &r.Source, &r.Policy, &dryRun, &rev, &decided,
+			&r.Kind, &r.Reservation, &estimate, &actual); err != nil {
 			return fmt.Errorf("rawscan: read decisions_raw: %w", err)
 		}
 		r.TS, r.Cost, r.Allowed, r.DryRun = int64(ts), int64(min(cost, math.MaxInt64)), allowed == 1, dryRun == 1
+		r.Estimate, r.Actual = int64(min(estimate, math.MaxInt64)), int64(min(actual, math.MaxInt64))
 		r.PolicyRevision, r.DecidedUS = 0, 0
 		if rev != nil {
 			r.PolicyRevision = *rev

@@ -42,6 +42,12 @@ type Rows interface {
 	Rows(ctx context.Context, now time.Time, key string) ([]quotause.Row, error)
 }
 
+// RegionRows reads the usage one region's limiters decided
+// (*quotause.Reader).
+type RegionRows interface {
+	RegionRows(ctx context.Context, now time.Time, key, region string) ([]quotause.Row, error)
+}
+
 // DefaultEvery is the time between passes (METER_RECONCILE_EVERY).
 const DefaultEvery = 30 * time.Second
 
@@ -51,6 +57,19 @@ type Config struct {
 	Redis     redis.UniversalClient // required: standalone, Sentinel or Cluster
 	KeyPrefix string                // REDIS_KEY_PREFIX of the limiters; "" = limits.DefaultKeyPrefix
 	Rows      Rows                  // required
+	// Region is the region whose store Redis is (METER_RECONCILE_REGION):
+	// a counter of a regional limit there is raised to that region's usage
+	// only. "" = one region: every counter in Redis, to all the usage
+	// recorded. With a region, Rows must also be a RegionRows
+	// (*quotause.Reader is).
+	Region string
+	// GlobalRedis is the home region's Redis (GLOBAL_REDIS_*), where the
+	// counter of a global limit's quota is kept, under GlobalKeyPrefix
+	// + ":g" as enforcement/global keeps it; it is raised to every
+	// region's usage. nil (with a Region) = global quotas are left to a
+	// reconciler that has the home. Ignored without a Region.
+	GlobalRedis     redis.UniversalClient
+	GlobalKeyPrefix string // GLOBAL_REDIS_KEY_PREFIX; "" = limits.DefaultKeyPrefix
 	// Policy returns the policy in force (the limiter's file, re-read when
 	// it changes: *policy.Current's Get). Required.
 	Policy func() (*policy.Policy, error)
@@ -111,11 +130,17 @@ func New(cfg Config) (*Reconciler, error) {
 	if cfg.Policy == nil {
 		errs = append(errs, errors.New("reconcile: Config.Policy is required"))
 	}
+	if _, ok := cfg.Rows.(RegionRows); cfg.Region != "" && cfg.Rows != nil && !ok {
+		errs = append(errs, errors.New("reconcile: Config.Rows must read per region (RegionRows) when Config.Region is set"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	if cfg.Every <= 0 {
 		cfg.Every = DefaultEvery
+	}
+	if cfg.GlobalKeyPrefix == "" {
+		cfg.GlobalKeyPrefix = limits.DefaultKeyPrefix
 	}
 	if cfg.ReadTimeout <= 0 {
 		cfg.ReadTimeout = 20 * time.Second
@@ -270,6 +295,11 @@ func (r *Reconciler) pass(ctx context.Context) (Result, error) {
 	now := r.cfg.Now()
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.ReadTimeout)
 	rows, err := r.cfg.Rows.Rows(rctx, now, "")
+	if err == nil && r.cfg.Region != "" {
+		var mine []quotause.Row
+		mine, err = r.cfg.Rows.(RegionRows).RegionRows(rctx, now, "", r.cfg.Region)
+		rows = quotause.InRegion(pol, rows, mine)
+	}
 	cancel()
 	if err != nil {
 		r.errs.WithLabelValues("clickhouse").Inc()
@@ -281,7 +311,7 @@ func (r *Reconciler) pass(ctx context.Context) (Result, error) {
 	// raised: no call for it.
 	quotas := all[:0]
 	for _, q := range all {
-		if q.Used > 0 {
+		if q.Used > 0 && (!q.Global || r.cfg.Region == "" || r.cfg.GlobalRedis != nil) {
 			quotas = append(quotas, q)
 		}
 	}
@@ -290,7 +320,7 @@ func (r *Reconciler) pass(ctx context.Context) (Result, error) {
 	var groups [][]quotause.Quota
 	for i := 0; i < len(quotas); {
 		j := i + 1
-		for j < len(quotas) && quotas[j].Key == quotas[i].Key {
+		for j < len(quotas) && quotas[j].Key == quotas[i].Key && r.atHome(quotas[j]) == r.atHome(quotas[i]) {
 			j++
 		}
 		groups = append(groups, quotas[i:j])
@@ -372,17 +402,25 @@ type raiseOutcome struct {
 	raised bool
 }
 
-// raise runs the script for the counters of one key, under its own deadline.
+// atHome: q's counter is the home's (a global quota across regions).
+func (r *Reconciler) atHome(q quotause.Quota) bool { return q.Global && r.cfg.Region != "" }
+
+// raise runs the script for the counters of one key, all in one store (the
+// region's, or the home's: atHome), under its own deadline.
 func (r *Reconciler) raise(ctx context.Context, g []quotause.Quota) ([]raiseOutcome, error) {
 	keys := make([]string, len(g))
 	args := make([]any, 0, 2*len(g))
+	rdb, prefix := r.cfg.Redis, r.cfg.KeyPrefix
+	if r.atHome(g[0]) {
+		rdb, prefix = r.cfg.GlobalRedis, r.cfg.GlobalKeyPrefix+":g"
+	}
 	for i, q := range g {
-		keys[i] = q.RedisKey(r.cfg.KeyPrefix)
+		keys[i] = q.RedisKey(prefix)
 		args = append(args, strconv.FormatUint(q.Used, 10), strconv.FormatInt(limitsExpiry(q), 10))
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.RedisTimeout)
 	defer cancel()
-	vals, err := raiseScript.Run(cctx, r.cfg.Redis, keys, args...).Int64Slice()
+	vals, err := raiseScript.Run(cctx, rdb, keys, args...).Int64Slice()
 	if err != nil {
 		return nil, fmt.Errorf("raise quota counters of key %q: %w", g[0].Key, err)
 	}

@@ -440,10 +440,9 @@ func (s *Spool) headLocked() (*segment, error) {
 		return nil, fmt.Errorf("spool: %w", err)
 	}
 	s.nextID++
+	// The reader's place (rseg) is the reader's alone: it finds this
+	// segment as the oldest after its own (ids only grow).
 	seg := &segment{id: id, path: path, size: int64(len(magic)), f: f}
-	if len(s.segs) == 0 {
-		s.rseg = id
-	}
 	s.segs = append(s.segs, seg)
 	s.bytes += seg.size
 	return seg, nil

@@ -85,7 +85,10 @@ type UsageParams struct {
 	Window       Window
 	Scope        string // empty: every scope
 	GroupByScope bool
-	Loc          *time.Location
+	// GroupByRegion: one series per region of the deciding limiters
+	// (group_by=region); without it a key's usage is summed over regions.
+	GroupByRegion bool
+	Loc           *time.Location
 }
 
 var usageParamNames = map[string]bool{"key": true, "from": true, "to": true, "window": true, "scope": true, "group_by": true, "tz": true}
@@ -118,13 +121,24 @@ func ParseUsageParams(q url.Values, now time.Time) (UsageParams, error) {
 		}
 		out.Scope = s
 	}
-	if g, ok := single["group_by"]; ok {
-		switch g {
-		case "scope":
-			out.GroupByScope = true
-		case "":
-		default:
-			p.add("group_by must be scope (or absent)")
+	if g, ok := single["group_by"]; ok && g != "" {
+		// A comma-separated list: scope, region, or both.
+		bad := false
+		for _, part := range strings.Split(g, ",") {
+			switch part {
+			case "scope":
+				bad = bad || out.GroupByScope
+				out.GroupByScope = true
+			case "region":
+				bad = bad || out.GroupByRegion
+				out.GroupByRegion = true
+			default:
+				bad = true
+			}
+		}
+		if bad {
+			p.add("group_by must be scope, region or scope,region (or absent)")
+			out.GroupByScope, out.GroupByRegion = false, false
 		}
 	}
 	if tz, ok := single["tz"]; ok && tz != "" {

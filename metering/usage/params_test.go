@@ -46,6 +46,8 @@ func TestParseUsageParams(t *testing.T) {
 		{query: "tz=../../etc/passwd", errPart: "tz must be an IANA time zone name"},
 		{query: "tz=Local", errPart: "tz must be an IANA time zone name"},
 		{query: "group_by=key", errPart: "group_by must be scope"},
+		{query: "group_by=scope,scope", errPart: "group_by must be scope, region or scope,region"},
+		{query: "group_by=region,", errPart: "group_by must be scope, region or scope,region"},
 		{query: "scope=", errPart: "scope must not be empty"},
 		{query: "scope=" + strings.Repeat("s", 129), errPart: "scope must be at most 128 bytes"},
 		{query: "key=a%00b", errPart: "key must not contain control characters"},
@@ -164,4 +166,24 @@ func FuzzParseUsageParams(f *testing.F) {
 			t.Fatalf("%q: %d placeholders, %d args: %s", raw, n, len(args), sql)
 		}
 	})
+}
+
+func TestParseGroupBy(t *testing.T) {
+	now := time.Date(2026, 7, 31, 9, 15, 30, 0, time.UTC)
+	for _, tc := range []struct {
+		q             string
+		scope, region bool
+	}{
+		{"", false, false}, {"group_by=", false, false}, {"group_by=scope", true, false},
+		{"group_by=region", false, true}, {"group_by=scope,region", true, true}, {"group_by=region,scope", true, true},
+	} {
+		q, _ := url.ParseQuery(tc.q)
+		p, err := ParseUsageParams(q, now)
+		if err != nil || p.GroupByScope != tc.scope || p.GroupByRegion != tc.region {
+			t.Errorf("%q: scope %v region %v err %v, want %v %v", tc.q, p.GroupByScope, p.GroupByRegion, err, tc.scope, tc.region)
+		}
+		if pl := planUsage("db", p, "k"); pl.byRegion != tc.region {
+			t.Errorf("%q: plan byRegion %v", tc.q, pl.byRegion)
+		}
+	}
 }

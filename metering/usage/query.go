@@ -22,9 +22,12 @@ type usageQuery struct {
 	key     string
 	scope   string // "" = all scopes
 	byScope bool
-	from    time.Time // inclusive, bucket-aligned
-	to      time.Time // exclusive, bucket-aligned
-	limit   int       // rows; the caller asks for one more than it accepts
+	// byRegion reads the per-region twin of table, one row per region
+	// that recorded any usage (events without a region are not there).
+	byRegion bool
+	from     time.Time // inclusive, bucket-aligned
+	to       time.Time // exclusive, bucket-aligned
+	limit    int       // rows; the caller asks for one more than it accepts
 }
 
 // planUsage picks the rollup that answers p: the one matching the window when
@@ -34,7 +37,7 @@ type usageQuery struct {
 // zone with a half-hour offset (Asia/Kolkata) from minute rows. The raw table
 // is never read.
 func planUsage(db string, p UsageParams, key string) usageQuery {
-	q := usageQuery{db: db, key: key, scope: p.Scope, byScope: p.GroupByScope,
+	q := usageQuery{db: db, key: key, scope: p.Scope, byScope: p.GroupByScope, byRegion: p.GroupByRegion,
 		from: p.From, to: p.To, limit: MaxPoints + 1, tz: p.Loc.String()}
 	allZero, wholeHours := zoneOffsets(p.Loc, p.From, p.To)
 	switch p.Window {
@@ -72,8 +75,13 @@ func (q usageQuery) toSQL() (string, []any) {
 	if q.byScope {
 		b.WriteString(", scope")
 	}
+	table := q.table
+	if q.byRegion {
+		b.WriteString(", region")
+		table = schema.RegionRollupOf(q.table)
+	}
 	b.WriteString(", sum(requests) AS n_req, sum(allowed) AS n_ok, sum(rejected) AS n_rej, sum(cost) AS n_cost, sum(warnings) AS n_warn")
-	fmt.Fprintf(&b, " FROM %s.%s WHERE key = ?", q.db, q.table)
+	fmt.Fprintf(&b, " FROM %s.%s WHERE key = ?", q.db, table)
 	args = append(args, q.key)
 	if q.scope != "" {
 		b.WriteString(" AND scope = ?")
@@ -83,11 +91,14 @@ func (q usageQuery) toSQL() (string, []any) {
 	// lets the primary index skip every other customer's rows.
 	b.WriteString(" AND start >= toDateTime(?) AND start < toDateTime(?)")
 	args = append(args, q.from.Unix(), q.to.Unix())
+	group := "b"
 	if q.byScope {
-		b.WriteString(" GROUP BY b, scope ORDER BY b, scope")
-	} else {
-		b.WriteString(" GROUP BY b ORDER BY b")
+		group += ", scope"
 	}
+	if q.byRegion {
+		group += ", region"
+	}
+	b.WriteString(" GROUP BY " + group + " ORDER BY " + group)
 	fmt.Fprintf(&b, " LIMIT %d", q.limit)
 	return b.String(), args
 }

@@ -271,13 +271,16 @@ func resolveKey(c *gin.Context, requested string) (string, bool) {
 }
 
 type seriesPoint struct {
-	Start    string `json:"start"`
-	Scope    string `json:"scope"`
-	Requests uint64 `json:"requests"`
-	Allowed  uint64 `json:"allowed"`
-	Rejected uint64 `json:"rejected"`
-	Cost     uint64 `json:"cost"`
-	Warnings uint64 `json:"warnings"`
+	Start string `json:"start"`
+	Scope string `json:"scope"`
+	// Region is present with group_by=region: the deciding limiters'
+	// region, "" for usage recorded without one.
+	Region   *string `json:"region,omitempty"`
+	Requests uint64  `json:"requests"`
+	Allowed  uint64  `json:"allowed"`
+	Rejected uint64  `json:"rejected"`
+	Cost     uint64  `json:"cost"`
+	Warnings uint64  `json:"warnings"`
 }
 
 type usageResponse struct {
@@ -289,6 +292,10 @@ type usageResponse struct {
 	Source string        `json:"source"` // the rollup table read
 	Series []seriesPoint `json:"series"`
 	Totals Counts        `json:"totals"`
+	// Units is the cost unit the policy in force names for each scope of
+	// the series ("tokens"); a scope whose policy names none is left out,
+	// and so is every scope without a policy file (Config.PolicyPath).
+	Units map[string]string `json:"units,omitempty"`
 }
 
 // AllScopes is the scope of series points summed over every scope.
@@ -307,7 +314,11 @@ func (s *Server) getUsage(c *gin.Context) {
 	q := planUsage(s.cfg.Store.db, p, key)
 	ctx, cancel := s.queryCtx(c)
 	defer cancel()
-	pts, err := s.cfg.Store.usage(ctx, q)
+	read := s.cfg.Store.usage
+	if p.GroupByRegion {
+		read = s.cfg.Store.usageByRegion
+	}
+	pts, err := read(ctx, q)
 	if err != nil {
 		s.storeFail(c, err)
 		return
@@ -327,11 +338,43 @@ func (s *Server) getUsage(c *gin.Context) {
 				scope = p.Scope
 			}
 		}
-		resp.Series = append(resp.Series, seriesPoint{Start: pt.Start.In(p.Loc).Format(time.RFC3339), Scope: scope,
-			Requests: pt.Requests, Allowed: pt.Allowed, Rejected: pt.Rejected, Cost: pt.Cost, Warnings: pt.Warnings})
+		sp := seriesPoint{Start: pt.Start.In(p.Loc).Format(time.RFC3339), Scope: scope,
+			Requests: pt.Requests, Allowed: pt.Allowed, Rejected: pt.Rejected, Cost: pt.Cost, Warnings: pt.Warnings}
+		if p.GroupByRegion {
+			sp.Region = &pt.Region
+		}
+		resp.Series = append(resp.Series, sp)
 		resp.Totals.add(pt.Counts)
 	}
+	resp.Units = s.units(key, resp.Series)
 	c.JSON(http.StatusOK, resp)
+}
+
+// units is the cost unit of each named scope of series under the policy
+// in force (Usage.Units); nil without a policy or when it names none.
+func (s *Server) units(key string, series []seriesPoint) map[string]string {
+	if s.policy == nil {
+		return nil
+	}
+	pol, err := s.policy.Get()
+	if err != nil {
+		return nil // the usage itself does not depend on the policy
+	}
+	var out map[string]string
+	seen := map[string]bool{AllScopes: true}
+	for _, pt := range series {
+		if seen[pt.Scope] {
+			continue
+		}
+		seen[pt.Scope] = true
+		if res, err := pol.Resolve(key, pt.Scope, ""); err == nil && res.Unit != "" {
+			if out == nil {
+				out = make(map[string]string)
+			}
+			out[pt.Scope] = res.Unit
+		}
+	}
+	return out
 }
 
 func (s *Server) getTopKeys(c *gin.Context) {

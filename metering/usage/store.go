@@ -75,9 +75,21 @@ func (c *Counts) add(o Counts) {
 
 // Point is one bucket of a usage series.
 type Point struct {
-	Start time.Time
-	Scope string // "" when not grouped by scope
+	Start  time.Time
+	Scope  string // "" when not grouped by scope
+	Region string // "" when not grouped by region, or recorded without one
 	Counts
+}
+
+// sub is c − o, field by field, never below 0.
+func (c Counts) sub(o Counts) Counts {
+	d := func(a, b uint64) uint64 {
+		if a < b {
+			return 0
+		}
+		return a - b
+	}
+	return Counts{d(c.Requests, o.Requests), d(c.Allowed, o.Allowed), d(c.Rejected, o.Rejected), d(c.Cost, o.Cost), d(c.Warnings, o.Warnings)}
 }
 
 func (s *Store) usage(ctx context.Context, q usageQuery) ([]Point, error) {
@@ -95,6 +107,9 @@ func (s *Store) usage(ctx context.Context, q usageQuery) ([]Point, error) {
 		if q.byScope {
 			dest = append(dest, &p.Scope)
 		}
+		if q.byRegion {
+			dest = append(dest, &p.Region)
+		}
 		dest = append(dest, &p.Requests, &p.Allowed, &p.Rejected, &p.Cost, &p.Warnings)
 		if err := rows.Scan(dest...); err != nil {
 			return nil, wrap("usage scan", err)
@@ -106,6 +121,47 @@ func (s *Store) usage(ctx context.Context, q usageQuery) ([]Point, error) {
 		return nil, wrap("usage rows", err)
 	}
 	return out, nil
+}
+
+// usageByRegion is q's series per region: the per-region rollup's rows,
+// and for each bucket (and scope) whose total in q's own rollup is more
+// than its regions' sum, the difference as region "": usage recorded
+// without a region (a one-region limiter, or before regions were
+// recorded). The per-region rows come first in each bucket; two reads, so a
+// batch the consumer wrote to one table and not yet to the other can show
+// for a moment as region "" or be missing from it.
+func (s *Store) usageByRegion(ctx context.Context, q usageQuery) ([]Point, error) {
+	byRegion, err := s.usage(ctx, q)
+	if err != nil || len(byRegion) > MaxPoints {
+		return byRegion, err
+	}
+	q.byRegion = false
+	totals, err := s.usage(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	type bucket struct {
+		start time.Time
+		scope string
+	}
+	summed := map[bucket]Counts{}
+	for _, p := range byRegion {
+		c := summed[bucket{p.Start, p.Scope}]
+		c.add(p.Counts)
+		summed[bucket{p.Start, p.Scope}] = c
+	}
+	out := make([]Point, 0, len(byRegion)+len(totals))
+	i := 0
+	for _, t := range totals {
+		for i < len(byRegion) && !byRegion[i].Start.After(t.Start) {
+			out = append(out, byRegion[i])
+			i++
+		}
+		if rest := t.Counts.sub(summed[bucket{t.Start, t.Scope}]); rest != (Counts{}) {
+			out = append(out, Point{Start: t.Start, Scope: t.Scope, Counts: rest})
+		}
+	}
+	return append(out, byRegion[i:]...), nil
 }
 
 // KeyUsage is one row of the top-keys ranking.

@@ -140,6 +140,7 @@ func (w *Writer) follow(ctx context.Context) error {
 	var pending []row
 	c := policylog.NewClient(w.cfg.Log, false)
 	c.Authenticate(w.cfg.Keys)
+	c.NoCheckpoints = true // every record audited with its own verdict
 	c.OnApply = func(e policylog.Entry, o policylog.Outcome) {
 		if o.Code == policylog.CodeUnauthenticated {
 			w.unauth.Inc()

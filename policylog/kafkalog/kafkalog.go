@@ -164,11 +164,14 @@ func (l *Log) Fetch(ctx context.Context, from int64) ([]policylog.Entry, int64, 
 			})
 		}
 	}
+	if err == nil {
+		err = res.Error
+	}
+	if IsNoTopic(err) {
+		return nil, 0, fmt.Errorf("%w: %s (check POLICY_TOPIC; nothing was created)", ErrNoTopic, l.cfg.Topic)
+	}
 	if err != nil {
 		return nil, 0, err
-	}
-	if res.Error != nil {
-		return nil, 0, res.Error
 	}
 	var out []policylog.Entry
 	for {
@@ -258,9 +261,9 @@ func (l *Log) FirstOffset(ctx context.Context) (int64, error) {
 	return 0, fmt.Errorf("first offset of %s: not in the answer", l.cfg.Topic)
 }
 
-// ErrNoTopic is wrapped by Exists's error for a topic that does not
-// exist.
-var ErrNoTopic = errors.New("the policy topic does not exist")
+// ErrNoTopic is wrapped by the error of Exists, and of a Fetch, for a
+// topic that does not exist.
+var ErrNoTopic = policylog.ErrNoTopic
 
 // Exists checks that the topic exists without creating it (a metadata
 // request that does not allow auto-creation): what a reader that must
@@ -290,5 +293,5 @@ func (l *Log) Exists(ctx context.Context) error {
 // IsNoTopic reports whether err says the topic does not exist (no writer
 // has created it yet).
 func IsNoTopic(err error) bool {
-	return errors.Is(err, protocol.ErrNoTopic) || errors.Is(err, kafka.UnknownTopicOrPartition)
+	return errors.Is(err, ErrNoTopic) || errors.Is(err, protocol.ErrNoTopic) || errors.Is(err, kafka.UnknownTopicOrPartition)
 }

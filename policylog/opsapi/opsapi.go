@@ -66,9 +66,11 @@ type Handler struct {
 	ensured bool // the topic exists (Ensure succeeded once)
 }
 
-// ensurer is a Log that can create its topic (kafkalog.Log).
+// ensurer is a Log that can create its topic (kafkalog.Log), and check
+// that it exists without creating it: a read creates nothing.
 type ensurer interface {
 	Ensure(ctx context.Context) error
+	Exists(ctx context.Context) error
 }
 
 // New returns the handler.
@@ -174,8 +176,16 @@ func (h *Handler) with(w http.ResponseWriter, r *http.Request, fn func(ctx conte
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if e, ok := h.cfg.Log.(ensurer); ok && !h.ensured {
-		if err := e.Ensure(ctx); err != nil {
-			fail(w, http.StatusServiceUnavailable, "policy_log_unavailable", "cannot reach the policy log: "+err.Error(), nil)
+		check := e.Ensure
+		if r.Method == http.MethodGet {
+			check = e.Exists
+		}
+		if err := check(ctx); err != nil {
+			msg := "cannot reach the policy log: " + err.Error()
+			if errors.Is(err, policylog.ErrNoTopic) {
+				msg = "the policy log is empty: " + err.Error() + "; the first write creates it"
+			}
+			fail(w, http.StatusServiceUnavailable, "policy_log_unavailable", msg, nil)
 			return
 		}
 		h.ensured = true

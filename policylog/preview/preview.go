@@ -44,8 +44,9 @@ type Result struct {
 	NewlyRejected int64   `json:"newlyRejected"`
 	Share         float64 `json:"newlyRejectedShare"`
 	NewlyAllowed  int64   `json:"newlyAllowed"`
-	// Recorded is every decision of the window, sampled or not; Sample the
-	// fraction of keys replayed (1 = every key).
+	// Recorded is every row of the window (decisions, settles and
+	// charges), sampled or not; Sample the fraction of keys replayed (1 =
+	// every key).
 	Recorded uint64  `json:"recorded"`
 	Sample   float64 `json:"sample"`
 	// Capped: the row budget stopped the replay; the decisions after
@@ -123,7 +124,8 @@ func Run(ctx context.Context, conn driver.Conn, cfg Config, candidate replay.Res
 		rows++
 		last = r.TS
 		eng.Add(replay.Row{TS: r.TS, Key: r.Key, Scope: r.Scope, Tier: r.Tier, Cost: r.Cost,
-			Allowed: r.Allowed, Source: r.Source, Policy: r.Policy, DryRun: r.DryRun, DecidedUS: r.DecidedUS})
+			Allowed: r.Allowed, Source: r.Source, Policy: r.Policy, DryRun: r.DryRun, DecidedUS: r.DecidedUS,
+			Kind: r.Kind, Reservation: r.Reservation, Estimate: r.Estimate, Actual: r.Actual})
 		return nil
 	})
 	switch {

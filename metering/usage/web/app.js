@@ -84,6 +84,7 @@
       return;
     }
     setStatus("", "");
+    renderRegions(usage.series);
     var xs = buckets(new Date(usage.from), new Date(usage.to), usage.window);
     var index = {};
     xs.forEach(function (x, i) { index[x] = i; });
@@ -105,6 +106,19 @@
       box.setAttribute("data-scope", scope);
       var h = document.createElement("h3");
       h.textContent = "Scope " + scope;
+      // A scope whose policy names a cost unit (tokens, say) shows its
+      // cost in that unit: its actual cost, settles included.
+      var unit = usage.units && usage.units[scope];
+      if (unit) {
+        var spent = 0;
+        byScope[scope].forEach(function (e) { spent += e[1].cost; });
+        var u = document.createElement("span");
+        u.className = "unit";
+        u.setAttribute("data-unit", unit);
+        u.setAttribute("data-value", String(spent));
+        u.textContent = " · " + nf.format(spent) + " " + unit;
+        h.appendChild(u);
+      }
       var plotEl = document.createElement("div");
       plotEl.className = "plot";
       box.appendChild(h); box.appendChild(plotEl);
@@ -122,6 +136,35 @@
         axes: [{}, { size: 60 }]
       }, [sortedX, req, ok, rej], plotEl);
       plots.push(p);
+    });
+  }
+
+  // Usage per region of the deciding limiters (the charts and totals are
+  // summed over regions), shown when any usage carries a region: a global
+  // key is one limit shared by every region. Usage recorded without a region
+  // is the row "(no region)".
+  function renderRegions(series) {
+    var box = $("regions"), body = $("regions-body");
+    var sums = {}, named = false;
+    series.forEach(function (p) {
+      var r = p.region || "";
+      if (r) { named = true; }
+      var s = sums[r] = sums[r] || { requests: 0, allowed: 0, rejected: 0, cost: 0 };
+      s.requests += p.requests; s.allowed += p.allowed; s.rejected += p.rejected; s.cost += p.cost;
+    });
+    body.textContent = "";
+    box.hidden = !named;
+    if (!named) { return; }
+    Object.keys(sums).sort(function (a, b) { return (a === "") - (b === "") || (a < b ? -1 : a > b ? 1 : 0); }).forEach(function (r) {
+      var tr = document.createElement("tr");
+      tr.setAttribute("data-region", r);
+      [r || "(no region)", sums[r].requests, sums[r].allowed, sums[r].rejected, sums[r].cost].forEach(function (v, i) {
+        var td = document.createElement(i ? "td" : "th");
+        td.textContent = i ? nf.format(v) : v;
+        if (i) { td.setAttribute("data-value", String(v)); }
+        tr.appendChild(td);
+      });
+      body.appendChild(tr);
     });
   }
 
@@ -176,7 +219,7 @@
     var to = new Date(), from = new Date(to.getTime() - (+$("range").value) * 1000);
     var qs = "from=" + encodeURIComponent(from.toISOString().replace(/\.\d+Z$/, "Z")) +
       "&to=" + encodeURIComponent(to.toISOString().replace(/\.\d+Z$/, "Z")) +
-      "&window=" + encodeURIComponent($("window").value) + "&group_by=scope&tz=" + encodeURIComponent(tz);
+      "&window=" + encodeURIComponent($("window").value) + "&group_by=scope,region&tz=" + encodeURIComponent(tz);
     $("controls").hidden = false;
     $("forget").hidden = false;
     setStatus("", "Loading…");

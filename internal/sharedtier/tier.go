@@ -1,0 +1,267 @@
+// Package sharedtier builds the limiter's decision path below the local
+// tier from its configuration: the shared stores (the default one and
+// REDIS_STORES's), each with its client, script pipeline, deadline and
+// breaker; the decorators in front of them; the fleet heartbeat of each
+// store; and what /readyz says of them. Build is the one place that
+// states the order of the decorators.
+package sharedtier
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/fleet"
+	"github.com/ratewarden/ratewarden/enforcement/keyname"
+	"github.com/ratewarden/ratewarden/enforcement/lease"
+	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
+	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/enforcement/split"
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
+	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/limits"
+)
+
+// Config is the shared tier's part of the limiter's configuration.
+type Config struct {
+	// Redis is the default store (REDIS_*); not Enabled = single-node
+	// mode, an in-process authority bounded by MaxKeys and MaxBytes.
+	Redis  redisclient.Config
+	Stores []redisclient.NamedStore // REDIS_STORES, sorted by name
+
+	StoreTimeout    time.Duration // LIMITER_STORE_TIMEOUT: one decision's deadline at the store
+	StoreInFlight   int           // LIMITER_STORE_BATCHES_IN_FLIGHT; 0 = redisstore's default
+	BreakerFailures int           // LIMITER_BREAKER_FAILURES
+	BreakerOpenFor  time.Duration // LIMITER_BREAKER_OPEN_FOR
+
+	MaxKeys  int   // single-node mode's bound on keys
+	MaxBytes int64 // and on bytes; 0 = enforcement's default
+
+	LeaseBlock   int           // LIMITER_LEASE_BLOCK; 0 = leasing off
+	LeaseHotOps  float64       // LIMITER_LEASE_HOT_OPS
+	LeaseMaxHold time.Duration // LIMITER_LEASE_MAX_HOLD
+	KeyNames     keyname.Namer // how the leases' logs name keys
+
+	// Metrics receive the default store's calls; nil = none.
+	Metrics *limitmetrics.Metrics
+	Log     *slog.Logger
+}
+
+// Tier is the shared tier as built, an enforcement.Authority, with the
+// components that run it (Add, AddFleet).
+type Tier struct {
+	enforcement.Authority
+	// Kind is memory, redis, redis-cluster or redis-sentinel.
+	Kind string
+	// Owner is the shard of a hash slot (hot-key visibility); nil = one
+	// server.
+	Owner func(slot uint16) string
+	// Reservations keeps reservations (reserve, settle, charge): the store
+	// routing itself, unwrapped, or single-node mode's authority.
+	Reservations enforcement.Reserver
+
+	states   func() map[string]redisstore.State // breaker per shard; nil in memory mode
+	diagnose func(ctx context.Context) string   // why Redis does not answer; nil in memory mode
+	// failing reports store trouble the breakers have not (yet) seen: the
+	// fleet heartbeat failing while traffic is too light to trip them.
+	failing func() bool
+
+	lease  *lease.Authority // nil when leasing is off
+	stores []*storeHandle   // the default store first, then REDIS_STORES's in name order
+	fleet  fleetCounts
+	rdb    redis.UniversalClient        // the default store's client; nil in single-node mode
+	mem    *enforcement.MemoryAuthority // single-node mode's authority; nil with Redis
+	cfg    Config
+}
+
+// Build assembles the decision path below the local tier. With Redis it
+// is, from the limiter outwards:
+//
+//		lease  → split  → stores → shared → guard → lane
+//
+//	  - lease (enforcement/lease, when LIMITER_LEASE_BLOCK is set): hot keys
+//	    spend blocks of tokens leased from the store, in-process;
+//	  - split (enforcement/split): split keys spread over sub-buckets;
+//	  - stores (enforcement.Stores): each key's calls go to the store its
+//	    limit names, the default one or one of REDIS_STORES;
+//	  - shared (redisstore.Shared, one per store), which holds
+//	  - guard: a deadline and a circuit breaker per shard, in front of
+//	  - lane: one server's auto-pipelined EVALSHA of the bucket script.
+//
+// Without Redis it is split over an in-process authority (single-node
+// mode). A store that does not answer at start is not an error: the
+// limiter serves degraded until it does. The clients opened are closed by
+// the group Add registers them with, or here when Build fails.
+func Build(ctx context.Context, cfg Config) (*Tier, error) {
+	log := cfg.Log
+	if !cfg.Redis.Enabled() {
+		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")
+		mem := MemoryAuthority(cfg.MaxKeys, cfg.MaxBytes)
+		return &Tier{Authority: split.New(mem, nil), Kind: "memory", mem: mem, Reservations: split.NewReserver(mem), cfg: cfg}, nil
+	}
+	// shared → guard → lane, one per store, each reached as configured
+	// (internal/redisclient: standalone, Cluster or Sentinel, TLS, ACL).
+	def, err := openStore(ctx, limits.DefaultStore, cfg.Redis, cfg, cfg.Metrics, log)
+	if err != nil {
+		return nil, err
+	}
+	t := &Tier{Kind: def.kind, diagnose: def.conn.Diagnose, states: def.shared.States,
+		rdb: def.conn.UniversalClient, stores: []*storeHandle{def}, cfg: cfg}
+	if t.Kind == redisclient.KindCluster {
+		t.Owner = def.shared.Owner
+	}
+	for _, ns := range cfg.Stores {
+		h, err := openStore(ctx, ns.Name, ns.Redis, cfg, nil, log)
+		if err != nil {
+			t.closeClients()
+			return nil, err
+		}
+		t.stores = append(t.stores, h)
+	}
+	// stores: the store the key's limit names.
+	routed := enforcement.NewStores(def.shared, namedStores(t.stores[1:]))
+	t.Reservations = split.NewReserver(routed) // split keys reserve on their sub-buckets
+	// split: over the routing.
+	t.Authority = split.New(routed, nil)
+	// lease: outermost, over split; its blocks are taken from the routing.
+	if cfg.LeaseBlock > 0 {
+		t.lease = lease.New(t.Authority, routed, lease.Config{
+			Block:        int64(cfg.LeaseBlock),
+			HotOpsPerSec: cfg.LeaseHotOps,
+			MaxHold:      cfg.LeaseMaxHold,
+			// The store's guard judges lateness (and tells a starved
+			// process from a slow store); this is only the outer bound
+			// of a lease call.
+			Timeout: time.Second,
+			Log:     log,
+			Names:   cfg.KeyNames,
+		})
+		t.Authority = t.lease
+	}
+	return t, nil
+}
+
+// Add registers what runs the tier: each store (its client closed after
+// it), then the leases, which go back before the stores stop.
+func (t *Tier) Add(g *lifecycle.Group) {
+	if t.mem != nil {
+		g.Add("memory sweeper", t.mem.Run)
+	}
+	for _, h := range t.stores {
+		h.add(g)
+	}
+	if t.lease != nil {
+		g.Add("leases", t.lease.Run) // returns held tokens while Redis is still open
+	}
+}
+
+// closeClients closes the stores' clients opened so far when Build fails
+// part way (after it, the group closes them).
+func (t *Tier) closeClients() {
+	for _, h := range t.stores {
+		_ = h.conn.Close()
+	}
+}
+
+// Clients calls fn for each store's client with what names it ("redis",
+// "redis:NAME") and its Reload (the password and TLS files re-read, on
+// SIGHUP).
+func (t *Tier) Clients(fn func(what string, reload func() error)) {
+	for _, h := range t.stores {
+		what := "redis"
+		if h.name != limits.DefaultStore {
+			what = "redis:" + h.name
+		}
+		fn(what, h.conn.Reload)
+	}
+}
+
+// Instances is what the fleet heartbeats tell: the limiter's live count
+// (enforcement.Limiter).
+type Instances interface {
+	SetInstances(n int) // never below LIMITER_EXPECTED_INSTANCES
+	Instances() int
+}
+
+// FleetConfig is the fleet heartbeat's part of the configuration.
+type FleetConfig struct {
+	Member string        // LIMITER_INSTANCE_ID
+	Every  time.Duration // LIMITER_FLEET_HEARTBEAT
+}
+
+// AddFleet adds a fleet heartbeat per shared store: the live instance
+// count (never below LIMITER_EXPECTED_INSTANCES) is what the limiter's
+// local tier, degraded limits and quota share divide by, and what the
+// hot-key threshold is shared over; with several stores, the largest
+// count. Each leaves its fleet when stopped. Nothing in single-node mode.
+func (t *Tier) AddFleet(g *lifecycle.Group, cfg FleetConfig, lim Instances, metrics *limitmetrics.Metrics) error {
+	metrics.Instances(lim.Instances())
+	for _, h := range t.stores {
+		hlog := t.cfg.Log
+		if h.name != limits.DefaultStore {
+			hlog = hlog.With("store", h.name)
+		}
+		hb, err := fleet.New(h.shared, fleet.Config{
+			Member: cfg.Member,
+			Every:  cfg.Every,
+			Log:    hlog,
+			OnCount: func(n int) {
+				lim.SetInstances(t.fleet.set(h.name, n))
+				n = lim.Instances()
+				if t.lease != nil {
+					t.lease.SetInstances(n)
+				}
+				metrics.Instances(n)
+			},
+		})
+		if err != nil {
+			return err
+		}
+		h.hb = hb
+		g.Add("fleet heartbeat "+h.name, hb.Run)
+		if h.name == limits.DefaultStore {
+			t.failing = hb.Failing
+		}
+	}
+	return nil
+}
+
+// MemoryAuthority is the in-process authority of single-node mode,
+// bounded as the local tier is (LIMITER_MAX_KEYS and
+// LIMITER_LOCAL_MAX_BYTES, a bound of its own); its Run sweeps.
+func MemoryAuthority(maxKeys int, maxBytes int64) *enforcement.MemoryAuthority {
+	return enforcement.NewMemoryAuthorityBytes(nil, maxKeys, maxBytes)
+}
+
+// ShadowKeyPrefix is the Redis namespace of shadow buckets and quota
+// counters: `rl:shadow:{key}:b2:scope` can never be an enforced key, whose
+// layout is `rl:{key}:...` (the reconciler, which restores quota counters
+// under `rl:{`, never touches them either). The rate-limit key stays the
+// hash tag, so a shadow bucket lives in its enforced twin's Cluster slot.
+func ShadowKeyPrefix(prefix string) string { return prefix + ":shadow" }
+
+// ShadowStore is the shadow tier's store, with what runs it: on the
+// default store's client, in its own key namespace, with its own deadline
+// and breaker (a slow shadow never opens the enforced breaker); in
+// single-node mode, in-process buckets of its own. Run it after the
+// tier's stores (Add): it stops before the client it shares closes.
+func (t *Tier) ShadowStore(timeout time.Duration, log *slog.Logger) (enforcement.Authority, func(context.Context) error) {
+	if t.rdb == nil {
+		mem := MemoryAuthority(t.cfg.MaxKeys, t.cfg.MaxBytes)
+		return mem, mem.Run
+	}
+	shared := redisstore.NewShared(t.rdb, redisstore.SharedConfig{
+		Prefix:   ShadowKeyPrefix(t.cfg.Redis.KeyPrefix),
+		Pipeline: redisstore.PipelineConfig{Timeout: timeout},
+		Guard: redisstore.GuardSettings{
+			Timeout:             timeout,
+			ConsecutiveFailures: uint32(t.cfg.BreakerFailures),
+			OpenFor:             t.cfg.BreakerOpenFor,
+		},
+		Log: log,
+	})
+	return shared, shared.Run
+}
