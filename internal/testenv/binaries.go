@@ -77,10 +77,17 @@ func Build(cmd string) (string, error) {
 	binaries.mu.Unlock()
 	out := filepath.Join(dir, path.Base(cmd))
 	args := []string{"build", "-o", out}
+	env := os.Environ()
 	if RaceChildren() {
 		args = append(args, "-race")
+	} else {
+		// As the Dockerfile, make up and deploytest build them: one
+		// configuration, so each package compiles once per run.
+		env = append(env, "CGO_ENABLED=0")
 	}
-	b, err := exec.Command("go", append(args, module+"/"+strings.TrimPrefix(cmd, "./"))...).CombinedOutput()
+	c := exec.Command("go", append(args, module+"/"+strings.TrimPrefix(cmd, "./"))...)
+	c.Env = env
+	b, err := c.CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("go build %s: %v\n%s", cmd, err, b)
 	}
