@@ -35,7 +35,9 @@ import (
 //     is out of range): truncated if the highest stored event below its end
 //     is still there and the same, else the log started over (restarted: a
 //     fresh broker, a recreated topic, another cluster): a new epoch starts
-//     at the log's start.
+//     at the log's start. A log that ends exactly at the stored offset is
+//     not out of range there (a fetch at the end waits): another event
+//     below its end is then the definite answer (replaced).
 //   - The stored event was deleted by retention, or none is stored: the
 //     bounds decide. A resume point past the end (out of range) is a log
 //     that started over; one below the start is a real gap: retention
@@ -198,25 +200,34 @@ func (c *Consumer) locate(ctx context.Context, gen *kafka.Generation, p int, eps
 			if err != nil {
 				return cur, 0, err
 			}
-			if pr != outOfRange {
-				return cur, 0, fmt.Errorf("partition %d: the log's end %d is at or below the last stored offset %d, which the broker does not call out of range: %w", p, end, at, errUnsure)
-			}
-			// Shorter than what is stored: truncated if what is stored
-			// below its end is still there, else another log.
+			// What the log holds below its end, against what is stored
+			// there: the same event (truncated, or a watermark that lags)
+			// or another one (another log).
 			lctx, cancel := context.WithTimeout(ctx, c.cfg.InsertTimeout)
 			id2, pos2, ok2, err := c.cfg.Sink.LastID(lctx, p, cur.First, cur.Position(end))
 			cancel()
 			if err != nil {
 				return cur, 0, err
 			}
+			below, got2 := nothing, ""
 			if ok2 && cur.Offset(pos2) >= start {
-				got, pr, err := kl.eventID(ctx, cur.Offset(pos2))
-				if err != nil {
+				if got2, below, err = kl.eventID(ctx, cur.Offset(pos2)); err != nil {
 					return cur, 0, err
 				}
-				if pr == holds && got == id2 {
-					return newEpoch(chsink.Truncated, end, fmt.Sprintf("the log ends at %d, below the stored offset %d, and holds the stored event at %d", end, at, cur.Offset(pos2)))
+			}
+			if pr != outOfRange {
+				// A fetch at the end itself waits rather than being out of
+				// range, so a log that ends exactly at the stored offset
+				// is told by content alone.
+				if below == holds && got2 != id2 {
+					return newEpoch(chsink.Replaced, start, fmt.Sprintf("the log [%d, %d) holds event %q at offset %d, where ClickHouse holds %q", start, end, got2, cur.Offset(pos2), id2))
 				}
+				return cur, 0, fmt.Errorf("partition %d: the log's end %d is at or below the last stored offset %d, which the broker does not call out of range: %w", p, end, at, errUnsure)
+			}
+			// Shorter than what is stored: truncated if what is stored
+			// below its end is still there, else another log.
+			if below == holds && got2 == id2 {
+				return newEpoch(chsink.Truncated, end, fmt.Sprintf("the log ends at %d, below the stored offset %d, and holds the stored event at %d", end, at, cur.Offset(pos2)))
 			}
 			return newEpoch(chsink.Restarted, start, fmt.Sprintf("the log [%d, %d) ends below the stored offset %d", start, end, at))
 		}

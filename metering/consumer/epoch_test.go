@@ -93,6 +93,34 @@ func TestALogThatStartsOverIsANewEpoch(t *testing.T) {
 	}
 }
 
+// A log recreated while the consumer is stopped that ends exactly at the
+// last stored offset: a fetch there waits (it is the log's end), it is
+// not out of range, so only the event below the end tells the logs apart.
+// The consumer must take it for another log, not retry forever.
+func TestALogThatEndsAtTheStoredOffsetIsANewEpoch(t *testing.T) {
+	conn, db := setup(t)
+	k := testenv.StartKafka(t, "decisions", 1)
+	evs := events(999)
+	produceAcked(t, k.Addr(), k.Topic(), evs[:500]) // offsets 0..499
+	r := startConsumer(t, conn, db, k.Addr(), k.Topic(), 100)
+	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(evs[:500]), 60*time.Second)
+	r.stop()
+
+	if err := k.Cluster().DeleteTopic(k.Topic()); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Cluster().CreateTopic(k.Topic(), 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	produceAcked(t, k.Addr(), k.Topic(), evs[500:]) // offsets 0..498: the log ends at 499, the last stored offset
+	r = startConsumer(t, conn, db, k.Addr(), k.Topic(), 100)
+	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(evs), 60*time.Second)
+	waitRawRows(t, conn, db, len(evs))
+	if n := counterSum(t, r.reg, "meter_log_epochs_total", map[string]string{"reason": "replaced"}); n != 1 {
+		t.Fatalf("meter_log_epochs_total{reason=replaced} = %v, want 1", n)
+	}
+}
+
 // waitRawRows waits until decisions_raw holds want rows (its INSERT may land
 // a moment after the rollups') and fails at once on more.
 func waitRawRows(t *testing.T, conn driver.Conn, db string, want int) {
