@@ -15,6 +15,12 @@ export PATH := $(PATH):/usr/local/go/bin
 # gRPC server uses for its answers (internal/vtcodec); a plain `go build`
 # works too, with protobuf reflection instead.
 export GOFLAGS += -tags=vtprotobuf
+# Paths out of the binaries, so that the build cache does not depend on
+# where the repository is checked out: a second clone or worktree reuses
+# what the first compiled (the tests build each command and link a test
+# binary per package; a fresh clone otherwise recompiles every package in
+# every configuration).
+export GOFLAGS += -trimpath
 
 # A race-built process sleeps a second as it exits (GORACE atexit_sleep_ms,
 # time for other threads to finish a report), and the tests start a
@@ -42,8 +48,12 @@ check:
 # Every test, against real redis-server / clickhouse-server processes and an
 # in-process Kafka-protocol broker that the harness starts on free loopback ports.
 # `deps` first, so that on a fresh Debian machine (as root) this is all it takes.
+# TEST_P: test binaries run at once. Many of them spend most of their time
+# waiting (a fault test's timeouts, a server starting), so more than the
+# core count keeps both cores busy.
+TEST_P ?= 3
 test: deps vet
-	$(GO) test -race -count=1 -timeout 25m $(PKGS)
+	$(GO) test -race -count=1 -p $(TEST_P) -timeout 25m $(PKGS)
 	cd bench && $(GO) test -race -count=1 ./...
 
 # The Debian packages the tests need (scripts/deps.sh installs the missing
