@@ -61,7 +61,9 @@ type memQuota struct {
 // (time.Now when nil) and holding at most maxKeys buckets (and as many
 // quota windows). At the bound it forgets full buckets and ended windows
 // first, the oldest first, and never an empty bucket or a spent quota: a
-// new key is then decided without being kept.
+// new key is then decided without being kept. The bound holds per shard
+// (a 64th of it each, at least one key), so a small bound can forget a key
+// long before maxKeys are held: tests that must keep every key give room.
 func NewMemoryAuthority(now func() time.Time, maxKeys int) *MemoryAuthority {
 	return NewMemoryAuthorityBytes(now, maxKeys, 0)
 }

@@ -13,7 +13,7 @@ import (
 // ResetAt report whichever binds.
 func TestDecisionReportsBucketAndQuotaApart(t *testing.T) {
 	clk := newClock()
-	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 100)}
+	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 1<<20)}
 	// bucket 1000 at 1000/s, monthly quota 100 (quotaPolicy): the quota binds.
 	l := newLimiter(t, enforcement.Config{Authority: auth, Policy: quotaPolicy(false), Now: clk.Now})
 	_, monthEnd := enforcement.PeriodMonth.Window(clk.Now())
@@ -33,7 +33,7 @@ func TestDecisionReportsBucketAndQuotaApart(t *testing.T) {
 	}
 
 	// A bucket alone (no quota): Bucket is the decision's own view.
-	l2 := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 100), Policy: policyOf(1, 3), Now: clk.Now})
+	l2 := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 1<<20), Policy: policyOf(1, 3), Now: clk.Now})
 	for i := 0; i < 3; i++ {
 		l2.Check(context.Background(), req("b", 1))
 	}

@@ -39,7 +39,7 @@ func spend(t *testing.T, l *enforcement.Limiter, key string, n int, want enforce
 
 func TestDegradedSpendsOnlyItsShareOfTheLastKnownQuota(t *testing.T) {
 	clk := newClock()
-	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 100)}
+	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 1<<20)}
 	l := newLimiter(t, enforcement.Config{Authority: auth, Policy: quotaPolicy(false), ExpectedInstances: 2, Now: clk.Now})
 
 	if got := spend(t, l, "k", 40, enforcement.SourceShared); got != 40 {
@@ -82,7 +82,7 @@ func TestDegradedQuotaForAKeyNeverSeen(t *testing.T) {
 		want int
 	}{{false, 25}, {true, 0}} {
 		clk := newClock()
-		auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 100)}
+		auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 1<<20)}
 		auth.down.Store(true)
 		l := newLimiter(t, enforcement.Config{Authority: auth, Policy: quotaPolicy(tc.deny), ExpectedInstances: 4, Now: clk.Now})
 		if got := spend(t, l, "new", 100, enforcement.SourceDegraded); got != tc.want {
@@ -93,7 +93,7 @@ func TestDegradedQuotaForAKeyNeverSeen(t *testing.T) {
 
 func TestDegradedQuotaIsSharedAcrossScopes(t *testing.T) {
 	clk := newClock()
-	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 100)}
+	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 1<<20)}
 	auth.down.Store(true)
 	l := newLimiter(t, enforcement.Config{Authority: auth, Policy: quotaPolicy(false), Now: clk.Now})
 	allowed := 0
@@ -127,7 +127,7 @@ func (a cancellingAuthority) Take(ctx context.Context, key, scope string, lim en
 func TestCallerCancellationIsNotAStoreFailure(t *testing.T) {
 	clk := newClock()
 	obs := &observer{}
-	l := newLimiter(t, enforcement.Config{Authority: cancellingAuthority{enforcement.NewMemoryAuthority(clk.Now, 100)},
+	l := newLimiter(t, enforcement.Config{Authority: cancellingAuthority{enforcement.NewMemoryAuthority(clk.Now, 1<<20)},
 		Policy: policyOf(1, 10), Observer: obs, Now: clk.Now})
 	// Learn that the bucket is empty.
 	if d, _ := l.Check(context.Background(), req("k", 10)); !d.Allowed {
@@ -156,7 +156,7 @@ func TestCallerCancellationIsNotAStoreFailure(t *testing.T) {
 
 func TestStoreFailingUntilTheStoreAnswers(t *testing.T) {
 	clk := newClock()
-	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 100)}
+	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 1<<20)}
 	l := newLimiter(t, enforcement.Config{Authority: auth, Policy: policyOf(100, 100), Now: clk.Now})
 	spend(t, l, "k", 1, enforcement.SourceShared)
 	if l.StoreFailing() {
@@ -193,7 +193,7 @@ func TestLeasedDecisionIsLocal(t *testing.T) {
 
 func TestInstancesFollowTheFleet(t *testing.T) {
 	clk := newClock()
-	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 100)}
+	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 1<<20)}
 	l := newLimiter(t, enforcement.Config{Authority: auth, Policy: policyOf(100, 200), ExpectedInstances: 2, Now: clk.Now})
 	lim := enforcement.Limit{Rate: 100, Burst: 200}
 	if got := l.Tightened(lim); got.Burst != 100 {
@@ -220,7 +220,7 @@ func TestInstancesFollowTheFleet(t *testing.T) {
 
 func TestRemainingReportsTheBindingConstraint(t *testing.T) {
 	clk := newClock()
-	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 100), Policy: quotaPolicy(false), Now: clk.Now})
+	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 1<<20), Policy: quotaPolicy(false), Now: clk.Now})
 	monthEnd := time.Date(2026, 8, 1, 0, 0, 0, 0, time.UTC)
 	ctx := context.Background()
 	// The bucket (1000) binds first: 10 spent, 990 in the bucket, 90 in the quota → the quota binds.
@@ -238,7 +238,7 @@ func TestRemainingReportsTheBindingConstraint(t *testing.T) {
 	// A quota far larger than the bucket: the bucket binds and is reported.
 	big := fixedPolicy{enforcement.Resolved{Limit: enforcement.Limit{Rate: 1, Burst: 10,
 		QuotaLimit: 1000, QuotaPeriod: enforcement.PeriodMonth, QuotaID: "q"}, Policy: "p", Tier: "t", Cost: 1}}
-	l2 := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 100), Policy: big, Now: clk.Now})
+	l2 := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 1<<20), Policy: big, Now: clk.Now})
 	d, _ = l2.Check(ctx, req("k", 4))
 	if !d.Allowed || d.Remaining != 6 || d.Limit != 10 || !d.ResetAt.Equal(clk.Now().Add(4*time.Second)) {
 		t.Fatalf("bucket binding: %+v, want 6 of 10, full again in 4 s", d)

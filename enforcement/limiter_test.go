@@ -79,7 +79,7 @@ func newLimiter(t *testing.T, cfg enforcement.Config) *enforcement.Limiter {
 
 func TestFloodIsRejectedLocallyWithoutStoreCalls(t *testing.T) {
 	clk := newClock()
-	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 100)}
+	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 1<<20)}
 	l := newLimiter(t, enforcement.Config{Authority: auth, Policy: policyOf(10, 20), Now: clk.Now})
 	ctx := context.Background()
 	allowed, local := 0, 0
@@ -111,7 +111,7 @@ func TestFloodIsRejectedLocallyWithoutStoreCalls(t *testing.T) {
 
 func TestLocalRejectionRetryIsNeverEarly(t *testing.T) {
 	clk := newClock()
-	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 100)}
+	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 1<<20)}
 	l := newLimiter(t, enforcement.Config{Authority: auth, Policy: policyOf(10, 5), Now: clk.Now})
 	ctx := context.Background()
 	for i := 0; i < 5; i++ {
@@ -136,7 +136,7 @@ func TestLocalRejectionRetryIsNeverEarly(t *testing.T) {
 
 func TestDegradedUsesTightenedLimit(t *testing.T) {
 	clk := newClock()
-	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 100)}
+	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 1<<20)}
 	obs := &observer{}
 	l := newLimiter(t, enforcement.Config{Authority: auth, Policy: policyOf(100, 200), ExpectedInstances: 4, Observer: obs, Now: clk.Now})
 	auth.down.Store(true)
@@ -185,7 +185,7 @@ func TestDegradedCeilingCaps(t *testing.T) {
 func TestClockJumpBackwardsNeverRemovesTokens(t *testing.T) {
 	clk := newClock()
 	obs := &observer{}
-	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 100)}
+	auth := &countingAuthority{next: enforcement.NewMemoryAuthority(clk.Now, 1<<20)}
 	l := newLimiter(t, enforcement.Config{Authority: auth, Policy: policyOf(1, 10), Observer: obs, Now: clk.Now})
 	ctx := context.Background()
 	d, _ := l.Check(ctx, req("k", 5))
@@ -254,7 +254,7 @@ func TestPolicySwapReResolves(t *testing.T) {
 
 func TestSweepBoundsMemory(t *testing.T) {
 	clk := newClock()
-	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 100), Policy: policyOf(100, 100), Now: clk.Now, IdleAfter: time.Second})
+	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 1<<20), Policy: policyOf(100, 100), Now: clk.Now, IdleAfter: time.Second})
 	ctx := context.Background()
 	for i := 0; i < 500; i++ {
 		l.Check(ctx, req(string(rune('a'+i%26))+string(rune('a'+i/26)), 1))
@@ -275,7 +275,7 @@ func TestLocalRejectionKnowsTheQuota(t *testing.T) {
 	clk := newClock() // 09:00 UTC
 	p := fixedPolicy{enforcement.Resolved{Limit: enforcement.Limit{Rate: 1, Burst: 10, QuotaLimit: 12,
 		QuotaPeriod: enforcement.PeriodDay, QuotaID: "q", SoftLimitPercent: 50}, Policy: "p", Tier: "t", Cost: 1}}
-	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 100), Policy: p, Now: clk.Now})
+	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 1<<20), Policy: p, Now: clk.Now})
 	ctx := context.Background()
 	if d, _ := l.Check(ctx, req("k", 10)); !d.Allowed {
 		t.Fatalf("first 10: %+v", d)
@@ -301,7 +301,7 @@ func TestRepeatedLocalRejectionAnswersAsTheFirst(t *testing.T) {
 	pol := fixedPolicy{enforcement.Resolved{Limit: enforcement.Limit{Rate: 10, Burst: 5, SoftLimitPercent: 50}, Policy: "p", Tier: "t", Cost: 1}}
 	// history brings a limiter's key to an empty bucket at the clock's start.
 	history := func(clk *clock) *enforcement.Limiter {
-		l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 100), Policy: pol, Now: clk.Now})
+		l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 1<<20), Policy: pol, Now: clk.Now})
 		for i := 0; i < 5; i++ {
 			if d, _ := l.Check(context.Background(), req("k", 1)); !d.Allowed {
 				t.Fatalf("history: request %d rejected", i)
@@ -351,7 +351,7 @@ func TestRepeatedLocalRejectionAnswersAsTheFirst(t *testing.T) {
 // remembered before it must not answer after it.
 func TestRememberedRejectionIsForgottenWhenTheStoreAnswers(t *testing.T) {
 	clk := newClock()
-	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 100), Policy: policyOf(10, 5), Now: clk.Now})
+	l := newLimiter(t, enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.Now, 1<<20), Policy: policyOf(10, 5), Now: clk.Now})
 	ctx := context.Background()
 	for i := 0; i < 5; i++ {
 		l.Check(ctx, req("k", 1))

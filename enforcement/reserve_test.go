@@ -15,7 +15,7 @@ import (
 // on a controlled clock.
 func reserveLimiter(t *testing.T, clk *clock, rate float64, burst int64, ttl time.Duration) (*enforcement.Limiter, *enforcement.MemoryAuthority) {
 	t.Helper()
-	mem := enforcement.NewMemoryAuthority(clk.Now, 100)
+	mem := enforcement.NewMemoryAuthority(clk.Now, 1<<20)
 	return newLimiter(t, enforcement.Config{Authority: mem, Reservations: mem, Policy: policyOf(rate, burst),
 		Now: clk.Now, ReservationTTL: ttl, LocalHeadroom: 1000}), mem
 }
@@ -222,7 +222,7 @@ func (f *flakyReserver) Settle(ctx context.Context, key, scope, id string, lim e
 func TestSettleThatCannotReachTheStoreIsQueuedAndAppliedOnce(t *testing.T) {
 	for _, landed := range []bool{false, true} {
 		clk := newClock()
-		mem := enforcement.NewMemoryAuthority(clk.Now, 100)
+		mem := enforcement.NewMemoryAuthority(clk.Now, 1<<20)
 		fr := &flakyReserver{Reserver: mem}
 		fr.landed.Store(landed)
 		l := newLimiter(t, enforcement.Config{Authority: mem, Reservations: fr, Policy: policyOf(1, 100), Now: clk.Now, SettleQueue: 3})
@@ -260,7 +260,7 @@ func TestSettleThatCannotReachTheStoreIsQueuedAndAppliedOnce(t *testing.T) {
 
 func TestSettleQueueIsBounded(t *testing.T) {
 	clk := newClock()
-	mem := enforcement.NewMemoryAuthority(clk.Now, 100)
+	mem := enforcement.NewMemoryAuthority(clk.Now, 1<<20)
 	fr := &flakyReserver{Reserver: mem}
 	l := newLimiter(t, enforcement.Config{Authority: mem, Reservations: fr, Policy: policyOf(1, 100), Now: clk.Now, SettleQueue: 2})
 	fr.down.Store(true)
@@ -275,7 +275,7 @@ func TestSettleQueueIsBounded(t *testing.T) {
 
 func TestDegradedReservationChargesTheActualCostOnce(t *testing.T) {
 	clk := newClock()
-	mem := enforcement.NewMemoryAuthority(clk.Now, 100)
+	mem := enforcement.NewMemoryAuthority(clk.Now, 1<<20)
 	fr := &flakyReserver{Reserver: mem}
 	l := newLimiter(t, enforcement.Config{Authority: mem, Reservations: fr, Policy: policyOf(1, 100), Now: clk.Now})
 	ctx := context.Background()
@@ -313,7 +313,7 @@ func alterID(id string) string {
 func TestSettleAcrossAQuotaWindowCountsInTheReservationsWindow(t *testing.T) {
 	for _, period := range []enforcement.Period{enforcement.PeriodMonth, enforcement.PeriodDay} {
 		clk := &clock{t: time.Date(2026, 7, 31, 23, 59, 59, 0, time.UTC)}
-		mem := enforcement.NewMemoryAuthority(clk.Now, 100)
+		mem := enforcement.NewMemoryAuthority(clk.Now, 1<<20)
 		pol := fixedPolicy{enforcement.Resolved{Limit: enforcement.Limit{Rate: 1000, Burst: 1000,
 			QuotaLimit: 10000, QuotaPeriod: period, QuotaID: "tier:t"}, Policy: "p", Tier: "t", Cost: 1}}
 		l := newLimiter(t, enforcement.Config{Authority: mem, Reservations: mem, Policy: pol, Now: clk.Now,
@@ -346,7 +346,7 @@ func TestSettleAcrossAQuotaWindowCountsInTheReservationsWindow(t *testing.T) {
 // slow limit).
 func TestARefundReachesTheLocalTier(t *testing.T) {
 	clk := newClock()
-	mem := enforcement.NewMemoryAuthority(clk.Now, 100)
+	mem := enforcement.NewMemoryAuthority(clk.Now, 1<<20)
 	l := newLimiter(t, enforcement.Config{Authority: mem, Reservations: mem, Policy: policyOf(0.001, 1000),
 		Now: clk.Now, ReservationTTL: time.Minute, LocalHeadroom: 1})
 	ctx := context.Background()

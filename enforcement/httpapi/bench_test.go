@@ -31,7 +31,7 @@ func BenchmarkCheckHandlerLocalReject(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	l, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 100), Policy: pol})
+	l, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 1<<20), Policy: pol})
 	if err != nil {
 		b.Fatal(err)
 	}

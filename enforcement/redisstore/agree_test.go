@@ -451,7 +451,7 @@ func TestQuotaWaitAfterClockStepsBack(t *testing.T) {
 	lim := enforcement.Limit{Rate: 10, Burst: 1, QuotaLimit: 1, QuotaPeriod: enforcement.PeriodDay, QuotaID: "q"}
 	start, end := lim.QuotaPeriod.Window(time.Now())
 	var clock time.Time
-	mem := enforcement.NewMemoryAuthority(func() time.Time { return clock }, 16)
+	mem := enforcement.NewMemoryAuthority(func() time.Time { return clock }, 1<<20)
 	bkey, qkey := s.BucketKey("k", "s"), s.QuotaKey("k", "q", start)
 	now := start.Add(time.Hour).UnixMicro()
 	for i, step := range []int64{0, 50_000, -2_500, 0} { // the third decision's clock is 2.5 ms behind the second's

@@ -281,7 +281,7 @@ func TestFailingShadowStoreMeansNoVerdict(t *testing.T) {
 		t.Fatal(err)
 	}
 	pol := mustParse(t, withShadowYAML)
-	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.now, 100), Policy: pol, Shadow: ev, Now: clk.now})
+	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(clk.now, 1<<20), Policy: pol, Shadow: ev, Now: clk.now})
 	if err != nil {
 		t.Fatal(err)
 	}

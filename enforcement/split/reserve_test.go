@@ -17,7 +17,7 @@ import (
 // burst − Σ actual costs, and settling twice charges once.
 func TestReserveSettleOnASplitKey(t *testing.T) {
 	now := time.Date(2026, 7, 31, 9, 0, 0, 0, time.UTC)
-	mem := enforcement.NewMemoryAuthority(func() time.Time { return now }, 100)
+	mem := enforcement.NewMemoryAuthority(func() time.Time { return now }, 1<<20)
 	r := split.NewReserver(mem)
 	lim := enforcement.Limit{Rate: 1e-9, Burst: 4000, Split: 4}
 	ctx := context.Background()

@@ -290,7 +290,7 @@ func TestReloadOnEditorSaves(t *testing.T) {
 	path := filepath.Join(dir, "policy.yaml")
 	writeAtomic(t, path, generation(0))
 	p0 := mustLoad(t, path)
-	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 100), Policy: p0})
+	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 1<<20), Policy: p0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +371,7 @@ func TestReloadOnConfigMapSwap(t *testing.T) {
 		t.Fatal(err)
 	}
 	p0 := mustLoad(t, path)
-	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 100), Policy: p0})
+	lim, err := enforcement.New(enforcement.Config{Authority: enforcement.NewMemoryAuthority(nil, 1<<20), Policy: p0})
 	if err != nil {
 		t.Fatal(err)
 	}
