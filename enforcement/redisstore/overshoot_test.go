@@ -56,10 +56,13 @@ type overshootStep struct {
 // overestimate settled earlier in the batch can only have lowered R − U).
 func overshoot(t *testing.T, addr string) {
 	const (
-		burst   = 1000
-		rate    = 20_000.0 // tokens/s: far below what the streams ask for
-		streams = 6        // three on each limiter
-		each    = 50       // requests admitted per stream
+		burst = 1000
+		// tokens/s: far below what the streams ask for, so that they
+		// press on the limit however slowly a loaded machine runs them
+		// (at 20,000/s, a run at 1.5 s of Redis time was never rejected).
+		rate    = 5_000.0
+		streams = 6  // three on each limiter
+		each    = 40 // requests admitted per stream
 		maxOpen = 3
 	)
 	lim := enforcement.Limit{Rate: rate, Burst: burst}
