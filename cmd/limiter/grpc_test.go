@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 )
 
@@ -31,53 +32,6 @@ var (
 	desc = testenv.Descriptor
 	rls  = testenv.ShouldRateLimit
 )
-
-// envoyPolicy is the policy of the README's "Using it from Envoy": per
-// client address, per API key and route, a global per-route limit. Rates
-// are per minute or slower, so that nothing refills noticeably during a
-// test, however slow the machine.
-const envoyPolicy = `
-version: 1
-default_tier: free
-tiers:
-  free: { rate: 10, period: minute, burst: 3 }
-  pro:  { rate: 60, period: minute, burst: 6, quota: { limit: 100, period: day } }
-rules:
-  - name: anonymous
-    key_prefix: "ip:"
-    rate: 10
-    period: minute
-    burst: 3
-  - name: search-global
-    key: "global"
-    scope: "route:/search"
-    rate: 2
-    period: hour
-    burst: 2
-  - name: export-trial
-    scope: "route:/export"
-    rate: 1
-    period: day
-    burst: 1
-    dry_run: true
-costs: { "route:/big": 5 }
-keys: { k_pro: pro }
-domains:
-  edge:
-    descriptors:
-      - name: per-ip
-        match: [remote_address]
-        key: "ip:{remote_address}"
-        scope: "edge"
-      - name: per-key-route
-        match: [api_key, path]
-        key: "{api_key}"
-        scope: "route:{path}"
-      - name: global-route
-        match: ["generic_key=global", path]
-        key: "global"
-        scope: "route:{path}"
-`
 
 // startEnvoyLimiter starts the limiter binary with the gRPC service on a
 // free port and returns it with that address.
@@ -108,7 +62,7 @@ func wantCode(t *testing.T, err error, code codes.Code, contains string) {
 // response, the documented edge cases, and the same bucket as /check.
 func TestEnvoyRLSContract(t *testing.T) {
 	r := testenv.StartRedis(t)
-	p, addr := startEnvoyLimiter(t, envoyPolicy, "REDIS_ADDRS="+r.Addr(), "LIMITER_STORE_TIMEOUT=2s")
+	p, addr := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, "REDIS_ADDRS="+r.Addr(), "LIMITER_STORE_TIMEOUT=2s")
 	c := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 
 	t.Run("allowed: every field", func(t *testing.T) {
@@ -223,7 +177,7 @@ func TestEnvoyRLSContract(t *testing.T) {
 		// An IP over its limit first: the global descriptor after it is
 		// not evaluated and spends nothing.
 		r2 := testenv.StartRedis(t)
-		p2, addr2 := startEnvoyLimiter(t, envoyPolicy, "REDIS_ADDRS="+r2.Addr(), "LIMITER_STORE_TIMEOUT=2s")
+		p2, addr2 := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, "REDIS_ADDRS="+r2.Addr(), "LIMITER_STORE_TIMEOUT=2s")
 		c2 := rlsv3.NewRateLimitServiceClient(dial(t, addr2))
 		for i := 0; i < 3; i++ {
 			rls(t, c2, "edge", 0, desc("remote_address", "10.0.0.3"))
@@ -334,7 +288,7 @@ func TestEnvoyRLSContract(t *testing.T) {
 // TestEnvoyRLSAuth: with LIMITER_AUTH_TOKEN set, calls need the bearer
 // token as metadata; the health service does not.
 func TestEnvoyRLSAuth(t *testing.T) {
-	_, addr := startEnvoyLimiter(t, envoyPolicy, "LIMITER_AUTH_TOKEN=s3cret")
+	_, addr := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, "LIMITER_AUTH_TOKEN=s3cret")
 	conn := dial(t, addr)
 	c := rlsv3.NewRateLimitServiceClient(conn)
 	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("remote_address", "1.2.3.4")}}
@@ -357,7 +311,7 @@ func TestEnvoyRLSAuth(t *testing.T) {
 // TestEnvoyRLSDisabled: LIMITER_GRPC_ADDR set to empty turns the gRPC
 // server off; /check still answers.
 func TestEnvoyRLSDisabled(t *testing.T) {
-	p := startLimiter(t, envoyPolicy, "LIMITER_GRPC_ADDR=")
+	p := startLimiter(t, envoyrlstest.ReadmePolicy, "LIMITER_GRPC_ADDR=")
 	if _, code := p.check(t, "k", "s", 1); code != 200 {
 		t.Fatalf("/check: %d", code)
 	}
@@ -373,7 +327,7 @@ func TestEnvoyRLSDisabled(t *testing.T) {
 // UNAVAILABLE, never cut; new connections are refused; the process exits 0.
 func TestEnvoyRLSShutdownMidCall(t *testing.T) {
 	r := testenv.StartRedis(t)
-	p, addr := startEnvoyLimiter(t, envoyPolicy, "REDIS_ADDRS="+r.Addr(),
+	p, addr := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, "REDIS_ADDRS="+r.Addr(),
 		"LIMITER_STORE_TIMEOUT=10s", "LIMITER_SHUTDOWN_GRACE=10s")
 	c := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 	rls(t, c, "edge", 0, desc("remote_address", "10.1.0.1")) // warm: the script is loaded
@@ -538,15 +492,15 @@ domains:
 func TestEnvoyRLSReloadAndDegraded(t *testing.T) {
 	r := testenv.StartRedis(t)
 	file := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(file, []byte(envoyPolicy), 0o644); err != nil {
+	if err := os.WriteFile(file, []byte(envoyrlstest.ReadmePolicy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p, addr := startEnvoyLimiter(t, envoyPolicy, "POLICY_FILE="+file, "REDIS_ADDRS="+r.Addr(), "LIMITER_EXPECTED_INSTANCES=3")
+	p, addr := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, "POLICY_FILE="+file, "REDIS_ADDRS="+r.Addr(), "LIMITER_EXPECTED_INSTANCES=3")
 	c := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 	if resp := rls(t, c, "partners", 0, desc("partner", "acme")); resp.Statuses[0].CurrentLimit != nil {
 		t.Fatalf("an unknown domain was limited: %v", resp)
 	}
-	added := envoyPolicy + `
+	added := envoyrlstest.ReadmePolicy + `
   partners:
     descriptors:
       - { match: [partner], key: "partner:{partner}", scope: "partners" }

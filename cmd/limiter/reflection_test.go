@@ -20,6 +20,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
 )
 
 // TestEnvoyRLSThroughReflection: a client that knows nothing of the API but
@@ -28,7 +30,7 @@ import (
 // lists the services, finds ShouldRateLimit and gets a decision.
 // Reflection needs the token; health does not.
 func TestEnvoyRLSThroughReflection(t *testing.T) {
-	_, addr := startEnvoyLimiter(t, envoyPolicy, "LIMITER_AUTH_TOKEN=tok")
+	_, addr := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, "LIMITER_AUTH_TOKEN=tok")
 	conn := dial(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

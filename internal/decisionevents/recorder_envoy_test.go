@@ -10,6 +10,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls"
+	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
 	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/policy"
@@ -24,59 +25,12 @@ type memSink struct {
 
 func (s *memSink) Emit(ev metering.Event) { s.mu.Lock(); s.evs = append(s.evs, ev); s.mu.Unlock() }
 
-// envoyPolicy is the policy of the README's "Using it from Envoy": per
-// client address, per API key and route, a global per-route limit. Rates
-// are per minute or slower, so that nothing refills noticeably during a
-// test, however slow the machine.
-const envoyPolicy = `
-version: 1
-default_tier: free
-tiers:
-  free: { rate: 10, period: minute, burst: 3 }
-  pro:  { rate: 60, period: minute, burst: 6, quota: { limit: 100, period: day } }
-rules:
-  - name: anonymous
-    key_prefix: "ip:"
-    rate: 10
-    period: minute
-    burst: 3
-  - name: search-global
-    key: "global"
-    scope: "route:/search"
-    rate: 2
-    period: hour
-    burst: 2
-  - name: export-trial
-    scope: "route:/export"
-    rate: 1
-    period: day
-    burst: 1
-    dry_run: true
-costs: { "route:/big": 5 }
-keys: { k_pro: pro }
-domains:
-  edge:
-    descriptors:
-      - name: per-ip
-        match: [remote_address]
-        key: "ip:{remote_address}"
-        scope: "edge"
-      - name: per-key-route
-        match: [api_key, path]
-        key: "{api_key}"
-        scope: "route:{path}"
-      - name: global-route
-        match: ["generic_key=global", path]
-        key: "global"
-        scope: "route:{path}"
-`
-
 // TestEnvoyDecisionEventsCarryTheDomain: one decision event per decided
 // descriptor, with the domain, through the limiter's own recorder and the
 // event encoding; descriptors that were not decided (no match, after a
 // rejection) make none, and /check's events have no domain.
 func TestEnvoyDecisionEventsCarryTheDomain(t *testing.T) {
-	pol, err := policy.Parse([]byte(envoyPolicy))
+	pol, err := policy.Parse([]byte(envoyrlstest.ReadmePolicy))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,7 @@
 // Package envoyrlstest is what the Envoy rate limit service's tests and
-// benchmarks in more than one package share: the benchmarks' policy and a
-// Limiter over the in-process authority, so that the store does not
-// dominate what they measure.
+// benchmarks in more than one package share: the policy of the README's
+// Envoy section, the benchmarks' policy and a Limiter over the in-process
+// authority, so that the store does not dominate what they measure.
 package envoyrlstest
 
 import (
@@ -10,6 +10,53 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/policy"
 )
+
+// ReadmePolicy is the policy of the README's "Using it from Envoy": per
+// client address, per API key and route, a global per-route limit. Rates
+// are per minute or slower, so that nothing refills noticeably during a
+// test, however slow the machine.
+const ReadmePolicy = `
+version: 1
+default_tier: free
+tiers:
+  free: { rate: 10, period: minute, burst: 3 }
+  pro:  { rate: 60, period: minute, burst: 6, quota: { limit: 100, period: day } }
+rules:
+  - name: anonymous
+    key_prefix: "ip:"
+    rate: 10
+    period: minute
+    burst: 3
+  - name: search-global
+    key: "global"
+    scope: "route:/search"
+    rate: 2
+    period: hour
+    burst: 2
+  - name: export-trial
+    scope: "route:/export"
+    rate: 1
+    period: day
+    burst: 1
+    dry_run: true
+costs: { "route:/big": 5 }
+keys: { k_pro: pro }
+domains:
+  edge:
+    descriptors:
+      - name: per-ip
+        match: [remote_address]
+        key: "ip:{remote_address}"
+        scope: "edge"
+      - name: per-key-route
+        match: [api_key, path]
+        key: "{api_key}"
+        scope: "route:{path}"
+      - name: global-route
+        match: ["generic_key=global", path]
+        key: "global"
+        scope: "route:{path}"
+`
 
 // BenchPolicy maps the descriptor [{key, <key>}] of domain "bench" to key
 // <key>, scope "api", under a limit never reached (the allowed path).
