@@ -19,17 +19,19 @@
 -- what decide returns (allowed, remaining, retry_ms, reset_ms, now_us,
 -- warning, quota_used, clock_back).
 local function reserve(bkey, qkey, rkey, rate, burst, cost, qlimit, qend, soft, ttl, now)
-  if redis.call('EXISTS', rkey) == 1 then
+  local q = ''
+  if qlimit > 0 then
+    q = qkey
+  end
+  -- The record goes first, NX: one command finds a resent call and
+  -- records a new one; a refused reservation takes its record back.
+  if not redis.call('SET', rkey, 'r' .. struct.pack('<d', cost) .. q, 'NX', 'PX', ttl) then
     local _, b, _, d, e, f, g, h = decide(bkey, qkey, rate, burst, 0, qlimit, qend, soft, now)
     return 1, b, 0, d, e, f, g, h
   end
   local a, b, c, d, e, f, g, h = decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
-  if a == 1 then
-    local q = ''
-    if qlimit > 0 then
-      q = qkey
-    end
-    redis.call('SET', rkey, 'r' .. struct.pack('<d', cost) .. q, 'PX', ttl)
+  if a ~= 1 then
+    redis.call('DEL', rkey)
   end
   return a, b, c, d, e, f, g, h
 end

@@ -117,6 +117,22 @@ func TestReserveSettleChargeOnRedis(t *testing.T) {
 			}
 		}
 	})
+	t.Run("a refused reserve leaves no record", func(t *testing.T) {
+		for i, st := range []enforcement.Reserver{store, shared} {
+			key := fmt.Sprintf("acct_refused%d", i)
+			v, err := st.Reserve(ctx, key, "tokens", lim, 101, "refused-id", time.Minute)
+			if err != nil || v.Allowed {
+				t.Fatalf("%T reserve 101 of 100: %+v, %v", st, v, err)
+			}
+			if n, _ := c.Exists(ctx, store.ReservationKey(key, "refused-id")).Result(); n != 0 {
+				t.Fatalf("%T: a refused reservation left its record", st)
+			}
+			// Not taken for a resend: the same id spends when there is room.
+			if v, err = st.Reserve(ctx, key, "tokens", lim, 60, "refused-id", time.Minute); err != nil || !v.Allowed || v.Remaining != 40 {
+				t.Fatalf("%T reserve 60 after the refusal: %+v, %v", st, v, err)
+			}
+		}
+	})
 	t.Run("quota counts the actual cost", func(t *testing.T) {
 		ql := lim
 		ql.QuotaLimit, ql.QuotaPeriod, ql.QuotaID = 1000, enforcement.PeriodDay, "q"
