@@ -2,10 +2,11 @@
 // /settle beside plain POST /check, in one run against one limiter:
 // closed loop, -conns workers on keep-alive connections, -keys keys
 // uniformly, each phase -duration, the three phases interleaved -passes
-// times so the machine's noise shows in every ratio. The settle phase
-// settles reservations made before it (not timed), one per request.
-// It prints decisions per second per phase and pass, and the ratios of
-// the medians.
+// times, each pass starting with the next phase, so the machine's noise
+// shows in every ratio. The settle phase settles reservations made before
+// it (not timed), one per request. It prints decisions per second per
+// phase and pass, the ratios of the medians and the medians of the
+// per-pass ratios.
 //
 //	reservebench -url http://127.0.0.1:8080 -conns 32 -duration 5s -passes 3
 package main
@@ -36,20 +37,38 @@ func main() {
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *conns, MaxConnsPerHost: *conns}, Timeout: 10 * time.Second}
 	res := map[string][]float64{}
+	phases := []string{"check", "reserve", "settle"}
+	reserveRate := 30000.0 // sizes the first settle phase's reservations
 	for pass := range *passes {
-		for _, phase := range []string{"check", "reserve", "settle"} {
+		// Each pass starts one phase later: every reservation leaves a
+		// record in Redis for its TTL, so the keyspace grows all run long,
+		// and a fixed order would always run one phase on a smaller one.
+		for i := range phases {
+			phase := phases[(pass+i)%len(phases)]
 			var ids chan string
 			if phase == "settle" {
-				ids = reserveAhead(client, *base, *keys, int(3*res["reserve"][pass]*dur.Seconds())+1000, *conns)
+				ids = reserveAhead(client, *base, *keys, int(3*reserveRate*dur.Seconds())+1000, *conns)
 			}
 			rps := run(client, *base, phase, *keys, *conns, *dur, ids)
 			res[phase] = append(res[phase], rps)
+			if phase == "reserve" {
+				reserveRate = rps
+			}
 			fmt.Printf("pass %d %-8s %10.0f decisions/s\n", pass+1, phase, rps)
 		}
 	}
 	med := func(xs []float64) float64 { s := slices.Clone(xs); slices.Sort(s); return s[len(s)/2] }
 	fmt.Printf("median check %.0f/s, reserve %.0f/s, settle %.0f/s\n", med(res["check"]), med(res["reserve"]), med(res["settle"]))
 	fmt.Printf("reserve ÷ check %.2f, settle ÷ check %.2f\n", med(res["reserve"])/med(res["check"]), med(res["settle"])/med(res["check"]))
+	ratios := func(phase string) []float64 {
+		r := make([]float64, len(res[phase]))
+		for i, x := range res[phase] {
+			r[i] = x / res["check"][i]
+		}
+		return r
+	}
+	fmt.Printf("per pass: reserve ÷ check %.2f (median %.2f), settle ÷ check %.2f (median %.2f)\n",
+		ratios("reserve"), med(ratios("reserve")), ratios("settle"), med(ratios("settle")))
 }
 
 // body is one request of phase for worker w's i-th call.
