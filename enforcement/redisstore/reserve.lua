@@ -1,9 +1,11 @@
 -- A reservation (state.lua and decide.lua are prepended): one decision
 -- that, when allowed, records the reservation under rkey for its TTL, in
 -- the same script, so the spend and the record land together or not at
--- all. A record already there means this very call was sent again (a
--- client resending after a lost reply): it spends nothing the second time
--- and answers allowed with the bucket as it is.
+-- all (a decision that fails on a key of the wrong type leaves a record
+-- whose id was never handed out; it expires). A record already there
+-- means this very call was sent again (a client resending after a lost
+-- reply): it spends nothing the second time and answers allowed with the
+-- bucket as it is.
 --
 -- bkey, qkey, rkey  the bucket, the quota counter of the current window
 --                   and the reservation record (one hash tag;
