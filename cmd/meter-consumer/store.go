@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/metering/chsink"
 	"github.com/ratewarden/ratewarden/metering/consumer"
 	"github.com/ratewarden/ratewarden/schema"
@@ -20,7 +18,7 @@ import (
 // binary's credentials and TLS (internal/chconn, the one place the options
 // are built); its Ping explains a refused login or certificate.
 func openClickHouse(cfg config, addr string) (driver.Conn, error) {
-	return cfg.ClickHouse.At(addr).Open(chconn.Tuning{DialTimeout: 3 * time.Second, ReadTimeout: 30 * time.Second, MaxOpenConns: 16})
+	return cfg.ClickHouse.At(addr).Open(chsink.Pool)
 }
 
 // store is where metering writes: the one server of CLICKHOUSE_ADDR

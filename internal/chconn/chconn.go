@@ -92,6 +92,12 @@ func (c Config) Options(t Tuning) *clickhouse.Options {
 		DialTimeout:  t.DialTimeout,
 		ReadTimeout:  t.ReadTimeout,
 		MaxOpenConns: t.MaxOpenConns,
+		// Every connection the pool may open stays open when idle:
+		// clickhouse-go's default keeps 5, so a burst of concurrent
+		// INSERTs (the sink writes a table per goroutine) closed the rest
+		// and the next burst dialled again, with a fresh handshake and a
+		// fresh write buffer to grow.
+		MaxIdleConns: t.MaxOpenConns,
 	}
 }
 

@@ -43,6 +43,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/schema"
 )
@@ -173,6 +174,11 @@ type Sink struct {
 
 // table is the fully qualified name of t that this sink reads and writes.
 func (s *Sink) table(t Table) string { return s.db + "." + tableNames[t] + s.suffix }
+
+// Pool is the ClickHouse pool a sink's connection should be opened with
+// (chconn.Config.Open): one Write sends an INSERT per table at once, for
+// every partition being written.
+var Pool = chconn.Tuning{DialTimeout: 3 * time.Second, ReadTimeout: 30 * time.Second, MaxOpenConns: 16}
 
 // New returns a sink writing into database (already migrated with
 // schema.Apply). observe may be nil.

@@ -15,6 +15,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/internal/kafkadev"
 	"github.com/ratewarden/ratewarden/internal/proccpu"
 	"github.com/ratewarden/ratewarden/internal/testenv"
@@ -81,7 +82,15 @@ func BenchmarkEndToEnd(b *testing.B) {
 		if err := applySchema(ctx, conn, db); err != nil {
 			b.Fatal(err)
 		}
-		newSink = func(obs chsink.Observer) (consumer.Sink, error) { return chsink.New(ch.Conn(b), db, obs) }
+		// The sink's pool as cmd/meter-consumer opens it.
+		newSink = func(obs chsink.Observer) (consumer.Sink, error) {
+			pool, err := chconn.Config{Addr: ch.Addr(), User: "default"}.Open(chsink.Pool)
+			if err != nil {
+				return nil, err
+			}
+			b.Cleanup(func() { pool.Close() })
+			return chsink.New(pool, db, obs)
+		}
 	}
 	// A bounded log (64 MiB per partition, ~25 s at 100,000 events/s)
 	// keeps kfake's memory, which lives in this process, from growing
