@@ -1,15 +1,17 @@
 package metering
 
 import (
-	"bytes"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Decoder decodes events like Decode, about ten times faster: a scanner for
 // flat JSON objects that falls back to Decode for anything unusual (escaped
 // strings, nested values, duplicate or unknown-typed fields). Strings that
-// repeat across events (tier, source, policy, instance, scope, region) are interned.
+// repeat across events (tier, source, policy, instance, scope, region) are
+// interned; the others (event_id, key, trace_id, reservation) are slices of
+// the input, so that DecodeString allocates nothing for an event.
 // The zero value is ready to use. Not safe for concurrent use: one Decoder
 // per goroutine.
 type Decoder struct {
@@ -18,29 +20,33 @@ type Decoder struct {
 
 const maxIntern = 4096
 
-func (d *Decoder) str(b []byte, intern bool) string {
-	if !intern {
-		return string(b)
+// str interns s: the interned copy is a clone, so that it does not keep
+// the input it was read from alive.
+func (d *Decoder) str(s string) string {
+	if v, ok := d.intern[s]; ok {
+		return v
 	}
-	if s, ok := d.intern[string(b)]; ok {
+	if len(d.intern) >= maxIntern {
 		return s
 	}
-	s := string(b)
 	if d.intern == nil {
 		d.intern = make(map[string]string)
 	}
-	if len(d.intern) < maxIntern {
-		d.intern[s] = s
-	}
-	return s
+	v := strings.Clone(s)
+	d.intern[v] = v
+	return v
 }
 
 // Decode parses one encoded event with the same result as the package-level
 // Decode.
-func (d *Decoder) Decode(b []byte) (Event, error) {
-	e, v, ok := d.scan(b)
+func (d *Decoder) Decode(b []byte) (Event, error) { return d.DecodeString(string(b)) }
+
+// DecodeString is Decode of a string. The event's strings that are not
+// interned are slices of s: they keep s alive as long as the event.
+func (d *Decoder) DecodeString(s string) (Event, error) {
+	e, v, ok := d.scan(s)
 	if !ok {
-		return Decode(b)
+		return Decode([]byte(s))
 	}
 	if v < 1 || v > EventVersion {
 		return Event{}, fmt.Errorf("%w: unsupported version %d", ErrBadEvent, v)
@@ -53,154 +59,161 @@ func (d *Decoder) Decode(b []byte) (Event, error) {
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
-// scan returns ok=false whenever it is not certain to agree with
-// encoding/json; the caller then uses the slow path.
-func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
-	i := 0
-	skip := func() {
-		for i < len(b) && isSpace(b[i]) {
-			i++
+// scanner reads a flat JSON object; every method answers ok=false whenever
+// it is not certain to agree with encoding/json.
+type scanner struct {
+	s string
+	i int
+}
+
+func (r *scanner) skip() {
+	for r.i < len(r.s) && isSpace(r.s[r.i]) {
+		r.i++
+	}
+}
+
+// str reads a string without escapes and of ASCII only.
+func (r *scanner) str() (string, bool) {
+	if r.i >= len(r.s) || r.s[r.i] != '"' {
+		return "", false
+	}
+	for j := r.i + 1; j < len(r.s); j++ {
+		switch c := r.s[j]; {
+		case c == '"':
+			v := r.s[r.i+1 : j]
+			r.i = j + 1
+			return v, true
+		case c == '\\' || c < 0x20 || c >= 0x80:
+			return "", false
 		}
 	}
-	// str reads a string without escapes; ok=false on an escape.
-	str := func() ([]byte, bool) {
-		if i >= len(b) || b[i] != '"' {
-			return nil, false
-		}
-		j := bytes.IndexByte(b[i+1:], '"')
-		if j < 0 {
-			return nil, false
-		}
-		s := b[i+1 : i+1+j]
-		for _, c := range s {
-			if c == '\\' || c < 0x20 || c >= 0x80 {
-				return nil, false
-			}
-		}
-		i += j + 2
-		return s, true
+	return "", false
+}
+
+// num reads an integer's digits (JSON forbids leading zeros).
+func (r *scanner) num() (string, bool) {
+	j := r.i
+	if j < len(r.s) && r.s[j] == '-' {
+		j++
 	}
-	num := func() ([]byte, bool) {
-		j := i
-		for j < len(b) && (b[j] == '-' || (b[j] >= '0' && b[j] <= '9')) {
-			j++
-		}
-		if j == i {
-			return nil, false
-		}
-		n := b[i:j]
-		if d := bytes.TrimPrefix(n, []byte("-")); len(d) > 1 && d[0] == '0' {
-			return nil, false // JSON forbids leading zeros
-		}
-		i = j
-		return n, true
+	d := j
+	for j < len(r.s) && r.s[j] >= '0' && r.s[j] <= '9' {
+		j++
 	}
-	boolean := func() (bool, bool) {
-		if bytes.HasPrefix(b[i:], []byte("true")) {
-			i += 4
-			return true, true
-		}
-		if bytes.HasPrefix(b[i:], []byte("false")) {
-			i += 5
-			return false, true
-		}
-		return false, false
+	if j == d || (j-d > 1 && r.s[d] == '0') {
+		return "", false
 	}
-	skip()
-	if i >= len(b) || b[i] != '{' {
+	n := r.s[r.i:j]
+	r.i = j
+	return n, true
+}
+
+func (r *scanner) boolean() (bool, bool) {
+	if strings.HasPrefix(r.s[r.i:], "true") {
+		r.i += 4
+		return true, true
+	}
+	if strings.HasPrefix(r.s[r.i:], "false") {
+		r.i += 5
+		return false, true
+	}
+	return false, false
+}
+
+func (d *Decoder) scan(s string) (e Event, v int64, ok bool) {
+	r := scanner{s: s}
+	r.skip()
+	if r.i >= len(s) || s[r.i] != '{' {
 		return e, 0, false
 	}
-	i++
+	r.i++
 	var seen uint32
 	for {
-		skip()
-		if i < len(b) && b[i] == '}' {
-			i++
+		r.skip()
+		if r.i < len(s) && s[r.i] == '}' {
+			r.i++
 			break
 		}
 		if seen != 0 {
-			if i >= len(b) || b[i] != ',' {
+			if r.i >= len(s) || s[r.i] != ',' {
 				return e, 0, false
 			}
-			i++
-			skip()
+			r.i++
+			r.skip()
 		}
-		k, good := str()
+		k, good := r.str()
 		if !good {
 			return e, 0, false
 		}
-		skip()
-		if i >= len(b) || b[i] != ':' {
+		r.skip()
+		if r.i >= len(s) || s[r.i] != ':' {
 			return e, 0, false
 		}
-		i++
-		skip()
+		r.i++
+		r.skip()
 		var bit uint32
 		var err error
-		switch string(k) {
-		case "v":
-			bit = 1 << 0
-			n, g := num()
+		switch k {
+		case "v", "ts":
+			n, g := r.num()
 			if !g {
 				return e, 0, false
 			}
-			v, err = strconv.ParseInt(string(n), 10, 64)
-		case "event_id":
-			bit = 1 << 1
-			s, g := str()
+			if k == "v" {
+				bit = 1 << 0
+				v, err = strconv.ParseInt(n, 10, 64)
+			} else {
+				bit = 1 << 2
+				e.TS, err = strconv.ParseInt(n, 10, 64)
+			}
+		case "event_id", "key", "trace_id", "reservation":
+			// One per event, trace or reservation: never interned.
+			x, g := r.str()
 			if !g {
 				return e, 0, false
 			}
-			e.EventID = string(s)
-		case "ts":
-			bit = 1 << 2
-			n, g := num()
-			if !g {
-				return e, 0, false
-			}
-			e.TS, err = strconv.ParseInt(string(n), 10, 64)
-		case "key":
-			bit = 1 << 3
-			s, g := str()
-			if !g {
-				return e, 0, false
-			}
-			e.Key = d.str(s, false)
-		case "scope", "tier", "source", "policy", "instance", "shadow", "trace_id", "kind", "reservation", "region":
-			s, g := str()
-			if !g {
-				return e, 0, false
-			}
-			switch string(k) {
-			case "scope":
-				bit, e.Scope = 1<<4, d.str(s, true)
-			case "tier":
-				bit, e.Tier = 1<<5, d.str(s, true)
-			case "source":
-				bit, e.Source = 1<<6, d.str(s, true)
-			case "policy":
-				bit, e.Policy = 1<<7, d.str(s, true)
-			case "instance":
-				bit, e.Instance = 1<<8, d.str(s, true)
-			case "shadow":
-				bit, e.Shadow = 1<<15, d.str(s, true)
+			switch k {
+			case "event_id":
+				bit, e.EventID = 1<<1, x
+			case "key":
+				bit, e.Key = 1<<3, x
 			case "trace_id":
-				bit, e.TraceID = 1<<17, d.str(s, false) // one per trace: never interned
+				bit, e.TraceID = 1<<17, x
+			default:
+				bit, e.Reservation = 1<<22, x
+			}
+		case "scope", "tier", "source", "policy", "instance", "shadow", "kind", "region":
+			x, g := r.str()
+			if !g {
+				return e, 0, false
+			}
+			x = d.str(x)
+			switch k {
+			case "scope":
+				bit, e.Scope = 1<<4, x
+			case "tier":
+				bit, e.Tier = 1<<5, x
+			case "source":
+				bit, e.Source = 1<<6, x
+			case "policy":
+				bit, e.Policy = 1<<7, x
+			case "instance":
+				bit, e.Instance = 1<<8, x
+			case "shadow":
+				bit, e.Shadow = 1<<15, x
 			case "kind":
-				bit, e.Kind = 1<<21, d.str(s, true)
-			case "reservation":
-				bit, e.Reservation = 1<<22, d.str(s, false) // one per reservation: never interned
-			case "region":
-				bit, e.Region = 1<<26, d.str(s, true)
+				bit, e.Kind = 1<<21, x
+			default:
+				bit, e.Region = 1<<26, x
 			}
 		case "cost", "estimate", "actual":
-			n, g := num()
+			n, g := r.num()
 			if !g {
 				return e, 0, false
 			}
 			var x uint64
-			x, err = strconv.ParseUint(string(n), 10, 64)
-			switch string(k) {
+			x, err = strconv.ParseUint(n, 10, 64)
+			switch k {
 			case "cost":
 				bit, e.Cost = 1<<9, x
 			case "estimate":
@@ -209,13 +222,13 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				bit, e.Actual = 1<<24, x
 			}
 		case "remaining", "limit", "policy_revision", "decided_us", "shadow_revision", "reserved_ts":
-			n, g := num()
+			n, g := r.num()
 			if !g {
 				return e, 0, false
 			}
 			var x int64
-			x, err = strconv.ParseInt(string(n), 10, 64)
-			switch string(k) {
+			x, err = strconv.ParseInt(n, 10, 64)
+			switch k {
 			case "remaining":
 				bit, e.Remaining = 1<<10, x
 			case "limit":
@@ -230,18 +243,18 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 				bit, e.DecidedUS = 1<<19, x
 			}
 		case "allowed", "dry_run", "warning", "shadow_rejected":
-			x, g := boolean()
+			x, g := r.boolean()
 			if !g {
 				return e, 0, false
 			}
-			switch string(k) {
+			switch k {
 			case "allowed":
 				bit, e.Allowed = 1<<12, x
 			case "dry_run":
 				bit, e.DryRun = 1<<13, x
 			case "warning":
 				bit, e.Warning = 1<<14, x
-			case "shadow_rejected":
+			default:
 				bit, e.ShadowRejected = 1<<16, x
 			}
 		default:
@@ -252,8 +265,8 @@ func (d *Decoder) scan(b []byte) (e Event, v int64, ok bool) {
 		}
 		seen |= bit
 	}
-	skip()
-	if i != len(b) {
+	r.skip()
+	if r.i != len(s) {
 		return e, 0, false
 	}
 	return e, v, true

@@ -558,7 +558,7 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 		c.m.lag.WithLabelValues(lagLabel).Set(float64(max(res.hwm-res.next, 0)))
 		for _, msg := range res.msgs {
 			pos := ep.Position(msg.offset)
-			ev, err := dec.Decode(msg.value)
+			ev, err := dec.DecodeString(msg.value)
 			if err == nil && (ev.TS < minTS || ev.TS > maxTS || ev.ReservedTS != 0 && (ev.ReservedTS < minTS || ev.ReservedTS > maxTS)) {
 				// DateTime cannot hold it (a settle's cost is counted at
 				// its reserved_ts): one such event would fail every INSERT

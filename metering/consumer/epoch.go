@@ -131,7 +131,7 @@ func (l *kafkaLog) eventID(ctx context.Context, offset int64) (string, probe, er
 		if err != nil {
 			return "", nothing, fmt.Errorf("partition %d: read offset %d: %w", l.partition, offset, err)
 		}
-		value, _, err := recordValue(rec, nil)
+		value, err := appendValue(nil, rec)
 		if err != nil {
 			return "", nothing, fmt.Errorf("partition %d: read offset %d: %w", l.partition, offset, err)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -35,7 +36,7 @@ type fetchResult struct {
 
 type fetchedMsg struct {
 	offset int64
-	value  []byte
+	value  string // a slice of one string per fetch (fetch)
 }
 
 // fetcher reads one partition ahead of the consumer (so that the next
@@ -50,6 +51,7 @@ type fetcher struct {
 	timeout   time.Duration // network allowance on top of maxWait
 	maxBytes  int64
 	log       *slog.Logger
+	scratch   []byte // the values of one fetch, reused
 
 	out    chan fetchResult // closed never; the owner stops the fetcher with stop
 	cancel context.CancelFunc
@@ -143,10 +145,11 @@ func (f *fetcher) fetch(ctx context.Context, offset int64) (msgs []fetchedMsg, h
 		return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: %w", f.partition, offset, resp.Error)
 	}
 	next = offset
-	// One arena per response for the values (the consumer decodes them
-	// before the arena is dropped): an allocation per fetch, not one per
-	// message.
-	var arena []byte
+	// The values are read into scratch, then copied into one string: the
+	// decoder's event ids and keys are slices of it, so a fetch costs one
+	// allocation for its values, not one per message or field.
+	f.scratch = f.scratch[:0]
+	var ends []int
 	for {
 		rec, err := resp.Records.ReadRecord()
 		if errors.Is(err, io.EOF) {
@@ -155,16 +158,22 @@ func (f *fetcher) fetch(ctx context.Context, offset int64) (msgs []fetchedMsg, h
 		if err != nil {
 			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: read record: %w", f.partition, offset, err)
 		}
-		var value []byte
-		value, arena, err = recordValue(rec, arena)
+		start := len(f.scratch)
+		f.scratch, err = appendValue(f.scratch, rec)
 		if err != nil {
 			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: read record %d: %w", f.partition, offset, rec.Offset, err)
 		}
 		if rec.Offset < offset {
+			f.scratch = f.scratch[:start]
 			continue // a batch may start before the offset asked for
 		}
-		msgs = append(msgs, fetchedMsg{offset: rec.Offset, value: value})
+		msgs = append(msgs, fetchedMsg{offset: rec.Offset})
+		ends = append(ends, len(f.scratch))
 		next = rec.Offset + 1
+	}
+	values, start := string(f.scratch), 0
+	for i, end := range ends {
+		msgs[i].value, start = values[start:end], end
 	}
 	return msgs, resp.HighWatermark, next, nil
 }
@@ -184,11 +193,9 @@ func (c *Consumer) kafkaClient(clientID string) (*kafka.Client, *kafka.Transport
 	return &kafka.Client{Addr: kafka.TCP(c.cfg.Brokers...), Transport: tr}, tr
 }
 
-// recordValue reads a fetched record's value into arena (a new one, twice
-// the size, when it is full: what a fetch allocates stays within twice
-// what it read) and releases the record's key and value. The value's
-// bytes stay valid after arena is replaced.
-func recordValue(rec *kafka.Record, arena []byte) (value, grown []byte, err error) {
+// appendValue appends a fetched record's value to dst and releases the
+// record's key and value.
+func appendValue(dst []byte, rec *kafka.Record) ([]byte, error) {
 	defer func() {
 		if rec.Key != nil {
 			rec.Key.Close()
@@ -198,16 +205,12 @@ func recordValue(rec *kafka.Record, arena []byte) (value, grown []byte, err erro
 		}
 	}()
 	if rec.Value == nil {
-		return nil, arena, nil
+		return dst, nil
 	}
-	n := rec.Value.Len()
-	if cap(arena)-len(arena) < n {
-		arena = make([]byte, 0, max(n, 2*cap(arena), 4<<10))
+	start := len(dst)
+	dst = slices.Grow(dst, rec.Value.Len())[:start+rec.Value.Len()]
+	if _, err := io.ReadFull(rec.Value, dst[start:]); err != nil {
+		return dst[:start], err
 	}
-	start := len(arena)
-	arena = arena[:start+n]
-	if _, err := io.ReadFull(rec.Value, arena[start:]); err != nil {
-		return nil, arena[:start], err
-	}
-	return arena[start : start+n : start+n], arena, nil
+	return dst, nil
 }
