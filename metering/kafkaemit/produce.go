@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"net"
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/pierrec/lz4/v4"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 )
@@ -44,6 +46,7 @@ type producer struct {
 
 	bufs sync.Pool // *[]byte, a partition's record set
 	raws sync.Pool // *[]byte, its records before compression
+	lz4s sync.Pool // *lz4.Writer without a content checksum (newLZ4)
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -220,17 +223,16 @@ func (p *producer) appendRecordSet(dst []byte, msgs []kafka.Message, idx []int32
 	if p.codec == 0 {
 		dst = appendRecords(dst, msgs, idx)
 	} else {
-		codec := p.codec.Codec()
-		if codec == nil {
-			return dst[:start], fmt.Errorf("kafkaemit: no codec for compression %d", p.codec)
+		w, err := p.compressor((*appender)(&dst))
+		if err != nil {
+			return dst[:start], err
 		}
 		rp, _ := p.raws.Get().(*[]byte)
 		if rp == nil {
 			rp = new([]byte)
 		}
 		*rp = appendRecords((*rp)[:0], msgs, idx) // compressed from here into dst
-		w := codec.NewWriter((*appender)(&dst))
-		_, err := w.Write(*rp)
+		_, err = w.Write(*rp)
 		if cerr := w.Close(); err == nil {
 			err = cerr
 		}
@@ -257,6 +259,43 @@ func (p *producer) appendRecordSet(dst []byte, msgs []kafka.Message, idx []int32
 	be.PutUint32(h[57:], uint32(len(idx)))   // records
 	be.PutUint32(h[17:], crc32.Checksum(h[21:], castagnoli))
 	return dst, nil
+}
+
+// compressor is a writer compressing into dst with the producer's codec.
+// LZ4 frames are written without their optional content checksum (the
+// library's codec writes one): the record batch's CRC already covers the
+// compressed bytes, and the checksum cost the emitter and every consumer
+// an xxHash pass over each batch.
+func (p *producer) compressor(dst io.Writer) (io.WriteCloser, error) {
+	if p.codec != kafka.Lz4 {
+		codec := p.codec.Codec()
+		if codec == nil {
+			return nil, fmt.Errorf("kafkaemit: no codec for compression %d", p.codec)
+		}
+		return codec.NewWriter(dst), nil
+	}
+	z, _ := p.lz4s.Get().(*lz4.Writer)
+	if z == nil {
+		z = lz4.NewWriter(nil)
+		if err := z.Apply(lz4.ChecksumOption(false)); err != nil {
+			return nil, err
+		}
+	}
+	z.Reset(dst)
+	return &pooledLZ4{z, p}, nil
+}
+
+// pooledLZ4 returns its writer to the producer's pool when closed.
+type pooledLZ4 struct {
+	*lz4.Writer
+	p *producer
+}
+
+func (w *pooledLZ4) Close() error {
+	err := w.Writer.Close()
+	w.Writer.Reset(nil)
+	w.p.lz4s.Put(w.Writer)
+	return err
 }
 
 // appendRecords appends the records of msgs[idx], offset deltas 0, 1, …,
