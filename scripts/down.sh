@@ -13,25 +13,7 @@ case "${1:-}" in
   *) die "usage: scripts/down.sh [--clean]" ;;
 esac
 
-stopped=0
-for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
-  c="${COMPONENTS[$i]}"
-  f="$PID_DIR/$c.pid"
-  [ -f "$f" ] || continue
-  pid="$(pid_of "$c")"
-  if [ -z "$pid" ]; then
-    say "$c was not running (stale pid file removed)"
-    rm -f "$f"
-    continue
-  fi
-  stop_pid "$c" "$pid"
-  rm -f "$f"
-  say "stopped $c (pid $pid)"
-  stopped=$((stopped + 1))
-done
-if [ $stopped -eq 0 ]; then
-  say "nothing was running"
-fi
+stop_all
 if [ $clean -eq 1 ]; then
   case "$RUN_DIR" in
     "" | / | "$ROOT") die "RUN_DIR=$RUN_DIR: refusing to remove it" ;;

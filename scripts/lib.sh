@@ -115,3 +115,59 @@ stop_pid() {
     kill -KILL "$pid" 2>/dev/null || true
   fi
 }
+
+# stop_all: stops every component of COMPONENTS that has a pid file in
+# PID_DIR, in reverse start order (stop_pid each), and removes the files.
+stop_all() {
+  local stopped=0 i c f pid
+  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
+    c="${COMPONENTS[$i]}"
+    f="$PID_DIR/$c.pid"
+    [ -f "$f" ] || continue
+    pid="$(pid_of "$c")"
+    if [ -z "$pid" ]; then
+      say "$c was not running (stale pid file removed)"
+      rm -f "$f"
+      continue
+    fi
+    stop_pid "$c" "$pid"
+    rm -f "$f"
+    say "stopped $c (pid $pid)"
+    stopped=$((stopped + 1))
+  done
+  if [ $stopped -eq 0 ]; then
+    say "nothing was running"
+  fi
+}
+
+# plan_start HINT: which of COMPONENTS must start (sets todo; one whose pid
+# file names a live process is left running), and exits with HINT, having
+# started nothing, when a port of PORTS (component → its ports) that one
+# of them needs is in use.
+plan_start() {
+  local c p w pid busy=()
+  todo=()
+  for c in "${COMPONENTS[@]}"; do
+    if pid="$(pid_of "$c")" && [ -n "$pid" ]; then
+      say "$c already running (pid $pid)"
+      continue
+    fi
+    rm -f "$PID_DIR/$c.pid"
+    todo+=("$c")
+    for p in ${PORTS[$c]}; do
+      if ! port_free "$p"; then
+        w="$(who_listens "$p")"
+        busy+=("127.0.0.1:$p (needed by $c) is in use${w:+ by $w}")
+      fi
+    done
+  done
+  if [ ${#busy[@]} -gt 0 ]; then
+    printf 'error: port busy, nothing was started:\n' >&2
+    printf '  %s\n' "${busy[@]}" >&2
+    printf '%s\n' "$1" >&2
+    exit 1
+  fi
+}
+
+# wants C: whether plan_start put C in todo.
+wants() { local x; for x in "${todo[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }

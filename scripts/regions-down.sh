@@ -7,22 +7,4 @@
 set -euo pipefail
 source "$(dirname "$0")/regions-lib.sh"
 
-stopped=0
-for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
-  c="${COMPONENTS[$i]}"
-  f="$PID_DIR/$c.pid"
-  [ -f "$f" ] || continue
-  pid="$(pid_of "$c")"
-  if [ -z "$pid" ]; then
-    say "$c was not running (stale pid file removed)"
-    rm -f "$f"
-    continue
-  fi
-  stop_pid "$c" "$pid"
-  rm -f "$f"
-  say "stopped $c (pid $pid)"
-  stopped=$((stopped + 1))
-done
-if [ $stopped -eq 0 ]; then
-  say "nothing was running"
-fi
+stop_all

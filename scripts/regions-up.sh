@@ -34,29 +34,7 @@ for r in "${REGIONS[@]}"; do
     [ "$o" = "$r" ] || PORTS[wan-dev]+=" $(link_port "$r" "$o")"
   done
 done
-todo=()
-busy=()
-for c in "${COMPONENTS[@]}"; do
-  if pid="$(pid_of "$c")" && [ -n "$pid" ]; then
-    say "$c already running (pid $pid)"
-    continue
-  fi
-  rm -f "$PID_DIR/$c.pid"
-  todo+=("$c")
-  for p in ${PORTS[$c]}; do
-    if ! port_free "$p"; then
-      w="$(who_listens "$p")"
-      busy+=("127.0.0.1:$p (needed by $c) is in use${w:+ by $w}")
-    fi
-  done
-done
-if [ ${#busy[@]} -gt 0 ]; then
-  printf 'error: port busy, nothing was started:\n' >&2
-  printf '  %s\n' "${busy[@]}" >&2
-  printf 'Stop whatever holds it, or `make regions-down` if it is an earlier test bed whose run/regions/ was removed.\n' >&2
-  exit 1
-fi
-wants() { local x; for x in "${todo[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
+plan_start 'Stop whatever holds it, or `make regions-down` if it is an earlier test bed whose run/regions/ was removed.'
 
 if [ ${#todo[@]} -gt 0 ]; then
   say "building into $BIN_DIR/"

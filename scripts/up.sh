@@ -39,30 +39,7 @@ declare -A PORTS=(
   [redis]="$REDIS_PORT" [clickhouse]="$CH_TCP_PORT $CH_HTTP_PORT" [kafka-dev]="$KAFKA_PORT"
   [limiter]="$LIMITER_PORT" [meter-consumer]="$METER_PORT" [usage-api]="$USAGE_PORT" [demo-traffic]=""
 )
-todo=()
-busy=()
-for c in "${COMPONENTS[@]}"; do
-  if pid="$(pid_of "$c")" && [ -n "$pid" ]; then
-    say "$c already running (pid $pid)"
-    continue
-  fi
-  rm -f "$PID_DIR/$c.pid"
-  todo+=("$c")
-  for p in ${PORTS[$c]}; do
-    if ! port_free "$p"; then
-      w="$(who_listens "$p")"
-      busy+=("127.0.0.1:$p (needed by $c) is in use${w:+ by $w}")
-    fi
-  done
-done
-if [ ${#busy[@]} -gt 0 ]; then
-  printf 'error: port busy, nothing was started:\n' >&2
-  printf '  %s\n' "${busy[@]}" >&2
-  printf 'Stop whatever holds it (a system service? try: systemctl stop redis-server clickhouse-server), or `make down` if it is an earlier stack whose run/ was removed.\n' >&2
-  exit 1
-fi
-
-wants() { local x; for x in "${todo[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
+plan_start 'Stop whatever holds it (a system service? try: systemctl stop redis-server clickhouse-server), or `make down` if it is an earlier stack whose run/ was removed.'
 
 # The embedded broker keeps nothing across restarts: a fresh one starts its
 # log again at offset 0. meter-consumer sees that the log is not the one its
