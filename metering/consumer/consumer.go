@@ -110,9 +110,10 @@ type Config struct {
 
 	BatchSize int           // messages per batch, default DefaultBatchSize
 	BatchWait time.Duration // longest a message waits in a batch, default DefaultBatchWait
-	// DedupWindow is the positions per partition whose event ids are held
-	// in memory, default DefaultDedupWindow, at least 2 × BatchSize. A
-	// duplicate further back is found in event_ids (dedup.go).
+	// DedupWindow is the positions per partition whose event ids are at
+	// least held in memory (up to 1.5 times as many), default
+	// DefaultDedupWindow, at least 2 × BatchSize. A duplicate further back
+	// is found in event_ids (dedup.go).
 	DedupWindow    int64
 	SessionTimeout time.Duration // consumer-group session, default kafkaconn.GroupSessionTimeout (heartbeats every quarter of it)
 	InsertTimeout  time.Duration // one batch write, default 30 s; on shutdown at most 4 s

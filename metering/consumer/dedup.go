@@ -22,26 +22,35 @@ import "hash/maphash"
 // The window is at least two batches, so a position memory forgets is
 // always in ClickHouse already when a late message is looked up.
 //
+// Memory is three generations of ids, each the messages of window/2
+// consecutive positions: a new generation starts when a message lies past
+// the current one's span, and the oldest is then forgotten whole (its
+// positions all lie more than window behind), so memory holds at least
+// the last window positions and at most about one and a half windows.
+// Each generation knows the newest decision time it holds: a message
+// newer than that cannot be a copy of anything in it, so a healthy
+// stream, whose messages are newer than every older generation's, costs
+// one lookup (in the current generation) and no per-message eviction.
+//
 // Ids are kept in memory as 64-bit hashes (seeded per process): a false
-// duplicate needs a collision within one window, about window/2^64 per
+// duplicate needs a collision within memory, about 1.5·window/2^64 per
 // event; event_ids compares the ids themselves.
 type dedup struct {
-	seed   maphash.Seed
-	window int64
-	seen   map[uint64]int64 // hash → position of the first occurrence
-	ring   []entry          // in position order, for eviction
-	head   int
-	older  int64 // ts bound of every first occurrence not in memory
+	seed  maphash.Seed
+	span  int64     // positions per generation
+	gens  [3]*idGen // gens[0] the current one, then older; nil until used
+	older int64     // ts bound of every first occurrence not in memory
 }
 
-type entry struct {
-	h   uint64
-	off int64
-	ts  int64
+// idGen is one generation: hash → position of the first occurrence.
+type idGen struct {
+	ids   map[uint64]int64
+	start int64 // its first position
+	maxTS int64 // the newest decision time it holds
 }
 
 func newDedup(seed maphash.Seed, window int64) *dedup {
-	return &dedup{seed: seed, window: window, seen: make(map[uint64]int64, min(window, 1<<20))}
+	return &dedup{seed: seed, span: max((window+1)/2, 1)}
 }
 
 // verdict is what memory says about a message.
@@ -59,13 +68,16 @@ const (
 func (d *dedup) add(id string, offset, ts int64) verdict {
 	// Forget (and bound) what left the window first: an original just
 	// outside it must count in older before this message is judged.
-	d.evict(offset)
+	d.advance(offset)
 	h := maphash.String(d.seed, id)
-	if first, ok := d.seen[h]; ok {
-		if first == offset {
-			return fresh // the same message again (loaded from ClickHouse)
+	for _, g := range d.gens {
+		if g == nil || ts > g.maxTS {
+			continue // a copy carries its original's ts: not in g
 		}
-		if first < offset && first >= offset-d.window {
+		if first, ok := g.ids[h]; ok {
+			if first == offset {
+				return fresh // the same message again (loaded from ClickHouse)
+			}
 			return duplicate
 		}
 	}
@@ -73,9 +85,28 @@ func (d *dedup) add(id string, offset, ts int64) verdict {
 	if ts <= d.older {
 		v = late
 	}
-	d.seen[h] = offset
-	d.ring = append(d.ring, entry{h, offset, ts})
+	cur := d.gens[0]
+	cur.ids[h] = offset
+	cur.maxTS = max(cur.maxTS, ts)
 	return v
+}
+
+// advance starts a new generation when offset lies past the current one's
+// span, forgetting the oldest and raising older to its newest ts.
+func (d *dedup) advance(offset int64) {
+	if cur := d.gens[0]; cur != nil && offset < cur.start+d.span {
+		return
+	}
+	g := d.gens[2]
+	if g != nil {
+		d.older = max(d.older, g.maxTS)
+		clear(g.ids) // keeps its room for the next generation
+		g.maxTS = 0
+	} else {
+		g = &idGen{ids: make(map[uint64]int64, min(d.span, 1<<20))}
+	}
+	g.start = offset
+	d.gens[0], d.gens[1], d.gens[2] = g, d.gens[0], d.gens[1]
 }
 
 // bound raises older to at least ts (what ClickHouse holds below the
@@ -85,24 +116,10 @@ func (d *dedup) bound(ts int64) { d.older = max(d.older, ts) }
 // newest is the highest ts held in memory, 0 when empty.
 func (d *dedup) newest() int64 {
 	var m int64
-	for _, e := range d.ring[d.head:] {
-		m = max(m, e.ts)
+	for _, g := range d.gens {
+		if g != nil {
+			m = max(m, g.maxTS)
+		}
 	}
 	return m
-}
-
-// evict forgets entries older than the window, raising older to their ts.
-func (d *dedup) evict(now int64) {
-	for d.head < len(d.ring) && d.ring[d.head].off < now-d.window {
-		e := d.ring[d.head]
-		if d.seen[e.h] == e.off {
-			delete(d.seen, e.h)
-		}
-		d.older = max(d.older, e.ts)
-		d.head++
-	}
-	if d.head > 4096 && d.head*2 > len(d.ring) {
-		d.ring = append(d.ring[:0], d.ring[d.head:]...)
-		d.head = 0
-	}
 }
