@@ -57,7 +57,11 @@ func main() {
 			fmt.Printf("pass %d %-8s %10.0f decisions/s\n", pass+1, phase, rps)
 		}
 	}
-	med := func(xs []float64) float64 { s := slices.Clone(xs); slices.Sort(s); return s[len(s)/2] }
+	med := func(xs []float64) float64 {
+		s := slices.Clone(xs)
+		slices.Sort(s)
+		return (s[(len(s)-1)/2] + s[len(s)/2]) / 2 // of an even count, the mean of the middle two
+	}
 	fmt.Printf("median check %.0f/s, reserve %.0f/s, settle %.0f/s\n", med(res["check"]), med(res["reserve"]), med(res["settle"]))
 	fmt.Printf("reserve ÷ check %.2f, settle ÷ check %.2f\n", med(res["reserve"])/med(res["check"]), med(res["settle"])/med(res["check"]))
 	ratios := func(phase string) []float64 {

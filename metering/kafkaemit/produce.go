@@ -46,7 +46,7 @@ type producer struct {
 
 	bufs sync.Pool // *[]byte, a partition's record set
 	raws sync.Pool // *[]byte, its records before compression
-	lz4s sync.Pool // *lz4.Writer without a content checksum (newLZ4)
+	lz4s sync.Pool // *lz4.Writer without a content checksum (compressor)
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
