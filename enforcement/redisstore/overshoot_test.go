@@ -59,7 +59,7 @@ func overshoot(t *testing.T, addr string) {
 		burst = 1000
 		// tokens/s: far below what the streams ask for, so that they
 		// press on the limit however slowly a loaded machine runs them
-		// (at 20,000/s, a run at 1.5 s of Redis time was never rejected).
+		// (a run that refills faster than it spends shows nothing).
 		rate    = 5_000.0
 		streams = 6  // three on each limiter
 		each    = 40 // requests admitted per stream
