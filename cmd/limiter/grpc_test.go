@@ -62,7 +62,7 @@ func wantCode(t *testing.T, err error, code codes.Code, contains string) {
 // response, the documented edge cases, and the same bucket as /check.
 func TestEnvoyRLSContract(t *testing.T) {
 	r := testenv.StartRedis(t)
-	p, addr := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, "REDIS_ADDRS="+r.Addr(), "LIMITER_STORE_TIMEOUT=2s")
+	p, addr := startEnvoyLimiter(t, envoyrlstest.EdgePolicy, "REDIS_ADDRS="+r.Addr(), "LIMITER_STORE_TIMEOUT=2s")
 	c := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 
 	t.Run("allowed: every field", func(t *testing.T) {
@@ -177,7 +177,7 @@ func TestEnvoyRLSContract(t *testing.T) {
 		// An IP over its limit first: the global descriptor after it is
 		// not evaluated and spends nothing.
 		r2 := testenv.StartRedis(t)
-		p2, addr2 := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, "REDIS_ADDRS="+r2.Addr(), "LIMITER_STORE_TIMEOUT=2s")
+		p2, addr2 := startEnvoyLimiter(t, envoyrlstest.EdgePolicy, "REDIS_ADDRS="+r2.Addr(), "LIMITER_STORE_TIMEOUT=2s")
 		c2 := rlsv3.NewRateLimitServiceClient(dial(t, addr2))
 		for i := 0; i < 3; i++ {
 			rls(t, c2, "edge", 0, desc("remote_address", "10.0.0.3"))
@@ -288,7 +288,7 @@ func TestEnvoyRLSContract(t *testing.T) {
 // TestEnvoyRLSAuth: with LIMITER_AUTH_TOKEN set, calls need the bearer
 // token as metadata; the health service does not.
 func TestEnvoyRLSAuth(t *testing.T) {
-	_, addr := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, "LIMITER_AUTH_TOKEN=s3cret")
+	_, addr := startEnvoyLimiter(t, envoyrlstest.EdgePolicy, "LIMITER_AUTH_TOKEN=s3cret")
 	conn := dial(t, addr)
 	c := rlsv3.NewRateLimitServiceClient(conn)
 	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("remote_address", "1.2.3.4")}}
@@ -311,7 +311,7 @@ func TestEnvoyRLSAuth(t *testing.T) {
 // TestEnvoyRLSDisabled: LIMITER_GRPC_ADDR set to empty turns the gRPC
 // server off; /check still answers.
 func TestEnvoyRLSDisabled(t *testing.T) {
-	p := startLimiter(t, envoyrlstest.ReadmePolicy, "LIMITER_GRPC_ADDR=")
+	p := startLimiter(t, envoyrlstest.EdgePolicy, "LIMITER_GRPC_ADDR=")
 	if _, code := p.check(t, "k", "s", 1); code != 200 {
 		t.Fatalf("/check: %d", code)
 	}
@@ -327,7 +327,7 @@ func TestEnvoyRLSDisabled(t *testing.T) {
 // UNAVAILABLE, never cut; new connections are refused; the process exits 0.
 func TestEnvoyRLSShutdownMidCall(t *testing.T) {
 	r := testenv.StartRedis(t)
-	p, addr := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, "REDIS_ADDRS="+r.Addr(),
+	p, addr := startEnvoyLimiter(t, envoyrlstest.EdgePolicy, "REDIS_ADDRS="+r.Addr(),
 		"LIMITER_STORE_TIMEOUT=10s", "LIMITER_SHUTDOWN_GRACE=10s")
 	c := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 	rls(t, c, "edge", 0, desc("remote_address", "10.1.0.1")) // warm: the script is loaded
@@ -492,15 +492,15 @@ domains:
 func TestEnvoyRLSReloadAndDegraded(t *testing.T) {
 	r := testenv.StartRedis(t)
 	file := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(file, []byte(envoyrlstest.ReadmePolicy), 0o644); err != nil {
+	if err := os.WriteFile(file, []byte(envoyrlstest.EdgePolicy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p, addr := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, "POLICY_FILE="+file, "REDIS_ADDRS="+r.Addr(), "LIMITER_EXPECTED_INSTANCES=3")
+	p, addr := startEnvoyLimiter(t, envoyrlstest.EdgePolicy, "POLICY_FILE="+file, "REDIS_ADDRS="+r.Addr(), "LIMITER_EXPECTED_INSTANCES=3")
 	c := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 	if resp := rls(t, c, "partners", 0, desc("partner", "acme")); resp.Statuses[0].CurrentLimit != nil {
 		t.Fatalf("an unknown domain was limited: %v", resp)
 	}
-	added := envoyrlstest.ReadmePolicy + `
+	added := envoyrlstest.EdgePolicy + `
   partners:
     descriptors:
       - { match: [partner], key: "partner:{partner}", scope: "partners" }

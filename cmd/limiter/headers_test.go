@@ -27,7 +27,7 @@ func TestHeaderModeVariables(t *testing.T) {
 // The binary hands LIMITER_HEADERS to /check and LIMITER_ENVOY_HEADERS to
 // the Envoy service.
 func TestHeaderModesReachTheFrontDoors(t *testing.T) {
-	p, addr := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, "LIMITER_HEADERS=draft", "LIMITER_ENVOY_HEADERS=draft")
+	p, addr := startEnvoyLimiter(t, envoyrlstest.EdgePolicy, "LIMITER_HEADERS=draft", "LIMITER_ENVOY_HEADERS=draft")
 	resp, err := client.Post(p.url+"/check", "application/json", strings.NewReader(`{"key":"acct_h","scope":"api:x"}`))
 	if err != nil {
 		t.Fatal(err)

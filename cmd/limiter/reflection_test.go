@@ -30,7 +30,7 @@ import (
 // lists the services, finds ShouldRateLimit and gets a decision.
 // Reflection needs the token; health does not.
 func TestEnvoyRLSThroughReflection(t *testing.T) {
-	_, addr := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, "LIMITER_AUTH_TOKEN=tok")
+	_, addr := startEnvoyLimiter(t, envoyrlstest.EdgePolicy, "LIMITER_AUTH_TOKEN=tok")
 	conn := dial(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -206,7 +206,7 @@ func TestCheckTraceFromLimiterToDecisionsRaw(t *testing.T) {
 func TestShouldRateLimitContinuesTheTraceInMetadata(t *testing.T) {
 	rcv := otlptest.StartHTTP(t)
 	r := testenv.StartRedis(t)
-	_, addr := startEnvoyLimiter(t, envoyrlstest.ReadmePolicy, append([]string{"REDIS_ADDRS=" + r.Addr()}, otelEnv(rcv)...)...)
+	_, addr := startEnvoyLimiter(t, envoyrlstest.EdgePolicy, append([]string{"REDIS_ADDRS=" + r.Addr()}, otelEnv(rcv)...)...)
 	c := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 	const traceID = "5bf92f3577b34da6a3ce929d0e0e4737"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -30,7 +30,7 @@ func (s *memSink) Emit(ev metering.Event) { s.mu.Lock(); s.evs = append(s.evs, e
 // event encoding; descriptors that were not decided (no match, after a
 // rejection) make none, and /check's events have no domain.
 func TestEnvoyDecisionEventsCarryTheDomain(t *testing.T) {
-	pol, err := policy.Parse([]byte(envoyrlstest.ReadmePolicy))
+	pol, err := policy.Parse([]byte(envoyrlstest.EdgePolicy))
 	if err != nil {
 		t.Fatal(err)
 	}

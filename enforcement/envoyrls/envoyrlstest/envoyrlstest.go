@@ -1,7 +1,8 @@
 // Package envoyrlstest is what the Envoy rate limit service's tests and
-// benchmarks in more than one package share: the policy of the README's
-// Envoy section, the benchmarks' policy and a Limiter over the in-process
-// authority, so that the store does not dominate what they measure.
+// benchmarks in more than one package share: a policy with the descriptor
+// setups of docs/envoy.md, the benchmarks' policy and a Limiter over the
+// in-process authority, so that the store does not dominate what they
+// measure.
 package envoyrlstest
 
 import (
@@ -11,11 +12,11 @@ import (
 	"github.com/ratewarden/ratewarden/policy"
 )
 
-// ReadmePolicy is the policy of the README's "Using it from Envoy": per
-// client address, per API key and route, a global per-route limit. Rates
-// are per minute or slower, so that nothing refills noticeably during a
-// test, however slow the machine.
-const ReadmePolicy = `
+// EdgePolicy is domain "edge" with the three descriptor setups of
+// docs/envoy.md (per client address, per API key and route, a global
+// per-route limit), under rates of its own: per minute or slower, so that
+// nothing refills noticeably during a test, however slow the machine.
+const EdgePolicy = `
 version: 1
 default_tier: free
 tiers:
