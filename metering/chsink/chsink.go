@@ -38,6 +38,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -189,6 +190,7 @@ func New(conn driver.Conn, database string, observe Observer) (*Sink, error) {
 	if observe == nil {
 		observe = func(Table, int, time.Duration, error) {}
 	}
+	installSized()
 	return &Sink{conn: conn, db: database, observe: observe}, nil
 }
 
@@ -538,7 +540,7 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 		kinds[i], reservations[i], actualCosts[i] = kindOf(e), e.Reservation, actualCost(e)
 		estimates[i], actuals[i], reservedTS[i] = e.Estimate, e.Actual, uint64(max(e.ReservedTS, 0))
 	}
-	if err := s.insert(ctx, Raw, "event_id, ts, event_time, key, scope, tier, cost, allowed, source, remaining, limit_value, policy, dry_run, warning, instance, kafka_partition, kafka_offset, domain, shadow, shadow_rejected, trace_id, policy_revision, decided_us, shadow_revision, region, kind, reservation, estimate, actual, reserved_ts, actual_cost",
+	if err := s.insert(ctx, Raw, rawColumns,
 		[]any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets, domains, shadows, shadowRejected, traces, revisions, decided, shadowRevs, regions, kinds, reservations, estimates, actuals, reservedTS, actualCosts}); err != nil {
 		return 0, err
 	}
@@ -551,7 +553,7 @@ func (s *Sink) writeIDs(ctx context.Context, partition int, recs []Record) (int,
 	for i := range recs {
 		parts[i], times[i], ids[i], offsets[i] = uint32(partition), time.Unix(recs[i].Event.TS/1000, 0).UTC(), recs[i].Event.EventID, uint64(recs[i].Offset)
 	}
-	if err := s.insert(ctx, IDs, "kafka_partition, event_time, event_id, kafka_offset", []any{parts, times, ids, offsets}); err != nil {
+	if err := s.insert(ctx, IDs, idColumns, []any{parts, times, ids, offsets}); err != nil {
 		return 0, err
 	}
 	return n, nil
@@ -680,10 +682,10 @@ func (s *Sink) writeRollup(ctx context.Context, t Table, partition int, r rollup
 		starts[m+1], scopes[m+1] = starts[m], CarryScope
 		batches[m+1], parts[m+1], offsets[m+1] = 1, uint32(partition), uint64(last)
 	}
-	columns := "key, scope, tier, start, requests, allowed, rejected, cost, warnings, batches, kafka_partition, kafka_offset"
+	columns := rollupColumns
 	cols := []any{keys, scopes, tiers, starts, requests, allowed, rejected, cost, warnings, batches, parts, offsets}
 	if byRegion[t] {
-		columns, cols = columns+", region", append(cols, regions)
+		columns, cols = columns+regionColumn, append(cols, regions)
 	}
 	if err := s.insert(ctx, t, columns, cols); err != nil {
 		return 0, err
@@ -742,7 +744,7 @@ func (s *Sink) writeShadow(ctx context.Context, partition int, recs []Record, la
 	m := n - 1
 	starts[m] = markerStart(recs, eventTime)
 	batches[m], parts[m], offsets[m] = 1, uint32(partition), uint64(last)
-	if err := s.insert(ctx, ShadowHour, "shadow, key, start, decisions, would_reject, rejected, batches, kafka_partition, kafka_offset",
+	if err := s.insert(ctx, ShadowHour, shadowHourColumns,
 		[]any{shadows, keys, starts, decisions, wouldReject, rejected, batches, parts, offsets}); err != nil {
 		return 0, err
 	}
@@ -799,7 +801,7 @@ func (s *Sink) writeRollout(ctx context.Context, partition int, recs []Record, l
 	m := n - 1
 	starts[m] = markerStart(recs, eventTime)
 	batches[m], parts[m], offsets[m] = 1, uint32(partition), uint64(last)
-	if err := s.insert(ctx, RolloutShadow, "rollout, start, decisions, newly_rejected, would_reject, rejected, batches, kafka_partition, kafka_offset",
+	if err := s.insert(ctx, RolloutShadow, rolloutShadowColumns,
 		[]any{rollouts, starts, decisions, newly, wouldReject, rejected, batches, parts, offsets}); err != nil {
 		return 0, err
 	}
@@ -832,8 +834,21 @@ func carryStart(recs []Record) time.Time {
 	return markerStart(recs, eventTime)
 }
 
+// The columns of each table's INSERT, in the order of their values.
+const (
+	rawColumns           = "event_id, ts, event_time, key, scope, tier, cost, allowed, source, remaining, limit_value, policy, dry_run, warning, instance, kafka_partition, kafka_offset, domain, shadow, shadow_rejected, trace_id, policy_revision, decided_us, shadow_revision, region, kind, reservation, estimate, actual, reserved_ts, actual_cost"
+	idColumns            = "kafka_partition, event_time, event_id, kafka_offset"
+	rollupColumns        = "key, scope, tier, start, requests, allowed, rejected, cost, warnings, batches, kafka_partition, kafka_offset"
+	regionColumn         = ", region" // appended to rollupColumns in the usage_region_* rollups
+	shadowHourColumns    = "shadow, key, start, decisions, would_reject, rejected, batches, kafka_partition, kafka_offset"
+	rolloutShadowColumns = "rollout, start, decisions, newly_rejected, would_reject, rejected, batches, kafka_partition, kafka_offset"
+)
+
 // insert sends one block of columns (in the order of columns) into table t.
 func (s *Sink) insert(ctx context.Context, t Table, columns string, cols []any) error {
+	for i, name := range strings.Split(columns, ", ") {
+		expectColumn(name, cols[i])
+	}
 	// Explicit column list: 18.16 sees 0 columns without one.
 	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.table(t)+" ("+columns+")")
 	if err != nil {
