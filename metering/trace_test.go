@@ -48,6 +48,7 @@ func TestTraceIDIsBackwardCompatible(t *testing.T) {
 // scanOK is the Decoder's fast path alone, for tests that must know it
 // was taken.
 func (d *Decoder) scanOK(b []byte) (Event, bool) {
-	e, _, ok := d.scan(string(b))
+	var e Event
+	_, ok := d.scan(string(b), &e)
 	return e, ok
 }
