@@ -9,8 +9,8 @@ import (
 )
 
 // clickhouse-go builds every String column of an INSERT from empty and
-// appends one value at a time, so a column of a 50,000-row batch grows
-// through a dozen copies of its values and of its 16-byte row positions:
+// appends one value at a time, so its values and 16-byte row positions
+// are copied again each time they outgrow their room:
 // most of what the sink allocated. Its one hook is process-wide, a
 // provider of the empty column by column name (column.WithColStrProvider),
 // so the sink sizes only columns whose name no rollup shares (a rollup's
