@@ -190,7 +190,6 @@ func New(conn driver.Conn, database string, observe Observer) (*Sink, error) {
 	if observe == nil {
 		observe = func(Table, int, time.Duration, error) {}
 	}
-	installSized()
 	return &Sink{conn: conn, db: database, observe: observe}, nil
 }
 

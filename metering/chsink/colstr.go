@@ -1,7 +1,6 @@
 package chsink
 
 import (
-	"sync"
 	"sync/atomic"
 
 	"github.com/ClickHouse/ch-go/proto"
@@ -28,21 +27,17 @@ var sizedColumns = []string{"event_id", "source", "policy", "instance", "domain"
 // colSize is the room the next column of a name is given.
 type colSize struct{ rows, bytes atomic.Int64 }
 
-var (
-	colSizes         = map[string]*colSize{} // read-only once the provider is installed
-	installSizedOnce sync.Once
-)
+var colSizes = map[string]*colSize{} // read-only after init
 
+// init installs the provider: clickhouse-go reads it without a lock from
+// every connection's goroutines, so it is set before any exists. Until a
+// sink records a size, every column is clickhouse-go's default, so a
+// process that writes no events sees no change.
 func init() {
 	for _, name := range sizedColumns {
 		colSizes[name] = &colSize{}
 	}
-}
-
-// installSized installs the provider, once, when the first sink is made:
-// a process that writes no events keeps clickhouse-go's default.
-func installSized() {
-	installSizedOnce.Do(func() { column.WithColStrProvider(sizedColStr) })
+	column.WithColStrProvider(sizedColStr)
 }
 
 func sizedColStr(name string) proto.ColStr {
