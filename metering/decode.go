@@ -44,31 +44,17 @@ func (d *Decoder) Decode(b []byte) (Event, error) { return d.DecodeString(string
 // DecodeString is Decode of a string. The event's strings that are not
 // interned are slices of s: they keep s alive as long as the event.
 func (d *Decoder) DecodeString(s string) (Event, error) {
-	var e Event
-	err := d.DecodeInto(s, &e)
-	return e, err
-}
-
-// DecodeInto is DecodeString into *e, which it overwrites whole: the
-// consumer decodes straight into its batch, without copying the event.
-// On error *e is the zero Event.
-func (d *Decoder) DecodeInto(s string, e *Event) error {
-	*e = Event{}
-	v, ok := d.scan(s, e)
+	e, v, ok := d.scan(s)
 	if !ok {
-		var err error
-		*e, err = Decode([]byte(s))
-		return err
+		return Decode([]byte(s))
 	}
 	if v < 1 || v > EventVersion {
-		*e = Event{}
-		return fmt.Errorf("%w: unsupported version %d", ErrBadEvent, v)
+		return Event{}, fmt.Errorf("%w: unsupported version %d", ErrBadEvent, v)
 	}
 	if e.EventID == "" || e.Key == "" || e.Scope == "" || e.TS <= 0 {
-		*e = Event{}
-		return fmt.Errorf("%w: event_id, key, scope and ts are required", ErrBadEvent)
+		return Event{}, fmt.Errorf("%w: event_id, key, scope and ts are required", ErrBadEvent)
 	}
-	return nil
+	return e, nil
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
@@ -134,13 +120,11 @@ func (r *scanner) boolean() (bool, bool) {
 	return false, false
 }
 
-// scan reads s into *e, which must be the zero Event; on !ok *e holds
-// whatever was read.
-func (d *Decoder) scan(s string, e *Event) (v int64, ok bool) {
+func (d *Decoder) scan(s string) (e Event, v int64, ok bool) {
 	r := scanner{s: s}
 	r.skip()
 	if r.i >= len(s) || s[r.i] != '{' {
-		return 0, false
+		return e, 0, false
 	}
 	r.i++
 	var seen uint32
@@ -152,18 +136,18 @@ func (d *Decoder) scan(s string, e *Event) (v int64, ok bool) {
 		}
 		if seen != 0 {
 			if r.i >= len(s) || s[r.i] != ',' {
-				return 0, false
+				return e, 0, false
 			}
 			r.i++
 			r.skip()
 		}
 		k, good := r.str()
 		if !good {
-			return 0, false
+			return e, 0, false
 		}
 		r.skip()
 		if r.i >= len(s) || s[r.i] != ':' {
-			return 0, false
+			return e, 0, false
 		}
 		r.i++
 		r.skip()
@@ -173,7 +157,7 @@ func (d *Decoder) scan(s string, e *Event) (v int64, ok bool) {
 		case "v", "ts":
 			n, g := r.num()
 			if !g {
-				return 0, false
+				return e, 0, false
 			}
 			if k == "v" {
 				bit = 1 << 0
@@ -186,7 +170,7 @@ func (d *Decoder) scan(s string, e *Event) (v int64, ok bool) {
 			// One per event, trace or reservation: never interned.
 			x, g := r.str()
 			if !g {
-				return 0, false
+				return e, 0, false
 			}
 			switch k {
 			case "event_id":
@@ -201,7 +185,7 @@ func (d *Decoder) scan(s string, e *Event) (v int64, ok bool) {
 		case "scope", "tier", "source", "policy", "instance", "shadow", "kind", "region":
 			x, g := r.str()
 			if !g {
-				return 0, false
+				return e, 0, false
 			}
 			x = d.str(x)
 			switch k {
@@ -225,7 +209,7 @@ func (d *Decoder) scan(s string, e *Event) (v int64, ok bool) {
 		case "cost", "estimate", "actual":
 			n, g := r.num()
 			if !g {
-				return 0, false
+				return e, 0, false
 			}
 			var x uint64
 			x, err = strconv.ParseUint(n, 10, 64)
@@ -240,7 +224,7 @@ func (d *Decoder) scan(s string, e *Event) (v int64, ok bool) {
 		case "remaining", "limit", "policy_revision", "decided_us", "shadow_revision", "reserved_ts":
 			n, g := r.num()
 			if !g {
-				return 0, false
+				return e, 0, false
 			}
 			var x int64
 			x, err = strconv.ParseInt(n, 10, 64)
@@ -261,7 +245,7 @@ func (d *Decoder) scan(s string, e *Event) (v int64, ok bool) {
 		case "allowed", "dry_run", "warning", "shadow_rejected":
 			x, g := r.boolean()
 			if !g {
-				return 0, false
+				return e, 0, false
 			}
 			switch k {
 			case "allowed":
@@ -274,16 +258,16 @@ func (d *Decoder) scan(s string, e *Event) (v int64, ok bool) {
 				bit, e.ShadowRejected = 1<<16, x
 			}
 		default:
-			return 0, false // unknown field: let encoding/json decide
+			return e, 0, false // unknown field: let encoding/json decide
 		}
 		if err != nil || seen&bit != 0 {
-			return 0, false
+			return e, 0, false
 		}
 		seen |= bit
 	}
 	r.skip()
 	if r.i != len(s) {
-		return 0, false
+		return e, 0, false
 	}
-	return v, true
+	return e, v, true
 }

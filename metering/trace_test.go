@@ -48,7 +48,6 @@ func TestTraceIDIsBackwardCompatible(t *testing.T) {
 // scanOK is the Decoder's fast path alone, for tests that must know it
 // was taken.
 func (d *Decoder) scanOK(b []byte) (Event, bool) {
-	var e Event
-	_, ok := d.scan(string(b), &e)
+	e, _, ok := d.scan(string(b))
 	return e, ok
 }

@@ -46,7 +46,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -560,14 +559,7 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 		c.m.lag.WithLabelValues(lagLabel).Set(float64(max(res.hwm-res.next, 0)))
 		for _, msg := range res.msgs {
 			pos := ep.Position(msg.offset)
-			// The event is decoded into the batch's next slot (an event is
-			// a few hundred bytes: no copy of it per message), which is
-			// given back unless the event is kept.
-			batch = slices.Grow(batch, 1)[:len(batch)+1]
-			r := &batch[len(batch)-1]
-			r.Offset = pos
-			ev := &r.Event
-			err := dec.DecodeInto(msg.value, ev)
+			ev, err := dec.DecodeString(msg.value)
 			if err == nil && (ev.TS < minTS || ev.TS > maxTS || ev.ReservedTS != 0 && (ev.ReservedTS < minTS || ev.ReservedTS > maxTS)) {
 				// DateTime cannot hold it (a settle's cost is counted at
 				// its reserved_ts): one such event would fail every INSERT
@@ -575,24 +567,18 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 				err = fmt.Errorf("%w: ts %d or reserved_ts %d out of range", metering.ErrBadEvent, ev.TS, ev.ReservedTS)
 			}
 			fresh := pos > seenUpTo
-			keep := false
 			if err != nil {
 				if fresh {
 					bad++
 				}
 				c.log.Debug("skipping undecodable message", "partition", p, "offset", msg.offset, "err", err)
 			} else {
-				mo := chsink.MonthsOf(ev)
+				mo := chsink.MonthsOf(&ev)
 				joined, ok := month.Join(mo)
-				if len(batch) > 1 && !ok {
-					held := *r
-					batch = batch[:len(batch)-1]
+				if len(batch) > 0 && !ok {
 					if err := flush(c.cfg.InsertTimeout); err != nil {
 						return err
 					}
-					batch = append(batch, held)
-					r = &batch[len(batch)-1]
-					ev = &r.Event
 				}
 				switch dd.add(ev.EventID, pos, ev.TS) {
 				case duplicate:
@@ -600,19 +586,16 @@ func (c *Consumer) consume(ctx context.Context, restart context.CancelFunc, gen 
 						dups++
 					}
 				case late:
-					lateAt = append(lateAt, len(batch)-1)
+					lateAt = append(lateAt, len(batch))
 					fallthrough
 				default:
-					if len(batch) == 1 {
+					if len(batch) == 0 {
 						month = mo
 					} else {
 						month = joined
 					}
-					keep = true
+					batch = append(batch, chsink.Record{Offset: pos, Event: ev})
 				}
-			}
-			if !keep {
-				batch = batch[:len(batch)-1]
 			}
 			if n == 0 {
 				timer.Reset(c.cfg.BatchWait)
