@@ -511,7 +511,9 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 		revisions, decided, shadowRevs = make([]*int64, n), make([]*int64, n), make([]*int64, n)
 		nullable                       = make([]int64, 2*n)
 	)
+	var used optional // the optional columns some event of recs needs
 	for i := range recs {
+		used |= optionalOf(&recs[i].Event)
 		if e := &recs[i].Event; e.ShadowRevision != 0 {
 			shadowRevs[i] = &e.ShadowRevision
 		}
@@ -539,8 +541,8 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 		kinds[i], reservations[i], actualCosts[i] = kindOf(e), e.Reservation, actualCost(e)
 		estimates[i], actuals[i], reservedTS[i] = e.Estimate, e.Actual, uint64(max(e.ReservedTS, 0))
 	}
-	if err := s.insert(ctx, Raw, rawColumns,
-		[]any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets, domains, shadows, shadowRejected, traces, revisions, decided, shadowRevs, regions, kinds, reservations, estimates, actuals, reservedTS, actualCosts}); err != nil {
+	names, values := used.columns([]any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets, domains, shadows, shadowRejected, traces, revisions, decided, shadowRevs, regions, kinds, reservations, estimates, actuals, reservedTS, actualCosts})
+	if err := s.insert(ctx, Raw, names, values); err != nil {
 		return 0, err
 	}
 	return n, nil
