@@ -494,22 +494,75 @@ func actualCost(e *metering.Event) int64 {
 	return 0
 }
 
+// rawValues are the values of one INSERT into decisions_raw, a slice per
+// column, reused from one INSERT to the next (rawPool): clickhouse-go
+// copies them into its own columns, and a batch's worth is about 350 bytes
+// per event that the collector would otherwise have to reclaim.
+type rawValues struct {
+	ids, keys, scopes, tiers, sources, policies, instances []string
+	domains, shadows, regions, kinds, reservations         []string
+	ts, costs, offsets, estimates, actuals, reservedTS     []uint64
+	times                                                  []time.Time
+	allowed, dry, warn, shadowRejected                     []uint8
+	remaining, limits, actualCosts                         []int64
+	parts                                                  []uint32
+	traces                                                 []*string // NULL: not traced
+	// Nullable: NULL when the event has none (file mode, a local
+	// decision, an older event); the pointers point into nullable.
+	revisions, decided, shadowRevs []*int64
+	nullable                       []int64
+}
+
+var rawPool = sync.Pool{New: func() any { return new(rawValues) }}
+
+// resize is s with length n, its values left as they were but for what
+// a larger array adds.
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// reset sizes v for n events. Every value is overwritten by writeRaw but
+// the nullable pointers, which it sets only when not NULL: those are
+// cleared.
+func (v *rawValues) reset(n int) {
+	for _, s := range []*[]string{&v.ids, &v.keys, &v.scopes, &v.tiers, &v.sources, &v.policies, &v.instances, &v.domains, &v.shadows, &v.regions, &v.kinds, &v.reservations} {
+		*s = resize(*s, n)
+	}
+	for _, s := range []*[]uint64{&v.ts, &v.costs, &v.offsets, &v.estimates, &v.actuals, &v.reservedTS} {
+		*s = resize(*s, n)
+	}
+	for _, s := range []*[]uint8{&v.allowed, &v.dry, &v.warn, &v.shadowRejected} {
+		*s = resize(*s, n)
+	}
+	for _, s := range []*[]int64{&v.remaining, &v.limits, &v.actualCosts} {
+		*s = resize(*s, n)
+	}
+	for _, s := range []*[]*int64{&v.revisions, &v.decided, &v.shadowRevs} {
+		*s = resize(*s, n)
+		clear(*s)
+	}
+	v.traces = resize(v.traces, n)
+	clear(v.traces)
+	v.times, v.parts, v.nullable = resize(v.times, n), resize(v.parts, n), resize(v.nullable, 2*n)
+}
+
 func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int, error) {
 	n := len(recs)
+	v := rawPool.Get().(*rawValues)
+	defer rawPool.Put(v)
+	v.reset(n)
 	var (
-		ids, keys, scopes, tiers, sources, policies, instances = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		domains, shadows, regions, kinds, reservations         = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		ts, costs, offsets                                     = make([]uint64, n), make([]uint64, n), make([]uint64, n)
-		estimates, actuals, reservedTS                         = make([]uint64, n), make([]uint64, n), make([]uint64, n)
-		times                                                  = make([]time.Time, n)
-		allowed, dry, warn, shadowRejected                     = make([]uint8, n), make([]uint8, n), make([]uint8, n), make([]uint8, n)
-		remaining, limits, actualCosts                         = make([]int64, n), make([]int64, n), make([]int64, n)
-		parts                                                  = make([]uint32, n)
-		traces                                                 = make([]*string, n) // NULL: not traced
-		// Nullable: NULL when the event has none (file mode, a local
-		// decision, an older event); the pointers point into nullable.
-		revisions, decided, shadowRevs = make([]*int64, n), make([]*int64, n), make([]*int64, n)
-		nullable                       = make([]int64, 2*n)
+		ids, keys, scopes, tiers, sources, policies, instances = v.ids, v.keys, v.scopes, v.tiers, v.sources, v.policies, v.instances
+		domains, shadows, regions, kinds, reservations         = v.domains, v.shadows, v.regions, v.kinds, v.reservations
+		ts, costs, offsets, estimates, actuals, reservedTS     = v.ts, v.costs, v.offsets, v.estimates, v.actuals, v.reservedTS
+		times                                                  = v.times
+		allowed, dry, warn, shadowRejected                     = v.allowed, v.dry, v.warn, v.shadowRejected
+		remaining, limits, actualCosts                         = v.remaining, v.limits, v.actualCosts
+		parts                                                  = v.parts
+		traces, revisions, decided, shadowRevs, nullable       = v.traces, v.revisions, v.decided, v.shadowRevs, v.nullable
 	)
 	var used optional // the optional columns some event of recs needs
 	for i := range recs {
