@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -131,18 +132,20 @@ func (l *kafkaLog) eventID(ctx context.Context, offset int64) (string, probe, er
 		if err != nil {
 			return "", nothing, fmt.Errorf("partition %d: read offset %d: %w", l.partition, offset, err)
 		}
-		value, err := appendValue(nil, rec)
-		if err != nil {
-			return "", nothing, fmt.Errorf("partition %d: read offset %d: %w", l.partition, offset, err)
-		}
 		if rec.Offset < offset {
+			release(rec)
 			continue
 		}
 		if rec.Offset > offset {
+			release(rec)
 			return "", nothing, nil // not there (a compacted log)
 		}
+		var value bytes.Buffer
+		if err := writeValue(&value, rec); err != nil {
+			return "", nothing, fmt.Errorf("partition %d: read offset %d: %w", l.partition, offset, err)
+		}
 		var dec metering.Decoder
-		ev, err := dec.Decode(value)
+		ev, err := dec.Decode(value.Bytes())
 		if err != nil {
 			return "", holds, nil
 		}

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
+	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -51,7 +51,7 @@ type fetcher struct {
 	timeout   time.Duration // network allowance on top of maxWait
 	maxBytes  int64
 	log       *slog.Logger
-	scratch   []byte // the values of one fetch, reused
+	lastSize  int // the bytes of the last fetch's values
 
 	out    chan fetchResult // closed never; the owner stops the fetcher with stop
 	cancel context.CancelFunc
@@ -145,10 +145,12 @@ func (f *fetcher) fetch(ctx context.Context, offset int64) (msgs []fetchedMsg, h
 		return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: %w", f.partition, offset, resp.Error)
 	}
 	next = offset
-	// The values are read into scratch, then copied into one string: the
-	// decoder's event ids and keys are slices of it, so a fetch costs one
-	// allocation for its values, not one per message or field.
-	f.scratch = f.scratch[:0]
+	// The values are written into one string as they are read (a
+	// strings.Builder, grown to the last fetch's size): the decoder's event
+	// ids and keys are slices of it, so a fetch costs one allocation and
+	// one copy of its values, not one per message or field.
+	var values strings.Builder
+	values.Grow(f.lastSize)
 	var ends []int
 	for {
 		rec, err := resp.Records.ReadRecord()
@@ -158,22 +160,21 @@ func (f *fetcher) fetch(ctx context.Context, offset int64) (msgs []fetchedMsg, h
 		if err != nil {
 			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: read record: %w", f.partition, offset, err)
 		}
-		start := len(f.scratch)
-		f.scratch, err = appendValue(f.scratch, rec)
-		if err != nil {
-			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: read record %d: %w", f.partition, offset, rec.Offset, err)
-		}
 		if rec.Offset < offset {
-			f.scratch = f.scratch[:start]
+			release(rec)
 			continue // a batch may start before the offset asked for
 		}
+		if err := writeValue(&values, rec); err != nil {
+			return nil, 0, offset, fmt.Errorf("fetch partition %d at offset %d: read record %d: %w", f.partition, offset, rec.Offset, err)
+		}
 		msgs = append(msgs, fetchedMsg{offset: rec.Offset})
-		ends = append(ends, len(f.scratch))
+		ends = append(ends, values.Len())
 		next = rec.Offset + 1
 	}
-	values, start := string(f.scratch), 0
+	f.lastSize = values.Len()
+	all, start := values.String(), 0
 	for i, end := range ends {
-		msgs[i].value, start = values[start:end], end
+		msgs[i].value, start = all[start:end], end
 	}
 	return msgs, resp.HighWatermark, next, nil
 }
@@ -193,24 +194,23 @@ func (c *Consumer) kafkaClient(clientID string) (*kafka.Client, *kafka.Transport
 	return &kafka.Client{Addr: kafka.TCP(c.cfg.Brokers...), Transport: tr}, tr
 }
 
-// appendValue appends a fetched record's value to dst and releases the
-// record's key and value.
-func appendValue(dst []byte, rec *kafka.Record) ([]byte, error) {
-	defer func() {
-		if rec.Key != nil {
-			rec.Key.Close()
-		}
-		if rec.Value != nil {
-			rec.Value.Close()
-		}
-	}()
+// writeValue writes a fetched record's value to w and releases the
+// record.
+func writeValue(w io.Writer, rec *kafka.Record) error {
+	defer release(rec)
 	if rec.Value == nil {
-		return dst, nil
+		return nil
 	}
-	start := len(dst)
-	dst = slices.Grow(dst, rec.Value.Len())[:start+rec.Value.Len()]
-	if _, err := io.ReadFull(rec.Value, dst[start:]); err != nil {
-		return dst[:start], err
+	_, err := io.Copy(w, rec.Value) // kafka-go's values write their pages to w: no copy between
+	return err
+}
+
+// release gives a fetched record's key and value back to kafka-go.
+func release(rec *kafka.Record) {
+	if rec.Key != nil {
+		rec.Key.Close()
 	}
-	return dst, nil
+	if rec.Value != nil {
+		rec.Value.Close()
+	}
 }
