@@ -368,8 +368,9 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 			continue
 		}
 		piggyback[c] = true
-		for _, r := range recs[above(c):] {
-			if carries(&r.Event) && (!byRegion[c] || r.Event.Region != "") {
+		todo := recs[above(c):]
+		for i := range todo { // by index: a Record is a few hundred bytes
+			if e := &todo[i].Event; carries(e) && (!byRegion[c] || e.Region != "") {
 				piggyback[c] = false
 				break
 			}

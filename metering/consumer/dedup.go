@@ -22,25 +22,32 @@ import "hash/maphash"
 // The window is at least two batches, so a position memory forgets is
 // always in ClickHouse already when a late message is looked up.
 //
-// Memory is three generations of ids, each the messages of window/2
-// consecutive positions: a new generation starts when a message lies past
-// the current one's span, and the oldest is then forgotten whole (its
-// positions all lie more than window behind), so memory holds at least
-// the last window positions and at most about one and a half windows.
-// Each generation knows the newest decision time it holds: a message
-// newer than that cannot be a copy of anything in it, so a healthy
-// stream, whose messages are newer than every older generation's, costs
-// one lookup (in the current generation) and no per-message eviction.
+// Memory is generations of ids, each the messages of span consecutive
+// positions: a new generation starts when a message lies past the current
+// one's span, and the oldest is then forgotten whole (its positions all
+// lie more than window behind), so memory holds at least the last window
+// positions and at most window + span. Each generation knows the newest
+// decision time it holds: a message newer than that cannot be a copy of
+// anything in it, so a healthy stream, whose messages are newer than every
+// older generation's, costs one lookup (in the current generation) and no
+// per-message eviction. A generation holds at most maxSpan ids: the
+// current one, where every message is looked up and recorded, then fits
+// in a core's cache (a few hundred KiB), where a window's worth would
+// miss it on nearly every message.
 //
 // Ids are kept in memory as 64-bit hashes (seeded per process): a false
 // duplicate needs a collision within memory, about 1.5·window/2^64 per
 // event; event_ids compares the ids themselves.
 type dedup struct {
-	seed  maphash.Seed
-	span  int64     // positions per generation
-	gens  [3]*idGen // gens[0] the current one, then older; nil until used
-	older int64     // ts bound of every first occurrence not in memory
+	seed   maphash.Seed
+	span   int64    // positions per generation
+	gens   []*idGen // gens[0] the current one, then older; nil until used
+	older  int64    // ts bound of every first occurrence not in memory
+	prevTS int64    // the newest ts of the generations but the current one
 }
+
+// maxSpan bounds the positions of a generation.
+const maxSpan = 1 << 14
 
 // idGen is one generation: hash → position of the first occurrence.
 type idGen struct {
@@ -49,8 +56,11 @@ type idGen struct {
 	maxTS int64 // the newest decision time it holds
 }
 
+// newDedup remembers at least the last window positions: generations of
+// half the window (at most maxSpan), one more than the window needs.
 func newDedup(seed maphash.Seed, window int64) *dedup {
-	return &dedup{seed: seed, span: max((window+1)/2, 1)}
+	span := min(max((window+1)/2, 1), maxSpan)
+	return &dedup{seed: seed, span: span, gens: make([]*idGen, (window+span-1)/span+1)}
 }
 
 // verdict is what memory says about a message.
@@ -70,7 +80,11 @@ func (d *dedup) add(id string, offset, ts int64) verdict {
 	// outside it must count in older before this message is judged.
 	d.advance(offset)
 	h := maphash.String(d.seed, id)
-	for _, g := range d.gens {
+	gens := d.gens
+	if ts > d.prevTS {
+		gens = gens[:1] // newer than every older generation
+	}
+	for _, g := range gens {
 		if g == nil || ts > g.maxTS {
 			continue // a copy carries its original's ts: not in g
 		}
@@ -97,16 +111,24 @@ func (d *dedup) advance(offset int64) {
 	if cur := d.gens[0]; cur != nil && offset < cur.start+d.span {
 		return
 	}
-	g := d.gens[2]
+	last := len(d.gens) - 1
+	g := d.gens[last]
 	if g != nil {
 		d.older = max(d.older, g.maxTS)
 		clear(g.ids) // keeps its room for the next generation
 		g.maxTS = 0
 	} else {
-		g = &idGen{ids: make(map[uint64]int64, min(d.span, 1<<20))}
+		g = &idGen{ids: make(map[uint64]int64, d.span)}
 	}
 	g.start = offset
-	d.gens[0], d.gens[1], d.gens[2] = g, d.gens[0], d.gens[1]
+	copy(d.gens[1:], d.gens[:last])
+	d.gens[0] = g
+	d.prevTS = 0
+	for _, o := range d.gens[1:] {
+		if o != nil {
+			d.prevTS = max(d.prevTS, o.maxTS)
+		}
+	}
 }
 
 // bound raises older to at least ts (what ClickHouse holds below the

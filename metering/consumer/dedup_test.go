@@ -51,16 +51,21 @@ func TestDedupBoundary(t *testing.T) {
 // original is within the window, and calls late only what is older than
 // something it forgot.
 func TestDedupAgreesWithAModel(t *testing.T) {
-	const window = 64
+	t.Run("3 generations", func(t *testing.T) { agreesWithAModel(t, 64, 20000) })
+	// More generations than three, the last one part of the window.
+	t.Run("many generations", func(t *testing.T) { agreesWithAModel(t, 5*maxSpan+maxSpan/3, 200_000) })
+}
+
+func agreesWithAModel(t *testing.T, window, positions int64) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	d := newDedup(maphash.MakeSeed(), window)
 	first := map[string]int64{} // id → first position
 	tsOf := map[string]int64{}
 	var ids []string
-	for off := int64(0); off < 20000; off++ {
+	for off := int64(0); off < positions; off++ {
 		var id string
 		if len(ids) > 0 && rng.IntN(4) == 0 {
-			id = ids[len(ids)-1-rng.IntN(min(len(ids), 3*window))] // a copy, up to three windows back
+			id = ids[len(ids)-1-rng.IntN(min(len(ids), 3*int(window)))] // a copy, up to three windows back
 		} else {
 			id = fmt.Sprint("e", off)
 			ids = append(ids, id)
@@ -81,6 +86,22 @@ func TestDedupAgreesWithAModel(t *testing.T) {
 		}
 		if !seen {
 			first[id] = off
+		}
+	}
+}
+
+// A healthy stream: ids in order, decision times that grow with the
+// positions (200 per millisecond), no copies.
+func BenchmarkDedupAdd(b *testing.B) {
+	ids := make([]string, 1<<20)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("01JD%022d", i)
+	}
+	d := newDedup(maphash.MakeSeed(), DefaultDedupWindow)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if d.add(ids[i%len(ids)], int64(i), 1_000_000+int64(i/200)) != fresh {
+			b.Fatal("not fresh")
 		}
 	}
 }
