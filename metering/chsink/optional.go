@@ -1,6 +1,7 @@
 package chsink
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/ratewarden/ratewarden/metering"
@@ -48,7 +49,7 @@ var rawNames, optionalBit = func() ([]string, []optional) {
 	names := strings.Split(rawColumns, ", ")
 	bits := make([]optional, len(names))
 	for b, c := range optionalColumns {
-		i := index(names, c.name)
+		i := slices.Index(names, c.name)
 		if i < 0 {
 			panic("chsink: optional column " + c.name + " is not in rawColumns")
 		}
@@ -56,15 +57,6 @@ var rawNames, optionalBit = func() ([]string, []optional) {
 	}
 	return names, bits
 }()
-
-func index(names []string, name string) int {
-	for i, n := range names {
-		if n == name {
-			return i
-		}
-	}
-	return -1
-}
 
 // optionalOf is the optional columns e needs.
 func optionalOf(e *metering.Event) optional {
