@@ -38,7 +38,7 @@ vet:
 	cd bench && $(GO) vet ./...
 
 # The fast tier, while editing: every unit test, in -short mode, where the
-# helpers of internal/testenv that start a server, a broker or a process
+# helpers of testkit/testenv that start a server, a broker or a process
 # skip (testenv.SkipShort). It starts nothing and needs nothing installed
 # but Go; `make test` runs these tests too.
 check:

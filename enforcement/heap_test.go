@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/internal/heapstat"
+	"github.com/ratewarden/ratewarden/testkit/heapstat"
 )
 
 // freshAuthority answers every Take as a shared store answers a key it has

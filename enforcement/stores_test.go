@@ -12,7 +12,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/authoritytest"
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestStoresRoutesEveryCallToTheKeysStore: decisions, leases and returns

@@ -10,8 +10,8 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // requests the benchmarks resolve: the common shapes of traffic.

@@ -18,7 +18,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // checkPolicy: pro customers get a new, tighter search limit in dry run;

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
-	"github.com/ratewarden/ratewarden/internal/heapstat"
 	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/testkit/heapstat"
 )
 
 const millionOverrides = 1_000_000

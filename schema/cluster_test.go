@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/schema"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 func TestClusterStatementsOfACreate(t *testing.T) {

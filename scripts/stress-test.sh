@@ -51,7 +51,7 @@ DEFAULT_TESTS="
 ./enforcement/fleet .
 ./enforcement/envoyrls .
 ./metering/consumer .
-./internal/testenv .
+./testkit/testenv .
 ./metering/kafkaemit .
 ./metering/reconcile .
 ./metering/usage ^TestClickHouseOutage\$
@@ -59,7 +59,7 @@ DEFAULT_TESTS="
 "
 TESTS="${STRESS_TESTS:-$DEFAULT_TESTS}"
 
-# The hostile-traffic tests (internal/hostile): skipped by make test and by
+# The hostile-traffic tests (testkit/hostile): skipped by make test and by
 # the stress runs above, run here with RATEWARDEN_HOSTILE=1. Loopback only,
 # each bounded in count and time (the slow-client tests wait for the
 # servers' real read timeouts, 5-30 s).

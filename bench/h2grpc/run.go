@@ -32,7 +32,7 @@ import (
 
 	"github.com/HdrHistogram/hdrhistogram-go"
 
-	"github.com/ratewarden/ratewarden/internal/proccpu"
+	"github.com/ratewarden/ratewarden/testkit/proccpu"
 )
 
 // Config says what to send, how, and for how long.

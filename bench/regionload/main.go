@@ -1,6 +1,6 @@
 // Command regionload measures global limits across regions (issue 37's
 // targets) on the multi-region test bed: it starts regions a, b, c
-// (internal/testenv.NewRegions: per region a redis-server and a limiter,
+// (testkit/testenv.NewRegions: per region a redis-server and a limiter,
 // the WAN between them through wanproxy links of 15, 40 and 75 ms one-way
 // with 10% jitter, home a), drives /check traffic at each region's limiter
 // from this one process (one clock for every arrival), and prints each
@@ -32,7 +32,7 @@ import (
 
 	"github.com/HdrHistogram/hdrhistogram-go"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 func main() {

@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/ratewarden/ratewarden/internal/cli/clitest"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/clitest"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestStrictWords: the real binary takes no words: any is refused with

@@ -33,7 +33,7 @@ import (
 	"syscall"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
-	"github.com/ratewarden/ratewarden/internal/kafkadev"
+	"github.com/ratewarden/ratewarden/testkit/kafkadev"
 )
 
 func main() {

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ratewarden/ratewarden/internal/testcerts"
+	"github.com/ratewarden/ratewarden/testkit/testcerts"
 )
 
 func TestConfig(t *testing.T) {

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/ratewarden/ratewarden/internal/cli/clitest"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/clitest"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestStrictWords: the binary refuses every word it does not know (usage on

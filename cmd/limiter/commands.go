@@ -1,14 +1,14 @@
 package main
 
 import (
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/policyctl"
 	"github.com/ratewarden/ratewarden/internal/cli"
-	"github.com/ratewarden/ratewarden/internal/policyctl"
 )
 
 // program is the limiter's words. With none it serves; every other word
 // must be in this table (internal/cli refuses the rest with usage and exit
 // 2 before anything starts). A new verb is one entry; the usage text is
-// generated from the table. The verbs live in internal/policyctl, one
+// generated from the table. The verbs live in cmd/limiter/internal/policyctl, one
 // function per entry.
 func program() cli.Program {
 	return cli.Program{

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/rlsserver"
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/sharedtier"
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/keyname"
 	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
@@ -13,8 +15,6 @@ import (
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/listenaddr"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
-	"github.com/ratewarden/ratewarden/internal/rlsserver"
-	"github.com/ratewarden/ratewarden/internal/sharedtier"
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
 	"github.com/ratewarden/ratewarden/internal/tracing"
 	"github.com/ratewarden/ratewarden/metering"
@@ -80,7 +80,7 @@ type config struct {
 	EnvoyHeaders ratelimitheader.Mode // LIMITER_ENVOY_HEADERS: the Envoy answers' response_headers_to_add
 
 	// RegionConfig is LIMITER_REGION, LIMITER_REGIONS and GLOBAL_REDIS_*
-	// (internal/sharedtier, region.go).
+	// (cmd/limiter/internal/sharedtier, region.go).
 	sharedtier.RegionConfig
 }
 

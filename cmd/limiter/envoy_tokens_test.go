@@ -12,8 +12,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // envoyTokenPolicy is docs/envoy.md's token limit: the domain "ai" maps

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestAdminTokenRequiredBeyondLoopback: with no LIMITER_AUTH_TOKEN the

@@ -23,10 +23,10 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
-// The Envoy client calls of the tests (internal/testenv).
+// The Envoy client calls of the tests (testkit/testenv).
 var (
 	dial = testenv.DialGRPC
 	desc = testenv.Descriptor

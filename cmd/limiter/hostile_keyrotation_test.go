@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/hostile"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/hostile"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // keyRotationBudget is the resident memory a limiter at its default

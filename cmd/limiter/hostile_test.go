@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/hostile"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/hostile"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // The hostile-traffic tests (make stress-test; hostile.Gate skips them

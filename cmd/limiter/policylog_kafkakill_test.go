@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/kafkadev"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/kafkadev"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestPolicyLogKafkaKilledMidRun: tailing limiters whose Kafka dies keep

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/chaudit"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestPolicyRestoreFromAudit: a log audited by meter-consumer into

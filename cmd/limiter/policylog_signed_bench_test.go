@@ -17,11 +17,11 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
-	"github.com/ratewarden/ratewarden/internal/kafkadev"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
+	"github.com/ratewarden/ratewarden/testkit/kafkadev"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // benchKeys is a writer's key and the keyring that trusts it.

@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 const logDocA = `version: 1

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 func TestRegionConfig(t *testing.T) {

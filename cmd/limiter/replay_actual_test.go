@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // reservePolicy with a bucket of 700 instead of 1000.

@@ -16,8 +16,8 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/limits"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 const reservePolicy = `

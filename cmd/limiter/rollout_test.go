@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/policyctl"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
-	"github.com/ratewarden/ratewarden/internal/policyctl"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // The policy in force during the rollout tests: nothing is rejected at

@@ -14,6 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/decisionevents"
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/reload"
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/rlsserver"
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/sharedtier"
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/spans"
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/global"
 	"github.com/ratewarden/ratewarden/enforcement/hotkeys"
@@ -21,13 +26,8 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
 	"github.com/ratewarden/ratewarden/enforcement/shadow"
 	"github.com/ratewarden/ratewarden/internal/bearer"
-	"github.com/ratewarden/ratewarden/internal/decisionevents"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/internal/listenaddr"
-	"github.com/ratewarden/ratewarden/internal/reload"
-	"github.com/ratewarden/ratewarden/internal/rlsserver"
-	"github.com/ratewarden/ratewarden/internal/sharedtier"
-	"github.com/ratewarden/ratewarden/internal/spans"
 	"github.com/ratewarden/ratewarden/internal/tracing"
 )
 

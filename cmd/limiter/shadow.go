@@ -7,14 +7,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/reload"
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/sharedtier"
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
 	"github.com/ratewarden/ratewarden/enforcement/shadow"
 	"github.com/ratewarden/ratewarden/enforcement/split"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
-	"github.com/ratewarden/ratewarden/internal/reload"
-	"github.com/ratewarden/ratewarden/internal/sharedtier"
 	"github.com/ratewarden/ratewarden/policy"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestStartWithTheStoreDown: a limiter started while its Redis (standalone

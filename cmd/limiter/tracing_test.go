@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
-	"github.com/ratewarden/ratewarden/internal/testenv"
-	"github.com/ratewarden/ratewarden/internal/tracing/otlptest"
+	"github.com/ratewarden/ratewarden/testkit/otlptest"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // otelEnv points a binary at an OTLP receiver, exporting every 100 ms

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/ratewarden/ratewarden/internal/cli/clitest"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/clitest"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestStrictWords: the real binary refuses every word (it takes none) with

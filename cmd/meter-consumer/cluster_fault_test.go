@@ -14,9 +14,9 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/chsink"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // localQuery runs a one-column UInt64 query on one server and returns the

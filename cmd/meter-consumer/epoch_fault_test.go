@@ -11,9 +11,9 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/ratewarden/ratewarden/internal/kafkadev"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/testkit/kafkadev"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestExactTotalsAcrossALogThatStartsOver streams events while two

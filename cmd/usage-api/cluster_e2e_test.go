@@ -11,8 +11,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestUsageIdenticalOnOneServerAndOnTheCluster: the same events, sent to

@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"

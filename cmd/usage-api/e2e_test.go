@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // bins is the directory of limiter, meter-consumer and usage-api, built once.

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering/notify"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestSoftLimitWebhookThroughBinaries: decisions that cross a soft limit,

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/hostile"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/hostile"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestHostileSlowClients: idle connections and slowloris senders (headers

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestUsageAPIOverTLS: the usage-api binary with USAGE_API_TLS_CERT_FILE

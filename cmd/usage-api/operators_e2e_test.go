@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestOperatorIdentitiesE2E: the usage-api binary with

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestSecureClickHouse: ClickHouse 18.16 reached on its secure native port

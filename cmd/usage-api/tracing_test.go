@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
-	"github.com/ratewarden/ratewarden/internal/tracing/otlptest"
+	"github.com/ratewarden/ratewarden/testkit/otlptest"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestUsageRequestAndQuerySpans: a GET /v1/usage carrying a traceparent

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
-	"github.com/ratewarden/ratewarden/internal/wanproxy"
+	"github.com/ratewarden/ratewarden/testkit/wanproxy"
 )
 
 // conf is wan-dev's configuration.

@@ -1,7 +1,7 @@
 // Command wan-dev serves the WAN links of the multi-region test bed (make
 // regions-up): one loopback listener per link, each forwarding to its
 // target with the link's one-way delay, jitter and loss
-// (internal/wanproxy), and a loopback control endpoint that cuts and heals
+// (testkit/wanproxy), and a loopback control endpoint that cuts and heals
 // links by region.
 //
 //	WAN_DEV_LINKS         the links, comma-separated FROM-TO=LISTEN>TARGET@DELAY, e.g.
@@ -31,7 +31,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/wanproxy"
+	"github.com/ratewarden/ratewarden/testkit/wanproxy"
 )
 
 func main() {

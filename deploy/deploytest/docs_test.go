@@ -265,7 +265,7 @@ var envName = regexp.MustCompile(`^[A-Z][A-Z0-9]*(_[A-Z0-9]+)+$`)
 
 // testOnly are the packages whose variables only tests and benchmarks read.
 func testOnly(rel string) bool {
-	for _, p := range []string{"internal/testenv/", "internal/cli/clitest/", "internal/hostile/", "bench/", "internal/tracing/otlptest/"} {
+	for _, p := range []string{"testkit/testenv/", "testkit/clitest/", "testkit/hostile/", "bench/", "testkit/otlptest/"} {
 		if strings.HasPrefix(rel, p) {
 			return true
 		}

@@ -113,9 +113,10 @@ var (
 	// secretRead is envconfig's Reader.Secret: NAME_FILE is read as well.
 	secretRead = regexp.MustCompile(`\.Secret\("([A-Z][A-Z0-9_]*)"\)`)
 	// internalImport is an import of one of the repository's internal
-	// packages, where shared configuration (internal/redisclient's REDIS_*)
-	// is read on a binary's behalf.
-	internalImport = regexp.MustCompile(`"github\.com/ratewarden/ratewarden/(internal/[a-z0-9/]+)"`)
+	// packages (internal/, or a binary's own under cmd/<binary>/internal/),
+	// where shared configuration (internal/redisclient's REDIS_*) is read
+	// on a binary's behalf.
+	internalImport = regexp.MustCompile(`"github\.com/ratewarden/ratewarden/((?:cmd/[a-z0-9-]+/)?internal/[a-z0-9/]+)"`)
 )
 
 // knownEnv is the set of environment variable names a binary's main

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // upComponents are the processes `make up` starts (scripts/lib.sh).

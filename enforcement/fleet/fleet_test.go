@@ -12,7 +12,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement/fleet"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // eventually waits, generously, until cond holds; what names what it waits for.

@@ -13,8 +13,8 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/ginlimit"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 func TestGinMiddleware(t *testing.T) {

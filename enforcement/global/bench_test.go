@@ -7,7 +7,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // BenchmarkDecision compares one decision on a global limit (decide.lua on

@@ -17,7 +17,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/global"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // The tests below step the refillers themselves (Global.Tick, no Run), on

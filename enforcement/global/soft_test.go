@@ -9,8 +9,8 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/global"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/limits"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // The soft-limit tests step the refillers by hand (Tick, no Run) and use

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/heapstat"
+	"github.com/ratewarden/ratewarden/testkit/heapstat"
 )
 
 // BenchmarkHeapOfTracker: the tracker's heap once every counter of both

@@ -11,8 +11,8 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
 	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
-	"github.com/ratewarden/ratewarden/internal/proccpu"
 	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/testkit/proccpu"
 )
 
 // nopWriter is the cheapest http.ResponseWriter: the benchmark measures the

@@ -16,8 +16,8 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
 	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // sfItem is one member of a RateLimit or RateLimit-Policy field, parsed by

@@ -8,7 +8,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/authoritytest"
 	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestLeaseContract: the whole chain the limiter asks — leasing, in front

@@ -9,7 +9,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/lease"
-	"github.com/ratewarden/ratewarden/internal/heapstat"
+	"github.com/ratewarden/ratewarden/testkit/heapstat"
 )
 
 // allowAll answers every Take as a store answers a key it has never seen,

@@ -14,7 +14,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // fixedPolicy resolves every request to one limit.

@@ -9,8 +9,8 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/proccpu"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/proccpu"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // BenchmarkGuardedPipelined: shared-tier decisions as cmd/limiter makes
@@ -26,7 +26,7 @@ func BenchmarkGuardedPipelined(b *testing.B) {
 }
 
 // BenchmarkShared is BenchmarkGuardedPipelined through the store value
-// the limiter wires (redisstore.Shared, built by internal/sharedtier): the
+// the limiter wires (redisstore.Shared, built by cmd/limiter/internal/sharedtier): the
 // same guard and pipeline, with the store's own bookkeeping (Failing) on
 // every call.
 func BenchmarkShared(b *testing.B) {

@@ -19,8 +19,8 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // The tests here run the chain the limiter binary runs (enforcement.Limiter

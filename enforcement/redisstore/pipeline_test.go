@@ -18,8 +18,8 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/authoritytest"
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/proccpu"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/proccpu"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 func newPipelined(t testing.TB, rdb redisstore.PipelineClient, prefix string) *redisstore.Pipelined {

@@ -17,7 +17,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 func reserveOn(t *testing.T, store enforcement.Reserver, auth enforcement.Authority, lim enforcement.Limit, ttl time.Duration) *enforcement.Limiter {

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement/replay"
-	"github.com/ratewarden/ratewarden/internal/proccpu"
 	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/testkit/proccpu"
 )
 
 const current = `

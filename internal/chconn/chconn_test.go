@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
-	"github.com/ratewarden/ratewarden/internal/testcerts"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testcerts"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 func envOf(kv []string) func(string) string {

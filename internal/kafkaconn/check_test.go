@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
-	"github.com/ratewarden/ratewarden/internal/kafkadev"
-	"github.com/ratewarden/ratewarden/internal/testcerts"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/kafkadev"
+	"github.com/ratewarden/ratewarden/testkit/testcerts"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // secureBroker starts a kfake broker with TLS and one user per mechanism.

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // pw is the ACL user's password in these tests: long and random-looking, so

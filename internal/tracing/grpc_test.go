@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/ratewarden/ratewarden/internal/tracing"
-	"github.com/ratewarden/ratewarden/internal/tracing/otlptest"
+	"github.com/ratewarden/ratewarden/testkit/otlptest"
 )
 
 // Over a real gRPC server and otelgrpc: calls without a traceparent that

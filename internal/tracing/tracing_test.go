@@ -14,7 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratewarden/ratewarden/internal/tracing"
-	"github.com/ratewarden/ratewarden/internal/tracing/otlptest"
+	"github.com/ratewarden/ratewarden/testkit/otlptest"
 )
 
 func env(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }

@@ -9,11 +9,11 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/ratewarden/ratewarden/internal/proccpu"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/chsink"
 	"github.com/ratewarden/ratewarden/schema"
+	"github.com/ratewarden/ratewarden/testkit/proccpu"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 var (

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // settleEvents are reservations made in the last 20 s of November (UTC),

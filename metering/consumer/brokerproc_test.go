@@ -13,7 +13,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/ratewarden/ratewarden/internal/kafkadev"
+	"github.com/ratewarden/ratewarden/testkit/kafkadev"
 )
 
 // broker is what BenchmarkEndToEnd needs of its broker.

@@ -9,8 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // A log that starts over is a new epoch, not a gap: the decisions topic is

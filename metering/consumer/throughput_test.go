@@ -16,14 +16,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratewarden/ratewarden/internal/chconn"
-	"github.com/ratewarden/ratewarden/internal/kafkadev"
-	"github.com/ratewarden/ratewarden/internal/proccpu"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/chsink"
 	"github.com/ratewarden/ratewarden/metering/consumer"
 	"github.com/ratewarden/ratewarden/metering/kafkaemit"
 	"github.com/ratewarden/ratewarden/schema"
+	"github.com/ratewarden/ratewarden/testkit/kafkadev"
+	"github.com/ratewarden/ratewarden/testkit/proccpu"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 var e2eRate = flag.Int("meter.rate", 100_000, "BenchmarkEndToEnd: events per second the emitter is fed (0 = as fast as possible)")

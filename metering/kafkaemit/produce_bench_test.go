@@ -17,11 +17,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/ratewarden/ratewarden/internal/proccpu"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/kafkaemit"
 	"github.com/ratewarden/ratewarden/metering/spool"
+	"github.com/ratewarden/ratewarden/testkit/proccpu"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 var (

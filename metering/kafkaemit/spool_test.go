@@ -14,11 +14,11 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
-	"github.com/ratewarden/ratewarden/internal/kafkadev"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/kafkaemit"
 	"github.com/ratewarden/ratewarden/metering/spool"
+	"github.com/ratewarden/ratewarden/testkit/kafkadev"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 func openSpool(t *testing.T, dir string, max int64) *spool.Spool {

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestNotifierAcrossALogThatStartsOver: the notifier's committed offsets

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/notify"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // crossings: for each of n keys, 20 decisions up to a limit of 20 (warnings

@@ -8,12 +8,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/chsink"
 	"github.com/ratewarden/ratewarden/metering/quotause"
 	"github.com/ratewarden/ratewarden/metering/reconcile"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 const regionsPolicy = `

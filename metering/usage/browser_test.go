@@ -14,8 +14,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/limits"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // artifactsDir is <repo>/testdata-artifacts (git-ignored), where the browser

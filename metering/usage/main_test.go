@@ -15,8 +15,8 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/gin-gonic/gin"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/schema"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // One clickhouse-server for the package; each test gets a fresh database.

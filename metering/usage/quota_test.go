@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/limits"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // The three ways the old, separate reading of the policy disagreed with the

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/internal/testenv"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 var testNow = time.Date(2026, 7, 31, 9, 15, 30, 0, time.UTC)

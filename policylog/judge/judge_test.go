@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/chsink"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/judge"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
 	"github.com/ratewarden/ratewarden/schema"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 const base = "version: 1\ndefault_tier: free\ntiers:\n  free: { rate: 10, burst: 20 }\n  pro: { rate: 100, burst: 200 }\n"

@@ -16,10 +16,10 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 const docA = "version: 1\ndefault_tier: free\ntiers:\n  free: { rate: 10, burst: 20 }\n  pro: { rate: 100, burst: 200 }\n"

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
 	"github.com/ratewarden/ratewarden/policylog/opsapi"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 const (

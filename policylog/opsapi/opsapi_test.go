@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/metering/usage"
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
 	"github.com/ratewarden/ratewarden/policylog/opsapi"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 const admin = "admin-token-0123456789"

@@ -16,10 +16,10 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
-	"github.com/ratewarden/ratewarden/internal/testenv"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
 	"github.com/ratewarden/ratewarden/policylog/opsapi"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // TestReadsCreateNoTopic: on a policy topic that does not exist (a
