@@ -17,6 +17,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
 	"github.com/ratewarden/ratewarden/internal/tracing"
+	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/metering"
 )
 
@@ -92,7 +93,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	ms, s := time.Millisecond, time.Second
 	c := config{
 		Addr:              e.String("LIMITER_ADDR", "127.0.0.1:8080"),
-		Redis:             redisclient.FromEnv(e),
+		Redis:             redisclient.FromEnv(e, limits.DefaultKeyPrefix),
 		PolicyFile:        e.String("POLICY_FILE", "deploy/policy.yaml"),
 		KafkaBrokers:      e.List("KAFKA_BROKERS"),
 		KafkaTopic:        e.String("KAFKA_TOPIC", metering.DefaultTopic),
@@ -123,7 +124,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	c.Shadow = shadowConfigFrom(e, c.StoreTimeout)
 	c.PolicyLog = policyLogConfigFrom(e, c.KafkaBrokers)
-	c.Stores = redisclient.StoresFromEnv(e, c.Redis)
+	c.Stores = redisclient.StoresFromEnv(e, c.Redis, limits.ValidStoreName)
 	c.RegionConfig = sharedtier.RegionsFromEnv(e, c.Redis)
 	e.HostPort("LIMITER_ADDR", c.Addr)
 	for _, a := range c.KafkaBrokers {

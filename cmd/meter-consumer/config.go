@@ -11,6 +11,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tracing"
+	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/consumer"
 	"github.com/ratewarden/ratewarden/metering/notify"
@@ -18,6 +19,7 @@ import (
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/judge"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
+	"github.com/ratewarden/ratewarden/schema"
 )
 
 // config is everything the binary reads from the environment (docs/reference.md,
@@ -74,7 +76,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		KafkaTopic:      e.String("KAFKA_TOPIC", metering.DefaultTopic),
 		Kafka:           kafkaconn.FromEnv(e, getenv),
 		KafkaCheckEvery: e.Duration("METER_KAFKA_CHECK_EVERY", kafkaconn.DefaultCheckEvery, 100*time.Millisecond, time.Hour),
-		ClickHouse:      chconn.FromEnv(e),
+		ClickHouse:      chconn.FromEnv(e, schema.ValidDatabase),
 		MeterAddr:       e.String("METER_ADDR", "127.0.0.1:8082"),
 		WebhookURL:      e.String("WEBHOOK_URL", ""),
 		WebhookSecret:   strings.TrimSpace(e.Secret("WEBHOOK_SECRET")),
@@ -85,11 +87,11 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DedupWindow:     e.Int("METER_DEDUP_WINDOW", consumer.DefaultDedupWindow, 1, 100_000_000),
 		SessionTimeout:  e.Duration("METER_SESSION_TIMEOUT", kafkaconn.GroupSessionTimeout, time.Second, 5*time.Minute),
 		StallAfter:      e.Duration("METER_STALL_AFTER", consumer.DefaultStallAfter, time.Second, 24*time.Hour),
-		Redis:           redisclient.FromEnv(e),
+		Redis:           redisclient.FromEnv(e, limits.DefaultKeyPrefix),
 		PolicyFile:      e.String("POLICY_FILE", "deploy/policy.yaml"),
 		ReconcileEvery:  e.Duration("METER_RECONCILE_EVERY", reconcile.DefaultEvery, 100*time.Millisecond, time.Hour),
 		ReconcileRegion: e.String("METER_RECONCILE_REGION", ""),
-		GlobalRedis:     redisclient.FromEnvPrefix(e, "GLOBAL_REDIS"),
+		GlobalRedis:     redisclient.FromEnvPrefix(e, "GLOBAL_REDIS", limits.DefaultKeyPrefix),
 		Cluster:         chcluster.FromEnv(e),
 		PolicyTopic:     e.String("POLICY_TOPIC", kafkalog.DefaultTopic),
 		Judge:           e.Bool("POLICY_JUDGE", false),

@@ -10,7 +10,9 @@ import (
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
 	"github.com/ratewarden/ratewarden/internal/tracing"
+	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/metering/usage"
+	"github.com/ratewarden/ratewarden/schema"
 )
 
 // config is everything the binary reads from the environment.
@@ -46,12 +48,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 	e := envconfig.New(getenv)
 	c := config{
 		Addr:         e.String("USAGE_API_ADDR", "127.0.0.1:8081"),
-		ClickHouse:   chconn.FromEnv(e),
+		ClickHouse:   chconn.FromEnv(e, schema.ValidDatabase),
 		AdminToken:   e.Secret("USAGE_ADMIN_TOKEN"),
 		TokenSecret:  e.Secret("USAGE_TOKEN_SECRET"),
 		PolicyFile:   e.String("POLICY_FILE", "deploy/policy.yaml"),
 		QueryTimeout: e.Duration("USAGE_QUERY_TIMEOUT", 10*time.Second, 100*time.Millisecond, 5*time.Minute),
-		Redis:        redisclient.FromEnv(e),
+		Redis:        redisclient.FromEnv(e, limits.DefaultKeyPrefix),
 		Cluster:      chcluster.FromEnv(e),
 		PolicyLog:    policyLogConfigFrom(e, getenv),
 	}

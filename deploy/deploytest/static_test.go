@@ -179,7 +179,7 @@ func knownEnv(tb testing.TB, bin string) map[string]bool {
 
 var (
 	secretConst = regexp.MustCompile(`VarPassword += "([A-Z][A-Z0-9_]*)"`)
-	redisPrefix = regexp.MustCompile(`FromEnvPrefix\(e, "([A-Z][A-Z0-9_]*)"\)`)
+	redisPrefix = regexp.MustCompile(`FromEnvPrefix\(e, "([A-Z][A-Z0-9_]*)"[,)]`)
 	clientTLS   = regexp.MustCompile(`(?:FilesFromEnv|ClientFromEnv)\(e, "([A-Z][A-Z0-9_]*)"\)`)
 )
 

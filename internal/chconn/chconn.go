@@ -23,7 +23,6 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
-	"github.com/ratewarden/ratewarden/schema"
 )
 
 // Config is where ClickHouse is and how to log in. Its password is
@@ -37,7 +36,9 @@ type Config struct {
 }
 
 // FromEnv reads the variables through e; problems are recorded on e.
-func FromEnv(e *envconfig.Reader) Config {
+// validDatabase is the schema's rule for a database name
+// (schema.ValidDatabase), passed in: a utility imports no domain package.
+func FromEnv(e *envconfig.Reader, validDatabase func(string) bool) Config {
 	c := Config{
 		Addr:     e.String("CLICKHOUSE_ADDR", "127.0.0.1:9000"),
 		Database: e.String("CLICKHOUSE_DATABASE", "ratelimit"),
@@ -46,7 +47,7 @@ func FromEnv(e *envconfig.Reader) Config {
 		TLS:      tlsconf.ClientFromEnv(e, "CLICKHOUSE"),
 	}
 	e.HostPort("CLICKHOUSE_ADDR", c.Addr)
-	if !schema.ValidDatabase(c.Database) {
+	if !validDatabase(c.Database) {
 		e.Fail("CLICKHOUSE_DATABASE", "%q is not an identifier ([A-Za-z_][A-Za-z0-9_]*)", c.Database)
 	}
 	return c

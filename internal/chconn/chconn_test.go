@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/schema"
 	"github.com/ratewarden/ratewarden/testkit/testcerts"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
@@ -27,7 +28,7 @@ func envOf(kv []string) func(string) string {
 func ping(t *testing.T, env []string) error {
 	t.Helper()
 	e := envconfig.New(envOf(env))
-	cfg := FromEnv(e)
+	cfg := FromEnv(e, schema.ValidDatabase)
 	if err := e.Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -85,12 +86,12 @@ func TestSecureNativePort(t *testing.T) {
 
 func TestFromEnv(t *testing.T) {
 	e := envconfig.New(envOf(nil))
-	c := FromEnv(e)
+	c := FromEnv(e, schema.ValidDatabase)
 	if e.Err() != nil || c.Addr != "127.0.0.1:9000" || c.Database != "ratelimit" || c.User != "default" || c.TLS != nil {
 		t.Fatalf("defaults: %+v %v", c, e.Err())
 	}
 	e = envconfig.New(envOf([]string{"CLICKHOUSE_PASSWORD=s3cret-pw-value"}))
-	c = FromEnv(e)
+	c = FromEnv(e, schema.ValidDatabase)
 	if o := c.Options(Tuning{}); o.Auth.Password != "s3cret-pw-value" {
 		t.Fatalf("password not passed on")
 	}
@@ -104,7 +105,7 @@ func TestFromEnv(t *testing.T) {
 		{"CLICKHOUSE_PASSWORD=a", "CLICKHOUSE_PASSWORD_FILE=/x"},
 	} {
 		e := envconfig.New(envOf(bad))
-		FromEnv(e)
+		FromEnv(e, schema.ValidDatabase)
 		name, _, _ := strings.Cut(bad[0], "=")
 		if err := e.Err(); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%v: %v", bad, err)

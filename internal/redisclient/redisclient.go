@@ -28,8 +28,6 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/tlsconf"
-
-	"github.com/ratewarden/ratewarden/limits"
 )
 
 // Kinds of deployment, as Config.Kind reports them (and the limiter's
@@ -51,7 +49,7 @@ type secrets struct {
 // it with FromEnv; the zero value means "no Redis" (Enabled is false).
 type Config struct {
 	Addrs     []string // REDIS_ADDRS: one = standalone, several = Cluster seeds, or the sentinels
-	KeyPrefix string   // REDIS_KEY_PREFIX (default limits.DefaultKeyPrefix), the limiters' key namespace
+	KeyPrefix string   // REDIS_KEY_PREFIX (default: FromEnv's defaultKeyPrefix), the limiters' key namespace
 	Username  string   // REDIS_USERNAME: ACL user; "" = the default user
 
 	SentinelMaster   string // REDIS_SENTINEL_MASTER: set = Addrs are sentinels
@@ -90,16 +88,21 @@ func (c Config) Kind() string {
 // FromEnv reads every REDIS_* variable through e (problems are recorded on
 // e, each naming its variable; the TLS files are read and checked now, so
 // an unreadable CA or a certificate without its key stops the start).
-func FromEnv(e *envconfig.Reader) Config { return FromEnvPrefix(e, "REDIS") }
+// defaultKeyPrefix is the key prefix when REDIS_KEY_PREFIX is unset, the
+// domain's (limits.DefaultKeyPrefix), passed in: a utility imports no
+// domain package.
+func FromEnv(e *envconfig.Reader, defaultKeyPrefix string) Config {
+	return FromEnvPrefix(e, "REDIS", defaultKeyPrefix)
+}
 
 // FromEnvPrefix is FromEnv for another set of the same variables:
 // prefix+"_ADDRS", prefix+"_PASSWORD", prefix+"_TLS_CA_FILE" and so on
 // (the limiter's GLOBAL_REDIS_* for the home region's Redis).
-func FromEnvPrefix(e *envconfig.Reader, prefix string) Config {
+func FromEnvPrefix(e *envconfig.Reader, prefix, defaultKeyPrefix string) Config {
 	v := func(name string) string { return prefix + "_" + name }
 	c := Config{
 		Addrs:            e.List(v("ADDRS")),
-		KeyPrefix:        e.String(v("KEY_PREFIX"), limits.DefaultKeyPrefix),
+		KeyPrefix:        e.String(v("KEY_PREFIX"), defaultKeyPrefix),
 		Username:         e.String(v("USERNAME"), ""),
 		SentinelMaster:   e.String(v("SENTINEL_MASTER"), ""),
 		SentinelUsername: e.String(v("SENTINEL_USERNAME"), ""),

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
@@ -21,7 +22,7 @@ const pw = "s3cr3t-Pw-5f0c2a9e7b1d4c8a"
 func load(t *testing.T, env map[string]string) (Config, error) {
 	t.Helper()
 	e := envconfig.New(func(k string) string { return env[k] })
-	c := FromEnv(e)
+	c := FromEnv(e, limits.DefaultKeyPrefix)
 	return c, e.Err()
 }
 

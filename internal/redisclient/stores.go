@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
-	"github.com/ratewarden/ratewarden/limits"
 )
 
 // NamedStore is one entry of REDIS_STORES (dedicated capacity beside the
@@ -17,8 +16,10 @@ type NamedStore struct {
 }
 
 // ParseStores reads REDIS_STORES, `NAME=ADDR[,ADDR…][;NAME=…]`, calling
-// fail for each problem.
-func ParseStores(v string, fail func(format string, args ...any)) map[string][]string {
+// fail for each problem. validName is the domain's rule for a store's
+// name (limits.ValidStoreName), passed in: a utility imports no domain
+// package.
+func ParseStores(v string, validName func(string) bool, fail func(format string, args ...any)) map[string][]string {
 	out := map[string][]string{}
 	for _, entry := range strings.Split(v, ";") {
 		entry = strings.TrimSpace(entry)
@@ -31,8 +32,8 @@ func ParseStores(v string, fail func(format string, args ...any)) map[string][]s
 		case !ok:
 			fail("%q is not NAME=ADDR[,ADDR…]", entry)
 			continue
-		case !limits.ValidStoreName(name):
-			fail("%q is not a store name (letters, digits, '_' and '-'; not %q)", name, limits.DefaultStore)
+		case !validName(name):
+			fail("%q is not a store name (letters, digits, '_' and '-'; not the default store's)", name)
 			continue
 		case out[name] != nil:
 			fail("store %q is named twice", name)
@@ -56,19 +57,19 @@ func ParseStores(v string, fail func(format string, args ...any)) map[string][]s
 // StoresOfEnv parses REDIS_STORES for the operator's commands (policy
 // check, explain, push): the names and addresses, or every problem, each
 // naming the variable, as the limiter itself would refuse them at start.
-func StoresOfEnv(getenv func(string) string) (map[string][]string, error) {
+func StoresOfEnv(getenv func(string) string, validName func(string) bool) (map[string][]string, error) {
 	e := envconfig.New(getenv)
 	const name = "REDIS_STORES"
-	stores := ParseStores(e.Raw(name), func(format string, args ...any) { e.Fail(name, format, args...) })
+	stores := ParseStores(e.Raw(name), validName, func(format string, args ...any) { e.Fail(name, format, args...) })
 	return stores, e.Err()
 }
 
 // StoresFromEnv reads REDIS_STORES through e; each store is reached as
 // the default one def is (TLS, ACL user, password), at its own
 // addresses: one standalone, several a Cluster. They come sorted by name.
-func StoresFromEnv(e *envconfig.Reader, def Config) []NamedStore {
+func StoresFromEnv(e *envconfig.Reader, def Config, validName func(string) bool) []NamedStore {
 	const name = "REDIS_STORES"
-	byName := ParseStores(e.Raw(name), func(format string, args ...any) { e.Fail(name, format, args...) })
+	byName := ParseStores(e.Raw(name), validName, func(format string, args ...any) { e.Fail(name, format, args...) })
 	if len(byName) > 0 && !def.Enabled() {
 		e.Fail(name, "needs REDIS_ADDRS: the default store is the one every key not routed elsewhere uses")
 	}

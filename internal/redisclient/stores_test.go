@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 func TestParseStores(t *testing.T) {
@@ -24,7 +25,7 @@ func TestParseStores(t *testing.T) {
 		{"acme=, ", map[string][]string{}, 1},
 	} {
 		var problems []string
-		got := ParseStores(c.in, func(format string, args ...any) { problems = append(problems, format) })
+		got := ParseStores(c.in, limits.ValidStoreName, func(format string, args ...any) { problems = append(problems, format) })
 		if !reflect.DeepEqual(got, c.want) || len(problems) != c.problems {
 			t.Errorf("ParseStores(%q) = %v with %d problems %v; want %v with %d", c.in, got, len(problems), problems, c.want, c.problems)
 		}
@@ -34,7 +35,7 @@ func TestParseStores(t *testing.T) {
 func TestStoresFromEnv(t *testing.T) {
 	env := map[string]string{"REDIS_ADDRS": "d:6379", "REDIS_USERNAME": "u", "REDIS_STORES": "zed=z:6379;acme=a1:6379,a2:6379"}
 	e := envconfig.New(func(k string) string { return env[k] })
-	stores := StoresFromEnv(e, FromEnv(e))
+	stores := StoresFromEnv(e, FromEnv(e, limits.DefaultKeyPrefix), limits.ValidStoreName)
 	if err := e.Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -47,11 +48,11 @@ func TestStoresFromEnv(t *testing.T) {
 	// Named stores need the default one.
 	env = map[string]string{"REDIS_STORES": "acme=a:6379"}
 	e = envconfig.New(func(k string) string { return env[k] })
-	StoresFromEnv(e, FromEnv(e))
+	StoresFromEnv(e, FromEnv(e, limits.DefaultKeyPrefix), limits.ValidStoreName)
 	if err := e.Err(); err == nil || !strings.Contains(err.Error(), "REDIS_STORES") {
 		t.Errorf("REDIS_STORES without REDIS_ADDRS: %v, want refused naming REDIS_STORES", err)
 	}
-	if _, err := StoresOfEnv(func(k string) string { return map[string]string{"REDIS_STORES": "x"}[k] }); err == nil {
+	if _, err := StoresOfEnv(func(k string) string { return map[string]string{"REDIS_STORES": "x"}[k] }, limits.ValidStoreName); err == nil {
 		t.Error("StoresOfEnv accepted a malformed REDIS_STORES")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // TestVarsAreWhatFromEnvPrefixReads: Vars lists exactly the variables
@@ -19,7 +20,7 @@ func TestVarsAreWhatFromEnvPrefixReads(t *testing.T) {
 			}
 			return ""
 		})
-		FromEnvPrefix(e, prefix)
+		FromEnvPrefix(e, prefix, limits.DefaultKeyPrefix)
 		want := Vars(prefix)
 		slices.Sort(asked)
 		slices.Sort(want)

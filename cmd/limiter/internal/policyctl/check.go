@@ -9,6 +9,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/cli"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/policy"
 )
 
@@ -34,7 +35,7 @@ func policyCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	file := files[0]
 	// The stores it routes keys to must be this environment's (REDIS_STORES).
-	known, err := redisclient.StoresOfEnv(os.Getenv)
+	known, err := redisclient.StoresOfEnv(os.Getenv, limits.ValidStoreName)
 	if err != nil {
 		return invalidConfig("limiter policy check", err, stderr)
 	}
@@ -81,7 +82,7 @@ func policyExplain(args []string, stdout, stderr io.Writer) int {
 	}
 	// A REDIS_STORES the limiter would refuse is this environment's mistake
 	// whatever the policy says.
-	if _, err := redisclient.StoresOfEnv(os.Getenv); err != nil {
+	if _, err := redisclient.StoresOfEnv(os.Getenv, limits.ValidStoreName); err != nil {
 		return invalidConfig("limiter policy explain", err, stderr)
 	}
 	p, ok := readPolicyFile(files[0], stderr)

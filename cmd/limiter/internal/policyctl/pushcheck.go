@@ -20,9 +20,11 @@ import (
 	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/preview"
+	"github.com/ratewarden/ratewarden/schema"
 )
 
 // pushPreviewArgs are push's flags of the preview.
@@ -67,7 +69,7 @@ func previewPush(ctx context.Context, a pushPreviewArgs, doc *policy.Policy, st 
 		return &preview.Outcome{Status: preview.Unavailable, Reason: why}
 	}
 	env := envconfig.New(getenv)
-	ch := chconn.FromEnv(env)
+	ch := chconn.FromEnv(env, schema.ValidDatabase)
 	if err := env.Err(); err != nil {
 		return unavailable("ClickHouse is not configured: " + err.Error())
 	}
@@ -151,7 +153,7 @@ func checkWriterStores(names map[string]string, getenv func(string) string, stde
 		}
 		return true
 	}
-	known, err := redisclient.StoresOfEnv(getenv)
+	known, err := redisclient.StoresOfEnv(getenv, limits.ValidStoreName)
 	if err != nil {
 		fmt.Fprintln(stderr, "refused: invalid configuration: "+err.Error())
 		return false

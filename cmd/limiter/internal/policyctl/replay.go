@@ -22,6 +22,7 @@ import (
 	"github.com/ratewarden/ratewarden/metering/rawscan"
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog/chaudit"
+	"github.com/ratewarden/ratewarden/schema"
 )
 
 const replayUsage = `usage: limiter policy replay [FILE] (--from T --to T | --since D) [--sample F] [--top N] [--json]
@@ -66,7 +67,7 @@ func parseReplayArgs(args []string, getenv func(string) string, now time.Time) (
 	// The connection is the services' (internal/chconn): user, password
 	// (or its _FILE), TLS on the secure native port.
 	env := envconfig.New(getenv)
-	a.ch = chconn.FromEnv(env)
+	a.ch = chconn.FromEnv(env, schema.ValidDatabase)
 	fs.StringVar(&a.ch.Addr, "clickhouse-addr", a.ch.Addr, "ClickHouse native address")
 	fs.StringVar(&a.ch.Database, "database", a.ch.Database, "ClickHouse database")
 	files, err := cli.Parse(fs, args) // FILE may come before or after the flags

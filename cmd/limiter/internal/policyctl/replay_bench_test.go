@@ -59,7 +59,7 @@ rules:
 	}
 	env := map[string]string{"CLICKHOUSE_ADDR": ch.Addr(), "CLICKHOUSE_DATABASE": db}
 	a := replayArgs{file: file, from: start, to: start.Add(time.Hour), sample: 1, top: 10, tolerance: 10 * time.Millisecond,
-		window: 10 * time.Minute, queryTimeout: time.Minute, ch: chconn.FromEnv(envconfig.New(func(k string) string { return env[k] }))}
+		window: 10 * time.Minute, queryTimeout: time.Minute, ch: chconn.FromEnv(envconfig.New(func(k string) string { return env[k] }), schema.ValidDatabase)}
 	for _, sample := range []float64{1, 0.1} {
 		b.Run(fmt.Sprintf("sample=%v", sample), func(b *testing.B) {
 			a.sample = sample

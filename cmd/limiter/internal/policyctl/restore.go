@@ -15,6 +15,7 @@ import (
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/chaudit"
 	"github.com/ratewarden/ratewarden/policylog/kafkalog"
+	"github.com/ratewarden/ratewarden/schema"
 )
 
 const restoreUsage = `usage:
@@ -60,7 +61,7 @@ func policyRestore(args []string, stdout, stderr io.Writer) int {
 		from = st
 	} else {
 		env := envconfig.New(os.Getenv)
-		ch := chconn.FromEnv(env)
+		ch := chconn.FromEnv(env, schema.ValidDatabase)
 		if err := env.Err(); err != nil {
 			fmt.Fprintln(stderr, "limiter: invalid configuration: "+err.Error())
 			return 2
@@ -100,7 +101,7 @@ func lostLog(ctx context.Context, c *policylog.Client, stderr io.Writer) bool {
 		return false
 	}
 	env := envconfig.New(os.Getenv)
-	ch := chconn.FromEnv(env)
+	ch := chconn.FromEnv(env, schema.ValidDatabase)
 	if env.Err() != nil {
 		return false
 	}

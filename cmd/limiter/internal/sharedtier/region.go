@@ -20,6 +20,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
+	"github.com/ratewarden/ratewarden/limits"
 )
 
 // RegionConfig is the limiter's place among regions.
@@ -38,7 +39,7 @@ func RegionsFromEnv(e *envconfig.Reader, local redisclient.Config) RegionConfig 
 	var c RegionConfig
 	c.Region = e.String("LIMITER_REGION", "")
 	c.Regions = e.List("LIMITER_REGIONS")
-	c.GlobalRedis = redisclient.FromEnvPrefix(e, "GLOBAL_REDIS")
+	c.GlobalRedis = redisclient.FromEnvPrefix(e, "GLOBAL_REDIS", limits.DefaultKeyPrefix)
 	if c.Region != "" && !regionName.MatchString(c.Region) {
 		e.Fail("LIMITER_REGION", "%q is not a region name (1 to 32 of a-z, 0-9 and '-')", truncateValue(c.Region))
 	}
