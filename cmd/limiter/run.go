@@ -80,7 +80,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		log.Warn("the policy log routes keys to stores REDIS_STORES does not name: those keys decide degraded here", "stores", missing)
 	}
 
-	// The decision path below the local tier (its order: sharedtier.Build).
+	// The shared tier, below the local tier (the path's order: sharedtier.Path).
 	auth, err := sharedtier.Build(ctx, sharedtier.Config{
 		Redis: cfg.Redis, Stores: cfg.Stores,
 		StoreTimeout: cfg.StoreTimeout, StoreInFlight: cfg.StoreInFlight,
@@ -117,21 +117,19 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return abort(err)
 	}
 
-	lim, err := enforcement.New(enforcement.Config{
-		Authority:         spans.Authority(tr, auth, auth.Kind), // a span per store call when tracing is on
-		Global:            region.Authority(),
-		Regions:           region.Count(),
+	// The decision path, joined in its order (sharedtier.Path).
+	lim, chk, err := sharedtier.Path(enforcement.Config{
 		Policy:            pol,
 		ExpectedInstances: cfg.ExpectedInstances,
 		LocalHeadroom:     cfg.LocalHeadroom,
 		DegradedCeiling:   enforcement.Limit{Rate: cfg.DegradedRate, Burst: cfg.DegradedBurst},
 		MaxKeys:           cfg.MaxKeys,
 		MaxBytes:          localMaxBytes(cfg.LocalMaxBytes, mem.Container),
-		Observer:          hotkeys.Observer{Tracker: hot, Next: metrics},
-		Recorder:          meter.Recorder,
-		Shadow:            sh,
-		Reservations:      auth.Reservations, // reserve, settle and charge: split, then the stores (no lease)
 		ReservationTTL:    cfg.ReservationTTL,
+	}, sharedtier.Parts{
+		Tracer: tr, Tier: auth, Region: region, Shadow: sh,
+		Metrics:  hotkeys.Observer{Tracker: hot, Next: metrics},
+		Metering: meter.Recorder,
 	})
 	if err != nil {
 		return abort(err)
@@ -177,7 +175,6 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	g.Add("policy reloader", reloader.Run)
 
 	mux := http.NewServeMux()
-	chk := spans.Check(tr, lim) // lim itself when tracing is off
 	check := httpapi.NewCheckHandler(chk, cfg.AuthToken, log)
 	check.SetHeaderMode(cfg.Headers)
 	mux.Handle("POST /check", tr.Handler("POST /check", check))

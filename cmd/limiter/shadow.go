@@ -12,7 +12,6 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
 	"github.com/ratewarden/ratewarden/enforcement/shadow"
-	"github.com/ratewarden/ratewarden/enforcement/split"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/policy"
@@ -69,9 +68,9 @@ func buildShadow(g *lifecycle.Group, cfg config, candidateFile *policy.Policy, a
 		log.Info("shadow policy: every decision is also evaluated under the candidate file (reported, never enforced)",
 			"file", cfg.Shadow.PolicyFile, "hash", candidateFile.Hash())
 	}
-	store, run := a.ShadowStore(cfg.Shadow.Timeout, log)
+	chain, run, _ := a.ShadowChain(cfg.Shadow.Timeout, log) // split → store → guard → pipeline (sharedtier.Path)
 	ev, err := shadow.New(shadow.Config{
-		Authority:         split.New(store, nil),
+		Authority:         chain,
 		Candidate:         candidate,
 		ExpectedInstances: cfg.ExpectedInstances,
 		LocalHeadroom:     cfg.LocalHeadroom,

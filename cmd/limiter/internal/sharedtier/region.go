@@ -83,9 +83,11 @@ func truncateValue(s string) string {
 // enforcement of global limits (enforcement/global) and its client of the
 // home's Redis. Nil in a one-region deployment; its methods take nil.
 type Region struct {
-	g    *global.Global
-	home *redisclient.Client
-	n    int // regions sharing a global limit
+	g      *global.Global
+	auth   enforcement.Authority // g, as chain builds it: neither split nor leased
+	stages []string
+	home   *redisclient.Client
+	n      int // regions sharing a global limit
 }
 
 // BuildRegion connects the home's Redis and registers the refiller, after
@@ -117,7 +119,10 @@ func (t *Tier) BuildRegion(g *lifecycle.Group, cfg RegionConfig, member string, 
 	g.Add("global refiller", glob.Run)
 	log.Info("region: global limits are decided from this region's pools of the home's global budgets",
 		"region", cfg.Region, "regions", cfg.Regions, "home", cfg.GlobalRedis.Addrs)
-	return &Region{g: glob, home: home, n: len(cfg.Regions)}, nil
+	// The regions' chain, by the same code as the shared tier's: global
+	// limits are decided whole from the region's pool (no split, no lease).
+	auth, _, stages := chain(chainSpec{bottom: glob, stages: []string{"global"}})
+	return &Region{g: glob, auth: auth, stages: stages, home: home, n: len(cfg.Regions)}, nil
 }
 
 // Authority is what decides global limits (a nil interface when none).
@@ -125,7 +130,15 @@ func (r *Region) Authority() enforcement.Authority {
 	if r == nil {
 		return nil
 	}
-	return r.g
+	return r.auth
+}
+
+// Stages are the regions' chain's stage names (nil without regions).
+func (r *Region) Stages() []string {
+	if r == nil {
+		return nil
+	}
+	return r.stages
 }
 
 // Count is N, the regions sharing a global limit (1 without regions).

@@ -2,8 +2,9 @@
 // tier from its configuration: the shared stores (the default one and
 // REDIS_STORES's), each with its client, script pipeline, deadline and
 // breaker; the decorators in front of them; the fleet heartbeat of each
-// store; and what /readyz says of them. Build is the one place that
-// states the order of the decorators.
+// store; and what /readyz says of them. Path (path.go) is the one place
+// that states the order of the whole decision path and joins it; chain
+// stacks each chain below the local tier.
 package sharedtier
 
 import (
@@ -70,6 +71,7 @@ type Tier struct {
 	failing func() bool
 
 	lease  *lease.Authority // nil when leasing is off
+	stages []string         // the chain's stage names, from the top (chain)
 	stores []*storeHandle   // the default store first, then REDIS_STORES's in name order
 	fleet  fleetCounts
 	rdb    redis.UniversalClient        // the default store's client; nil in single-node mode
@@ -77,22 +79,13 @@ type Tier struct {
 	cfg    Config
 }
 
-// Build assembles the decision path below the local tier. With Redis it
-// is, from the limiter outwards:
-//
-//		lease  → split  → stores → shared → guard → lane
-//
-//	  - lease (enforcement/lease, when LIMITER_LEASE_BLOCK is set): hot keys
-//	    spend blocks of tokens leased from the store, in-process;
-//	  - split (enforcement/split): split keys spread over sub-buckets;
-//	  - stores (enforcement.Stores): each key's calls go to the store its
-//	    limit names, the default one or one of REDIS_STORES;
-//	  - shared (redisstore.Shared, one per store), which holds
-//	  - guard: a deadline and a circuit breaker per shard, in front of
-//	  - lane: one server's auto-pipelined EVALSHA of the bucket script.
-//
-// Without Redis it is split over an in-process authority (single-node
-// mode). A store that does not answer at start is not an error: the
+// Build assembles the shared tier, the chain below the local tier (Path
+// states the whole order): with Redis, lease → split → store → guard →
+// pipeline, where the store is enforcement.Stores over one
+// redisstore.Shared per store (the default one and REDIS_STORES's), each
+// holding a guard per shard and a pipeline per server; lease only when
+// LIMITER_LEASE_BLOCK is set. Without Redis it is split over an
+// in-process authority (single-node mode). A store that does not answer at start is not an error: the
 // limiter serves degraded until it does. The clients opened are closed by
 // the group Add registers them with, or here when Build fails.
 func Build(ctx context.Context, cfg Config) (*Tier, error) {
@@ -100,7 +93,8 @@ func Build(ctx context.Context, cfg Config) (*Tier, error) {
 	if !cfg.Redis.Enabled() {
 		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")
 		mem := MemoryAuthority(cfg.MaxKeys, cfg.MaxBytes)
-		return &Tier{Authority: split.New(mem, nil), Kind: "memory", mem: mem, Reservations: split.NewReserver(mem), cfg: cfg}, nil
+		a, _, stages := chain(chainSpec{bottom: mem, stages: []string{"store"}, split: true})
+		return &Tier{Authority: a, Kind: "memory", mem: mem, Reservations: split.NewReserver(mem), stages: stages, cfg: cfg}, nil
 	}
 	// shared → guard → lane, one per store, each reached as configured
 	// (internal/redisclient: standalone, Cluster or Sentinel, TLS, ACL).
@@ -124,11 +118,11 @@ func Build(ctx context.Context, cfg Config) (*Tier, error) {
 	// stores: the store the key's limit names.
 	routed := enforcement.NewStores(def.shared, namedStores(t.stores[1:]))
 	t.Reservations = split.NewReserver(routed) // split keys reserve on their sub-buckets
-	// split: over the routing.
-	t.Authority = split.New(routed, nil)
-	// lease: outermost, over split; its blocks are taken from the routing.
+	// split over the routing; lease outermost, over split, its blocks
+	// taken from the routing.
+	spec := chainSpec{bottom: routed, stages: []string{"store", "guard", "pipeline"}, split: true, leaseStore: routed}
 	if cfg.LeaseBlock > 0 {
-		t.lease = lease.New(t.Authority, routed, lease.Config{
+		spec.lease = &lease.Config{
 			Block:        int64(cfg.LeaseBlock),
 			HotOpsPerSec: cfg.LeaseHotOps,
 			MaxHold:      cfg.LeaseMaxHold,
@@ -138,9 +132,9 @@ func Build(ctx context.Context, cfg Config) (*Tier, error) {
 			Timeout: time.Second,
 			Log:     log,
 			Names:   cfg.KeyNames,
-		})
-		t.Authority = t.lease
+		}
 	}
+	t.Authority, t.lease, t.stages = chain(spec)
 	return t, nil
 }
 
@@ -243,15 +237,22 @@ func MemoryAuthority(maxKeys int, maxBytes int64) *enforcement.MemoryAuthority {
 // hash tag, so a shadow bucket lives in its enforced twin's Cluster slot.
 func ShadowKeyPrefix(prefix string) string { return prefix + ":shadow" }
 
-// ShadowStore is the shadow tier's store, with what runs it: on the
-// default store's client, in its own key namespace, with its own deadline
-// and breaker (a slow shadow never opens the enforced breaker); in
-// single-node mode, in-process buckets of its own. Run it after the
-// tier's stores (Add): it stops before the client it shares closes.
-func (t *Tier) ShadowStore(timeout time.Duration, log *slog.Logger) (enforcement.Authority, func(context.Context) error) {
+// Stages are the chain's stage names from the top (Order's, from lease
+// on).
+func (t *Tier) Stages() []string { return t.stages }
+
+// ShadowChain is the shadow tier's chain, split over its store, built by
+// the same code as the enforced one (chain), with what runs the store and
+// the chain's stage names. The store is on the default store's client, in
+// its own key namespace, with its own deadline and breaker (a slow shadow
+// never opens the enforced breaker); in single-node mode, in-process
+// buckets of its own. Run it after the tier's stores (Add): it stops
+// before the client it shares closes.
+func (t *Tier) ShadowChain(timeout time.Duration, log *slog.Logger) (enforcement.Authority, func(context.Context) error, []string) {
 	if t.rdb == nil {
 		mem := MemoryAuthority(t.cfg.MaxKeys, t.cfg.MaxBytes)
-		return mem, mem.Run
+		a, _, stages := chain(chainSpec{bottom: mem, stages: []string{"store"}, split: true})
+		return a, mem.Run, stages
 	}
 	shared := redisstore.NewShared(t.rdb, redisstore.SharedConfig{
 		Prefix:   ShadowKeyPrefix(t.cfg.Redis.KeyPrefix),
@@ -263,5 +264,6 @@ func (t *Tier) ShadowStore(timeout time.Duration, log *slog.Logger) (enforcement
 		},
 		Log: log,
 	})
-	return shared, shared.Run
+	a, _, stages := chain(chainSpec{bottom: shared, stages: []string{"store", "guard", "pipeline"}, split: true})
+	return a, shared.Run, stages
 }

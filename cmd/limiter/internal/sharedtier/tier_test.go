@@ -29,8 +29,8 @@ func TestBuildSingleNode(t *testing.T) {
 	if r := tier.Ready(context.Background(), true, nil); r.Status != "ok" || r.Store != "memory" || r.Stores != nil {
 		t.Errorf("single-node readiness %+v, want ok, memory, no stores", r)
 	}
-	store, run := tier.ShadowStore(0, slog.New(slog.DiscardHandler))
-	if store == nil || run == nil || store == enforcement.Authority(tier.mem) {
+	store, run, _ := tier.ShadowChain(0, slog.New(slog.DiscardHandler))
+	if store == nil || run == nil || store == tier.Authority {
 		t.Error("single-node shadow store: want in-process buckets of its own")
 	}
 }
