@@ -1,7 +1,8 @@
 // Package metering is the accounting side of the product: the decision event
 // that every rate-limit decision becomes, and (in subpackages) what carries it
-// to Kafka and rolls it into ClickHouse. It depends on the standard library only
-// and never on enforcement: cmd/limiter/internal/decisionevents turns a decision into an Event.
+// to Kafka and rolls it into ClickHouse. It depends on the standard library
+// and internal/jsonstr only, never on enforcement (deploy/archtest holds
+// both): cmd/limiter/internal/decisionevents turns a decision into an Event.
 package metering
 
 import (

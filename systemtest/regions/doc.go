@@ -1,4 +1,4 @@
-// Package regionstest holds the process tests of global limits across
+// Package regions holds the process tests of global limits across
 // regions: three regions on loopback (testkit/testenv.StartRegions), each
 // its own redis-server and limiter processes, the WAN between them
 // through testkit/wanproxy links with make regions-up's delays, and
