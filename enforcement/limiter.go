@@ -19,14 +19,14 @@ import (
 // pointer) and three pieces of in-process state, all checked or updated
 // without network work:
 //
-//   - shadow: what the shared store last told this instance about the bucket
+//   - mirror: what the shared store last told this instance about the bucket
 //     (tokens left at a time, refilled at the true rate, plus "not before"
 //     after a rejection). The shared bucket only refills at that rate and
-//     other instances only take from it, so when the shadow says the tokens
+//     other instances only take from it, so when the mirror says the tokens
 //     are not there, they are not: the request is rejected locally with a
 //     retry time that is never earlier than the truth. This is what keeps a
 //     flood on one key from becoming one Redis call per request.
-//   - local: the flood filter for what the shadow cannot know yet (a burst
+//   - local: the flood filter for what the mirror cannot know yet (a burst
 //     that arrives before the first verdict, or many instances at once). It
 //     is sized loosely, the resolved rate × LocalHeadroom ÷ ExpectedInstances
 //     with the full burst, so well-behaved traffic never trips it.
@@ -136,7 +136,7 @@ type Config struct {
 type Limiter struct {
 	cfg Config
 	// storeEpoch counts authority failures. What an entry learned from the
-	// store (its shadow) is trusted only within one epoch: a store that
+	// store (its mirror) is trusted only within one epoch: a store that
 	// failed may come back empty, and a stale "empty" must not reject.
 	// Each named store (Limit.Store) counts its own in storeEpochs, so that
 	// one store's outage does not make the others' keys forget.
@@ -264,7 +264,7 @@ type degradedQuota struct {
 // other instances only take, and quota use only grows within a window.
 // What a rejection adds is in the entry's extra (rejection).
 type learned struct {
-	shadow    Bucket // the shared bucket as last reported; TS 0 = nothing known
+	mirror    Bucket // the shared bucket as last reported; TS 0 = nothing known
 	quotaUsed int64  // tokens spent in the quota window as last reported
 	quotaEnd  int64  // µs when that window ends; 0 = nothing known
 }
@@ -280,10 +280,10 @@ type rejection struct {
 	// repeating it skips the arithmetic: a request costing rejectCost waits
 	// until rejectUntil (µs; 0 = none remembered). It stands because
 	// everything it was computed from only changes in learn, which forgets
-	// it: a rejection spends nothing, and the shadow refills at a fixed
+	// it: a rejection spends nothing, and the mirror refills at a fixed
 	// rate, so the wait shrinks exactly as the clock advances. It stops
-	// answering shadowRoundingUS before its end, where the store decides
-	// (localWait). rejectFull is when (µs) the shadow will be full, for
+	// answering mirrorRoundingUS before its end, where the store decides
+	// (localWait). rejectFull is when (µs) the mirror will be full, for
 	// the rejection's reset time.
 	rejectCost, rejectUntil, rejectFull int64
 	// rejectResetAt is rejectFull's wall time, placed with rejectAnchor
@@ -492,10 +492,10 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 		var lw localVerdict
 		if l.localWait(e, nowUS, cost, &lw); lw.wait > 0 {
 			wait := lw.wait
-			reset := lw.shadowResetUS
-			if lw.shadowKnown {
-				d.Remaining = wholeTokens(lw.shadowTokens)
-				d.Warning = res.Limit.SoftLimitReached(lw.shadowTokens, e.known.quotaUsed)
+			reset := lw.mirrorResetUS
+			if lw.mirrorKnown {
+				d.Remaining = wholeTokens(lw.mirrorTokens)
+				d.Warning = res.Limit.SoftLimitReached(lw.mirrorTokens, e.known.quotaUsed)
 			} else {
 				reset = ceilUS(float64(res.Burst) / res.Rate) // nothing known: at most an empty bucket's refill
 			}
@@ -756,21 +756,21 @@ func bindQuota(d *Decision, quotaLimit, used int64, end time.Time) {
 
 // localVerdict is the local tier's answer: wait is 0 when the request
 // should go to the shared store, else the µs until it could pass. A
-// rejection made while the shared bucket's shadow is known reports the
-// shadow refilled to now: its tokens, and the µs until it is full.
+// rejection made while the shared bucket's mirror is known reports the
+// mirror refilled to now: its tokens, and the µs until it is full.
 type localVerdict struct {
 	wait          int64
 	remembered    bool // the rejection remembered in learned was repeated
-	shadowKnown   bool
-	shadowTokens  float64
-	shadowResetUS int64
+	mirrorKnown   bool
+	mirrorTokens  float64
+	mirrorResetUS int64
 }
 
-// shadowRoundingUS is the shadow's rounding (the store reports to the
-// millisecond): a rejection the shadow alone would make within it is left
+// mirrorRoundingUS is the mirror's rounding (the store reports to the
+// millisecond): a rejection the mirror alone would make within it is left
 // to the store, and a remembered one stops answering that long before its
 // end.
-const shadowRoundingUS = 1000
+const mirrorRoundingUS = 1000
 
 // localWait is the local tier: it fills v, which starts zero. Called
 // under e.mu.
@@ -778,12 +778,12 @@ func (l *Limiter) localWait(e *entry, now, cost int64, v *localVerdict) {
 	k, res := &e.known, &e.res.res
 	if x := e.x; x != nil {
 		r := &x.rej
-		if now < r.rejectUntil-shadowRoundingUS && cost == r.rejectCost {
+		if now < r.rejectUntil-mirrorRoundingUS && cost == r.rejectCost {
 			v.wait, v.remembered = r.rejectUntil-now, true
-			if k.shadow.TS != 0 {
-				v.shadowKnown = true
-				v.shadowTokens = k.shadow.refilled(now, res.Rate, res.Burst)
-				v.shadowResetUS = r.rejectFull - now
+			if k.mirror.TS != 0 {
+				v.mirrorKnown = true
+				v.mirrorTokens = k.mirror.refilled(now, res.Rate, res.Burst)
+				v.mirrorResetUS = r.rejectFull - now
 			}
 			return
 		}
@@ -796,30 +796,30 @@ func (l *Limiter) localWait(e *entry, now, cost int64, v *localVerdict) {
 	}
 	probed := false
 	// The store's own retry time for this very cost needs no second opinion.
-	if k.shadow.TS != 0 && !(v.wait > 0 && e.x != nil && cost == e.x.rej.blockedCost) {
-		probe := k.shadow
-		// The shadow is rounded to the store's millisecond; within that
+	if k.mirror.TS != 0 && !(v.wait > 0 && e.x != nil && cost == e.x.rej.blockedCost) {
+		probe := k.mirror
+		// The mirror is rounded to the store's millisecond; within that
 		// rounding, let the store decide.
 		if r := probe.Take(now, res.Rate, res.Burst, cost); !r.Allowed {
-			// Refused: nothing was spent, so r is the shadow refilled to now.
+			// Refused: nothing was spent, so r is the mirror refilled to now.
 			probed = true
-			v.shadowTokens, v.shadowResetUS = r.Tokens, r.ResetAfterUS
-			if r.RetryAfterUS > shadowRoundingUS {
+			v.mirrorTokens, v.mirrorResetUS = r.Tokens, r.ResetAfterUS
+			if r.RetryAfterUS > mirrorRoundingUS {
 				v.wait = max(v.wait, r.RetryAfterUS)
 			}
 		}
 	}
 	if v.wait > 0 {
-		if k.shadow.TS != 0 {
-			v.shadowKnown = true
+		if k.mirror.TS != 0 {
+			v.mirrorKnown = true
 			if !probed {
-				v.shadowTokens = k.shadow.refilled(now, res.Rate, res.Burst)
-				v.shadowResetUS = ceilUS((float64(res.Burst) - v.shadowTokens) / res.Rate)
+				v.mirrorTokens = k.mirror.refilled(now, res.Rate, res.Burst)
+				v.mirrorResetUS = ceilUS((float64(res.Burst) - v.mirrorTokens) / res.Rate)
 			}
 		}
 		r := &l.extra(e).rej
 		r.rejectCost, r.rejectUntil = cost, now+v.wait
-		r.rejectFull = now + v.shadowResetUS
+		r.rejectFull = now + v.mirrorResetUS
 		return
 	}
 	// The local bucket's rejections are not remembered: its rate follows
@@ -831,11 +831,11 @@ func (l *Limiter) localWait(e *entry, now, cost int64, v *localVerdict) {
 
 // rejectionResetAt is the wall time a local rejection reports the bucket
 // full at, reset µs after start. While a rejection is remembered that is a
-// fixed instant (the shadow refills at its rate and nothing is spent), so
+// fixed instant (the mirror refills at its rate and nothing is spent), so
 // its wall time is kept with the rejection and computed again only when the
 // clock's wall anchor has moved. Called under e.mu.
 func (l *Limiter) rejectionResetAt(e *entry, lw *localVerdict, start reading, reset int64) time.Time {
-	if !lw.shadowKnown || l.cfg.Now != nil || e.x == nil {
+	if !lw.mirrorKnown || l.cfg.Now != nil || e.x == nil {
 		return l.wallAfter(start, time.Duration(reset)*time.Microsecond)
 	}
 	r := &e.x.rej
@@ -859,9 +859,9 @@ func (l *Limiter) learn(e *entry, now int64, wall time.Time, lim Limit, cost int
 		e.x.rej.rejectUntil = 0 // computed from what is replaced below
 	}
 	// Below zero when the bucket is in debt (a settle or a charge took
-	// more than was there): the shadow then rejects until it is paid off.
+	// more than was there): the mirror then rejects until it is paid off.
 	tokens := float64(lim.Burst) - v.ResetAfter.Seconds()*lim.Rate
-	k.shadow = Bucket{Tokens: tokens, TS: now}
+	k.mirror = Bucket{Tokens: tokens, TS: now}
 	if lim.HasQuota() {
 		// The window is the store's; its end is placed on this clock.
 		_, end := lim.QuotaPeriod.Window(v.Now)
@@ -912,7 +912,7 @@ const (
 // rankEntry ranks an entry for eviction at now (µs): full buckets first,
 // then partly spent ones, the least recently used first within each; an
 // entry that knows its bucket empty (a remembered rejection, the store's
-// "not before", an exhausted quota, an empty shadow or local bucket) is
+// "not before", an exhausted quota, an empty mirror or local bucket) is
 // never evicted, since forgetting it is what a flood needs. Called under
 // the shard's mutex.
 func (l *Limiter) rankEntry(e *entry, now int64) (uint64, bool) {
@@ -945,8 +945,8 @@ func (l *Limiter) rankEntry(e *entry, now int64) (uint64, bool) {
 		return 0, false
 	}
 	full := e.local.Full(now, l.localRate(rate), burst)
-	if trusted && k.shadow.TS != 0 {
-		t := k.shadow.refilled(now, rate, burst)
+	if trusted && k.mirror.TS != 0 {
+		t := k.mirror.refilled(now, rate, burst)
 		if t < 1 {
 			return 0, false
 		}
