@@ -11,6 +11,13 @@
 //     (source "degraded"): protection degrades from exact to approximate and
 //     never vanishes.
 //
+// Two words keep one meaning each. The mirror is the local tier's copy of
+// what the shared store last said about a bucket (tokens left at a time,
+// refilled at the true rate): it lets the local tier reject what the store
+// would, without asking it. A shadow is a trial limit (a shadow rule, or a
+// candidate policy in shadow), evaluated beside each decision and never
+// enforced (ShadowEvaluator, Decision.Shadow).
+//
 // The package uses the standard library and the leaf package limits only;
 // Redis, HTTP and metrics live in subpackages that depend on it, and the
 // policy file in package policy, never the other way round.

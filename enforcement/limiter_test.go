@@ -117,7 +117,7 @@ func TestLocalRejectionRetryIsNeverEarly(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		l.Check(ctx, req("k", 1))
 	}
-	// The shadow learned from the shared verdicts that the bucket is empty:
+	// The mirror learned from the shared verdicts that the bucket is empty:
 	// 3 tokens at 10/s = 300ms, decided locally.
 	first, _ := l.Check(ctx, req("k", 3))
 	if first.Allowed || first.Source != enforcement.SourceLocal || first.RetryAfter != 300*time.Millisecond {
@@ -347,7 +347,7 @@ func TestRepeatedLocalRejectionAnswersAsTheFirst(t *testing.T) {
 }
 
 // TestRememberedRejectionIsForgottenWhenTheStoreAnswers: a request of
-// another cost that reaches the store changes the shadow; the rejection
+// another cost that reaches the store changes the mirror; the rejection
 // remembered before it must not answer after it.
 func TestRememberedRejectionIsForgottenWhenTheStoreAnswers(t *testing.T) {
 	clk := newClock()

@@ -388,7 +388,7 @@ func (l *Limiter) learnSettlement(key, scope string, lim Limit, s *Settlement) {
 		e.x.rej.rejectUntil, e.x.rej.notBefore = 0, 0
 	}
 	reset := s.ResetAt.Sub(s.Now).Seconds()
-	e.known.shadow = Bucket{Tokens: float64(lim.Burst) - reset*lim.Rate, TS: now}
+	e.known.mirror = Bucket{Tokens: float64(lim.Burst) - reset*lim.Rate, TS: now}
 	if s.Refunded > 0 && e.local.TS != 0 {
 		// The reservation spent its estimate from the local bucket too;
 		// what the settle gives back is there again, or the local tier

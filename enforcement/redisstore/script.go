@@ -28,3 +28,7 @@ func (s Script) Load(ctx context.Context, rdb redis.Scripter) error {
 // the function lease(bkey, rate, burst, mode, a, want, now_us)), for a
 // script that leases from the same buckets beside other work.
 func LeaseSource() string { return stateLua + leaseLua }
+
+// BucketScriptSource is the Lua source of the bucket script, for tools that
+// load it themselves (redis-benchmark comparisons).
+func BucketScriptSource() string { return stateLua + decideLua + bucketLua }
