@@ -499,10 +499,22 @@ func (f *Follower) publish(info Info) {
 	f.cfg.Metrics.Set(info)
 }
 
+// ReadRetry is how long Run waits after a failed read before the next.
+const ReadRetry = time.Second
+
+// MissingTopicRetry is how long Run waits when the topic does not exist
+// yet: a fleet started before its first push applies that push within a
+// second (docs/policy-log.md), so it looks again several times a second
+// (a metadata request each time, while no writer has made the log), and
+// the log answers from fresh metadata (kafkalog renews its client when
+// it finds the topic missing).
+const MissingTopicRetry = 200 * time.Millisecond
+
 // Run follows the log until ctx ends. After each read that reaches the end
 // of the log, a new revision (or the first one read after an unreachable
 // start) is swapped in and written to the cache. Failed reads are counted
-// and retried every second; the policy in force stays.
+// and retried every ReadRetry (a missing topic every MissingTopicRetry);
+// the policy in force stays.
 func (f *Follower) Run(ctx context.Context) error {
 	f.syncRollout() // a rollout open at start
 	failing := false
@@ -532,9 +544,13 @@ func (f *Follower) Run(ctx context.Context) error {
 				f.setStatus(StatusFailing, fmt.Sprintf("cannot read the policy log since %s (the revision in force stays): %v", time.Now().UTC().Format(time.RFC3339), err))
 			}
 			failing = true
+			wait := ReadRetry
+			if errors.Is(err, ErrNoTopic) {
+				wait = MissingTopicRetry
+			}
 			select {
 			case <-ctx.Done():
-			case <-time.After(time.Second):
+			case <-time.After(wait):
 			}
 			continue
 		}
