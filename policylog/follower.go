@@ -74,6 +74,11 @@ type Info struct {
 	LogUnsafe string `json:"logUnsafe,omitempty"`
 	// Rollout is the open rollout of the policy log, if any.
 	Rollout *RolloutInfo `json:"rollout,omitempty"`
+	// Signed, in log mode: this limiter trusts only records signed by a
+	// key of its keyring (POLICY_TRUSTED_KEYS_FILE), and refuses any
+	// other as unauthenticated. Writers read it before they write
+	// (limiter policy push with LIMITER_FLEET_URLS).
+	Signed bool `json:"signed,omitempty"`
 }
 
 // RolloutInfo is /readyz's policy.rollout: the open rollout.
@@ -494,6 +499,7 @@ func (f *Follower) setStatus(status, msg string) {
 }
 
 func (f *Follower) publish(info Info) {
+	info.Signed = f.cfg.Keys != nil
 	f.info.Store(&info)
 	f.rev.Store(info.Revision)
 	f.cfg.Metrics.Set(info)
