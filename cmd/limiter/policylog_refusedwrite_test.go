@@ -25,6 +25,7 @@ import (
 //     naming the revision the fleet holds, and nothing is written.
 func TestWriterNeverToldAppliedForARecordTheFleetRefuses(t *testing.T) {
 	t.Parallel()
+	testenv.SkipShort(t)
 	port := testenv.FreePort(t)
 	k, err := testenv.NewKafkaWith(kafkadev.Config{Port: port, Topic: "ratelimit.decisions", Partitions: 1})
 	if err != nil {
