@@ -79,6 +79,18 @@ type Info struct {
 	// other as unauthenticated. Writers read it before they write
 	// (limiter policy push with LIMITER_FLEET_URLS).
 	Signed bool `json:"signed,omitempty"`
+	// Refused, in log mode: the last record this limiter refused since it
+	// started, if any (a writer that sees its record here is told so).
+	Refused *RefusedInfo `json:"refused,omitempty"`
+}
+
+// RefusedInfo is /readyz's policy.refused: a record refused, by the hash
+// of its content, with the refusal's code and reason.
+type RefusedInfo struct {
+	Revision int64  `json:"revision"`
+	SHA256   string `json:"sha256"`
+	Code     string `json:"code"`
+	Reason   string `json:"reason"`
 }
 
 // RolloutInfo is /readyz's policy.rollout: the open rollout.
@@ -229,6 +241,8 @@ type Follower struct {
 	// checked is when it was made.
 	unsafe  atomic.Pointer[string]
 	checked time.Time
+	// refused is the last record refused (Info.Refused); nil until one is.
+	refused atomic.Pointer[RefusedInfo]
 
 	// Target receives each new policy; Shadow, when set, follows the open
 	// rollout; Missing, when set, lists the stores a policy routes keys to
@@ -274,6 +288,7 @@ func (f *Follower) newClient() *Client {
 	c.OnApply = func(e Entry, o Outcome) {
 		f.cfg.Metrics.records.WithLabelValues(o.Result, o.Code).Inc()
 		if o.Result == Refused {
+			f.refused.Store(&RefusedInfo{Revision: o.Record.Revision, SHA256: o.Record.SHA256, Code: o.Code, Reason: o.Reason})
 			f.cfg.Logger.Warn("policy log: record refused", "offset", e.Offset, "log_key", e.Key, "code", o.Code,
 				"reason", o.Reason, "revision", o.Record.Revision, "author", o.Record.Author)
 		}
@@ -297,6 +312,7 @@ func (f *Follower) newClient() *Client {
 // Current is the policy in force, for /readyz.
 func (f *Follower) Current() Info {
 	info := *f.info.Load()
+	info.Refused = f.refused.Load()
 	if u := *f.unsafe.Load(); u != "" {
 		info.LogUnsafe = u
 		if info.Status == StatusOK {

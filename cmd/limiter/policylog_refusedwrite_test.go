@@ -20,6 +20,9 @@ import (
 //   - On a new log whose first record nobody signed yet, the same CLI
 //     learns the fleet's trust from the fleet (LIMITER_FLEET_URLS):
 //     refused (unauthenticated), nothing written.
+//   - Signed by a key the fleet's keyring lacks, with LIMITER_FLEET_URLS:
+//     written, refused by the fleet, and reported refused with the
+//     fleet's reason (/readyz policy.refused).
 //   - The broker loses the log while the fleet holds revision 2; a push
 //     onto the empty log, with LIMITER_FLEET_URLS, is refused (lost_log)
 //     naming the revision the fleet holds, and nothing is written.
@@ -66,6 +69,19 @@ func TestWriterNeverToldAppliedForARecordTheFleetRefuses(t *testing.T) {
 		t.Fatalf("alice's override (the unsigned one wrote nothing): %d %q %q", code, out, errOut)
 	}
 	waitRevision(t, p, 2)
+
+	// A key the fleet's keyring lacks: the record is written (the CLI,
+	// with no keyring, cannot judge it), the fleet refuses it, and the
+	// writer is told so, with the fleet's reason.
+	bobKey := filepath.Join(t.TempDir(), "bob.pem")
+	if _, errOut, code := runCLI(t, nil, "policy", "keygen", "bob", "--out", bobKey); code != 0 {
+		t.Fatalf("keygen: %d %q", code, errOut)
+	}
+	bob := append(env, "POLICY_SIGNING_KEY_FILE="+bobKey, "LIMITER_FLEET_URLS="+p.url)
+	out, errOut, code = runCLI(t, bob, "override", "set", "acct_2", "--tier", "pro", "--reason", "r")
+	if code != 1 || !strings.Contains(errOut, "refused (unauthenticated)") || !strings.Contains(errOut, p.url+" refused it") || strings.Contains(out, "applied") {
+		t.Fatalf("an override signed by a key the fleet does not trust: exit %d, %q %q", code, out, errOut)
+	}
 
 	// The broker loses the log; the fleet holds revision 2.
 	k.Close()

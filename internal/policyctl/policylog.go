@@ -262,7 +262,7 @@ func report(o policylog.Outcome, err error, asJSON bool, stdout, stderr io.Write
 // write the log applied: a record the fleet refuses is reported refused.
 func (g *writeGate) report(c *policylog.Client, o policylog.Outcome, err error, pv *preview.Outcome, asJSON bool, stdout, stderr io.Writer) int {
 	if err == nil {
-		if code, reason := g.after(o.Head, c.State().Epoch(), g.keys.Signer != nil); code != "" {
+		if code, reason := g.after(o.Head, c.State().Epoch(), o.Record.SHA256, g.keys.Signer != nil); code != "" {
 			res := WriteResult{Result: policylog.Refused, Revision: o.Head, Code: code, Reason: reason, SHA256: o.Record.SHA256, Preview: pv}
 			if asJSON {
 				_ = json.NewEncoder(stderr).Encode(res)

@@ -117,9 +117,10 @@ func aheadOfLog(info policylog.Info, st *policylog.State) string {
 }
 
 // after waits until every limiter that answers reports revision rev of
-// epoch (or a later one), and returns a refusal when one does not within
+// epoch (or a later one), and returns a refusal when one refused the
+// record (its content's hash sha256), or does not apply it within
 // fleetConfirmWait, or when none answers.
-func (g *writeGate) after(rev, epoch int64, signed bool) (code, reason string) {
+func (g *writeGate) after(rev, epoch int64, sha256 string, signed bool) (code, reason string) {
 	if len(g.urls) == 0 {
 		return "", ""
 	}
@@ -130,6 +131,9 @@ func (g *writeGate) after(rev, epoch int64, signed bool) (code, reason string) {
 		for {
 			info, err := g.limiterPolicy(ctx, u)
 			if err == nil {
+				if r := info.Refused; r != nil && r.SHA256 == sha256 && r.Revision == rev {
+					return r.Code, fmt.Sprintf("revision %d is in the log, and limiter %s refused it: %s", rev, u, r.Reason)
+				}
 				if info.Signed && !signed {
 					return policylog.CodeUnauthenticated, fmt.Sprintf("revision %d is in the log, and limiter %s refuses it: it trusts only signed records", rev, u)
 				}
