@@ -119,43 +119,64 @@ func aheadOfLog(info policylog.Info, st *policylog.State) string {
 // after waits until every limiter that answers reports revision rev of
 // epoch (or a later one), and returns a refusal when one refused the
 // record (its content's hash sha256), or does not apply it within
-// fleetConfirmWait, or when none answers.
+// fleetConfirmWait, or when none answers. A limiter that fails
+// downAfter questions in a row is taken for down and not waited for: it
+// applies the log's rule when it is back, as the others did.
 func (g *writeGate) after(rev, epoch int64, sha256 string, signed bool) (code, reason string) {
 	if len(g.urls) == 0 {
 		return "", ""
 	}
+	const downAfter = 3
 	ctx, cancel := context.WithTimeout(context.Background(), fleetConfirmWait)
 	defer cancel()
-	answered := 0
+	pending := map[string]int{} // limiter → questions failed in a row
 	for _, u := range g.urls {
-		for {
-			info, err := g.limiterPolicy(ctx, u)
-			if err == nil {
-				if r := info.Refused; r != nil && r.SHA256 == sha256 && r.Revision == rev {
-					return r.Code, fmt.Sprintf("revision %d is in the log, and limiter %s refused it: %s", rev, u, r.Reason)
-				}
-				if info.Signed && !signed {
-					return policylog.CodeUnauthenticated, fmt.Sprintf("revision %d is in the log, and limiter %s refuses it: it trusts only signed records", rev, u)
-				}
-				if info.Status == policylog.StatusStale {
-					return codeLostLog, fmt.Sprintf("revision %d is in the log, and limiter %s refuses the log as it is (%s)", rev, u, info.LogError)
-				}
-				if info.Source == policylog.SourceKafka && (info.Epoch > epoch || (info.Epoch == epoch && info.Revision >= rev)) {
-					answered++
-					break
-				}
-			}
-			select {
-			case <-ctx.Done():
-				if err != nil {
-					break // down: it applies the log's rule when it is back
-				}
-				return "not_applied", fmt.Sprintf("revision %d is in the log, and limiter %s has not applied it after %s: it holds revision %d (epoch %d, source %s, status %q%s)",
-					rev, u, fleetConfirmWait, info.Revision, info.Epoch, info.Source, info.Status, logErrorOf(info))
-			case <-time.After(20 * time.Millisecond):
+		pending[u] = 0
+	}
+	answered := 0
+	last := map[string]policylog.Info{}
+	for {
+		for _, u := range g.urls {
+			fails, ok := pending[u]
+			if !ok || fails >= downAfter {
 				continue
 			}
+			info, err := g.limiterPolicy(ctx, u)
+			if err != nil {
+				pending[u] = fails + 1
+				continue
+			}
+			pending[u], last[u] = 0, info
+			if r := info.Refused; r != nil && r.SHA256 == sha256 && r.Revision == rev {
+				return r.Code, fmt.Sprintf("revision %d is in the log, and limiter %s refused it: %s", rev, u, r.Reason)
+			}
+			if info.Signed && !signed {
+				return policylog.CodeUnauthenticated, fmt.Sprintf("revision %d is in the log, and limiter %s refuses it: it trusts only signed records", rev, u)
+			}
+			if info.Status == policylog.StatusStale {
+				return codeLostLog, fmt.Sprintf("revision %d is in the log, and limiter %s refuses the log as it is (%s)", rev, u, info.LogError)
+			}
+			if info.Source == policylog.SourceKafka && (info.Epoch > epoch || (info.Epoch == epoch && info.Revision >= rev)) {
+				delete(pending, u)
+				answered++
+			}
+		}
+		waiting := ""
+		for _, u := range g.urls {
+			if fails, ok := pending[u]; ok && fails < downAfter {
+				waiting = u
+				break
+			}
+		}
+		if waiting == "" {
 			break
+		}
+		select {
+		case <-ctx.Done():
+			info := last[waiting]
+			return "not_applied", fmt.Sprintf("revision %d is in the log, and limiter %s has not applied it after %s: it holds revision %d (epoch %d, source %s, status %q%s)",
+				rev, waiting, fleetConfirmWait, info.Revision, info.Epoch, info.Source, info.Status, logErrorOf(info))
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 	if answered == 0 {
