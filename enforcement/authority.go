@@ -2,9 +2,17 @@ package enforcement
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
+
+// ErrBreakerOpen is satisfied (errors.Is) by an Authority's error when a
+// circuit breaker refused the call without asking the store: the store
+// failed LIMITER_BREAKER_FAILURES times in a row, and the breaker stays
+// open for LIMITER_BREAKER_OPEN_FOR. Every breaker of the limiter says so
+// alike, so that one test can check each one's settings.
+var ErrBreakerOpen = errors.New("breaker open")
 
 // Authority is the shared tier: the one place whose answer makes every
 // replica agree. Take must read, decide and write atomically. A rejection is a

@@ -68,6 +68,23 @@ type Info struct {
 	LogUnsafe string `json:"logUnsafe,omitempty"`
 	// Rollout is the open rollout of the policy log, if any.
 	Rollout *RolloutInfo `json:"rollout,omitempty"`
+	// Signed, in log mode: this limiter trusts only records signed by a
+	// key of its keyring (POLICY_TRUSTED_KEYS_FILE), and refuses any
+	// other as unauthenticated. Writers read it before they write
+	// (limiter policy push with LIMITER_FLEET_URLS).
+	Signed bool `json:"signed,omitempty"`
+	// Refused, in log mode: the last record this limiter refused since it
+	// started, if any (a writer that sees its record here is told so).
+	Refused *RefusedInfo `json:"refused,omitempty"`
+}
+
+// RefusedInfo is /readyz's policy.refused: a record refused, by the hash
+// of its content, with the refusal's code and reason.
+type RefusedInfo struct {
+	Revision int64  `json:"revision"`
+	SHA256   string `json:"sha256"`
+	Code     string `json:"code"`
+	Reason   string `json:"reason"`
 }
 
 // RolloutInfo is /readyz's policy.rollout: the open rollout.
@@ -145,6 +162,8 @@ type Follower struct {
 	// checked is when it was made.
 	unsafe  atomic.Pointer[string]
 	checked time.Time
+	// refused is the last record refused (Info.Refused); nil until one is.
+	refused atomic.Pointer[RefusedInfo]
 
 	// Target receives each new policy; Shadow, when set, follows the open
 	// rollout; Missing, when set, lists the stores a policy routes keys to
@@ -190,6 +209,7 @@ func (f *Follower) newClient() *Client {
 	c.OnApply = func(e Entry, o Outcome) {
 		f.cfg.Metrics.records.WithLabelValues(o.Result, o.Code).Inc()
 		if o.Result == Refused {
+			f.refused.Store(&RefusedInfo{Revision: o.Record.Revision, SHA256: o.Record.SHA256, Code: o.Code, Reason: o.Reason})
 			f.cfg.Logger.Warn("policy log: record refused", "offset", e.Offset, "log_key", e.Key, "code", o.Code,
 				"reason", o.Reason, "revision", o.Record.Revision, "author", o.Record.Author)
 		}
@@ -213,6 +233,7 @@ func (f *Follower) newClient() *Client {
 // Current is the policy in force, for /readyz.
 func (f *Follower) Current() Info {
 	info := *f.info.Load()
+	info.Refused = f.refused.Load()
 	if u := *f.unsafe.Load(); u != "" {
 		info.LogUnsafe = u
 		if info.Status == StatusOK {
@@ -415,15 +436,28 @@ func (f *Follower) setStatus(status, msg string) {
 }
 
 func (f *Follower) publish(info Info) {
+	info.Signed = f.cfg.Keys != nil
 	f.info.Store(&info)
 	f.rev.Store(info.Revision)
 	f.cfg.Metrics.Set(info)
 }
 
+// ReadRetry is how long Run waits after a failed read before the next.
+const ReadRetry = time.Second
+
+// MissingTopicRetry is how long Run waits when the topic does not exist
+// yet: a fleet started before its first push applies that push within a
+// second (docs/policy-log.md), so it looks again several times a second
+// (a metadata request each time, while no writer has made the log), and
+// the log answers from fresh metadata (kafkalog renews its client when
+// it finds the topic missing).
+const MissingTopicRetry = 200 * time.Millisecond
+
 // Run follows the log until ctx ends. After each read that reaches the end
 // of the log, a new revision (or the first one read after an unreachable
 // start) is swapped in and written to the cache. Failed reads are counted
-// and retried every second; the policy in force stays.
+// and retried every ReadRetry (a missing topic every MissingTopicRetry);
+// the policy in force stays.
 func (f *Follower) Run(ctx context.Context) error {
 	f.syncRollout() // a rollout open at start
 	failing := false
@@ -453,9 +487,13 @@ func (f *Follower) Run(ctx context.Context) error {
 				f.setStatus(StatusFailing, fmt.Sprintf("cannot read the policy log since %s (the revision in force stays): %v", time.Now().UTC().Format(time.RFC3339), err))
 			}
 			failing = true
+			wait := ReadRetry
+			if errors.Is(err, ErrNoTopic) {
+				wait = MissingTopicRetry
+			}
 			select {
 			case <-ctx.Done():
-			case <-time.After(time.Second):
+			case <-time.After(wait):
 			}
 			continue
 		}

@@ -92,8 +92,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return abort(err)
 	}
-	auth.Add(&g)                                                                                      // the stores' clients close at stop time, or on abort
-	region, err := auth.BuildRegion(&g, cfg.RegionConfig, cfg.InstanceID, cfg.StoreTimeout, reg, log) // global limits across regions
+	auth.Add(&g)                                                                    // the stores' clients close at stop time, or on abort
+	region, err := auth.BuildRegion(&g, cfg.RegionConfig, cfg.InstanceID, reg, log) // global limits across regions (the tier's deadline and breaker settings)
 	if err != nil {
 		return abort(err)
 	}

@@ -169,7 +169,7 @@ type Global struct {
 }
 
 // errOpen is a decision refused by the open breaker.
-var errOpen = errors.New("the region's Redis failed repeatedly: breaker open")
+var errOpen = fmt.Errorf("the region's Redis failed repeatedly: %w", enforcement.ErrBreakerOpen)
 
 type poolID struct{ key, scope string }
 

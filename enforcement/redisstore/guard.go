@@ -48,7 +48,7 @@ type GuardSettings struct {
 	// this process was running, is a store failure.
 	Timeout time.Duration
 	// StarvedGrace is the extra time a call may wait when this process was
-	// starved of CPU during it (default 100ms). The call fails once it has
+	// starved of CPU during it (default DefaultStarvedGrace). The call fails once it has
 	// waited Timeout + StarvedGrace of time in which the process ran (wall
 	// time minus the measured scheduler lag).
 	StarvedGrace time.Duration
@@ -67,12 +67,18 @@ type GuardSettings struct {
 	Probes uint32
 }
 
+// DefaultStarvedGrace is GuardSettings.StarvedGrace's default: the room a
+// store call has beyond its Timeout on a machine short of CPU. The
+// limiter's global decisions get the same room (their deadline is the
+// store timeout plus this).
+const DefaultStarvedGrace = 100 * time.Millisecond
+
 func (s GuardSettings) withDefaults() GuardSettings {
 	if s.Timeout <= 0 {
 		s.Timeout = 5 * time.Millisecond
 	}
 	if s.StarvedGrace <= 0 {
-		s.StarvedGrace = 100 * time.Millisecond
+		s.StarvedGrace = DefaultStarvedGrace
 	}
 	if s.MaxWait <= 0 {
 		s.MaxWait = time.Second
@@ -100,8 +106,9 @@ var ErrStoreUnavailable = errors.New("shared store unavailable")
 
 // storeError is a failure of the store.
 type storeError struct {
-	msg string
-	err error // nil, or the cause (never a context error: see Unwrap)
+	msg  string
+	err  error // nil, or the cause (never a context error: see Unwrap)
+	open bool  // the breaker refused the call: enforcement.ErrBreakerOpen
 }
 
 func (e *storeError) Error() string {
@@ -111,7 +118,9 @@ func (e *storeError) Error() string {
 	return "shared store unavailable: " + e.msg + ": " + e.err.Error()
 }
 
-func (e *storeError) Is(target error) bool { return target == ErrStoreUnavailable }
+func (e *storeError) Is(target error) bool {
+	return target == ErrStoreUnavailable || (e.open && target == enforcement.ErrBreakerOpen)
+}
 
 // Unwrap hides a context error of the store's client: the guard cancels the
 // call's context itself, and a caller must not mistake that for its own.
@@ -347,7 +356,7 @@ func (a *Guard) do(ctx context.Context, fn func(ctx context.Context) error) erro
 func (a *Guard) breakerError(err error) error {
 	switch {
 	case errors.Is(err, gobreaker.ErrOpenState):
-		return &storeError{msg: "circuit breaker open"}
+		return &storeError{msg: "circuit breaker open", open: true}
 	case errors.Is(err, gobreaker.ErrTooManyRequests):
 		return &storeError{msg: "circuit breaker half-open, probes in flight"}
 	}

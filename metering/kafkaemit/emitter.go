@@ -6,7 +6,7 @@
 // Emit copies the event into a bounded channel and returns: a non-blocking
 // send, no encoding, no I/O, no lock. One goroutine owned by the Emitter
 // drains the channel into batches (BatchSize messages, or whatever arrived
-// within BatchWait of the first), encodes them with
+// within BatchWait of the first one's decision), encodes them with
 // metering.Event.AppendEncode into one reused buffer, and writes each batch
 // as one record batch per partition built here and sent with kafka-go's
 // Client.RawProduce (produce.go; message key = the rate-limit key, hashed
@@ -57,7 +57,7 @@ type Config struct {
 
 	Buffer       int           // events held while Kafka is slow, default 65,536 (about 20 MB)
 	BatchSize    int           // messages per write, default 5,000
-	BatchWait    time.Duration // longest an event waits for its batch to fill, default 20 ms
+	BatchWait    time.Duration // longest a batch waits to fill after its first event's decision time, default 20 ms
 	WriteTimeout time.Duration // one batch write including retries, default 5 s
 	// FlushTimeout bounds the writes left when Run's context ends (the
 	// one in flight and the buffered events), default 5 s.
@@ -431,9 +431,17 @@ func (e *Emitter) loop(ctx, wctx context.Context) {
 			e.drain(wctx, b)
 			return
 		}
-		timer.Reset(e.cfg.BatchWait)
+		timer.Reset(e.due(b.times[0], time.Now()))
 	fill:
 		for b.len() < e.cfg.BatchSize {
+			// What is queued joins the batch first, even once it is due:
+			// a writer that ran late writes one batch, not one per event.
+			select {
+			case ev := <-e.ch:
+				b.add(&ev)
+				continue
+			default:
+			}
 			select {
 			case ev := <-e.ch:
 				b.add(&ev)
@@ -448,6 +456,21 @@ func (e *Emitter) loop(ctx, wctx context.Context) {
 		timer.Stop()
 		e.write(wctx, b)
 	}
+}
+
+// due is how long a batch whose first event was decided at ts (ms since
+// the epoch, the limiter's clock) may still wait to fill: BatchWait from
+// that decision, not from when the writer took the event. Time the event
+// spent in the buffer behind a long write, or while the process waited for
+// a CPU, counts against the wait: a killed process loses what is still in
+// memory, and the decisions held there are bounded by their age, not by
+// the writer's delays. A ts in the future (a clock step) waits BatchWait
+// at most; none (0) waits BatchWait.
+func (e *Emitter) due(ts int64, now time.Time) time.Duration {
+	if ts <= 0 {
+		return e.cfg.BatchWait
+	}
+	return min(e.cfg.BatchWait, max(0, time.UnixMilli(ts).Add(e.cfg.BatchWait).Sub(now)))
 }
 
 // drain writes everything still buffered, until wctx ends.

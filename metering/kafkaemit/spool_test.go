@@ -350,3 +350,25 @@ func TestFrozenBrokerLosesNothing(t *testing.T) {
 	}
 	t.Logf("%d events, %d messages in Kafka after the thaw", n, total)
 }
+
+// A batch is due BatchWait after its first event's decision, not after the
+// writer took the event: what a kill loses (the events still in memory)
+// is bounded by their age. With Kafka refusing every write and a batch
+// wait of an hour, an event decided an hour ago is spooled at once (the
+// old writer held it for the hour); the wait is for the condition, with a
+// deadline far from both.
+func TestBatchIsDueFromTheDecisionTime(t *testing.T) {
+	t.Parallel()
+	k := testenv.StartKafka(t, "decisions", 4)
+	refuse := k.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotLeaderForPartition, Count: -1})
+	defer refuse.Remove()
+	const wait = time.Hour
+	e, _ := newEmitter(t, k.Addr(), kafkaemit.Config{BatchWait: wait, BatchSize: 1000, Spool: openSpool(t, t.TempDir(), 64<<20)})
+	old := event(1)
+	old.TS = time.Now().Add(-wait).UnixMilli()
+	e.Emit(old)
+	waitUntil(t, time.Minute, "the event decided a batch wait ago spooled", func() bool {
+		st, _ := e.Spool()
+		return st.Events == 1
+	})
+}

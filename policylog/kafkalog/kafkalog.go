@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -35,7 +36,13 @@ type Config struct {
 
 // Log is the policy log on Kafka. Safe for concurrent use.
 type Log struct {
-	cfg       Config
+	cfg  Config
+	conn atomic.Pointer[conn]
+}
+
+// conn is a kafka-go client and its transport, which caches the cluster's
+// metadata for MetadataTTL and answers metadata requests from that cache.
+type conn struct {
 	client    *kafka.Client
 	transport *kafka.Transport
 }
@@ -59,16 +66,39 @@ func New(cfg Config) (*Log, error) {
 	if cfg.Wait <= 0 {
 		cfg.Wait = 500 * time.Millisecond
 	}
-	tr := cfg.Security.Transport(cfg.ClientID, cfg.Timeout)
+	l := &Log{cfg: cfg}
+	l.conn.Store(l.dial())
+	return l, nil
+}
+
+// dial is a new client, whose transport reads the metadata afresh on
+// first use.
+func (l *Log) dial() *conn {
+	tr := l.cfg.Security.Transport(l.cfg.ClientID, l.cfg.Timeout)
 	tr.MetadataTTL = 5 * time.Second
-	return &Log{cfg: cfg, transport: tr, client: &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Timeout: cfg.Timeout, Transport: tr}}, nil
+	return &conn{transport: tr, client: &kafka.Client{Addr: kafka.TCP(l.cfg.Brokers...), Timeout: l.cfg.Timeout, Transport: tr}}
+}
+
+// client is the current client.
+func (l *Log) client() *kafka.Client { return l.conn.Load().client }
+
+// missing is called when the topic was found missing: the next call
+// gets a new transport, so that a topic a writer creates meanwhile is
+// seen at once, not when the cached metadata expires (MetadataTTL). A
+// follower started before the first push asks again every few hundred
+// milliseconds (policylog.MissingTopicRetry) and must see the topic at
+// its next question.
+func (l *Log) missing() {
+	if old := l.conn.Swap(l.dial()); old != nil {
+		old.transport.CloseIdleConnections()
+	}
 }
 
 // Topic is the log's topic.
 func (l *Log) Topic() string { return l.cfg.Topic }
 
 // Close releases the connections.
-func (l *Log) Close() { l.transport.CloseIdleConnections() }
+func (l *Log) Close() { l.conn.Load().transport.CloseIdleConnections() }
 
 // topicConfigs are the configurations a policy topic is created with,
 // and the ones CheckIntegrity requires: compaction only, and retention
@@ -87,7 +117,7 @@ var topicConfigs = map[string]string{
 func (l *Log) Ensure(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	defer cancel()
-	res, err := l.client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+	res, err := l.client().CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
 		Topic: l.cfg.Topic, NumPartitions: 1, ReplicationFactor: -1,
 		ConfigEntries: []kafka.ConfigEntry{
 			{ConfigName: "cleanup.policy", ConfigValue: topicConfigs["cleanup.policy"]},
@@ -102,7 +132,7 @@ func (l *Log) Ensure(ctx context.Context) error {
 	if err := res.Errors[l.cfg.Topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
 		return fmt.Errorf("create topic %s: %w", l.cfg.Topic, err)
 	}
-	md, err := l.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{l.cfg.Topic}})
+	md, err := l.client().Metadata(ctx, &kafka.MetadataRequest{Topics: []string{l.cfg.Topic}})
 	if err != nil {
 		return fmt.Errorf("metadata of %s: %w", l.cfg.Topic, err)
 	}
@@ -130,7 +160,7 @@ func (l *Log) Append(ctx context.Context, key string, value []byte) (int64, erro
 	if value != nil {
 		rec.Value = kafka.NewBytes(value)
 	}
-	res, err := l.client.Produce(ctx, &kafka.ProduceRequest{
+	res, err := l.client().Produce(ctx, &kafka.ProduceRequest{
 		Topic: l.cfg.Topic, Partition: 0, RequiredAcks: kafka.RequireAll,
 		Records: kafka.NewRecordReader(rec),
 	})
@@ -149,7 +179,7 @@ func (l *Log) Append(ctx context.Context, key string, value []byte) (int64, erro
 func (l *Log) Fetch(ctx context.Context, from int64) ([]policylog.Entry, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout+l.cfg.Wait)
 	defer cancel()
-	res, err := l.client.Fetch(ctx, &kafka.FetchRequest{
+	res, err := l.client().Fetch(ctx, &kafka.FetchRequest{
 		Topic: l.cfg.Topic, Partition: 0, Offset: from,
 		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: l.cfg.Wait,
 	})
@@ -158,7 +188,7 @@ func (l *Log) Fetch(ctx context.Context, from int64) ([]policylog.Entry, int64, 
 		// the end cannot happen to a reader that only moves forward.)
 		var first int64
 		if first, err = l.FirstOffset(ctx); err == nil {
-			res, err = l.client.Fetch(ctx, &kafka.FetchRequest{
+			res, err = l.client().Fetch(ctx, &kafka.FetchRequest{
 				Topic: l.cfg.Topic, Partition: 0, Offset: first,
 				MinBytes: 1, MaxBytes: 16 << 20, MaxWait: l.cfg.Wait,
 			})
@@ -168,6 +198,7 @@ func (l *Log) Fetch(ctx context.Context, from int64) ([]policylog.Entry, int64, 
 		err = res.Error
 	}
 	if IsNoTopic(err) {
+		l.missing()
 		return nil, 0, fmt.Errorf("%w: %s (check POLICY_TOPIC; nothing was created)", ErrNoTopic, l.cfg.Topic)
 	}
 	if err != nil {
@@ -217,7 +248,7 @@ var ErrUnsafe = policylog.ErrLogUnsafe
 func (l *Log) CheckIntegrity(ctx context.Context) (first int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	defer cancel()
-	res, err := l.client.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
+	res, err := l.client().DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
 		ResourceType: kafka.ResourceTypeTopic, ResourceName: l.cfg.Topic,
 		ConfigNames: []string{"cleanup.policy", "retention.ms", "retention.bytes"},
 	}}})
@@ -248,7 +279,7 @@ func (l *Log) CheckIntegrity(ctx context.Context) (first int64, err error) {
 // FirstOffset is the first offset the log holds (its end when retention
 // removed every record).
 func (l *Log) FirstOffset(ctx context.Context) (int64, error) {
-	off, err := l.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{l.cfg.Topic: {kafka.FirstOffsetOf(0)}}})
+	off, err := l.client().ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{l.cfg.Topic: {kafka.FirstOffsetOf(0)}}})
 	if err != nil {
 		return 0, fmt.Errorf("first offset of %s: %w", l.cfg.Topic, err)
 	}
@@ -271,7 +302,7 @@ var ErrNoTopic = policylog.ErrNoTopic
 func (l *Log) Exists(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	defer cancel()
-	md, err := l.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{l.cfg.Topic}})
+	md, err := l.client().Metadata(ctx, &kafka.MetadataRequest{Topics: []string{l.cfg.Topic}})
 	if err != nil {
 		return fmt.Errorf("metadata of %s: %w", l.cfg.Topic, err)
 	}
@@ -287,6 +318,7 @@ func (l *Log) Exists(ctx context.Context) error {
 		}
 		return nil
 	}
+	l.missing()
 	return fmt.Errorf("%w: %s (check POLICY_TOPIC; nothing was created)", ErrNoTopic, l.cfg.Topic)
 }
 

@@ -308,3 +308,34 @@ func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(b)))
 	return len(b), nil
 }
+
+// A reader that found the topic missing sees it at its next question once
+// a writer has created it: not when its cached metadata expires (the
+// limiters of a fleet started before its first push took 3 to 8 s to
+// apply that push). Exists and Fetch, each asked once after the topic
+// exists; nothing here waits.
+func TestMissingTopicSeenAtTheNextQuestion(t *testing.T) {
+	t.Parallel()
+	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
+	reader, writer := open(t, k), open(t, k)
+	c := ctx(t)
+	if err := reader.Exists(c); !errors.Is(err, policylog.ErrNoTopic) {
+		t.Fatalf("Exists before any writer: %v, want ErrNoTopic", err)
+	}
+	if _, _, err := reader.Fetch(c, 0); !errors.Is(err, policylog.ErrNoTopic) {
+		t.Fatalf("Fetch before any writer: %v, want ErrNoTopic", err)
+	}
+	if err := writer.Ensure(c); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.Append(c, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if err := reader.Exists(c); err != nil {
+		t.Fatalf("Exists once a writer created the topic: %v", err)
+	}
+	entries, end, err := reader.Fetch(c, 0)
+	if err != nil || end != 1 || len(entries) != 1 {
+		t.Fatalf("Fetch once a writer created the topic and appended a record: %d entries, end %d, %v", len(entries), end, err)
+	}
+}

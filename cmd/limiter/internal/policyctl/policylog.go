@@ -213,12 +213,26 @@ func withLog(stderr io.Writer, create bool, fn func(ctx context.Context, c *poli
 // missing, and a log that was lost (empty, yet policy_audit holds an
 // earlier history: lostLog) is not written to, since every limiter that
 // kept the old history would refuse the new one; restore comes first.
-func withLogWrite(stderr io.Writer, fn func(ctx context.Context, c *policylog.Client) int) int {
+//
+// The write's gate (trust.go) refuses, before anything is written, what
+// the fleet would refuse for its keyring or its revision, and is how the
+// write reports its outcome: "applied" once the fleet confirms it.
+func withLogWrite(stderr io.Writer, fn func(ctx context.Context, c *policylog.Client, g *writeGate) int) int {
+	keys, err := policyKeys(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, "limiter: invalid configuration: "+err.Error())
+		return 2
+	}
+	g := writeGateOf(keys)
 	return withLog(stderr, true, func(ctx context.Context, c *policylog.Client) int {
 		if lostLog(ctx, c, stderr) {
 			return 1
 		}
-		return fn(ctx, c)
+		if code, reason := g.before(ctx, c.State()); code != "" {
+			printRefusal(stderr, code, reason)
+			return 1
+		}
+		return fn(ctx, c, g)
 	})
 }
 
@@ -242,6 +256,23 @@ type WriteResult struct {
 // report prints a write's outcome and returns the exit code.
 func report(o policylog.Outcome, err error, asJSON bool, stdout, stderr io.Writer) int {
 	return reportWith(o, err, nil, asJSON, stdout, stderr)
+}
+
+// report is report (reportWith with pv) once the fleet has confirmed a
+// write the log applied: a record the fleet refuses is reported refused.
+func (g *writeGate) report(c *policylog.Client, o policylog.Outcome, err error, pv *preview.Outcome, asJSON bool, stdout, stderr io.Writer) int {
+	if err == nil {
+		if code, reason := g.after(o.Head, c.State().Epoch(), o.Record.SHA256, g.keys.Signer != nil); code != "" {
+			res := WriteResult{Result: policylog.Refused, Revision: o.Head, Code: code, Reason: reason, SHA256: o.Record.SHA256, Preview: pv}
+			if asJSON {
+				_ = json.NewEncoder(stderr).Encode(res)
+			} else {
+				printRefusal(stderr, code, reason)
+			}
+			return 1
+		}
+	}
+	return reportWith(o, err, pv, asJSON, stdout, stderr)
 }
 
 // reportWith is report, with push's preview in the JSON.
@@ -318,17 +349,17 @@ func Push(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return f.usageError(err.Error())
 	}
-	return withLogWrite(stderr, func(ctx context.Context, c *policylog.Client) int {
+	return withLogWrite(stderr, func(ctx context.Context, c *policylog.Client, g *writeGate) int {
 		pv := previewPush(ctx, replay, parsed, c.State(), *asJSON, os.Getenv, stdout, stderr) // pushcheck.go
 		if *shadowFor > 0 {
 			o, err := c.StartRollout(ctx, string(doc), *shadowFor, bound, *author, *message, *expect)
-			return reportRollout(o, err, pv, *asJSON, stdout, stderr)
+			return reportRollout(g, c, o, err, pv, *asJSON, stdout, stderr)
 		}
 		o, err := c.Push(ctx, string(doc), *author, *message, *expect)
 		if err == nil && o.Superseded != 0 && !*asJSON {
 			fmt.Fprintf(stdout, "rollout %d superseded: its candidate is no longer in shadow, and it gets no verdict\n", o.Superseded)
 		}
-		return reportWith(o, err, pv, *asJSON, stdout, stderr)
+		return g.report(c, o, err, pv, *asJSON, stdout, stderr)
 	})
 }
 
@@ -343,9 +374,9 @@ func Rollback(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
-	return withLogWrite(stderr, func(ctx context.Context, c *policylog.Client) int {
+	return withLogWrite(stderr, func(ctx context.Context, c *policylog.Client, g *writeGate) int {
 		o, err := c.Rollback(ctx, revs[0], *author, *message)
-		return report(o, err, *asJSON, stdout, stderr)
+		return g.report(c, o, err, nil, *asJSON, stdout, stderr)
 	})
 }
 
@@ -527,9 +558,9 @@ func OverrideSet(args []string, stdout, stderr io.Writer) int {
 	if o.Store != "" && !checkWriterStores(map[string]string{o.Store: "the override of " + f.args[0]}, os.Getenv, stderr) {
 		return 1
 	}
-	return withLogWrite(stderr, func(ctx context.Context, c *policylog.Client) int {
+	return withLogWrite(stderr, func(ctx context.Context, c *policylog.Client, g *writeGate) int {
 		out, err := c.SetOverride(ctx, f.args[0], *scope, o, *author, "", policylog.NoExpect)
-		return report(out, err, *asJSON, stdout, stderr)
+		return g.report(c, out, err, nil, *asJSON, stdout, stderr)
 	})
 }
 
@@ -577,9 +608,9 @@ func OverrideDelete(args []string, stdout, stderr io.Writer) int {
 	if code, ok := f.parseWords(args, 1, 1); !ok {
 		return code
 	}
-	return withLogWrite(stderr, func(ctx context.Context, c *policylog.Client) int {
+	return withLogWrite(stderr, func(ctx context.Context, c *policylog.Client, g *writeGate) int {
 		out, err := c.DeleteOverride(ctx, f.args[0], *scope, *author, *reason)
-		return report(out, err, *asJSON, stdout, stderr)
+		return g.report(c, out, err, nil, *asJSON, stdout, stderr)
 	})
 }
 

@@ -46,10 +46,10 @@ func rolloutBound(shadowFor time.Duration, maxNewly string) (float64, error) {
 	return bound, nil
 }
 
-// reportRollout prints a rollout's outcome (as report does) and, once
-// applied, when it ends.
-func reportRollout(o policylog.Outcome, err error, pv *preview.Outcome, asJSON bool, stdout, stderr io.Writer) int {
-	code := reportWith(o, err, pv, asJSON, stdout, stderr)
+// reportRollout prints a rollout's outcome (as the gate's report does)
+// and, once applied, when it ends.
+func reportRollout(g *writeGate, c *policylog.Client, o policylog.Outcome, err error, pv *preview.Outcome, asJSON bool, stdout, stderr io.Writer) int {
+	code := g.report(c, o, err, pv, asJSON, stdout, stderr)
 	if code == 0 && !asJSON && o.Record.Rollout != nil {
 		fmt.Fprintf(stdout, "rollout %d: the candidate is the fleet's shadow policy until %s; then the judge promotes it if at most %s of the decisions are newly rejected, else withdraws it\n",
 			o.Head, o.Record.Rollout.EndsAt.Format(time.RFC3339), policylog.FormatShare(o.Record.Rollout.MaxNewlyRejected))

@@ -93,7 +93,10 @@ type Region struct {
 // BuildRegion connects the home's Redis and registers the refiller, after
 // the stores (so it stops before their clients close) and the home
 // client's release before it. Nil, nil when LIMITER_REGION is empty.
-func (t *Tier) BuildRegion(g *lifecycle.Group, cfg RegionConfig, member string, timeout time.Duration, reg prometheus.Registerer, log *slog.Logger) (*Region, error) {
+//
+// Its decisions take the tier's breaker settings and a deadline of
+// GlobalDeadline(StoreTimeout).
+func (t *Tier) BuildRegion(g *lifecycle.Group, cfg RegionConfig, member string, reg prometheus.Registerer, log *slog.Logger) (*Region, error) {
 	if cfg.Region == "" {
 		return nil, nil
 	}
@@ -109,9 +112,11 @@ func (t *Tier) BuildRegion(g *lifecycle.Group, cfg RegionConfig, member string, 
 		Region: cfg.Region, Regions: len(cfg.Regions),
 		Local: t.rdb, Home: home,
 		Prefix: t.cfg.Redis.KeyPrefix, HomePrefix: cfg.GlobalRedis.KeyPrefix,
-		Member:     member,
-		Timeout:    timeout,
-		Registerer: reg, Log: log.With("region", cfg.Region),
+		Member:          member,
+		Timeout:         GlobalDeadline(t.cfg.StoreTimeout),
+		BreakerFailures: t.cfg.BreakerFailures,
+		BreakerOpenFor:  t.cfg.BreakerOpenFor,
+		Registerer:      reg, Log: log.With("region", cfg.Region),
 	})
 	if err != nil {
 		return nil, err

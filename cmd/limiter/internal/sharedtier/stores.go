@@ -91,11 +91,7 @@ func openStore(ctx context.Context, name string, rc redisclient.Config, cfg Conf
 		// A pipeline never outlives a decision's deadline: a worker stuck
 		// on a dead Cluster master must not hold up the decisions of live ones.
 		Pipeline: redisstore.PipelineConfig{Timeout: cfg.StoreTimeout, Workers: cfg.StoreInFlight},
-		Guard: redisstore.GuardSettings{
-			Timeout:             cfg.StoreTimeout,
-			ConsecutiveFailures: uint32(cfg.BreakerFailures),
-			OpenFor:             cfg.BreakerOpenFor,
-		},
+		Guard:    cfg.guard(cfg.StoreTimeout),
 		Observer: obs,
 		Log:      log,
 	})

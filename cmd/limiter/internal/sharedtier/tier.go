@@ -223,6 +223,29 @@ func (t *Tier) AddFleet(g *lifecycle.Group, cfg FleetConfig, lim Instances, metr
 	return nil
 }
 
+// guard is the deadline and breaker of a store call with deadline
+// timeout. Every breaker the limiter builds takes LIMITER_BREAKER_FAILURES
+// and LIMITER_BREAKER_OPEN_FOR from here (the global decisions' too:
+// BuildRegion).
+func (c Config) guard(timeout time.Duration) redisstore.GuardSettings {
+	return redisstore.GuardSettings{
+		Timeout:             timeout,
+		StarvedGrace:        redisstore.DefaultStarvedGrace,
+		ConsecutiveFailures: uint32(c.BreakerFailures),
+		OpenFor:             c.BreakerOpenFor,
+	}
+}
+
+// GlobalDeadline is the deadline of a global decision's call to the
+// region's Redis (docs/regions.md): the store timeout plus the room a
+// regional call has on a machine short of CPU. A global decision is one
+// script call with a plain deadline, so the room is given outright rather
+// than only while the process is starved.
+func GlobalDeadline(storeTimeout time.Duration) time.Duration {
+	g := (Config{}).guard(storeTimeout)
+	return g.Timeout + g.StarvedGrace
+}
+
 // MemoryAuthority is the in-process authority of single-node mode,
 // bounded as the local tier is (LIMITER_MAX_KEYS and
 // LIMITER_LOCAL_MAX_BYTES, a bound of its own); its Run sweeps.
@@ -257,12 +280,8 @@ func (t *Tier) ShadowChain(timeout time.Duration, log *slog.Logger) (enforcement
 	shared := redisstore.NewShared(t.rdb, redisstore.SharedConfig{
 		Prefix:   ShadowKeyPrefix(t.cfg.Redis.KeyPrefix),
 		Pipeline: redisstore.PipelineConfig{Timeout: timeout},
-		Guard: redisstore.GuardSettings{
-			Timeout:             timeout,
-			ConsecutiveFailures: uint32(t.cfg.BreakerFailures),
-			OpenFor:             t.cfg.BreakerOpenFor,
-		},
-		Log: log,
+		Guard:    t.cfg.guard(timeout),
+		Log:      log,
 	})
 	a, _, stages := chain(chainSpec{bottom: shared, stages: []string{"store", "guard", "pipeline"}, split: true})
 	return a, shared.Run, stages
