@@ -131,6 +131,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		Recorder:          meter.Recorder,
 		Shadow:            sh,
 		Reservations:      auth.Reservations, // reserve, settle and charge: split, then the stores (no lease)
+		Peeker:            auth.Peeker,       // POST /check "peek": split, then the stores, read only
 		ReservationTTL:    cfg.ReservationTTL,
 	})
 	if err != nil {

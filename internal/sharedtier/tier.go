@@ -62,6 +62,9 @@ type Tier struct {
 	// Reservations keeps reservations (reserve, settle, charge): the store
 	// routing itself, unwrapped, or single-node mode's authority.
 	Reservations enforcement.Reserver
+	// Peeker answers peeks (POST /check "peek"): split over the stores,
+	// reading the buckets the decisions spend without writing.
+	Peeker enforcement.Peeker
 
 	states   func() map[string]redisstore.State // breaker per shard; nil in memory mode
 	diagnose func(ctx context.Context) string   // why Redis does not answer; nil in memory mode
@@ -100,7 +103,8 @@ func Build(ctx context.Context, cfg Config) (*Tier, error) {
 	if !cfg.Redis.Enabled() {
 		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")
 		mem := MemoryAuthority(cfg.MaxKeys, cfg.MaxBytes)
-		return &Tier{Authority: split.New(mem, nil), Kind: "memory", mem: mem, Reservations: split.NewReserver(mem), cfg: cfg}, nil
+		sp := split.New(mem, nil)
+		return &Tier{Authority: sp, Peeker: sp, Kind: "memory", mem: mem, Reservations: split.NewReserver(mem), cfg: cfg}, nil
 	}
 	// shared → guard → lane, one per store, each reached as configured
 	// (internal/redisclient: standalone, Cluster or Sentinel, TLS, ACL).
@@ -125,7 +129,8 @@ func Build(ctx context.Context, cfg Config) (*Tier, error) {
 	routed := enforcement.NewStores(def.shared, namedStores(t.stores[1:]))
 	t.Reservations = split.NewReserver(routed) // split keys reserve on their sub-buckets
 	// split: over the routing.
-	t.Authority = split.New(routed, nil)
+	sp := split.New(routed, nil)
+	t.Authority, t.Peeker = sp, sp
 	// lease: outermost, over split; its blocks are taken from the routing.
 	if cfg.LeaseBlock > 0 {
 		t.lease = lease.New(t.Authority, routed, lease.Config{
