@@ -87,7 +87,7 @@ func addSupport(g *lifecycle.Group, mux *http.ServeMux, cfg config, lim *enforce
 		}
 		return r, err
 	}
-	mux.Handle("GET /admin/keys/local", adminOnly(cfg.AuthToken, support.LocalHandler(support.Local{Limiter: lim, Instance: cfg.InstanceID, Policy: info})))
+	mux.Handle("GET /admin/keys/local", adminOnly(cfg.AuthToken, support.LocalHandler(support.Local{Limiter: lim, Instance: cfg.InstanceID, Policy: info, Lease: auth.LeaseHeld})))
 	mux.Handle("GET /admin/keys/inspect", adminOnly(cfg.AuthToken, support.InspectHandler(in)))
 	mux.Handle("POST /admin/keys/reset", adminOnly(cfg.AuthToken, support.ResetHandler(rs)))
 	log.Debug("support routes", "fleet", len(in.Limiters), "stores", len(stores))

@@ -3,6 +3,7 @@ package sharedtier
 import (
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/limits"
 )
@@ -34,4 +35,14 @@ func (t *Tier) SupportStores() []SupportStore {
 		out = append(out, SupportStore{Name: h.name, Prefix: prefix, Store: h.shared.Store(), Client: h.conn.UniversalClient})
 	}
 	return out
+}
+
+// LeaseHeld is what this instance holds leased of (key, scope)'s bucket;
+// false when leasing is off (LIMITER_LEASE_BLOCK unset) or the key was
+// never leased here.
+func (t *Tier) LeaseHeld(key, scope string) (lease.Held, bool) {
+	if t.lease == nil {
+		return lease.Held{}, false
+	}
+	return t.lease.Held(key, scope)
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog"
 )
@@ -17,6 +18,8 @@ type Local struct {
 	Instance string
 	// Policy is the policy information /readyz shows (revision, source).
 	Policy func() policylog.Info
+	// Lease, optional, is what this limiter holds leased of a key.
+	Lease func(key, scope string) (lease.Held, bool)
 }
 
 // LocalHandler serves GET /admin/keys/local?key=K&scope=S: this limiter's
@@ -31,6 +34,11 @@ func LocalHandler(l Local) http.Handler {
 		a := LocalAnswer{Instance: l.Instance, View: l.Limiter.LocalView(key, scope)}
 		if l.Policy != nil {
 			a.Policy = l.Policy()
+		}
+		if l.Lease != nil {
+			if h, ok := l.Lease(key, scope); ok {
+				a.Lease = &h
+			}
 		}
 		rule, err := RuleFor(l.Limiter.Policy(), key, scope)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/policylog"
 )
@@ -44,6 +45,9 @@ type LocalAnswer struct {
 	Rule     *Rule                 `json:"rule,omitempty"`
 	RuleErr  string                `json:"ruleError,omitempty"`
 	View     enforcement.LocalView `json:"view"`
+	// Lease is what this limiter holds leased of the key's bucket (a hot
+	// key's blocks); absent when leasing is off or it never leased it.
+	Lease *lease.Held `json:"lease,omitempty"`
 }
 
 // Report is inspect's answer. A part that could not be read carries its
@@ -66,7 +70,7 @@ type Report struct {
 	Reservations NotePart `json:"reservations"`
 	// Split is each sub-bucket of a split key (absent: not split).
 	Split *SplitPart `json:"split,omitempty"`
-	// Leases held per limiter are in Limiters (a hot key's leased blocks).
+	// Leases held per limiter are in Limiters (lease: a hot key's blocks).
 	// Global is the key's global budget (absent: the limit is regional).
 	Global *NotePart `json:"global,omitempty"`
 	// Limiters is one entry per limiter of the fleet: its local view.
