@@ -59,13 +59,14 @@ func openClickHouse(c *chconn.Config, g *lifecycle.Group) (driver.Conn, string) 
 }
 
 // addSupport registers the support routes on mux behind the admin token
-// and, per shared store, the reset listener.
-func addSupport(g *lifecycle.Group, mux *http.ServeMux, cfg config, lim *enforcement.Limiter, auth *sharedtier.Tier, info func() policylog.Info, log *slog.Logger) {
+// and, per shared store, the reset listener; usage emits a quota reset's
+// usage event.
+func addSupport(g *lifecycle.Group, mux *http.ServeMux, cfg config, lim *enforcement.Limiter, auth *sharedtier.Tier, info func() policylog.Info, usage func(key, scope, id string, res enforcement.Resolved, at time.Time), log *slog.Logger) {
 	stores := auth.SupportStores()
 	in := &support.Inspector{Limiters: cfg.Support.FleetURLs, Token: cfg.AuthToken,
 		HTTP: &http.Client{Timeout: 5 * time.Second}, Stores: map[string]*redisstore.Store{}}
 	rs := &support.Resetter{Keys: cfg.PolicyLog.Keys, Policy: lim.Policy, Instance: cfg.InstanceID,
-		Forget: func(key, scope string) { lim.Forget(key, scope) }}
+		Forget: func(key, scope string) { lim.Forget(key, scope) }, Usage: usage}
 	for i, s := range stores {
 		ref := support.StoreRef{Name: s.Name, Store: s.Store}
 		rs.Stores = append(rs.Stores, ref)

@@ -165,3 +165,56 @@ func TestKeyInspectAndReset(t *testing.T) {
 		t.Fatalf("with %s killed: limiters %+v, bucket error %q", b.url, rep.Limiters, rep.Bucket.Error)
 	}
 }
+
+// TestQuotaResetIsAUsageEvent: a quota reset sets the key's count back to
+// zero and is an event of kind reset on the decisions topic, carrying the
+// reset's id, beside the decisions it follows.
+func TestQuotaResetIsAUsageEvent(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	const topic = "ratelimit.decisions"
+	k := testenv.StartKafka(t, topic, 1)
+	dir := t.TempDir()
+	sam, samKey := signerFile(t, dir, "sam")
+	ringPath := filepath.Join(dir, "keyring")
+	if err := os.WriteFile(ringPath, []byte(sam.KeyringLine("sam")+" role=support\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startLimiter(t, supportPolicy, "REDIS_ADDRS="+r.Addr(), "KAFKA_BROKERS="+k.Addr(), "POLICY_TRUSTED_KEYS_FILE="+ringPath)
+	for range 3 {
+		if _, status := p.check(t, "acct_q", "api", 1); status != 200 {
+			t.Fatal("check failed")
+		}
+	}
+	out, errOut, code := runCLI(t, []string{"LIMITER_FLEET_URLS=" + p.url, "POLICY_SIGNING_KEY_FILE=" + samKey},
+		"key", "reset", "acct_q", "--scope", "api", "--quota", "--reason", "double-counted by the settle bug", "--json")
+	if code != 0 {
+		t.Fatalf("quota reset: exit %d: %s %s", code, out, errOut)
+	}
+	var ans struct {
+		Record struct {
+			support.Audit
+			Before, After struct{ QuotaUsed int64 }
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &ans); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if ans.Record.Before.QuotaUsed != 3 || ans.Record.After.QuotaUsed != 0 || ans.Record.ID == "" {
+		t.Fatalf("record %+v, want quota used 3 → 0", ans.Record)
+	}
+	eventually(t, "the reset's event on the topic", func() bool {
+		for _, ev := range topicEvents(t, k.Addr(), topic) {
+			if ev.Key == "acct_q" && ev.Kind == "reset" {
+				if ev.Reservation != ans.Record.ID || ev.Cost != 0 || ev.Limit != 1000 {
+					t.Fatalf("reset event %+v, want id %s, no cost, quota limit 1000", ev, ans.Record.ID)
+				}
+				return true
+			}
+		}
+		return false
+	})
+	if d, _ := p.check(t, "acct_q", "api", 1); !d.Allowed {
+		t.Fatal("check after the quota reset rejected")
+	}
+}

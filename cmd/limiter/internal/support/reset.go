@@ -110,6 +110,9 @@ type Resetter struct {
 	Forget func(key, scope string)
 	// Instance names this limiter in the audit.
 	Instance string
+	// Usage, optional, emits the usage event of an applied quota reset
+	// (metering.KindReset), so that the key's usage history explains it.
+	Usage func(key, scope, id string, res enforcement.Resolved, at time.Time)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -149,7 +152,8 @@ func (r *Resetter) Apply(ctx context.Context, sr SignedReset) (json.RawMessage, 
 	if req.Author != "" {
 		a.Author = "unauthenticated (claims " + req.Author + ")"
 	}
-	lim, ref := r.judge(sr, req, &a)
+	res, ref := r.judge(sr, req, &a)
+	lim := res.Limit
 	st := r.storeOf(lim.Store)
 	if ref == nil && st == nil {
 		ref = &Refused{CodeInvalid, fmt.Sprintf("the key's limit names store %q, which this limiter lacks", lim.Store)}
@@ -180,13 +184,16 @@ func (r *Resetter) Apply(ctx context.Context, sr SignedReset) (json.RawMessage, 
 	if r.Forget != nil {
 		r.Forget(req.Key, req.Scope)
 	}
+	if req.Op == redisstore.ResetQuota && r.Usage != nil {
+		r.Usage(req.Key, req.Scope, req.ID, res, a.Time)
+	}
 	return rec, nil
 }
 
 // judge checks the signature, the role, the reason, the time and the
 // operation, filling the audit's author; it returns the key's limit.
-func (r *Resetter) judge(sr SignedReset, req ResetRequest, a *Audit) (enforcement.Limit, *Refused) {
-	var lim enforcement.Limit
+func (r *Resetter) judge(sr SignedReset, req ResetRequest, a *Audit) (enforcement.Resolved, *Refused) {
+	var lim enforcement.Resolved
 	if r.Keys == nil {
 		return lim, &Refused{CodeNoKeyring, "resets need POLICY_TRUSTED_KEYS_FILE on the limiter: nobody can be authenticated without it"}
 	}
@@ -212,9 +219,9 @@ func (r *Resetter) judge(sr SignedReset, req ResetRequest, a *Audit) (enforcemen
 		return lim, &Refused{CodeInvalid, "resolve the key's limit: " + err.Error()}
 	}
 	if req.Op == redisstore.ResetQuota && !res.HasQuota() {
-		return res.Limit, &Refused{CodeInvalid, "the key's limit has no quota"}
+		return res, &Refused{CodeInvalid, "the key's limit has no quota"}
 	}
-	return res.Limit, nil
+	return res, nil
 }
 
 // Listen drops this limiter's local view of every key a reset is
