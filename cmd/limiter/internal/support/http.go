@@ -3,6 +3,7 @@ package support
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 
@@ -58,10 +59,23 @@ func RuleFor(p enforcement.Policy, key, scope string) (*Rule, error) {
 		return nil, err
 	}
 	explain := ""
-	if pp, ok := p.(*policy.Policy); ok {
+	var ov *OverrideRef
+	switch pp := p.(type) {
+	case *policy.Policy:
 		explain = policy.Explain(pp, key, scope, "")
+	case *policy.WithOverrides:
+		explain = policy.Explain(pp.Policy, key, scope, "")
+		for _, k := range []policy.OverrideKey{{Key: key, Scope: scope}, {Key: key}} {
+			if tag, ok := pp.Overrides().Tag(k); ok {
+				ov = &OverrideRef{Key: k.Key, Scope: k.Scope, Revision: tag.Revision}
+				explain = fmt.Sprintf("override of %s (scope %q) in force, from policy log revision %d, ahead of every rule (`limiter override get %s` shows its author and reason); the document alone would say:\n%s",
+					k.Key, k.Scope, tag.Revision, k.Key, explain)
+				break
+			}
+		}
 	}
 	r := RuleOf(res, explain)
+	r.Override = ov
 	return &r, nil
 }
 

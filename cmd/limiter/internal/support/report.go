@@ -29,6 +29,17 @@ type Rule struct {
 	Explain string            `json:"explain,omitempty"`
 	// From says whose policy this is: a limiter's URL, or POLICY_FILE.
 	From string `json:"from,omitempty"`
+	// Override is the policy log's override of the key in force, when
+	// one is (its record, at Revision, has the author and the reason).
+	Override *OverrideRef `json:"override,omitempty"`
+}
+
+// OverrideRef names an override in force: the key (and scope, empty for
+// the whole key) and the policy log revision that set it.
+type OverrideRef struct {
+	Key      string `json:"key"`
+	Scope    string `json:"scope,omitempty"`
+	Revision int64  `json:"revision"`
 }
 
 // RuleOf is the Rule of a resolved limit.
