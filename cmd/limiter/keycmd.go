@@ -200,6 +200,12 @@ func printReport(w io.Writer, rep support.Report) {
 			fmt.Fprintf(tw, "  %s\t%s\tallowed %t\tremaining %d\t%s\t%s\n", d.Time.Format(time.RFC3339Nano), d.Source, d.Allowed, d.Remaining, d.Policy, d.Instance)
 		}
 	}
+	fmt.Fprintln(tw, "soft-limit webhooks:")
+	if !unread(rep.Webhooks.Part) {
+		for _, w := range rep.Webhooks.Rows {
+			fmt.Fprintf(tw, "  %s\t%s\tattempt %d\t%d %s\t%s\n", w.Time.Format(time.RFC3339Nano), w.Scope, w.Attempt, w.StatusCode, w.Outcome, w.URL)
+		}
+	}
 	fmt.Fprintln(tw, "resets (newest first):")
 	if rep.ResetsError != "" {
 		fmt.Fprintf(tw, "  UNREAD: %s\n", rep.ResetsError)

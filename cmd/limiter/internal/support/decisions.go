@@ -59,3 +59,63 @@ func (q recentQuery) run(ctx context.Context, conn driver.Conn) ([]Decision, err
 	}
 	return out, rows.Err()
 }
+
+// Webhook is one soft-limit webhook delivery attempt (webhook_deliveries).
+type Webhook struct {
+	Time       time.Time `json:"time"`
+	Scope      string    `json:"scope"`
+	URL        string    `json:"url"`
+	Attempt    uint16    `json:"attempt"`
+	StatusCode uint16    `json:"statusCode"`
+	Outcome    string    `json:"outcome"`
+	Error      string    `json:"error,omitempty"`
+}
+
+// webhookQuery is the latest soft-limit webhook attempts of one key (every
+// scope: a warning is the key's), newest first, within the last day. The
+// table is ordered by key, so the read is the key's rows only.
+type webhookQuery struct {
+	Database string
+	Key      string
+	Limit    int
+}
+
+func (q webhookQuery) table() string {
+	db := q.Database
+	if db == "" {
+		db = "ratelimit"
+	}
+	return db + ".webhook_deliveries"
+}
+
+func (q webhookQuery) toSQL() (string, []any) {
+	n := q.Limit
+	if n <= 0 {
+		n = 10
+	}
+	return fmt.Sprintf(`SELECT attempted_ms, scope, url, attempt, status_code, outcome, error
+FROM %s
+WHERE key = ? AND attempted_at >= ?
+ORDER BY attempted_ms DESC
+LIMIT %d`, q.table(), n), []any{q.Key, time.Now().Add(-24 * time.Hour).UTC()}
+}
+
+func (q webhookQuery) run(ctx context.Context, conn driver.Conn) ([]Webhook, error) {
+	sql, args := q.toSQL()
+	rows, err := conn.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("query %s: %w", q.table(), err)
+	}
+	defer rows.Close()
+	out := []Webhook{}
+	for rows.Next() {
+		var w Webhook
+		var ms uint64
+		if err := rows.Scan(&ms, &w.Scope, &w.URL, &w.Attempt, &w.StatusCode, &w.Outcome, &w.Error); err != nil {
+			return nil, fmt.Errorf("read %s: %w", q.table(), err)
+		}
+		w.Time = time.UnixMilli(int64(ms)).UTC()
+		out = append(out, w)
+	}
+	return out, rows.Err()
+}

@@ -213,24 +213,34 @@ func (in *Inspector) askOne(ctx context.Context, base, key, scope string) (*Loca
 	return &a, nil
 }
 
-// readDecisions fills the recorded decisions from ClickHouse.
+// readDecisions fills the recorded decisions and webhooks from
+// ClickHouse, both within one part deadline.
 func (in *Inspector) readDecisions(ctx context.Context, rep *Report) {
-	rep.Decisions.Rows = []Decision{}
+	rep.Decisions.Rows, rep.Webhooks.Rows = []Decision{}, []Webhook{}
 	q := recentQuery{Database: in.Database, Key: rep.Key, Scope: rep.Scope, Limit: in.Decisions}
-	rep.Decisions.Where = "clickhouse " + q.table()
+	w := webhookQuery{Database: in.Database, Key: rep.Key}
+	rep.Decisions.Where, rep.Webhooks.Where = "clickhouse "+q.table(), "clickhouse "+w.table()
 	if in.ClickHouse == nil {
 		rep.Decisions.Error = "ClickHouse is not configured here (CLICKHOUSE_ADDR)"
+		rep.Webhooks.Error = rep.Decisions.Error
 		return
 	}
 	cctx, cancel := context.WithTimeout(ctx, in.timeout())
 	defer cancel()
-	rows, err := q.run(cctx, in.ClickHouse)
-	if err != nil {
+	explain := func(err error) string {
 		if errors.Is(cctx.Err(), context.DeadlineExceeded) {
 			err = fmt.Errorf("no answer within %v: %w", in.timeout(), err)
 		}
-		rep.Decisions.Error = err.Error()
-		return
+		return err.Error()
 	}
-	rep.Decisions.Rows = rows
+	if rows, err := q.run(cctx, in.ClickHouse); err != nil {
+		rep.Decisions.Error = explain(err)
+	} else {
+		rep.Decisions.Rows = rows
+	}
+	if rows, err := w.run(cctx, in.ClickHouse); err != nil {
+		rep.Webhooks.Error = explain(err)
+	} else {
+		rep.Webhooks.Rows = rows
+	}
 }

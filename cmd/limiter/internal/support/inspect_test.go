@@ -56,6 +56,16 @@ func TestInspectMarksWhatItCannotRead(t *testing.T) {
 	if err := b.Send(); err != nil {
 		t.Fatal(err)
 	}
+	wb, err := conn.PrepareBatch(ctx, "INSERT INTO "+db+".webhook_deliveries (delivery_id, attempt, key, scope, url, attempted_at, attempted_ms, status_code, outcome)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wb.Append("d1", uint16(1), "acct_vip", "api", "https://hooks.example/rl", now.UTC(), uint64(now.UnixMilli()), uint16(200), "delivered"); err != nil {
+		t.Fatal(err)
+	}
+	if err := wb.Send(); err != nil {
+		t.Fatal(err)
+	}
 
 	dir := t.TempDir()
 	if err := os.WriteFile(dir+"/policy.yaml", []byte(faultPolicy), 0o644); err != nil {
@@ -97,6 +107,9 @@ func TestInspectMarksWhatItCannotRead(t *testing.T) {
 	if rep.Decisions.Error != "" || len(rep.Decisions.Rows) != 1 || rep.Decisions.Rows[0].Source != "local" {
 		t.Fatalf("decisions: %+v", rep.Decisions)
 	}
+	if rep.Webhooks.Error != "" || len(rep.Webhooks.Rows) != 1 || rep.Webhooks.Rows[0].StatusCode != 200 {
+		t.Fatalf("webhooks: %+v", rep.Webhooks)
+	}
 
 	// Now the faults.
 	r.Process().Kill()
@@ -114,8 +127,8 @@ func TestInspectMarksWhatItCannotRead(t *testing.T) {
 	if rep.Bucket.Error == "" || rep.Debt.Error == "" || rep.ResetsError == "" {
 		t.Fatalf("Redis stopped: bucket %q, debt %q, resets %q; want each marked", rep.Bucket.Error, rep.Debt.Error, rep.ResetsError)
 	}
-	if rep.Decisions.Error == "" {
-		t.Fatal("ClickHouse frozen: decisions not marked")
+	if rep.Decisions.Error == "" || rep.Webhooks.Error == "" {
+		t.Fatal("ClickHouse frozen: decisions or webhooks not marked")
 	}
 	if rep.Limiters[1].Error == "" || rep.Limiters[0].Error != "" {
 		t.Fatalf("limiters: %+v", rep.Limiters)

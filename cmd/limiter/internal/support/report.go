@@ -88,6 +88,8 @@ type Report struct {
 	Limiters []LimiterPart `json:"limiters"`
 	// Decisions are the latest recorded decisions of the key and scope.
 	Decisions DecisionsPart `json:"decisions"`
+	// Webhooks are the latest soft-limit webhooks sent for the key.
+	Webhooks WebhooksPart `json:"webhooks"`
 	// Resets are the audit records of the key's resets, newest first.
 	Resets      []json.RawMessage `json:"resets"`
 	ResetsError string            `json:"resetsError,omitempty"`
@@ -149,6 +151,12 @@ type LimiterPart struct {
 type DecisionsPart struct {
 	Part
 	Rows []Decision `json:"rows"`
+}
+
+// WebhooksPart is the latest soft-limit webhook attempts in ClickHouse.
+type WebhooksPart struct {
+	Part
+	Rows []Webhook `json:"rows"`
 }
 
 // Decision is one recorded decision (decisions_raw).
