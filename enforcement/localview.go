@@ -8,7 +8,8 @@ import "time"
 // state (a local rejection is decided here, from this, without asking).
 // Times are wall times on this limiter's clock; tokens are refilled to now.
 type LocalView struct {
-	Key, Scope string
+	Key   string `json:"key"`
+	Scope string `json:"scope"`
 	// Held: the local tier holds an entry for the key; the rest is zero
 	// when it does not.
 	Held bool `json:"held"`
