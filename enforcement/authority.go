@@ -133,12 +133,21 @@ func (m *MemoryAuthority) Take(_ context.Context, key, scope string, lim Limit, 
 	b.rate, b.burst = lim.Rate, lim.Burst
 
 	var q *memQuota
-	quotaOK, quotaWait := true, time.Duration(0)
 	if lim.HasQuota() {
 		q, _ = m.quotas.get(bucketID{key, lim.QuotaID}, now.Unix(), nil)
 		q.mu.Lock()
 		defer q.mu.Unlock()
 		q.limit = lim.QuotaLimit
+	}
+	return memDecide(now, &b.bucket, q, lim, cost), nil
+}
+
+// memDecide is one decision on bucket b and quota window q (nil without a
+// quota), both held by the caller: Take's on the stored state, Peek's on
+// copies of it.
+func memDecide(now time.Time, b *Bucket, q *memQuota, lim Limit, cost int64) Verdict {
+	quotaOK, quotaWait := true, time.Duration(0)
+	if q != nil {
 		start, end := lim.QuotaPeriod.Window(now)
 		if q.window != start.Unix() {
 			q.window, q.end, q.used = start.Unix(), end.Unix(), 0
@@ -153,11 +162,11 @@ func (m *MemoryAuthority) Take(_ context.Context, key, scope string, lim Limit, 
 	if !quotaOK {
 		spend = 0
 	}
-	r := b.bucket.Take(now.UnixMicro(), lim.Rate, lim.Burst, spend)
+	r := b.Take(now.UnixMicro(), lim.Rate, lim.Burst, spend)
 	v := Verdict{Now: now, Allowed: quotaOK && r.Allowed, ClockBack: r.ClockBack}
 	if !quotaOK && r.Allowed && cost > 0 {
 		// Would the bucket alone have allowed cost? Ask without spending.
-		probe := b.bucket
+		probe := *b
 		r.RetryAfterUS = probe.Take(now.UnixMicro(), lim.Rate, lim.Burst, cost).RetryAfterUS
 	}
 	if v.Allowed {
@@ -174,7 +183,7 @@ func (m *MemoryAuthority) Take(_ context.Context, key, scope string, lim Limit, 
 		v.QuotaUsed = q.used
 	}
 	v.Warning = lim.SoftLimitReached(r.Tokens, v.QuotaUsed)
-	return v, nil
+	return v
 }
 
 // Sweep forgets buckets that are full at now and quota windows that have

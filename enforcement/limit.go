@@ -62,6 +62,10 @@ type Request struct {
 	// reservation (Decision.Reservation) that Limiter.Settle charges the
 	// actual cost to.
 	Reserve bool
+	// Peek asks what the request would get without spending anything:
+	// Check answers it as Limiter.Peek does (no write to the store, no
+	// local tier charged, no decision recorded).
+	Peek bool
 	// Domain is the Envoy rate limit domain the request came through (empty
 	// for /check and the middleware). It plays no part in the decision; it
 	// is recorded with it.

@@ -120,6 +120,10 @@ type Config struct {
 	// SettleQueue bounds the settles and charges held while the store
 	// cannot be asked (default DefaultSettleQueue).
 	SettleQueue int
+	// Peeker, optional, answers peeks (Limiter.Peek) for the limits
+	// Authority decides: the same buckets, read without writing. Nil: the
+	// Authority itself when it is a Peeker, else peeks are ErrPeekUnsupported.
+	Peeker Peeker
 	// Shadow, optional, evaluates shadow limits beside every decision
 	// (Decision.Shadow); it never changes the enforced decision.
 	Shadow ShadowEvaluator
@@ -266,6 +270,9 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 	// d is the named result, filled in place: a Decision is large, and
 	// copying a freshly written one costs store-forwarding stalls that
 	// showed in the local tier's profile.
+	if req.Peek {
+		return l.Peek(ctx, req) // peek.go: nothing spent, nothing recorded
+	}
 	start := l.read() // one clock reading serves the whole local path
 	if req.Key == "" || req.Scope == "" || (req.HasCost && req.Cost < 0) {
 		return Decision{}, fmt.Errorf("%w: key and scope are required and cost must be ≥ 0", ErrInvalidRequest)

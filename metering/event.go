@@ -105,6 +105,13 @@ const (
 	KindDecision = "decision"
 	KindSettle   = "settle"
 	KindCharge   = "charge"
+	// KindReset is a support reset of the key's calendar quota (`limiter
+	// key reset --quota`, docs/support.md): not a request and no cost
+	// (Cost, Estimate and Actual are 0), so totals are unchanged; it marks
+	// in the key's usage history where its quota count went back to zero.
+	// Reservation is the reset's id, the id of its audit record; Limit the
+	// quota limit and Remaining what is left of it after (all of it).
+	KindReset = "reset"
 )
 
 // IsDecision reports whether e records a decision (a request), not a

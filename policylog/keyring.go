@@ -111,7 +111,8 @@ func ValidIdentity(id string) bool { return identityPattern.MatchString(id) }
 type trustedKey struct {
 	identity string
 	pub      ed25519.PublicKey
-	until    int64 // the last revision the key may sign; 0 = any
+	until    int64  // the last revision the key may sign; 0 = any
+	role     string // what it may sign (roles.go)
 }
 
 // Keyring is the writers a reader trusts: an identity per Ed25519 public
@@ -121,9 +122,9 @@ type Keyring struct {
 }
 
 // ParseKeyring reads a keyring: one writer per line, `IDENTITY KEY
-// [until=N]`, KEY being the base64 body of the public key's PEM (a PKIX
-// SubjectPublicKeyInfo) on one line and until= retiring it after revision
-// N; blank lines and lines starting with '#' are skipped. Every malformed
+// [until=N] [role=R]`, KEY being the base64 body of the public key's PEM (a PKIX
+// SubjectPublicKeyInfo) on one line, until= retiring it after revision
+// N and role= bounding what it may sign (roles.go; default writer); blank lines and lines starting with '#' are skipped. Every malformed
 // line is reported.
 func ParseKeyring(r io.Reader) (*Keyring, error) {
 	k := &Keyring{byID: map[string]trustedKey{}}
@@ -136,19 +137,32 @@ func ParseKeyring(r io.Reader) (*Keyring, error) {
 			continue
 		}
 		f := strings.Fields(line)
-		if len(f) != 2 && len(f) != 3 {
-			errs = append(errs, fmt.Errorf("line %d: want IDENTITY KEY [until=REVISION], got %d fields", n, len(f)))
+		if len(f) < 2 || len(f) > 4 {
+			errs = append(errs, fmt.Errorf("line %d: want IDENTITY KEY [until=REVISION] [role=ROLE], got %d fields", n, len(f)))
 			continue
 		}
 		var until int64
-		if len(f) == 3 {
-			v, ok := strings.CutPrefix(f[2], "until=")
+		role, bad := RoleWriter, false
+		for _, opt := range f[2:] {
+			if v, ok := strings.CutPrefix(opt, "role="); ok {
+				if !validRole(v) {
+					errs = append(errs, fmt.Errorf("line %d (%s): %q: want role=%s, role=%s or role=%s", n, f[0], opt, RoleWriter, RoleSupport, RoleRead))
+					bad = true
+				}
+				role = v
+				continue
+			}
+			v, ok := strings.CutPrefix(opt, "until=")
 			u, err := strconv.ParseInt(v, 10, 64)
 			if !ok || err != nil || u < 1 {
-				errs = append(errs, fmt.Errorf("line %d (%s): %q: want until=REVISION, a revision of 1 or more", n, f[0], f[2]))
+				errs = append(errs, fmt.Errorf("line %d (%s): %q: want until=REVISION, a revision of 1 or more", n, f[0], opt))
+				bad = true
 				continue
 			}
 			until = u
+		}
+		if bad {
+			continue
 		}
 		if !ValidIdentity(f[0]) {
 			errs = append(errs, fmt.Errorf("line %d: identity %q: letters, digits and ._@+- only, at most 128", n, f[0]))
@@ -164,7 +178,7 @@ func ParseKeyring(r io.Reader) (*Keyring, error) {
 			errs = append(errs, fmt.Errorf("line %d: the key of %s is already %s's", n, f[0], prev.identity))
 			continue
 		}
-		k.byID[id] = trustedKey{identity: f[0], pub: pub, until: until}
+		k.byID[id] = trustedKey{identity: f[0], pub: pub, until: until, role: role}
 	}
 	if err := sc.Err(); err != nil {
 		errs = append(errs, err)
@@ -236,6 +250,9 @@ func (k *Keyring) check(key string, value []byte, vouched func([16]byte) bool) (
 	t, ok := k.byID[id]
 	if !ok {
 		return "", 0, sum, fmt.Errorf("%w: signed by key %s, which the keyring does not hold", ErrUnauthenticated, id)
+	}
+	if t.role != RoleWriter {
+		return "", 0, sum, fmt.Errorf("%w: signed by key %s (%s), whose role %q may not write the policy log", ErrUnauthenticated, id, t.identity, t.role)
 	}
 	sum = checkedSum(t.pub, key, value)
 	if vouched != nil && vouched(sum) {

@@ -51,6 +51,12 @@ service) with its configuration read from the environment: docs/reference.md,
 				{Name: "delete", Args: "KEY [--scope S] --reason TEXT", Run: policyctl.OverrideDelete,
 					Summary: "remove an override (a tombstone on the log)"},
 			}},
+			{Name: "key", Summary: "one key, seen whole and set right (docs/support.md)", Sub: []cli.Command{
+				{Name: "inspect", Args: "KEY --scope S [--limiters URL,URL...] [--json]", Run: keyInspect,
+					Summary: "everything that decides the key's next answer, read at one moment"},
+				{Name: "reset", Args: "KEY --scope S (--refill | --grant N | --clear-debt | --quota) --reason TEXT [--json]", Run: keyReset,
+					Summary: "set the key right in the store, signed and audited; every limiter drops its local view"},
+			}},
 			{Name: "fleet", Summary: "the limiters that share the policy log", Sub: []cli.Command{
 				{Name: "status", Args: "[--limiters URL,URL...] [--json]", Run: policyctl.FleetStatus,
 					Summary: "the revision each limiter applied, beside the log's head"},

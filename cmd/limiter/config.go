@@ -67,6 +67,7 @@ type config struct {
 	FleetHeartbeat time.Duration // period of the fleet heartbeat (live instance count)
 	ReservationTTL time.Duration // an unsettled reservation is settled at its estimate after this
 	Shadow         shadowConfig  // shadow limits beside enforcement (shadow.go)
+	Support        supportConfig // inspect and reset (keyapi.go)
 
 	// ListenTLS is the certificate of the HTTP and gRPC listeners
 	// (LIMITER_TLS_CERT_FILE, LIMITER_TLS_KEY_FILE, both or neither), for
@@ -123,6 +124,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		ReservationTTL:    e.Duration("LIMITER_RESERVATION_TTL", enforcement.DefaultReservationTTL, s, 24*time.Hour),
 	}
 	c.Shadow = shadowConfigFrom(e, c.StoreTimeout)
+	c.Support = supportConfigFrom(e)
 	c.PolicyLog = policyLogConfigFrom(e, c.KafkaBrokers)
 	c.Stores = redisclient.StoresFromEnv(e, c.Redis, limits.ValidStoreName)
 	c.RegionConfig = sharedtier.RegionsFromEnv(e, c.Redis)

@@ -47,6 +47,9 @@ type checkBody struct {
 	// Reserve: the cost is an estimate; an allowed answer carries the
 	// reservation to settle (POST /settle).
 	Reserve *bool `json:"reserve"`
+	// Peek: answer as /check would, spending nothing and recording
+	// nothing (enforcement.Request.Peek). Rare: the general decoder reads it.
+	Peek *bool `json:"peek"`
 }
 
 // DecodeCheck parses a /check body. Unknown fields are ignored; known fields
@@ -140,6 +143,7 @@ func validateCheck(b *checkBody) (enforcement.Request, *Error) {
 		req.Cost, req.HasCost = cost, true
 	}
 	req.Reserve = b.Reserve != nil && *b.Reserve
+	req.Peek = b.Peek != nil && *b.Peek
 	return req, nil
 }
 

@@ -120,6 +120,10 @@ func errorFor(err error) *Error {
 		return apiErr
 	case errors.Is(err, enforcement.ErrCostExceedsLimit):
 		return &Error{Status: http.StatusBadRequest, Code: "cost_exceeds_limit", Message: err.Error()}
+	case errors.Is(err, enforcement.ErrPeekUnavailable):
+		return &Error{Status: http.StatusServiceUnavailable, Code: "store_unavailable", Message: err.Error()}
+	case errors.Is(err, enforcement.ErrPeekUnsupported):
+		return &Error{Status: http.StatusNotImplemented, Code: "peek_unsupported", Message: err.Error()}
 	case errors.Is(err, enforcement.ErrUnknownTier), errors.Is(err, enforcement.ErrInvalidRequest):
 		return &Error{Status: http.StatusBadRequest, Code: "invalid_request", Message: err.Error()}
 	}

@@ -83,3 +83,20 @@ func KeySlot(key, scope string) uint16 {
 	}
 	return crc16(key) % Count
 }
+
+// ResetLogKey is the Redis key of the audit of key's support resets,
+// "<prefix>:{key}:resets": a list, newest first, in the key's slot so that
+// a reset and its audit record are one script.
+func ResetLogKey(prefix, key string) string {
+	return prefix + ":{" + key + "}:resets"
+}
+
+// ResetMarkKey is the Redis key that marks reset id as applied to key,
+// "<prefix>:{key}:reset:id": a reset sent twice is applied once.
+func ResetMarkKey(prefix, key, id string) string {
+	return prefix + ":{" + key + "}:reset:" + id
+}
+
+// ResetChannel is the pub/sub channel a reset is announced on, so that
+// every limiter on the store drops its local view of the key.
+func ResetChannel(prefix string) string { return prefix + ":resets" }

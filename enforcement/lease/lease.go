@@ -270,8 +270,13 @@ func (a *Authority) now() int64 {
 	return max(1, int64(a.cfg.Now().Sub(a.epoch)/time.Microsecond)+1)
 }
 
+// shardOf is the shard index of k.
+func shardOf(k id) uint64 {
+	return (maphash.String(seed, k.key) ^ maphash.String(seed, k.scope)*31) % shardCount
+}
+
 func (a *Authority) lookup(k id) *state {
-	s := &a.shards[(maphash.String(seed, k.key)^maphash.String(seed, k.scope)*31)%shardCount]
+	s := &a.shards[shardOf(k)]
 	s.mu.RLock()
 	st := s.m[k]
 	s.mu.RUnlock()

@@ -14,11 +14,13 @@
 -- qend     quota window end, ms since the epoch
 -- soft     soft limit, percent (0 = none)
 -- now      the store's clock, µs (TIME): every replica refills on one timeline
+-- dry      true (peek.lua): answer exactly as a spend would, writing nothing
+--          (the bucket and the counter stay byte for byte as they were)
 --
 -- Returns allowed, remaining, retry_ms, reset_ms, now_us, warning, quota_used, clock_back
 -- (now_us: the bucket's instant, µs, below 2^53 and so exact: the decision
 -- event carries it, and a replay decides the bucket at it).
-local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
+local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now, dry)
   -- clock: the store's time, for the quota window; now becomes the bucket's
   -- (the later of the two when the clock stepped back).
   local clock = now
@@ -37,8 +39,12 @@ local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
   if allowed then
     tokens = math.max(0, tokens - cost)
     if qlimit > 0 and cost > 0 then
-      qused = redis.call('INCRBY', qkey, cost)
-      redis.call('PEXPIREAT', qkey, qend + 60000)
+      if dry then
+        qused = qused + cost
+      else
+        qused = redis.call('INCRBY', qkey, cost)
+        redis.call('PEXPIREAT', qkey, qend + 60000)
+      end
     end
   else
     if not bucket_ok then
@@ -49,7 +55,12 @@ local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
     end
   end
 
-  local reset_ms = save_bucket(bkey, tokens, now, rate, burst, existed)
+  local reset_ms
+  if dry then
+    reset_ms = wait_ms(burst - tokens, rate)
+  else
+    reset_ms = save_bucket(bkey, tokens, now, rate, burst, existed)
+  end
 
   -- limits.SoftLimitReached in Go: consumption of the bucket, or of the
   -- quota, at or above soft percent.

@@ -83,6 +83,8 @@ const (
 	KindDecision = "decision"
 	KindSettle   = enforcement.KindSettle
 	KindCharge   = enforcement.KindCharge
+	// kindReset is a support reset's row (metering.KindReset).
+	kindReset = "reset"
 )
 
 // reservationTTL is how long the replay keeps an unsettled reservation:
@@ -247,6 +249,9 @@ func (e *Engine) Add(r Row) {
 	if r.Kind == KindSettle || r.Kind == KindCharge {
 		e.settle(&r)
 		return
+	}
+	if r.Kind == kindReset {
+		return // a support reset of a quota: no request, nothing to decide again
 	}
 	if e.total.Decisions == 0 || r.TS < e.first {
 		e.first = r.TS

@@ -76,6 +76,7 @@ func Path(base enforcement.Config, p Parts) (*enforcement.Limiter, spans.Checker
 	base.Global = p.Region.Authority()
 	base.Regions = p.Region.Count()
 	base.Reservations = p.Tier.Reservations // split, then the stores: no lease
+	base.Peeker = p.Tier.Peeker             // POST /check "peek": split, then the stores, read only
 	base.Shadow = p.Shadow
 	base.Observer = p.Metrics
 	base.Recorder = p.Metering
@@ -99,17 +100,26 @@ type chainSpec struct {
 
 // chain is the one code that stacks a chain below the local tier, for the
 // enforced tier, the shadow tier and the regions' global limits: the
-// bottom, split over it, lease over that. It returns the chain, its lease
-// (nil without) and its stage names from the top.
-func chain(c chainSpec) (enforcement.Authority, *lease.Authority, []string) {
-	a, stages := c.bottom, c.stages
+// bottom, split over it, lease over that.
+func chain(c chainSpec) built {
+	b := built{auth: c.bottom, stages: c.stages}
 	if c.split {
-		a, stages = split.New(a, nil), append([]string{"split"}, stages...)
+		sp := split.New(b.auth, nil)
+		b.auth, b.peek, b.stages = sp, sp, append([]string{"split"}, b.stages...)
 	}
-	var l *lease.Authority
 	if c.lease != nil {
-		l = lease.New(a, c.leaseStore, *c.lease)
-		a, stages = l, append([]string{"lease"}, stages...)
+		b.lease = lease.New(b.auth, c.leaseStore, *c.lease)
+		b.auth, b.stages = b.lease, append([]string{"lease"}, b.stages...)
 	}
-	return a, l, stages
+	return b
+}
+
+// built is a chain: its top, its lease (nil without), what answers a peek
+// (split over the stores, read only: a peek takes no lease block; nil
+// without split) and its stage names from the top.
+type built struct {
+	auth   enforcement.Authority
+	lease  *lease.Authority
+	peek   enforcement.Peeker
+	stages []string
 }

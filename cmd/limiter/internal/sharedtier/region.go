@@ -126,7 +126,8 @@ func (t *Tier) BuildRegion(g *lifecycle.Group, cfg RegionConfig, member string, 
 		"region", cfg.Region, "regions", cfg.Regions, "home", cfg.GlobalRedis.Addrs)
 	// The regions' chain, by the same code as the shared tier's: global
 	// limits are decided whole from the region's pool (no split, no lease).
-	auth, _, stages := chain(chainSpec{bottom: glob, stages: []string{"global"}})
+	b := chain(chainSpec{bottom: glob, stages: []string{"global"}})
+	auth, stages := b.auth, b.stages
 	return &Region{g: glob, auth: auth, stages: stages, home: home, n: len(cfg.Regions)}, nil
 }
 

@@ -63,6 +63,9 @@ type Tier struct {
 	// Reservations keeps reservations (reserve, settle, charge): the store
 	// routing itself, unwrapped, or single-node mode's authority.
 	Reservations enforcement.Reserver
+	// Peeker answers peeks (POST /check "peek"): split over the stores,
+	// reading the buckets the decisions spend without writing.
+	Peeker enforcement.Peeker
 
 	states   func() map[string]redisstore.State // breaker per shard; nil in memory mode
 	diagnose func(ctx context.Context) string   // why Redis does not answer; nil in memory mode
@@ -93,8 +96,8 @@ func Build(ctx context.Context, cfg Config) (*Tier, error) {
 	if !cfg.Redis.Enabled() {
 		log.Warn("REDIS_ADDRS is empty: single-node mode, decisions are correct for ONE limiter instance only")
 		mem := MemoryAuthority(cfg.MaxKeys, cfg.MaxBytes)
-		a, _, stages := chain(chainSpec{bottom: mem, stages: []string{"store"}, split: true})
-		return &Tier{Authority: a, Kind: "memory", mem: mem, Reservations: split.NewReserver(mem), stages: stages, cfg: cfg}, nil
+		b := chain(chainSpec{bottom: mem, stages: []string{"store"}, split: true})
+		return &Tier{Authority: b.auth, Peeker: b.peek, Kind: "memory", mem: mem, Reservations: split.NewReserver(mem), stages: b.stages, cfg: cfg}, nil
 	}
 	// shared → guard → lane, one per store, each reached as configured
 	// (internal/redisclient: standalone, Cluster or Sentinel, TLS, ACL).
@@ -134,7 +137,8 @@ func Build(ctx context.Context, cfg Config) (*Tier, error) {
 			Names:   cfg.KeyNames,
 		}
 	}
-	t.Authority, t.lease, t.stages = chain(spec)
+	b := chain(spec)
+	t.Authority, t.lease, t.Peeker, t.stages = b.auth, b.lease, b.peek, b.stages
 	return t, nil
 }
 
@@ -274,8 +278,8 @@ func (t *Tier) Stages() []string { return t.stages }
 func (t *Tier) ShadowChain(timeout time.Duration, log *slog.Logger) (enforcement.Authority, func(context.Context) error, []string) {
 	if t.rdb == nil {
 		mem := MemoryAuthority(t.cfg.MaxKeys, t.cfg.MaxBytes)
-		a, _, stages := chain(chainSpec{bottom: mem, stages: []string{"store"}, split: true})
-		return a, mem.Run, stages
+		b := chain(chainSpec{bottom: mem, stages: []string{"store"}, split: true})
+		return b.auth, mem.Run, b.stages
 	}
 	shared := redisstore.NewShared(t.rdb, redisstore.SharedConfig{
 		Prefix:   ShadowKeyPrefix(t.cfg.Redis.KeyPrefix),
@@ -283,6 +287,6 @@ func (t *Tier) ShadowChain(timeout time.Duration, log *slog.Logger) (enforcement
 		Guard:    t.cfg.guard(timeout),
 		Log:      log,
 	})
-	a, _, stages := chain(chainSpec{bottom: shared, stages: []string{"store", "guard", "pipeline"}, split: true})
-	return a, shared.Run, stages
+	b := chain(chainSpec{bottom: shared, stages: []string{"store", "guard", "pipeline"}, split: true})
+	return b.auth, shared.Run, b.stages
 }

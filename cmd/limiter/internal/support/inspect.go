@@ -1,0 +1,246 @@
+package support
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/ratewarden/ratewarden/enforcement/keyslot"
+	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+)
+
+// DefaultPartTimeout is how long inspect waits for one part (a limiter,
+// the store, ClickHouse) before marking it unread.
+const DefaultPartTimeout = 500 * time.Millisecond
+
+// Inspector reads one key's whole state. Its zero value reads nothing;
+// each source left nil is reported as not configured. Safe for concurrent
+// use.
+type Inspector struct {
+	// Limiters are the fleet's base URLs (LIMITER_FLEET_URLS), asked for
+	// their local view with Token (LIMITER_AUTH_TOKEN) as bearer.
+	Limiters []string
+	Token    string
+	HTTP     *http.Client
+	// Store is the default shared store (REDIS_ADDRS); Prefix its key
+	// prefix, only to name where a part lives.
+	Store  *redisstore.Store
+	Prefix string
+	// Stores are REDIS_STORES's, by name.
+	Stores map[string]*redisstore.Store
+	// ClickHouse and Database hold decisions_raw (CLICKHOUSE_*).
+	ClickHouse driver.Conn
+	Database   string
+	// FallbackRule resolves the rule when no limiter answers (POLICY_FILE);
+	// nil = none.
+	FallbackRule func(key, scope string) (*Rule, error)
+	// Timeout bounds each part (default DefaultPartTimeout).
+	Timeout time.Duration
+	// Decisions is how many recorded decisions to show (default 20).
+	Decisions int
+}
+
+func (in *Inspector) timeout() time.Duration {
+	if in.Timeout > 0 {
+		return in.Timeout
+	}
+	return DefaultPartTimeout
+}
+
+// Inspect reads key and scope: the fleet's views (and the rule they
+// resolve) first, then the store and ClickHouse at once. It always
+// answers; a part that could not be read says why.
+func (in *Inspector) Inspect(ctx context.Context, key, scope string) Report {
+	rep := Report{Key: key, Scope: scope, At: time.Now().UTC(), Resets: []json.RawMessage{}, Limiters: []LimiterPart{}}
+	rep.Limiters = in.askFleet(ctx, key, scope)
+	for _, l := range rep.Limiters {
+		if l.LocalAnswer != nil && l.LocalAnswer.Rule != nil {
+			r := *l.LocalAnswer.Rule
+			r.From = l.URL
+			rep.Rule = RulePart{Part: Part{Where: "limiter " + l.URL}, Rule: &r}
+			break
+		}
+	}
+	if rep.Rule.Rule == nil {
+		rep.Rule.Where = "the fleet's limiters (LIMITER_FLEET_URLS)"
+		switch {
+		case in.FallbackRule != nil:
+			r, err := in.FallbackRule(key, scope)
+			if err != nil {
+				rep.Rule.Error = err.Error()
+			} else {
+				rep.Rule = RulePart{Part: Part{Where: "POLICY_FILE " + r.From}, Rule: r}
+			}
+		default:
+			rep.Rule.Error = "no limiter answered and POLICY_FILE is not set"
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); in.readStore(ctx, &rep) }()
+	go func() { defer wg.Done(); in.readDecisions(ctx, &rep) }()
+	wg.Wait()
+	return rep
+}
+
+// readStore fills the store's parts: bucket, quota, debt, split, resets.
+func (in *Inspector) readStore(ctx context.Context, rep *Report) {
+	key, scope := rep.Key, rep.Scope
+	where := "redis " + keyslot.BucketKey(in.prefix(), key, scope)
+	rep.Bucket.Where, rep.Debt.Where = where, where
+	rep.Reservations = NotePart{Part: Part{Where: "redis " + keyslot.ReservationKey(in.prefix(), key, "*")},
+		Note: "not listed: reservation records are not indexed per key (a scan of the keyspace would load the store); a reservation's spend is in the bucket, and an unsettled one is settled at its estimate after LIMITER_RESERVATION_TTL"}
+	fail := func(msg string) {
+		rep.Bucket.Error, rep.Debt.Error, rep.ResetsError = msg, msg, msg
+		if rep.Quota != nil {
+			rep.Quota.Error = msg
+		}
+		if rep.Split != nil {
+			rep.Split.Error = msg
+		}
+	}
+	r := rep.Rule.Rule
+	if r == nil {
+		fail("the rule is unknown, so the bucket cannot be named: " + rep.Rule.Error)
+		return
+	}
+	lim := r.Limit
+	if lim.HasQuota() {
+		rep.Quota = &QuotaPart{Part: Part{Where: "redis (limits.QuotaKey) of quota " + lim.QuotaID}}
+	}
+	if lim.Split > 1 {
+		rep.Split = &SplitPart{Part: Part{Where: fmt.Sprintf("redis, %d sub-keys %s#0…#%d", lim.Split, key, lim.Split-1)}}
+	}
+	if r.Global {
+		rep.Global = &NotePart{Part: Part{Where: "the home region's Redis (GLOBAL_REDIS_ADDRS)",
+			Error: "not read: inspect does not read global budgets yet; the region's decisions show source regional while its home is unreachable"}}
+	}
+	st := in.Store
+	if lim.Store != "" {
+		st = in.Stores[lim.Store]
+	}
+	if st == nil {
+		fail(fmt.Sprintf("no store %q configured here (REDIS_ADDRS, REDIS_STORES)", lim.Store))
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, in.timeout())
+	defer cancel()
+	kv, err := st.Inspect(sctx, key, scope, lim, 20)
+	if err != nil {
+		fail(err.Error())
+		return
+	}
+	rep.Bucket.BucketView, rep.Bucket.StoreTime = &kv.Bucket, kv.StoreTime
+	rep.Debt.Tokens = kv.Bucket.Debt
+	if kv.Quota != nil && rep.Quota != nil {
+		rep.Quota.QuotaView, rep.Quota.Where = kv.Quota, "redis "+kv.Quota.RedisKey
+	}
+	if rep.Split != nil {
+		rep.Split.Buckets = kv.Split
+	}
+	rep.Resets = append(rep.Resets, kv.Resets...)
+}
+
+func (in *Inspector) prefix() string {
+	if in.Prefix == "" {
+		return "rl"
+	}
+	return in.Prefix
+}
+
+// askFleet asks every limiter for its view at once, each within the
+// part timeout.
+func (in *Inspector) askFleet(ctx context.Context, key, scope string) []LimiterPart {
+	out := make([]LimiterPart, len(in.Limiters))
+	var wg sync.WaitGroup
+	for i, u := range in.Limiters {
+		out[i] = LimiterPart{URL: u, Part: Part{Where: u + "/admin/keys/local"}}
+		wg.Add(1)
+		go func(p *LimiterPart) {
+			defer wg.Done()
+			a, err := in.askOne(ctx, p.URL, key, scope)
+			if err != nil {
+				p.Error = err.Error()
+				return
+			}
+			p.LocalAnswer = a
+		}(&out[i])
+	}
+	wg.Wait()
+	return out
+}
+
+func (in *Inspector) askOne(ctx context.Context, base, key, scope string) (*LocalAnswer, error) {
+	ctx, cancel := context.WithTimeout(ctx, in.timeout())
+	defer cancel()
+	q := url.Values{"key": {key}, "scope": {scope}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/admin/keys/local?"+q.Encode(), nil)
+	if err != nil {
+		return nil, err
+	}
+	if in.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+in.Token)
+	}
+	hc := in.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	var a LocalAnswer
+	if err := json.Unmarshal(body, &a); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	return &a, nil
+}
+
+// readDecisions fills the recorded decisions and webhooks from
+// ClickHouse, both within one part deadline.
+func (in *Inspector) readDecisions(ctx context.Context, rep *Report) {
+	rep.Decisions.Rows, rep.Webhooks.Rows = []Decision{}, []Webhook{}
+	q := recentQuery{Database: in.Database, Key: rep.Key, Scope: rep.Scope, Limit: in.Decisions}
+	w := webhookQuery{Database: in.Database, Key: rep.Key}
+	rep.Decisions.Where, rep.Webhooks.Where = "clickhouse "+q.table(), "clickhouse "+w.table()
+	if in.ClickHouse == nil {
+		rep.Decisions.Error = "ClickHouse is not configured here (CLICKHOUSE_ADDR)"
+		rep.Webhooks.Error = rep.Decisions.Error
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, in.timeout())
+	defer cancel()
+	explain := func(err error) string {
+		if errors.Is(cctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("no answer within %v: %w", in.timeout(), err)
+		}
+		return err.Error()
+	}
+	if rows, err := q.run(cctx, in.ClickHouse); err != nil {
+		rep.Decisions.Error = explain(err)
+	} else {
+		rep.Decisions.Rows = rows
+	}
+	if rows, err := w.run(cctx, in.ClickHouse); err != nil {
+		rep.Webhooks.Error = explain(err)
+	} else {
+		rep.Webhooks.Rows = rows
+	}
+}

@@ -1,0 +1,44 @@
+package support_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/support"
+	"github.com/ratewarden/ratewarden/policy"
+)
+
+// TestRuleNamesTheOverride: under the policy log's overrides, the rule
+// inspect shows is the override's limit, and names the override and the
+// revision whose record says who set it and why.
+func TestRuleNamesTheOverride(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	if err := os.WriteFile(path, []byte("version: 1\ndefault_tier: free\ntiers:\n  free: { rate: 1, burst: 5 }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := policy.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ov := policy.NewOverrides(1)
+	ov.PutTagged(policy.OverrideKey{Key: "acct_vip"}, policy.Override{Rate: 10, Burst: 100, Reason: "contract 77"}, policy.OverrideTag{Revision: 42})
+	p := policy.NewWithOverrides(doc, ov, nil)
+
+	r, err := support.RuleFor(p, "acct_vip", "api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Limit.Burst != 100 || r.Override == nil || r.Override.Revision != 42 || r.Override.Key != "acct_vip" ||
+		!strings.Contains(r.Explain, "revision 42") {
+		t.Fatalf("rule %+v (override %+v), want the override's burst 100 from revision 42", r, r.Override)
+	}
+	r, err = support.RuleFor(p, "acct_other", "api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Limit.Burst != 5 || r.Override != nil || r.Explain == "" {
+		t.Fatalf("rule of a key without override: %+v", r)
+	}
+}
