@@ -2,8 +2,9 @@ package main
 
 import "github.com/ratewarden/ratewarden/internal/cli"
 
-// program is the API's words: none (it serves) or help; internal/cli
-// refuses any other word with usage and exit 2 before anything starts.
+// program is the API's words: none (it serves), help, and billing's
+// verbs; internal/cli refuses any other word with usage and exit 2 before
+// anything starts.
 func program() cli.Program {
 	return cli.Program{
 		Name: "usage-api",
@@ -11,5 +12,9 @@ func program() cli.Program {
 dashboard at /) until SIGTERM or SIGINT. It takes no arguments: its
 configuration is read from the environment (docs/reference.md, "usage-api").`,
 		Serve: serve,
+		Commands: []cli.Command{
+			{Name: "statement", Args: "KEY --period YYYY-MM [--tz ZONE] [--verify] [--json]",
+				Summary: "a key's statement for a month, from CLICKHOUSE_* (docs/billing.md)", Run: runStatement},
+		},
 	}
 }

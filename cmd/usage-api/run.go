@@ -114,6 +114,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return abort(err)
 	}
 	defer closePolicyLog()
+	if handler, err = withBilling(cfg, conn, handler, log); err != nil { // billing.go
+		return abort(err)
+	}
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
