@@ -15,6 +15,8 @@ configuration is read from the environment (docs/reference.md, "usage-api").`,
 		Commands: []cli.Command{
 			{Name: "statement", Args: "KEY --period YYYY-MM [--tz ZONE] [--verify] [--json]",
 				Summary: "a key's statement for a month, from CLICKHOUSE_* (docs/billing.md)", Run: runStatement},
+			{Name: "correct", Args: "--id ID --key KEY --reason TEXT (--event-id E | --from T --to T | --requests N --cost N) [--json]",
+				Summary: "void an event or a range, or credit/debit a key: an event on the decisions log (docs/billing.md)", Run: runCorrect},
 		},
 	}
 }

@@ -114,9 +114,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return abort(err)
 	}
 	defer closePolicyLog()
-	if handler, err = withBilling(cfg, conn, handler, log); err != nil { // billing.go
+	handler, closeBilling, err := withBilling(cfg, conn, handler, log) // billing.go
+	if err != nil {
 		return abort(err)
 	}
+	defer closeBilling()
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

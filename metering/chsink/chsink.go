@@ -481,11 +481,11 @@ func kindOf(e *metering.Event) string {
 
 // actualCost is an event's part of its key's actual cost (decisions_raw's
 // actual_cost): an allowed decision's cost (a reservation's estimate,
-// which its settle corrects), a settle's actual − estimate, a charge's
-// actual, nothing for a rejection.
+// which its settle corrects), a settle's or a correction's actual −
+// estimate, a charge's actual, nothing for a rejection.
 func actualCost(e *metering.Event) int64 {
 	switch {
-	case e.Kind == metering.KindSettle:
+	case e.Kind == metering.KindSettle, e.Kind == metering.KindCorrection:
 		return int64(e.Actual) - int64(e.Estimate)
 	case e.Kind == metering.KindCharge:
 		return int64(e.Actual)
@@ -647,6 +647,15 @@ func aggregate(recs []Record, width int64, regional, carried bool) rollup {
 			k.region = e.Region
 		}
 		c := r.bucket(k)
+		if e.Kind == metering.KindCorrection {
+			// Signed changes, in UInt64's modular arithmetic like a
+			// settle's refund: sum() of the bucket is the corrected count.
+			c.requests += uint64(e.Requests)
+			c.rejected += uint64(e.Rejected)
+			c.allowed += uint64(e.Requests - e.Rejected)
+			c.cost += e.Actual - e.Estimate
+			continue
+		}
 		if !e.IsDecision() {
 			// The actual cost: a settle adds actual − estimate in its
 			// reservation's bucket, where the estimate was counted, in

@@ -31,6 +31,9 @@ type Operator struct {
 // Config configures a Handler.
 type Config struct {
 	Statements *billing.Statements // required
+	// Corrections makes corrections; nil = POST /v1/admin/corrections
+	// answers 503 (no decisions log configured: KAFKA_BROKERS).
+	Corrections *billing.Corrector
 	// Authenticate is the operator of a request's bearer token; ok false
 	// = 401.
 	Authenticate func(r *http.Request) (op Operator, ok bool)
@@ -63,6 +66,7 @@ func New(cfg Config) (*Handler, error) {
 	}
 	h := &Handler{cfg: cfg, mux: http.NewServeMux(), log: cfg.Logger}
 	h.mux.HandleFunc("GET /v1/admin/statements/{key}", h.auth(false, h.getStatement))
+	h.mux.HandleFunc("POST /v1/admin/corrections", h.auth(true, h.postCorrection))
 	return h, nil
 }
 
@@ -106,6 +110,10 @@ func (h *Handler) storeFail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, billing.ErrInvalid):
 		fail(w, http.StatusBadRequest, "invalid_request", err.Error())
+	case errors.Is(err, billing.ErrConflict):
+		fail(w, http.StatusConflict, "conflict", err.Error())
+	case errors.Is(err, billing.ErrNotFound):
+		fail(w, http.StatusNotFound, "not_found", err.Error())
 	case errors.Is(err, billing.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		h.log.Warn("billing store unavailable", "path", r.URL.Path, "err", err)
 		w.Header().Set("Retry-After", "5")
@@ -161,4 +169,42 @@ func (h *Handler) getStatement(w http.ResponseWriter, r *http.Request, _ Operato
 		return
 	}
 	writeJSON(w, http.StatusOK, st)
+}
+
+// correctionAnswer is what a correction changed: the audit record, its
+// net effect, and whether this request made it (false: the same id was
+// recorded before, and its events were published again).
+type correctionAnswer struct {
+	billing.Correction
+	Net     billing.Totals `json:"net"`
+	Created bool           `json:"created"`
+}
+
+func (h *Handler) postCorrection(w http.ResponseWriter, r *http.Request, op Operator) {
+	if h.cfg.Corrections == nil {
+		w.Header().Set("Retry-After", "60")
+		fail(w, http.StatusServiceUnavailable, "unavailable", "corrections are events on the decisions log: set KAFKA_BROKERS on usage-api")
+		return
+	}
+	var req billing.Request
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			fail(w, http.StatusRequestEntityTooLarge, "too_large", "body over 64 KiB")
+			return
+		}
+		fail(w, http.StatusBadRequest, "invalid_request", `body must be JSON {"id","key","scope"?,"from"?,"to"?,"eventId"?,"requests"?,"cost"?,"reason"}: `+err.Error())
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.VerifyTimeout)
+	defer cancel()
+	c, created, err := h.cfg.Corrections.Apply(ctx, req, op.Identity)
+	if err != nil {
+		h.storeFail(w, r, err)
+		return
+	}
+	h.log.Info("correction", "id", c.ID, "key", c.Key, "kind", c.Kind, "operator", c.Operator, "created", created, "pieces", len(c.Pieces))
+	writeJSON(w, http.StatusOK, correctionAnswer{Correction: c, Net: c.Net(), Created: created})
 }

@@ -248,3 +248,68 @@ func (s *Store) WriteCorrection(ctx context.Context, c billing.Correction) error
 	}
 	return nil
 }
+
+var _ billing.CorrectionStore = (*Store)(nil)
+
+// Minutes are key's usage (one scope's, unless scope is "") per scope and
+// minute over [from, to), net of earlier corrections: what a void of the
+// range negates.
+func (s *Store) Minutes(ctx context.Context, key, scope string, from, to time.Time) ([]billing.Piece, error) {
+	sql, args := minutesQuery{db: s.db, key: key, scope: scope, from: from, to: to}.toSQL()
+	rows, err := s.conn.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, wrap("billing minutes query", err)
+	}
+	defer rows.Close()
+	var out []billing.Piece
+	for rows.Next() {
+		var p billing.Piece
+		var start uint32
+		var req, rej, cost uint64
+		if err := rows.Scan(&p.Scope, &start, &req, &rej, &cost); err != nil {
+			return nil, wrap("billing minutes scan", err)
+		}
+		p.TS, p.Requests, p.Rejected, p.Cost = int64(start)*1000, int64(req), int64(rej), int64(cost)
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("billing minutes rows", err)
+	}
+	return out, nil
+}
+
+// Event is the raw record's event id of key (decisions, settles and
+// charges; not a correction's own events).
+func (s *Store) Event(ctx context.Context, key, id string) (billing.RawEvent, bool, error) {
+	sql, args := eventQuery{db: s.db, key: key, id: id}.toSQL()
+	rows, err := s.conn.Query(ctx, sql, args...)
+	if err != nil {
+		return billing.RawEvent{}, false, wrap("billing event query", err)
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return billing.RawEvent{}, false, wrap2("billing event rows", rows.Err())
+	}
+	var ev billing.RawEvent
+	var kind string
+	var allowed uint8
+	var ts, reserved uint64
+	if err := rows.Scan(&ev.Scope, &kind, &allowed, &ts, &reserved, &ev.ActualCost); err != nil {
+		return billing.RawEvent{}, false, wrap("billing event scan", err)
+	}
+	ev.Key, ev.CostTS = key, int64(ts)
+	if kind == "settle" && reserved != 0 {
+		ev.CostTS = int64(reserved)
+	}
+	ev.Request = kind == "decision"
+	ev.Reject = ev.Request && allowed == 0
+	return ev, true, nil
+}
+
+// wrap2 is wrap of an error that may be nil.
+func wrap2(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return wrap(op, err)
+}

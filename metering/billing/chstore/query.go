@@ -97,3 +97,30 @@ func newID() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// minutesQuery reads one key's usage_minute per scope and minute, every
+// tier summed (earlier corrections included).
+type minutesQuery struct {
+	db, key, scope string
+	from, to       time.Time
+}
+
+func (q minutesQuery) toSQL() (string, []any) {
+	where, args := "key = ?", []any{q.key}
+	if q.scope != "" {
+		where += " AND scope = ?"
+		args = append(args, q.scope)
+	}
+	args = append(args, q.from.Unix(), q.to.Unix())
+	return fmt.Sprintf("SELECT scope, toUInt32(start) AS b, sum(requests) AS n_req, sum(rejected) AS n_rej, sum(cost) AS n_cost FROM %s.%s"+
+		" WHERE %s AND start >= toDateTime(?) AND start < toDateTime(?) GROUP BY scope, b ORDER BY b, scope", q.db, schema.UsageMinute, where), args
+}
+
+// eventQuery finds one event of a key in decisions_raw by id. The table is
+// ordered by Kafka position, so this reads it whole: a correction is rare.
+type eventQuery struct{ db, key, id string }
+
+func (q eventQuery) toSQL() (string, []any) {
+	return fmt.Sprintf("SELECT scope, kind, allowed, ts, reserved_ts, actual_cost FROM %s.%s"+
+		" WHERE key = ? AND event_id = ? AND kind != 'correction' LIMIT 1", q.db, schema.DecisionsRaw), []any{q.key, q.id}
+}
