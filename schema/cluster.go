@@ -60,6 +60,7 @@ var shardingKeys = map[string]string{
 	RolloutShadow:       "rand()",
 	BillingStatements:   "cityHash64(key)",
 	BillingCorrections:  "cityHash64(id)",
+	BillingExports:      "cityHash64(identifier)",
 }
 
 var (

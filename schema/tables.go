@@ -38,6 +38,8 @@ const (
 	BillingStatements = "billing_statements"
 	// BillingCorrections is the audit record of every correction (0071).
 	BillingCorrections = "billing_corrections"
+	// BillingExports records every row exported, with its identifier (0072).
+	BillingExports = "billing_exports"
 )
 
 // RollupTables are the usage rollups, finest first.

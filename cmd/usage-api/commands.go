@@ -17,6 +17,8 @@ configuration is read from the environment (docs/reference.md, "usage-api").`,
 				Summary: "a key's statement for a month, from CLICKHOUSE_* (docs/billing.md)", Run: runStatement},
 			{Name: "correct", Args: "--id ID --key KEY --reason TEXT (--event-id E | --from T --to T | --requests N --cost N) [--json]",
 				Summary: "void an event or a range, or credit/debit a key: an event on the decisions log (docs/billing.md)", Run: runCorrect},
+			{Name: "export", Args: "--period YYYY-MM [--tz ZONE] [--keys K,...] (--csv FILE | --json FILE | --stripe)",
+				Summary: "a final month's statements to a file, or their totals to Stripe meter events, resumable (docs/billing.md)", Run: runExport},
 		},
 	}
 }

@@ -313,3 +313,66 @@ func wrap2(op string, err error) error {
 	}
 	return wrap(op, err)
 }
+
+var _ billing.ExportStore = (*Store)(nil)
+
+// Keys are the keys with usage in the whole UTC hours that cover [from,
+// to): a few more than the range holds, never fewer.
+func (s *Store) Keys(ctx context.Context, from, to time.Time) ([]string, error) {
+	sql, args := keysQuery{db: s.db, from: from, to: to}.toSQL()
+	rows, err := s.conn.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, wrap("billing keys query", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, wrap("billing keys scan", err)
+		}
+		out = append(out, k)
+	}
+	return out, wrap2("billing keys rows", rows.Err())
+}
+
+// Exported are the identifiers recorded as exported to destination for
+// period.
+func (s *Store) Exported(ctx context.Context, destination, period string) (map[string]bool, error) {
+	rows, err := s.conn.Query(ctx, "SELECT DISTINCT identifier FROM "+s.db+"."+schema.BillingExports+
+		" WHERE destination = ? AND period = ?", destination, period)
+	if err != nil {
+		return nil, wrap("billing exported query", err)
+	}
+	defer rows.Close()
+	out := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, wrap("billing exported scan", err)
+		}
+		out[id] = true
+	}
+	return out, wrap2("billing exported rows", rows.Err())
+}
+
+// RecordExport records rows as exported to destination (one INSERT).
+func (s *Store) RecordExport(ctx context.Context, destination string, rows []billing.ExportRow, at time.Time) error {
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+schema.BillingExports+
+		" (destination, period, tz, identifier, key, line, scope, ref, measure, requests, cost, exported_at, exported_ms)")
+	if err != nil {
+		return wrap("billing export prepare", err)
+	}
+	defer b.Abort()
+	at = at.UTC()
+	for _, r := range rows {
+		if err := b.Append(destination, r.Period, r.TZ, r.Identifier, r.Key, r.Line, r.Scope, r.Ref, r.Measure, r.Requests, r.Cost,
+			at.Truncate(time.Second), uint64(at.UnixMilli())); err != nil {
+			return wrap("billing export append", err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return wrap("billing export insert", err)
+	}
+	return nil
+}

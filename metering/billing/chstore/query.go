@@ -124,3 +124,19 @@ func (q eventQuery) toSQL() (string, []any) {
 	return fmt.Sprintf("SELECT scope, kind, allowed, ts, reserved_ts, actual_cost FROM %s.%s"+
 		" WHERE key = ? AND event_id = ? AND kind != 'correction' LIMIT 1", q.db, schema.DecisionsRaw), []any{q.key, q.id}
 }
+
+// keysQuery lists the keys of usage_hour over the hours covering [from,
+// to); key = ” markers are skipped.
+type keysQuery struct {
+	db       string
+	from, to time.Time
+}
+
+func (q keysQuery) toSQL() (string, []any) {
+	from, to := q.from.Truncate(time.Hour), q.to.Truncate(time.Hour)
+	if to.Before(q.to) {
+		to = to.Add(time.Hour)
+	}
+	return fmt.Sprintf("SELECT DISTINCT key FROM %s.%s WHERE key != '' AND start >= toDateTime(?) AND start < toDateTime(?) ORDER BY key",
+		q.db, schema.UsageHour), []any{from.Unix(), to.Unix()}
+}
