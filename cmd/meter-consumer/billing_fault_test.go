@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,10 +16,11 @@ import (
 
 // TestStatementEqualsTheRecordNetOfCorrections: events with producer-retry
 // duplicates, corrections published through the decisions log (one sent
-// twice before and again after the consumer is SIGKILLed), and the
-// consumer's exact pipeline. The statement then equals the raw record net
-// of the corrections (verify agrees), the correction sent three times
-// counts once, and the voided range's usage is exactly zero.
+// twice before and again after the consumer is SIGKILLed, 250 more made
+// around the kill), and the consumer's exact pipeline. The statement then
+// equals the raw record net of the corrections (verify agrees), the
+// correction sent three times counts once, and the voided range's usage
+// is exactly zero.
 func TestStatementEqualsTheRecordNetOfCorrections(t *testing.T) {
 	t.Parallel()
 	ch := testenv.StartClickHouse(t)
@@ -92,9 +94,42 @@ func TestStatementEqualsTheRecordNetOfCorrections(t *testing.T) {
 			t.Fatalf("the void's net %+v by %s, want -%+v by alice", c.Net(), c.Operator, voided)
 		}
 	}
-	// The consumer SIGKILLed, started again, and the void sent a third time.
+	// 250 credits and debits made while the consumer is SIGKILLed and
+	// started again, and the void sent a third time.
+	var bulk billing.Totals
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < 250; i += 4 {
+				r := billing.Request{ID: fmt.Sprintf("bulk-%03d", i), Key: "acct", Scope: []string{"api", "llm"}[i%2],
+					From: ptr(base.Add(time.Duration(100+i) * time.Hour)), Reason: "bulk adjustment"} // after the range voided
+				if i%3 == 0 {
+					r.Requests, r.Cost = ptr(int64(i%4+1)), ptr(int64(i%7))
+				} else {
+					r.Cost = ptr(-int64(i%5 + 1))
+				}
+				c, _, err := corr.Apply(ctx, r, "bulk")
+				if err != nil {
+					t.Errorf("correction %s: %v", r.ID, err)
+					return
+				}
+				mu.Lock()
+				n := c.Net()
+				bulk.Requests += n.Requests
+				bulk.Cost += n.Cost
+				mu.Unlock()
+			}
+		}()
+	}
 	meter.kill()
 	meter = startMeter(t, env)
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
 	if _, created, err := corr.Apply(ctx, void, "bob"); err != nil || created {
 		t.Fatalf("the void again: created %t, %v", created, err)
 	}
@@ -109,7 +144,7 @@ func TestStatementEqualsTheRecordNetOfCorrections(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := &billing.Statements{Store: store, Now: func() time.Time { return base.AddDate(0, 0, 20) }}
-	want := billing.Totals{Requests: all.Requests - voided.Requests, Cost: all.Cost - voided.Cost + credit}
+	want := billing.Totals{Requests: all.Requests - voided.Requests + bulk.Requests, Cost: all.Cost - voided.Cost + credit + bulk.Cost}
 	var s billing.Statement
 	waitUntil(t, 3*time.Minute, "the statement net of the corrections", func() bool {
 		s, err = st.Get(ctx, "acct", march, true)
@@ -123,6 +158,9 @@ func TestStatementEqualsTheRecordNetOfCorrections(t *testing.T) {
 	}
 	if len(s.Corrections) == 0 || s.Corrections[0].Operator == "" {
 		t.Fatalf("correction lines %+v", s.Corrections)
+	}
+	if len(s.Corrections) < 252 {
+		t.Fatalf("%d correction lines, want one per correction and scope (252 at least)", len(s.Corrections))
 	}
 	rows, err := store.Usage(ctx, "acct", from, to)
 	if err != nil {
@@ -141,8 +179,8 @@ func TestStatementEqualsTheRecordNetOfCorrections(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT count(), uniqExact(event_id) FROM "+db+".decisions_raw WHERE kind = 'correction'").Scan(&n, &distinct); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, _ := store.Correction(ctx, void.ID); n != distinct || n != uint64(len(c.Pieces)+1) {
-		t.Fatalf("correction events in the raw record: %d rows, %d distinct; want %d", n, distinct, len(c.Pieces)+1)
+	if c, _, _ := store.Correction(ctx, void.ID); n != distinct || n != uint64(len(c.Pieces)+1+250) {
+		t.Fatalf("correction events in the raw record: %d rows, %d distinct; want %d", n, distinct, len(c.Pieces)+1+250)
 	}
 }
 
