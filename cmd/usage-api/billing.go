@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/ratewarden/ratewarden/metering/billing/billingapi"
 	"github.com/ratewarden/ratewarden/metering/billing/chstore"
 	"github.com/ratewarden/ratewarden/metering/billing/kafkapub"
+	"github.com/ratewarden/ratewarden/metering/usage"
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog/opsapi"
 )
@@ -28,6 +30,18 @@ type billingConfig struct {
 func billingConfigFrom(e *envconfig.Reader) billingConfig {
 	return billingConfig{Grace: e.Duration("BILLING_GRACE", billing.DefaultGrace, time.Minute, 90*24*time.Hour),
 		Topic: e.String("KAFKA_TOPIC", metering.DefaultTopic)}
+}
+
+// statementFunc is the usage API's GET /v1/statement (the dashboard's),
+// answered by st.
+func statementFunc(st *billing.Statements) usage.StatementFunc {
+	return func(ctx context.Context, key, period, tz string) (any, error) {
+		p, err := billing.ParsePeriod(period, tz)
+		if err != nil {
+			return nil, err
+		}
+		return st.Get(ctx, key, p, false)
+	}
 }
 
 // newStatements builds the statements of database over conn, with the
@@ -61,11 +75,7 @@ func newStatements(conn driver.Conn, database, policyFile string, grace time.Dur
 // Any operator credential reads statements; one whose role may write
 // overrides or the policy makes corrections, under its identity. The
 // returned func releases the Kafka writer of corrections.
-func withBilling(cfg config, conn driver.Conn, next http.Handler, log *slog.Logger) (http.Handler, func(), error) {
-	st, store, err := newStatements(conn, cfg.Database, cfg.PolicyFile, cfg.Billing.Grace, log)
-	if err != nil {
-		return nil, nil, err
-	}
+func withBilling(cfg config, st *billing.Statements, store *chstore.Store, next http.Handler, log *slog.Logger) (http.Handler, func(), error) {
 	var corrector *billing.Corrector
 	closePub := func() {}
 	if len(cfg.PolicyLog.Brokers) > 0 {

@@ -73,6 +73,12 @@ func New(cfg Config) (*Handler, error) {
 // Routes are the path prefixes the Handler serves, for the caller's mux.
 func Routes() []string { return []string{"/v1/admin/statements/", "/v1/admin/corrections"} }
 
+// Operations lists the routes served ("METHOD /path/{param}"), for the
+// OpenAPI document's test.
+func Operations() []string {
+	return []string{"GET /v1/admin/statements/{key}", "POST /v1/admin/corrections"}
+}
+
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	h.mux.ServeHTTP(w, r)
