@@ -37,7 +37,7 @@ func newPipeline(t *testing.T) *pipeline {
 	conn, db := ch.Conn(t), ch.Database(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := schema.Apply(ctx, conn, db); err != nil {
+	if err := applySchema(ctx, &pipeline{conn: conn, db: db}); err != nil {
 		t.Fatal(err)
 	}
 	sink, err := chsink.New(conn, db, nil)
@@ -85,6 +85,8 @@ func (p *pipeline) write(t *testing.T, evs ...metering.Event) {
 	}
 	flush()
 }
+
+func applySchema(ctx context.Context, p *pipeline) error { return schema.Apply(ctx, p.conn, p.db) }
 
 var ids int
 
