@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,17 +17,19 @@ import (
 
 // TestStatementEqualsTheRecordNetOfCorrections: events with producer-retry
 // duplicates, corrections published through the decisions log (one sent
-// twice before and again after the consumer is SIGKILLed, 250 more made
-// around the kill), and the consumer's exact pipeline. The statement then
+// twice before and again after the consumer is SIGKILLed, 1,000 more made
+// while the broker is frozen and the consumer killed), and the consumer's
+// exact pipeline. The statement then
 // equals the raw record net of the corrections (verify agrees), the
 // correction sent three times counts once, and the voided range's usage
 // is exactly zero.
 func TestStatementEqualsTheRecordNetOfCorrections(t *testing.T) {
 	t.Parallel()
 	ch := testenv.StartClickHouse(t)
-	k := testenv.StartKafka(t, "ratelimit.decisions", 4)
+	const topic = "ratelimit.decisions"
+	broker := startBroker(t, topic) // its own process, to be frozen
 	db := ch.Database(t)
-	env := []string{"KAFKA_BROKERS=" + k.Addr(), "KAFKA_TOPIC=" + k.Topic(),
+	env := []string{"KAFKA_BROKERS=" + broker.addr, "KAFKA_TOPIC=" + topic,
 		"CLICKHOUSE_ADDR=" + ch.Addr(), "CLICKHOUSE_DATABASE=" + db,
 		"METER_BATCH_SIZE=500", "METER_BATCH_WAIT=100ms", "METER_SESSION_TIMEOUT=6s"}
 	meter := startMeter(t, env)
@@ -40,8 +43,8 @@ func TestStatementEqualsTheRecordNetOfCorrections(t *testing.T) {
 			Key: []string{"acct", "other"}[i%2], Scope: []string{"api", "llm"}[i%3%2], Tier: "pro", Cost: uint64(1 + i%7),
 			Allowed: i%11 != 0, Source: "shared", Policy: "p", Instance: "i"}
 	}
-	send(t, k.Addr(), k.Topic(), evs)
-	send(t, k.Addr(), k.Topic(), evs[1000:2000])
+	send(t, broker.addr, topic, evs)
+	send(t, broker.addr, topic, evs[1000:2000])
 	waitRaw(t, ch.Conn(t), db, len(evs), 3*time.Minute)
 
 	conn := ch.Conn(t)
@@ -49,7 +52,7 @@ func TestStatementEqualsTheRecordNetOfCorrections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := kafkapub.New(kafkapub.Config{Brokers: []string{k.Addr()}, Topic: k.Topic()})
+	pub, err := kafkapub.New(kafkapub.Config{Brokers: []string{broker.addr}, Topic: topic})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,8 +97,9 @@ func TestStatementEqualsTheRecordNetOfCorrections(t *testing.T) {
 			t.Fatalf("the void's net %+v by %s, want -%+v by alice", c.Net(), c.Operator, voided)
 		}
 	}
-	// 250 credits and debits made while the consumer is SIGKILLed and
-	// started again, and the void sent a third time.
+	// 1,000 credits and debits made while the broker is frozen (SIGSTOP)
+	// and the consumer SIGKILLed and started again, and the void sent a
+	// third time.
 	var bulk billing.Totals
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -103,9 +107,9 @@ func TestStatementEqualsTheRecordNetOfCorrections(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := w; i < 250; i += 4 {
+			for i := w; i < bulkN; i += 4 {
 				r := billing.Request{ID: fmt.Sprintf("bulk-%03d", i), Key: "acct", Scope: []string{"api", "llm"}[i%2],
-					From: ptr(base.Add(time.Duration(100+i) * time.Hour)), Reason: "bulk adjustment"} // after the range voided
+					From: ptr(base.Add(100*time.Hour + time.Duration(i)*30*time.Minute)), Reason: "bulk adjustment"} // after the range voided, in March
 				if i%3 == 0 {
 					r.Requests, r.Cost = ptr(int64(i%4+1)), ptr(int64(i%7))
 				} else {
@@ -124,8 +128,11 @@ func TestStatementEqualsTheRecordNetOfCorrections(t *testing.T) {
 			}
 		}()
 	}
+	broker.signal(t, syscall.SIGSTOP)
 	meter.kill()
 	meter = startMeter(t, env)
+	waitUntil(t, time.Minute, "the new consumer to answer /readyz", func() bool { return meter.readyz() != 0 })
+	broker.signal(t, syscall.SIGCONT)
 	wg.Wait()
 	if t.Failed() {
 		t.FailNow()
@@ -159,8 +166,8 @@ func TestStatementEqualsTheRecordNetOfCorrections(t *testing.T) {
 	if len(s.Corrections) == 0 || s.Corrections[0].Operator == "" {
 		t.Fatalf("correction lines %+v", s.Corrections)
 	}
-	if len(s.Corrections) < 252 {
-		t.Fatalf("%d correction lines, want one per correction and scope (252 at least)", len(s.Corrections))
+	if len(s.Corrections) < bulkN+2 {
+		t.Fatalf("%d correction lines, want one per correction and scope (%d at least)", len(s.Corrections), bulkN+2)
 	}
 	rows, err := store.Usage(ctx, "acct", from, to)
 	if err != nil {
@@ -179,9 +186,12 @@ func TestStatementEqualsTheRecordNetOfCorrections(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT count(), uniqExact(event_id) FROM "+db+".decisions_raw WHERE kind = 'correction'").Scan(&n, &distinct); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, _ := store.Correction(ctx, void.ID); n != distinct || n != uint64(len(c.Pieces)+1+250) {
-		t.Fatalf("correction events in the raw record: %d rows, %d distinct; want %d", n, distinct, len(c.Pieces)+1+250)
+	if c, _, _ := store.Correction(ctx, void.ID); n != distinct || n != uint64(len(c.Pieces)+1+bulkN) {
+		t.Fatalf("correction events in the raw record: %d rows, %d distinct; want %d", n, distinct, len(c.Pieces)+1+bulkN)
 	}
 }
+
+// bulkN is how many credits and debits the test makes around the faults.
+const bulkN = 1000
 
 func ptr[T any](v T) *T { return &v }
