@@ -133,6 +133,14 @@ bench-floor:
 bench-compare:
 	@BASE="$(BASE)" HEAD="$(or $(HEAD),HEAD)" bench/compare.sh
 
+# Billing's targets (docs/billing.md, "Measured"): the statement of a key
+# with BILLING_BENCH_RAW_ROWS raw rows in its month (default 10^7; the goals
+# are set for 10^8, which needs ~10 GB free under BENCH_TMPDIR) and its
+# verify, each printed beside its goal.
+.PHONY: bench-billing
+bench-billing:
+	TMPDIR=$(or $(BENCH_TMPDIR),/tmp) $(GO) test -count=1 -run '^$$' -bench BenchmarkStatement -benchtime 100x -timeout 60m ./metering/billing/chstore/
+
 # The multi-region test bed (scripts/regions-*.sh; docs/regions-testbed.md):
 # regions a, b, c, each its own redis-server and a limiter (18080, 28080,
 # 38080), the WAN between them through wan-dev (15/40/75 ms one-way, 10%

@@ -98,5 +98,13 @@ func (e *Event) appendOptional(dst []byte) []byte {
 		dst = append(dst, `,"region":`...)
 		dst = jsonstr.Append(dst, e.Region)
 	}
+	if e.Requests != 0 {
+		dst = append(dst, `,"requests":`...)
+		dst = strconv.AppendInt(dst, e.Requests, 10)
+	}
+	if e.Rejected != 0 {
+		dst = append(dst, `,"rejected":`...)
+		dst = strconv.AppendInt(dst, e.Rejected, 10)
+	}
 	return dst
 }

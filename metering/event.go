@@ -98,6 +98,14 @@ type Event struct {
 	// bytes are as before. A global key's usage is the sum over regions.
 	// Added within version 1: decoders that do not know it ignore it.
 	Region string `json:"region,omitempty"`
+	// Requests and Rejected are, for a correction (KindCorrection), its
+	// signed change of the key's requests and of its rejected requests in
+	// the bucket of TS (its allowed ones change by Requests − Rejected);
+	// its change of cost is Actual − Estimate, as for a settle. Absent
+	// otherwise. Added within version 1: decoders that do not know them
+	// ignore them.
+	Requests int64 `json:"requests,omitempty"`
+	Rejected int64 `json:"rejected,omitempty"`
 }
 
 // Event kinds (Event.Kind).
@@ -112,6 +120,12 @@ const (
 	// Reservation is the reset's id, the id of its audit record; Limit the
 	// quota limit and Remaining what is left of it after (all of it).
 	KindReset = "reset"
+	// KindCorrection is an operator's correction of a key's usage (a void,
+	// a credit or a debit: metering/billing), counted by the pipeline like
+	// any event and never an edit of the raw record. Its Tier is
+	// "correction:<id>", so the rollups keep it apart from the usage it
+	// corrects.
+	KindCorrection = "correction"
 )
 
 // IsDecision reports whether e records a decision (a request), not a

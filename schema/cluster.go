@@ -58,6 +58,9 @@ var shardingKeys = map[string]string{
 	NotifierCheckpoints: "kafka_partition",
 	PolicyAudit:         "kafka_offset", // a record written twice lands on one shard, where FINAL collapses it
 	RolloutShadow:       "rand()",
+	BillingStatements:   "cityHash64(key)",
+	BillingCorrections:  "cityHash64(id)",
+	BillingExports:      "cityHash64(identifier)",
 }
 
 var (

@@ -34,6 +34,12 @@ const (
 	// RolloutShadow is the per-minute rollup of a policy rollout's shadow
 	// verdicts, which the rollout judge reads (0056).
 	RolloutShadow = "rollout_shadow"
+	// BillingStatements holds the frozen statements of final periods (0070).
+	BillingStatements = "billing_statements"
+	// BillingCorrections is the audit record of every correction (0071).
+	BillingCorrections = "billing_corrections"
+	// BillingExports records every row exported, with its identifier (0072).
+	BillingExports = "billing_exports"
 )
 
 // RollupTables are the usage rollups, finest first.

@@ -37,6 +37,9 @@ type config struct {
 
 	// PolicyLog: the operator's policy API (policyops.go).
 	PolicyLog policyLogConfig
+
+	// Billing: statements and corrections (billing.go).
+	Billing billingConfig
 }
 
 // minAdminToken is the shortest accepted USAGE_ADMIN_TOKEN, in bytes.
@@ -56,6 +59,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Redis:        redisclient.FromEnv(e, limits.DefaultKeyPrefix),
 		Cluster:      chcluster.FromEnv(e),
 		PolicyLog:    policyLogConfigFrom(e, getenv),
+		Billing:      billingConfigFrom(e),
 	}
 	e.HostPort("USAGE_API_ADDR", c.Addr)
 	c.ListenTLS = tlsconf.ServerFromEnv(e, "USAGE_API_TLS_CERT_FILE", "USAGE_API_TLS_KEY_FILE")

@@ -77,9 +77,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	} else {
 		log.Warn("REDIS_ADDRS is empty: the quota view shows the usage record only, not what the limiter's counters say is left")
 	}
+	statements, billingStore, err := newStatements(tr.ClickHouse(conn), cfg.Database, cfg.PolicyFile, cfg.Billing.Grace, log) // billing.go
+	if err != nil {
+		return abort(err)
+	}
 	srv, err := usage.New(usage.Config{Store: store, Signer: signer, AdminToken: cfg.AdminToken,
 		PolicyPath: cfg.PolicyFile, Logger: log, Registry: reg, QueryTimeout: cfg.QueryTimeout,
-		Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix})
+		Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Statement: statementFunc(statements)})
 	if err != nil {
 		return abort(err)
 	}
@@ -114,6 +118,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return abort(err)
 	}
 	defer closePolicyLog()
+	handler, closeBilling, err := withBilling(cfg, statements, billingStore, handler, log) // billing.go
+	if err != nil {
+		return abort(err)
+	}
+	defer closeBilling()
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

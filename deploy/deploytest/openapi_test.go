@@ -14,6 +14,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/ratewarden/ratewarden/metering/billing/billingapi"
 	"github.com/ratewarden/ratewarden/metering/usage"
 	"github.com/ratewarden/ratewarden/policylog/opsapi"
 )
@@ -416,6 +417,12 @@ func checkOpenAPI(t *testing.T, s *stack) {
 			real[k] = true
 			if !doc[k] {
 				t.Errorf("policy API route %s is not in usage-api.yaml", k)
+			}
+		}
+		for _, k := range billingapi.Operations() { // billing's routes beside the gin engine (cmd/usage-api/billing.go)
+			real[k] = true
+			if !doc[k] {
+				t.Errorf("billing route %s is not in usage-api.yaml", k)
 			}
 		}
 		for k := range doc {

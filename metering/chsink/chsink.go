@@ -337,11 +337,11 @@ func kindOf(e *metering.Event) string {
 
 // actualCost is an event's part of its key's actual cost (decisions_raw's
 // actual_cost): an allowed decision's cost (a reservation's estimate,
-// which its settle corrects), a settle's actual − estimate, a charge's
-// actual, nothing for a rejection.
+// which its settle corrects), a settle's or a correction's actual −
+// estimate, a charge's actual, nothing for a rejection.
 func actualCost(e *metering.Event) int64 {
 	switch {
-	case e.Kind == metering.KindSettle:
+	case e.Kind == metering.KindSettle, e.Kind == metering.KindCorrection:
 		return int64(e.Actual) - int64(e.Estimate)
 	case e.Kind == metering.KindCharge:
 		return int64(e.Actual)

@@ -3,6 +3,8 @@ package chsink
 import (
 	"context"
 	"time"
+
+	"github.com/ratewarden/ratewarden/metering"
 )
 
 // The rollups' rows: usage per key and bucket (and per region), shadow
@@ -42,6 +44,15 @@ func aggregate(recs []Record, width int64, regional, carried bool) rollup {
 			k.region = e.Region
 		}
 		c := r.bucket(k)
+		if e.Kind == metering.KindCorrection {
+			// Signed changes, in UInt64's modular arithmetic like a
+			// settle's refund: sum() of the bucket is the corrected count.
+			c.requests += uint64(e.Requests)
+			c.rejected += uint64(e.Rejected)
+			c.allowed += uint64(e.Requests - e.Rejected)
+			c.cost += e.Actual - e.Estimate
+			continue
+		}
 		if !e.IsDecision() {
 			// The actual cost: a settle adds actual − estimate in its
 			// reservation's bucket, where the estimate was counted, in

@@ -57,6 +57,11 @@ type Query struct {
 	Sample float64
 }
 
+// notCorrection leaves out an operator's corrections (kind 'correction',
+// metering/billing): they are not traffic a policy decides, and a replay
+// would take them for decisions.
+const notCorrection = " AND kind != 'correction'"
+
 // sampleBuckets is the resolution of Sample: keys are kept when
 // cityHash64(key) % sampleBuckets < Sample × sampleBuckets.
 const sampleBuckets = 1_000_000
@@ -81,7 +86,7 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // across a window's edge are read in ts order).
 func (q Query) toSQL(from, to time.Time) (string, []any) {
 	sql := "SELECT ts, key, scope, tier, cost, allowed, source, policy, dry_run, policy_revision, decided_us, kind, reservation, estimate, actual FROM " + q.Database + "." + schema.DecisionsRaw +
-		" WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?"
+		" WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?" + notCorrection
 	args := []any{uint32(from.Unix()), uint32(to.Unix()), uint64(from.UnixMilli()), uint64(to.UnixMilli())}
 	if s := q.Sample; s > 0 && s < 1 {
 		sql += " AND cityHash64(key) % ? < ?"
@@ -95,7 +100,7 @@ func (q Query) toSQL(from, to time.Time) (string, []any) {
 // that fits its row budget.
 func (q Query) countSQL() (string, []any) {
 	return "SELECT count() FROM " + q.Database + "." + schema.DecisionsRaw +
-			" WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?",
+			" WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?" + notCorrection,
 		[]any{uint32(q.From.Unix()), uint32(q.To.Unix()), uint64(q.From.UnixMilli()), uint64(q.To.UnixMilli())}
 }
 

@@ -15,7 +15,7 @@ func TestQueryBindsEveryValue(t *testing.T) {
 	sql, args := q.toSQL(from, to)
 	want := "SELECT ts, key, scope, tier, cost, allowed, source, policy, dry_run, policy_revision, decided_us, kind, reservation, estimate, actual FROM ratelimit.decisions_raw" +
 		" WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?" +
-		" AND cityHash64(key) % ? < ? ORDER BY ifNull(decided_us, toInt64(ts) * 1000), remaining DESC, allowed DESC, kafka_partition, kafka_offset"
+		" AND kind != 'correction' AND cityHash64(key) % ? < ? ORDER BY ifNull(decided_us, toInt64(ts) * 1000), remaining DESC, allowed DESC, kafka_partition, kafka_offset"
 	if sql != want {
 		t.Fatalf("sql:\n got %s\nwant %s", sql, want)
 	}
@@ -32,7 +32,7 @@ func TestCountBindsEveryValue(t *testing.T) {
 	from := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
 	to := from.Add(time.Hour)
 	sql, args := Query{Database: "ratelimit", From: from, To: to, Sample: 0.5}.countSQL()
-	want := "SELECT count() FROM ratelimit.decisions_raw WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?"
+	want := "SELECT count() FROM ratelimit.decisions_raw WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ? AND kind != 'correction'"
 	if sql != want {
 		t.Fatalf("sql:\n got %s\nwant %s", sql, want)
 	}

@@ -44,6 +44,9 @@ type Config struct {
 	QueryTimeout time.Duration
 	// MaxTokenTTL caps ttl_seconds of new portal tokens; 0 = 30 days.
 	MaxTokenTTL time.Duration
+	// Statement answers GET /v1/statement (statement.go); nil = that route
+	// answers 503.
+	Statement StatementFunc
 }
 
 // Server is the usage API and dashboard. Its handler is safe for concurrent use.
@@ -133,6 +136,7 @@ func (s *Server) routes() http.Handler {
 	v1 := r.Group("/v1", noStore)
 	v1.GET("/usage", s.auth(false), s.getUsage)
 	v1.GET("/quota", s.auth(false), s.getQuota)
+	v1.GET("/statement", s.auth(false), s.getStatement)
 	admin := v1.Group("/admin", s.auth(true))
 	admin.POST("/portal-tokens", s.postPortalToken)
 	admin.DELETE("/portal-tokens/:id", s.deletePortalToken)

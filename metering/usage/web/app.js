@@ -212,6 +212,69 @@
     }
   }
 
+  // "YYYY-MM" of the month n months from the current one, in the
+  // browser's zone (the tz sent to the API).
+  function month(n) {
+    var d = new Date(), m = new Date(d.getFullYear(), d.getMonth() + n, 1);
+    return m.getFullYear() + "-" + String(m.getMonth() + 1).padStart(2, "0");
+  }
+
+  // One statement: its state, totals, and a line per meter, correction and
+  // adjustment (corrections and adjustments are lines of their own).
+  function renderStatement(el, label, st) {
+    el.textContent = "";
+    el.setAttribute("data-period", st.period);
+    el.setAttribute("data-state", st.state);
+    var h = document.createElement("h3");
+    h.textContent = label + " · " + st.period + " · " + st.state;
+    el.appendChild(h);
+    var dl = document.createElement("p");
+    dl.className = "totals";
+    [["requests", "requests"], ["cost", "cost units"]].forEach(function (k, i) {
+      var b = document.createElement("strong");
+      b.setAttribute("data-total", k[0]);
+      b.setAttribute("data-value", String(st.totals[k[0]]));
+      b.textContent = nf.format(st.totals[k[0]]);
+      dl.appendChild(b);
+      dl.appendChild(document.createTextNode(" " + k[1] + (i ? "" : " · ")));
+    });
+    el.appendChild(dl);
+    var table = document.createElement("table"), body = document.createElement("tbody");
+    var head = document.createElement("thead");
+    head.innerHTML = "<tr><th scope=\"col\">Line</th><th scope=\"col\">Requests</th><th scope=\"col\">Cost</th></tr>";
+    table.appendChild(head);
+    table.appendChild(body);
+    var row = function (kind, text, req, cost) {
+      var tr = document.createElement("tr");
+      tr.setAttribute("data-line", kind);
+      [text, req, cost].forEach(function (v, i) {
+        var td = document.createElement(i ? "td" : "th");
+        td.textContent = i ? nf.format(v) : v;
+        if (i) { td.setAttribute("data-value", String(v)); }
+        tr.appendChild(td);
+      });
+      body.appendChild(tr);
+    };
+    st.meters.forEach(function (m) { row("meter", "Scope " + m.scope + (m.unit ? " (" + m.unit + ")" : ""), m.requests, m.cost); });
+    st.corrections.forEach(function (c) { row("correction", "Correction " + c.id + (c.reason ? ": " + c.reason : ""), c.requests, c.cost); });
+    st.adjustments.forEach(function (a) { row("adjustment", "Adjustment for " + a.period, a.requests, a.cost); });
+    if (!body.children.length) { row("none", "No usage", 0, 0); }
+    el.appendChild(table);
+  }
+
+  function loadStatements() {
+    var q = function (p) { return api("/v1/statement?period=" + p + "&tz=" + encodeURIComponent(tz)); };
+    return Promise.all([q(month(0)), q(month(-1))]).then(function (sts) {
+      $("billing-status").textContent = "";
+      renderStatement($("period-current"), "This month", sts[0]);
+      renderStatement($("period-previous"), "Last month", sts[1]);
+      $("billing").hidden = false;
+    }, function (err) {
+      $("billing").hidden = false;
+      $("billing-status").textContent = "Statements unavailable: " + explain(err);
+    });
+  }
+
   function load() {
     clearTimeout(retryTimer);
     if (!token()) { return; }
@@ -228,7 +291,7 @@
     var quota = api("/v1/quota").then(renderQuota, function (err) {
       $("quota-body").textContent = "Quota unavailable: " + explain(err);
     });
-    Promise.all([usage, quota]).then(function () {
+    Promise.all([usage, quota, loadStatements()]).then(function () {
       document.body.setAttribute("data-state", "ready");
     }, function (err) {
       setStatus("error", explain(err));
