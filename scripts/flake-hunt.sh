@@ -99,7 +99,7 @@ fails_of() {
   return 0
 }
 
-declare -A count runs_failed
+declare -A count=() runs_failed=()
 bad_runs=0
 for ((run = 1; run <= RUNS; run++)); do
   if [ "$CPUS" -gt 0 ] && ! kill -0 "$stress_pid" 2>/dev/null; then
