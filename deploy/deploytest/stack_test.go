@@ -81,7 +81,7 @@ func startStack(t *testing.T) *stack {
 		}
 	}
 	// The decisions reach ClickHouse through Kafka and the meter.
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		q := url.Values{"key": {"deploytest_free"}, "window": {"minute"}}
 		st, _, out := do(t, "GET", s.usage+"/v1/usage?"+q.Encode(), s.admin, nil)

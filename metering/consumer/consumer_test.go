@@ -108,7 +108,7 @@ func (r *running) stop() {
 		r.cancel()
 		select {
 		case <-r.done:
-		case <-time.After(20 * time.Second):
+		case <-time.After(testenv.Timeout(20 * time.Second)):
 			panic("consumer did not stop within 20 s")
 		}
 	})
@@ -154,7 +154,7 @@ func TestConsumesIntoRollupsExactly(t *testing.T) {
 
 	// A batch's four INSERTs run concurrently: the raw table may land a
 	// moment after the rollups. More rows than events fails at once.
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		var raw uint64
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -189,7 +189,7 @@ func TestConsumesIntoRollupsExactly(t *testing.T) {
 // in flight when the totals are already right) and fails if it passes it.
 func waitCounter(t *testing.T, reg *prometheus.Registry, name string, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(20 * time.Second))
 	for {
 		v := counter(t, reg, name)
 		if v == want {

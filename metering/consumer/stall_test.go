@@ -109,7 +109,7 @@ func stalls(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // within.
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(testenv.Timeout(within))
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("gave up after %s waiting for %s", within, what)
