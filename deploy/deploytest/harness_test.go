@@ -85,6 +85,10 @@ func buildBinaries(tb testing.TB) string {
 	return buildDir
 }
 
+// The slow tests of this package (a stack of binaries, make up, promtool,
+// the scans of every file) run in parallel (t.Parallel): each has its own
+// free ports and directories, and one after another they were the longest
+// package of make test.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if buildDir != "" {

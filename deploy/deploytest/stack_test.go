@@ -103,6 +103,7 @@ func startStack(t *testing.T) *stack {
 // TestRunningBinaries starts the real binaries once and checks the alert
 // rules, the dashboard and the API descriptions against them.
 func TestRunningBinaries(t *testing.T) {
+	t.Parallel()
 	s := startStack(t)
 	t.Run("rules and dashboard name exported metrics", func(t *testing.T) { checkMetrics(t, s) })
 	t.Run("openapi", func(t *testing.T) { checkOpenAPI(t, s) })

@@ -29,6 +29,7 @@ var upComponents = []string{"redis", "clickhouse", "kafka-dev", "limiter", "mete
 // `make up` again (nothing new starts), then `make down`, and checks that
 // no process it started is left.
 func TestUpDown(t *testing.T) {
+	t.Parallel()
 	root := repoRoot(t)
 	buildBinaries(t) // warms the build cache that `make up` uses
 	runDir, binDir := t.TempDir(), t.TempDir()
