@@ -17,17 +17,20 @@ import (
 // happen, never what the test asserts.
 const ScaleVar = "RATEWARDEN_TEST_TIMEOUT_SCALE"
 
-var scale = sync.OnceValues(func() (float64, error) {
-	s := os.Getenv(ScaleVar)
+var scale = sync.OnceValues(func() (float64, error) { return parseScale(os.Getenv(ScaleVar)) })
+
+// parseScale reads the scale's value: empty is 1; else a number above 0
+// and at most 1000 (a larger one is a typo, not a machine).
+func parseScale(s string) (float64, error) {
 	if s == "" {
 		return 1, nil
 	}
 	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || f <= 0 || f > 1000 {
+	if err != nil || !(f > 0 && f <= 1000) {
 		return 1, fmt.Errorf("%s=%q: want a positive number (1 is the default)", ScaleVar, s)
 	}
 	return f, nil
-})
+}
 
 // Timeout is d scaled by RATEWARDEN_TEST_TIMEOUT_SCALE: the deadline for a
 // test's wait that takes d on the machine the suite was written for. A
