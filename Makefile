@@ -31,10 +31,13 @@ export GORACE ?= atexit_sleep_ms=0
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+# The second go vet checks the code built without the vtprotobuf tag;
+# it keeps -trimpath, without which a fresh clone recompiled those
+# packages for it every time.
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet $(PKGS)
-	GOFLAGS= $(GO) vet ./internal/vtcodec ./cmd/limiter
+	GOFLAGS=-trimpath $(GO) vet ./internal/vtcodec ./cmd/limiter
 	cd bench && $(GO) vet ./...
 
 # The fast tier, while editing: every unit test, in -short mode, where the
@@ -57,9 +60,22 @@ TEST_P ?= 3
 # 8 GB free, since on a disk the kernel's writeback of those files took as
 # much CPU time as the servers themselves; else TMPDIR as it is.
 TEST_TMPDIR ?= $(shell [ -w /dev/shm ] && [ "$$(df -Pk /dev/shm | awk 'NR==2 {print $$4}')" -gt 8000000 ] && echo /dev/shm || echo "$${TMPDIR:-/tmp}")
-test: deps vet
-	TMPDIR=$(TEST_TMPDIR) $(GO) test -race -count=1 -p $(TEST_P) -timeout 25m $(PKGS)
-	cd bench && TMPDIR=$(TEST_TMPDIR) $(GO) test -race -count=1 ./...
+test: deps vet test-run
+
+# The test run of make test alone, as CI runs it (no deps, no vet), for
+# scripts that repeat it (make flake-hunt): TEST_FLAGS adds go test flags
+# (-json), BENCH_PKGS= leaves the bench module out.
+TEST_FLAGS ?=
+BENCH_PKGS ?= ./...
+# The longest packages (docs/testing.md, "Where make test's time goes")
+# are named first when PKGS is everything: go test starts packages in the
+# order named, and a long one started last would run alone at the end.
+TEST_FIRST := ./cmd/limiter ./cmd/meter-consumer ./systemtest/regions ./metering/chsink \
+	./deploy/deploytest ./enforcement/redisstore ./metering/kafkaemit ./schema ./metering/usage
+.PHONY: test-run
+test-run:
+	TMPDIR=$(TEST_TMPDIR) $(GO) test -race -count=1 -p $(TEST_P) -timeout 25m $(TEST_FLAGS) $(if $(filter ./...,$(PKGS)),$(TEST_FIRST)) $(PKGS)
+	$(if $(BENCH_PKGS),cd bench && TMPDIR=$(TEST_TMPDIR) $(GO) test -race -count=1 $(TEST_FLAGS) $(BENCH_PKGS))
 
 # The Debian packages the tests need (scripts/deps.sh installs the missing
 # ones with apt-get), and the Go modules, fetched up front with a few retries:
@@ -77,6 +93,16 @@ deps:
 stress-test:
 	@scripts/deps.sh test
 	@scripts/stress-test.sh
+
+# The whole test run of make test (make test-run: every package, -race,
+# -p TEST_P), FLAKE_RUNS times (default 8) in a fresh clone of HEAD beside
+# stress-ng --cpu FLAKE_CPUS (default 1); prints each test that failed with
+# how often, and fails if any did (scripts/flake-hunt.sh; README, "Testing").
+# FLAKE_PKGS narrows the packages for a smoke run.
+.PHONY: flake-hunt
+flake-hunt:
+	@scripts/deps.sh test
+	@scripts/flake-hunt.sh
 
 # A soak, not part of `make test`: the broker stopped for SOAK_OUTAGE
 # (default 10m) under SOAK_RATE decision events/s (default 5000) through an

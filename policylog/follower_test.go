@@ -17,6 +17,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // memLog is a policy log in memory: one partition, safe for concurrent
@@ -143,7 +144,7 @@ func pro() policy.Override { return policy.Override{Tier: "pro", Reason: "test"}
 // the bound is generous, never a measure of speed.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(20 * time.Second))
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

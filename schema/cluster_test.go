@@ -104,7 +104,7 @@ func TestApplyClusterOnEveryNode(t *testing.T) {
 	}
 	for _, n := range c.Nodes() {
 		conn := n.Conn(t)
-		deadline := time.Now().Add(60 * time.Second)
+		deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 		for {
 			var req uint64
 			err := conn.QueryRow(ctx, "SELECT sum(requests) FROM "+db+".usage_minute WHERE key = 'k'").Scan(&req)
@@ -118,7 +118,7 @@ func TestApplyClusterOnEveryNode(t *testing.T) {
 		}
 	}
 	var copies uint64
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		err := c.Shards[0][1].Conn(t).QueryRow(ctx, "SELECT count() FROM "+db+".usage_minute_local").Scan(&copies)
 		if err == nil && copies == 1 {
@@ -168,7 +168,7 @@ func TestApplyClusterSkipsAReplicaThatIsDown(t *testing.T) {
 	if err := down.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		err := schema.ApplyCluster(ctx, c.ShardConns(t), db, c.Name)
 		if err == nil {

@@ -117,42 +117,12 @@ fi
 rm -rf "$OUT/bin"
 
 # --- stress-ng, always stopped ------------------------------------------------
-stress_pid=""
-watchdog_pid=""
-stop_stress() {
-  if [ -n "$watchdog_pid" ]; then
-    kill "$watchdog_pid" 2>/dev/null
-    wait "$watchdog_pid" 2>/dev/null
-    watchdog_pid=""
-  fi
-  if [ -n "$stress_pid" ]; then
-    # stress-ng leads its own process group (setsid): the group holds its
-    # workers, so they stop with it.
-    kill -TERM -- "-$stress_pid" 2>/dev/null
-    wait "$stress_pid" 2>/dev/null
-    stress_pid=""
-  fi
-}
+. scripts/stress-lib.sh
 trap stop_stress EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-
-# A cap on its life, in case both the trap and the watchdog are bypassed:
-# an hour per run is far beyond what a run takes.
-# setsid runs stress-ng in a new session without forking (a background job of
-# a script is not a group leader), so $! is stress-ng and its process group.
-setsid stress-ng --cpu "$CPUS" --timeout "$((RUNS * 3600))s" --quiet </dev/null >"$OUT/stress-ng.log" 2>&1 &
-stress_pid=$!
-# The watchdog stops stress-ng when this script ends without its trap
-# (SIGKILL): it polls the script's pid.
-(
-  trap - EXIT INT TERM
-  while kill -0 $$ 2>/dev/null; do sleep 2; done
-  kill -TERM -- "-$stress_pid" 2>/dev/null
-) </dev/null >/dev/null 2>&1 &
-watchdog_pid=$!
-sleep 1
-kill -0 "$stress_pid" 2>/dev/null || { cat "$OUT/stress-ng.log" >&2; die "stress-ng did not start"; }
+# A cap on its life: an hour per run is far beyond what a run takes.
+start_stress "$CPUS" "$((RUNS * 3600))" "$OUT/stress-ng.log" || { cat "$OUT/stress-ng.log" >&2; die "stress-ng did not start"; }
 echo "==> stress-ng --cpu $CPUS running (pid $stress_pid); $RUNS run(s); logs in $OUT"
 
 # --- the runs -----------------------------------------------------------------

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 func TestLoadConfig(t *testing.T) {
@@ -59,7 +61,7 @@ func TestRunSendsTheMix(t *testing.T) {
 		defer close(done)
 		run(ctx, config{base: srv.URL, rps: 2000, token: "tok"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	}()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(10 * time.Second))
 	for {
 		mu.Lock()
 		n := len(seen)

@@ -89,14 +89,7 @@ func drive(t *testing.T, p *limiterProc, keys []string, workers int, pace time.D
 
 func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > within {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
+	return testenv.WaitFor(t, within, what, cond)
 }
 
 func TestFaultRedisKilledUnderLoad(t *testing.T) {
@@ -383,7 +376,7 @@ func TestFaultSIGTERMWithRedisDownExitsCleanly(t *testing.T) {
 	}
 	select {
 	case <-p.done:
-	case <-time.After(60 * time.Second):
+	case <-time.After(testenv.Timeout(60 * time.Second)):
 		t.Fatal("the limiter did not exit within 60s of SIGTERM")
 	}
 	if code := p.cmd.ProcessState.ExitCode(); code != 0 {

@@ -420,7 +420,7 @@ func TestEnvoyRLSShutdownMidCall(t *testing.T) {
 	}
 	select {
 	case <-p.done:
-	case <-time.After(15 * time.Second):
+	case <-time.After(testenv.Timeout(15 * time.Second)):
 		t.Fatal("the limiter did not exit")
 	}
 	close(stop)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // generation returns a valid policy that differs from its neighbours in
@@ -35,7 +36,7 @@ const brokenPolicy = "version: 1\ndefault_tier: free\ntiers:\n  free: { rate: 0,
 // assertion here is about speed.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(20 * time.Second))
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

@@ -64,7 +64,7 @@ func BenchmarkPushToFleet(b *testing.B) {
 	reached := func(rev int64) time.Duration {
 		done := time.Now()
 		for _, p := range fleet {
-			for deadline := time.Now().Add(30 * time.Second); ; {
+			for deadline := time.Now().Add(testenv.Timeout(30 * time.Second)); ; {
 				if pol := p.policyOf(b); pol["revision"] == float64(rev) {
 					break
 				}

@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -12,15 +10,6 @@ import (
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
-
-// firstPushScale is RATEWARDEN_TEST_TIMEOUT_SCALE (default 1), which a slow
-// machine raises: the one scale of the tests' deadlines.
-func firstPushScale() time.Duration {
-	if f, err := strconv.ParseFloat(os.Getenv("RATEWARDEN_TEST_TIMEOUT_SCALE"), 64); err == nil && f >= 1 {
-		return time.Duration(f * float64(time.Second))
-	}
-	return time.Second
-}
 
 // TestPolicyLogFirstPushReachesAFleetStartedWithoutTopic: a fleet started
 // before its policy topic exists (the first deployment) applies the first
@@ -54,7 +43,7 @@ func TestPolicyLogFirstPushReachesAFleetStartedWithoutTopic(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "applied: revision 1") {
 		t.Fatalf("push: %d %q %q", code, out, errOut)
 	}
-	deadline := 3 * firstPushScale()
+	deadline := testenv.Timeout(3 * time.Second)
 	var wg sync.WaitGroup
 	took := make([]time.Duration, len(fleet))
 	for i, p := range fleet {

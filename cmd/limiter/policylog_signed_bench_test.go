@@ -187,7 +187,7 @@ func BenchmarkPushToFleetSigned(b *testing.B) {
 			}
 			done := time.Now()
 			for _, p := range fleet {
-				for deadline := time.Now().Add(30 * time.Second); ; {
+				for deadline := time.Now().Add(testenv.Timeout(30 * time.Second)); ; {
 					if pol := p.policyOf(b); pol["revision"] == float64(o.Head) {
 						if pol["author"] != "bench" {
 							b.Fatalf("%s: author %v", p.url, pol["author"])

@@ -70,7 +70,7 @@ func (p *limiterProc) policyOf(t testing.TB) map[string]any {
 // within a generous deadline.
 func waitRevision(t *testing.T, p *limiterProc, rev int) map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(30 * time.Second))
 	for {
 		pol := p.policyOf(t)
 		if pol["revision"] == float64(rev) && pol["source"] == "kafka" {

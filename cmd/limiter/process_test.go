@@ -82,7 +82,7 @@ func startLimiterBinary(t testing.TB, bin, policyYAML string, env ...string) *li
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-p.done:
-		case <-time.After(10 * time.Second):
+		case <-time.After(testenv.Timeout(10 * time.Second)):
 			cmd.Process.Kill()
 			t.Errorf("limiter did not stop within 10 s of SIGTERM")
 		}
@@ -90,7 +90,7 @@ func startLimiterBinary(t testing.TB, bin, policyYAML string, env ...string) *li
 			t.Logf("limiter logs:\n%s", p.logs.String())
 		}
 	})
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(20 * time.Second))
 	for {
 		resp, err := startClient.Get(p.url + "/healthz")
 		if err == nil {

@@ -70,7 +70,7 @@ func TestRegionProcess(t *testing.T) {
 		"LIMITER_REGION=b", "LIMITER_REGIONS=a,b,c", "GLOBAL_REDIS_ADDRS="+home.Addr())
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
+		deadline := time.Now().Add(testenv.Timeout(20 * time.Second))
 		for !cond() {
 			if time.Now().After(deadline) {
 				t.Fatalf("not within 20s: %s", what)

@@ -170,7 +170,7 @@ func pushRollout(t *testing.T, env []string, doc, shadowFor, bound string) int64
 // time), and returns the log.
 func driveUntilVerdict(t *testing.T, k *testenv.Kafka, fleet []*limiterProc, rev int64) []logged {
 	t.Helper()
-	deadline := time.Now().Add(120 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(120 * time.Second))
 	for i := 0; i < 20000; i++ {
 		p := fleet[i%len(fleet)]
 		if _, code := p.check(t, fmt.Sprintf("acct_%d", i%7), "api:read", 1); code != 200 {

@@ -124,7 +124,12 @@ tiers:
 	defer rdb.Close()
 	stop := make(chan struct{})
 	collect := drive(t, p, []string{"hot"}, 8, 0, stop)
-	time.Sleep(2 * time.Second)
+	// A number of decisions, not a stretch of time: the round trips the
+	// key makes before it is hot (LIMITER_LEASE_HOT_OPS) must be few
+	// beside them however slow the machine.
+	testenv.WaitFor(t, 60*time.Second, "3,000 decisions on the hot key", func() bool {
+		return p.metric(t, "limiter_decisions_total{") >= 3000
+	})
 	close(stop)
 	all := collect()
 	calls := scriptCallsOf(t, rdb)

@@ -163,7 +163,7 @@ func TestCheckTraceFromLimiterToDecisionsRaw(t *testing.T) {
 
 	// The usage row, from the trace id; the unsampled decision's has NULL.
 	conn := ch.Conn(t)
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(90 * time.Second))
 	for {
 		var key string
 		var nulls uint64

@@ -176,7 +176,7 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 	// queue shows the fetches it waits for.
 	took := false
 	var waiting uint64
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(90 * time.Second))
 	for time.Now().Before(deadline) {
 		now, err := localQuery(t, survivor, "SELECT count() FROM "+db+".decisions_raw_local")
 		var a, b uint64

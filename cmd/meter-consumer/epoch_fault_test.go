@@ -57,7 +57,7 @@ func TestExactTotalsAcrossALogThatStartsOver(t *testing.T) {
 		for i := range part {
 			msgs[i] = kafka.Message{Key: []byte(part[i].Key), Value: part[i].AppendEncode(nil)}
 		}
-		deadline := time.Now().Add(60 * time.Second)
+		deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 		for {
 			w := &kafka.Writer{Addr: kafka.TCP(k.Addr()), Topic: topic, Balancer: &kafka.Hash{},
 				BatchSize: 1000, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}

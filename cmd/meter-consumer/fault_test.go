@@ -102,7 +102,7 @@ func (p *meterProc) readyz() int {
 // raw table.
 func waitRaw(t *testing.T, conn driver.Conn, db string, want int, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(testenv.Timeout(within))
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		var raw, distinct uint64
@@ -171,7 +171,7 @@ func (p *meterProc) scrape(t *testing.T) string {
 // after within.
 func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(testenv.Timeout(within))
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("gave up after %s waiting for %s", within, what)
@@ -182,7 +182,7 @@ func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool
 
 func waitStatus(t *testing.T, p *meterProc, want int, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(testenv.Timeout(within))
 	for {
 		got := p.readyz()
 		if got == want {
@@ -500,7 +500,7 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 			if p.err != nil {
 				t.Errorf("meter-consumer exit after SIGTERM: %v", p.err)
 			}
-		case <-time.After(10 * time.Second):
+		case <-time.After(testenv.Timeout(10 * time.Second)):
 			t.Errorf("meter-consumer did not stop within 10 s of SIGTERM")
 		}
 	}
@@ -522,7 +522,7 @@ func TestReadyzExplainsWhyNotReady(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := startMeter(t, []string{"KAFKA_BROKERS=" + c.kafka, "CLICKHOUSE_ADDR=" + c.clickhouse, "CLICKHOUSE_DATABASE=" + ch.Database(t)})
-			deadline := time.Now().Add(15 * time.Second)
+			deadline := time.Now().Add(testenv.Timeout(15 * time.Second))
 			var last string
 			for {
 				resp, err := http.Get("http://" + p.addr + "/readyz")

@@ -82,7 +82,7 @@ func logEvents(t *testing.T, addr, topic string) (distinct []metering.Event, rep
 			var err error
 			// A fetch that times out on a loaded machine is asked again,
 			// within a minute.
-			for deadline := time.Now().Add(time.Minute); ; {
+			for deadline := time.Now().Add(testenv.Timeout(time.Minute)); ; {
 				resp, err = client.Fetch(context.Background(), &kafka.FetchRequest{Topic: topic, Partition: p, Offset: off,
 					MinBytes: 1, MaxBytes: 8 << 20, MaxWait: 100 * time.Millisecond})
 				if err == nil && resp.Error != nil {
@@ -148,15 +148,20 @@ func checkExact(t *testing.T, conn driver.Conn, db string, want []metering.Event
 // TestBrokerFrozenUnderLoadCountsEveryEventOnce freezes the broker (SIGSTOP)
 // while the real emitter publishes about 3,000 decisions/s, long enough for
 // its writes to time out and be retried, then thaws it: the retries land
-// after the originals, at new offsets, with the same event ids. Then, long
-// after (beyond the consumer's in-memory window, and after a consumer
-// restart), a producer sends early events of the stream again. Every event
+// after the originals, at new offsets, with the same event ids, and the
+// test writes copies of its own amid the burst after the thaw (the
+// retries' timing is the machine's; those copies are certain). Then, long
+// after (beyond the consumer's in-memory window in every partition, which
+// the test fills itself, and after a consumer restart), a producer sends
+// the early events of the stream again: each must be looked up in
+// event_ids. Every event
 // that reached the log must be in ClickHouse exactly once: decisions_raw one
 // row per decision's event id, every rollup equal to it. A tenth of the
 // events are settles and some charges (afterTheWork, as each is made): the
 // actual cost in ClickHouse equals the actual cost charged by the events in
 // the log, exactly, the late copies of early settles included.
 func TestBrokerFrozenUnderLoadCountsEveryEventOnce(t *testing.T) {
+	const dedupWindow = 2000 // METER_DEDUP_WINDOW of the consumer under test
 	t.Parallel()
 	const topic = "ratelimit.decisions"
 	ch := testenv.StartClickHouse(t)
@@ -168,7 +173,7 @@ func TestBrokerFrozenUnderLoadCountsEveryEventOnce(t *testing.T) {
 		"CLICKHOUSE_ADDR=" + ch.Addr(), "CLICKHOUSE_DATABASE=" + db,
 		"METER_BATCH_SIZE=1000", "METER_BATCH_WAIT=100ms", "METER_SESSION_TIMEOUT=6s",
 		// Small, so that the late duplicates below land far beyond it.
-		"METER_DEDUP_WINDOW=2000",
+		"METER_DEDUP_WINDOW=" + strconv.Itoa(dedupWindow),
 	}
 	mp := startMeter(t, env)
 	waitStatus(t, mp, 200, 60*time.Second)
@@ -219,6 +224,11 @@ func TestBrokerFrozenUnderLoadCountsEveryEventOnce(t *testing.T) {
 			t.Log("SIGCONT broker")
 			b.signal(t, syscall.SIGCONT)
 			thawed = true
+			// Copies amid the burst that follows the thaw, for certain:
+			// events of the moment written twice, so that memory (not
+			// event_ids) must find the second of each while the
+			// emitter's retries and backlog land around them.
+			sendTwice(t, b.addr, topic, burstCopies(ids))
 		}
 		for target := min(36_000, int(el.Seconds()*3000)); n < target; n++ {
 			now := time.Now()
@@ -245,16 +255,27 @@ func TestBrokerFrozenUnderLoadCountsEveryEventOnce(t *testing.T) {
 
 	want, repeats := logEvents(t, b.addr, topic)
 	t.Logf("the log holds %d distinct events and %d repeated ids", len(want), repeats)
-	if repeats == 0 {
-		// Whether a retry sent into the frozen broker lands after the
-		// thaw is the machine's timing; the late copies below are sent
-		// for certain.
-		t.Log("no copy landed after the thaw this run")
+	// How many of the retries sent into the frozen broker land after the
+	// thaw is the machine's timing; the copies sent after it are certain.
+	if repeats < burstCopiesN {
+		t.Fatalf("%d repeated ids in the log, want at least the %d copies sent after the thaw", repeats, burstCopiesN)
 	}
 	checkExact(t, conn, db, want)
 
-	// Much later, and after a restart of the consumer: the first 3,000
-	// events again (a producer retry, or a spool resent, long after).
+	// Much later: beyond the consumer's memory in every partition, which
+	// holds at most window + window/2 positions (dedup.go). The test makes
+	// that distance itself, with fresh events spread evenly over the four
+	// partitions, rather than counting on the stream above to have placed
+	// the copies of the freeze (which may land late) far enough back.
+	spacer := make([]metering.Event, 0, 4*dedupWindow*2)
+	for range cap(spacer) {
+		now := time.Now()
+		spacer = append(spacer, metering.Event{EventID: ids.Next(now), TS: now.UnixMilli(), Key: "acct_spacer", Scope: "api:read",
+			Tier: "pro", Cost: 1, Allowed: true, Source: "shared", Remaining: 1, Limit: 100, Policy: "pro", Instance: "lim-1"})
+	}
+	sendWith(t, b.addr, topic, &kafka.RoundRobin{}, spacer)
+	// And after a restart of the consumer: the first 3,000 events again
+	// (a producer retry, or a spool resent, long after).
 	mp.kill()
 	mp = startMeter(t, env)
 	waitStatus(t, mp, 200, 60*time.Second)
@@ -285,7 +306,7 @@ func TestBrokerFrozenUnderLoadCountsEveryEventOnce(t *testing.T) {
 	for _, ev := range want {
 		inLog[ev.EventID] = true
 	}
-	wantDistinct, wantRepeats := len(want)+len(tail), repeats
+	wantDistinct, wantRepeats := len(want)+len(spacer)+len(tail), repeats
 	for _, ev := range early {
 		if inLog[ev.EventID] {
 			wantRepeats++
@@ -302,13 +323,36 @@ func TestBrokerFrozenUnderLoadCountsEveryEventOnce(t *testing.T) {
 	}
 	checkExact(t, conn, db, want2)
 	// The late copies were found in event_ids, not let through and
-	// collapsed some other way.
+	// collapsed some other way: each lies beyond memory (the spacer), so
+	// each is looked up, whether its original is in the log or not.
 	if got := mp.counter(t, "meter_duplicates_discarded_total"); got < float64(wantRepeats-repeats) {
 		t.Errorf("meter_duplicates_discarded_total = %v after the late copies, want at least %d", got, wantRepeats-repeats)
 	}
 	if got := mp.counter(t, "meter_dedup_lookups_total"); got < float64(len(early)) {
 		t.Errorf("meter_dedup_lookups_total = %v, want at least %d: the late copies were decided without event_ids", got, len(early))
 	}
+}
+
+// burstCopiesN is how many events sendTwice writes twice after the thaw.
+const burstCopiesN = 200
+
+// burstCopies makes burstCopiesN new events of the moment.
+func burstCopies(ids *metering.IDs) []metering.Event {
+	evs := make([]metering.Event, burstCopiesN)
+	for i := range evs {
+		now := time.Now()
+		evs[i] = metering.Event{EventID: ids.Next(now), TS: now.UnixMilli(), Key: fmt.Sprintf("acct_copy_%d", i%8), Scope: "api:read",
+			Tier: "pro", Cost: 1, Allowed: true, Source: "shared", Remaining: 1, Limit: 100, Policy: "pro", Instance: "lim-1"}
+	}
+	return evs
+}
+
+// sendTwice writes evs, then each of them again: the second write lands
+// at later offsets of the same partitions (the key decides), each a copy.
+func sendTwice(t *testing.T, addr, topic string, evs []metering.Event) {
+	t.Helper()
+	send(t, addr, topic, evs)
+	send(t, addr, topic, evs)
 }
 
 // counter scrapes one unlabelled counter from /metrics.
@@ -326,7 +370,13 @@ func (p *meterProc) counter(t *testing.T, name string) float64 {
 
 func send(t *testing.T, addr, topic string, evs []metering.Event) {
 	t.Helper()
-	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topic, Balancer: &kafka.Hash{}, BatchSize: 1000,
+	sendWith(t, addr, topic, &kafka.Hash{}, evs)
+}
+
+// sendWith writes evs to the topic, spread over its partitions by bal.
+func sendWith(t *testing.T, addr, topic string, bal kafka.Balancer, evs []metering.Event) {
+	t.Helper()
+	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topic, Balancer: bal, BatchSize: 1000,
 		BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
 	defer w.Close()
 	msgs := make([]kafka.Message, len(evs))

@@ -113,7 +113,7 @@ func TestUsageIdenticalOnOneServerAndOnTheCluster(t *testing.T) {
 		}
 		return fmt.Sprint(got) == fmt.Sprint(keyTotals)
 	}
-	deadline := time.Now().Add(3 * time.Minute)
+	deadline := time.Now().Add(testenv.Timeout(3 * time.Minute))
 	for !complete(apiOne) || !complete(apiCluster) {
 		if time.Now().After(deadline) {
 			t.Fatalf("not every event metered after 3 min (single node %v, cluster %v)", complete(apiOne), complete(apiCluster))
@@ -130,7 +130,7 @@ func TestUsageIdenticalOnOneServerAndOnTheCluster(t *testing.T) {
 	// The three rollups are written by separate INSERTs, so give the
 	// answers a moment to agree, then demand they do.
 	var diff string
-	deadline = time.Now().Add(60 * time.Second)
+	deadline = time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		diff = ""
 		for _, q := range questions {

@@ -84,7 +84,7 @@ func start(t *testing.T, name, addrVar, ready string, env ...string) *proc {
 			t.Logf("%s logs:\n%s", name, tail(p.logs.String(), 4000))
 		}
 	})
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		resp, err := http.Get(p.url + ready)
 		if err == nil {
@@ -119,7 +119,7 @@ func (p *proc) stop(t *testing.T) {
 		if p.err != nil {
 			t.Errorf("%s exited with %v after SIGTERM", p.name, p.err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(testenv.Timeout(10 * time.Second)):
 		_ = p.cmd.Process.Kill()
 		<-p.done
 		t.Errorf("%s did not stop within 10 s of SIGTERM", p.name)
@@ -276,7 +276,7 @@ func TestUsageEqualsChecks(t *testing.T) {
 		}
 		return true
 	}
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(testenv.Timeout(2 * time.Minute))
 	for !settled() {
 		if time.Now().After(deadline) {
 			for _, w := range windows {
@@ -361,7 +361,7 @@ func TestStartsWithoutClickHouse(t *testing.T) {
 	if err := ch.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		code, b := call(t, "GET", api.url+"/readyz", "", "")
 		if code == 200 {

@@ -77,7 +77,7 @@ func TestSoftLimitWebhookThroughBinaries(t *testing.T) {
 	if warned < 2 {
 		t.Fatalf("%d warned decisions; the policy's soft limit (50%%) should warn several", warned)
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		code, b := call(t, "GET", api.url+"/v1/admin/webhook-deliveries?"+url.Values{"key": {"acct_free"}}.Encode(), admin, "")
 		var v struct {

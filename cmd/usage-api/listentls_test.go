@@ -58,7 +58,7 @@ func TestUsageAPIOverTLS(t *testing.T) {
 			if err != nil {
 				t.Errorf("usage-api exited with %v after SIGTERM", err)
 			}
-		case <-time.After(15 * time.Second):
+		case <-time.After(testenv.Timeout(15 * time.Second)):
 			cmd.Process.Kill()
 			t.Error("usage-api did not stop within 15 s of SIGTERM")
 		}
@@ -82,7 +82,7 @@ func TestUsageAPIOverTLS(t *testing.T) {
 	}
 	wait := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
+		deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 		for !cond() {
 			select {
 			case err := <-done:

@@ -264,14 +264,7 @@ keys: { acct_restart: pro, acct_evict: pro, acct_paced: big }
 // (a bound for a starved machine, not the expected time) with what.
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > within {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
+	return testenv.WaitFor(t, within, what, cond)
 }
 
 // spend sends n decisions of cost through /check; every one must be allowed

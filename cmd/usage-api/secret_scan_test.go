@@ -156,7 +156,7 @@ func TestNoSecretInLogsReadyzOrMetrics(t *testing.T) {
 				_ = p.cmd.Process.Signal(syscall.SIGTERM)
 				select {
 				case <-p.done:
-				case <-time.After(15 * time.Second):
+				case <-time.After(testenv.Timeout(15 * time.Second)):
 					t.Errorf("%s did not stop within 15 s of SIGTERM", p.name)
 					_ = p.cmd.Process.Kill()
 					<-p.done

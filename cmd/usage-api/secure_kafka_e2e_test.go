@@ -47,7 +47,7 @@ func metric(t *testing.T, url, name string, labels ...string) float64 {
 // with what.
 func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(testenv.Timeout(within))
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("after %s: %s", within, what)

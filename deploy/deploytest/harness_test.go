@@ -85,6 +85,10 @@ func buildBinaries(tb testing.TB) string {
 	return buildDir
 }
 
+// The slow tests of this package (a stack of binaries, make up, promtool,
+// the scans of every file) run in parallel (t.Parallel): each has its own
+// free ports and directories, and one after another they were the longest
+// package of make test.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if buildDir != "" {
@@ -130,7 +134,7 @@ func startBinary(tb testing.TB, binDir, name string, env ...string) *proc {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-p.done:
-		case <-time.After(12 * time.Second):
+		case <-time.After(testenv.Timeout(12 * time.Second)):
 			_ = cmd.Process.Kill()
 			<-p.done
 		}
@@ -165,7 +169,7 @@ var httpClient = &http.Client{Timeout: 5 * time.Second}
 // waitStatus polls url until it answers want, or fails the test after within.
 func waitStatus(tb testing.TB, p *proc, url string, want int, within time.Duration) {
 	tb.Helper()
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(testenv.Timeout(within))
 	var last string
 	for {
 		if p != nil && p.exited() {

@@ -86,6 +86,7 @@ func TestShippedRedisKeepsQuotas(t *testing.T) {
 // keeps quota counters (TTLs of up to a month); volatile-lru, the setting
 // shipped before, evicts the counters written first — the quotas.
 func TestVolatileTTLEvictsBucketsBeforeQuotaCounters(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		policy   string
 		mustKeep bool

@@ -19,6 +19,7 @@ import (
 // cannot fire is a test failure. A missing promtool is a failure, not a
 // skip: the rules would go unchecked.
 func TestPrometheusRules(t *testing.T) {
+	t.Parallel()
 	testenv.SkipShort(t) // runs promtool
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {

@@ -81,7 +81,7 @@ func startStack(t *testing.T) *stack {
 		}
 	}
 	// The decisions reach ClickHouse through Kafka and the meter.
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		q := url.Values{"key": {"deploytest_free"}, "window": {"minute"}}
 		st, _, out := do(t, "GET", s.usage+"/v1/usage?"+q.Encode(), s.admin, nil)
@@ -103,6 +103,7 @@ func startStack(t *testing.T) *stack {
 // TestRunningBinaries starts the real binaries once and checks the alert
 // rules, the dashboard and the API descriptions against them.
 func TestRunningBinaries(t *testing.T) {
+	t.Parallel()
 	s := startStack(t)
 	t.Run("rules and dashboard name exported metrics", func(t *testing.T) { checkMetrics(t, s) })
 	t.Run("openapi", func(t *testing.T) { checkOpenAPI(t, s) })

@@ -29,6 +29,7 @@ var upComponents = []string{"redis", "clickhouse", "kafka-dev", "limiter", "mete
 // `make up` again (nothing new starts), then `make down`, and checks that
 // no process it started is left.
 func TestUpDown(t *testing.T) {
+	t.Parallel()
 	root := repoRoot(t)
 	buildBinaries(t) // warms the build cache that `make up` uses
 	runDir, binDir := t.TempDir(), t.TempDir()
@@ -206,7 +207,7 @@ func TestUpDown(t *testing.T) {
 	}
 	chHTTP := fmt.Sprintf("http://127.0.0.1:%d/?query=", ports["RW_CLICKHOUSE_HTTP_PORT"])
 	auditQ := url.QueryEscape("SELECT log_epoch, revision, author FROM ratelimit.policy_audit FINAL WHERE result = 'applied' ORDER BY kafka_offset FORMAT TSV")
-	for deadline := time.Now().Add(60 * time.Second); ; {
+	for deadline := time.Now().Add(testenv.Timeout(60 * time.Second)); ; {
 		st, _, b := do(t, "GET", chHTTP+auditQ, "", nil)
 		if st == 200 && string(b) == "0\t1\toperator/make-up\n0\t2\toperator/updown\n" {
 			break
@@ -240,7 +241,7 @@ func TestUpDown(t *testing.T) {
 func waitPolicy(t *testing.T, limiter string, rev int64, n int) {
 	t.Helper()
 	var last []byte
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(testenv.Timeout(30 * time.Second)); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		st, _, b := do(t, "GET", limiter+"/readyz", "", nil)
 		last = b
 		var r struct {
@@ -338,7 +339,7 @@ func checkTraffic(t *testing.T, limiter, usageURL, admin string) recorded {
 			t.Fatalf("POST /check: %d %s", st, b)
 		}
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		q := url.Values{"key": {key}, "window": {"minute"}}
 		st, _, b := do(t, "GET", usageURL+"/v1/usage?"+q.Encode(), admin, nil)

@@ -18,7 +18,7 @@ import (
 // eventually waits, generously, until cond holds; what names what it waits for.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(30 * time.Second))
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("gave up after 30 s waiting for %s", what)

@@ -92,7 +92,7 @@ func load(ctx context.Context, r *region, key string, lim enforcement.Limit, gap
 
 func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(testenv.Timeout(within))
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("not within %v: %s", within, what)

@@ -373,7 +373,7 @@ func TestReturnsOnCloseAndCoolDown(t *testing.T) {
 	mu.Lock()
 	now = now.Add(time.Second)
 	mu.Unlock()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(10 * time.Second))
 	for tokens("cooling") < 990-0.01 {
 		if time.Now().After(deadline) {
 			t.Fatalf("cooled key never returned its lease: tokens %.3f", tokens("cooling"))

@@ -125,7 +125,7 @@ func TestDuplexPausedConnectionIsReplaced(t *testing.T) {
 		select {
 		case err := <-res:
 			return err
-		case <-time.After(time.Minute):
+		case <-time.After(testenv.Timeout(time.Minute)):
 			t.Fatalf("%s: not answered within a minute", what)
 			return nil
 		}

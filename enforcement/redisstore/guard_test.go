@@ -222,7 +222,7 @@ func TestPausedStoreFailsFastAndOpensTheBreaker(t *testing.T) {
 	var slowest time.Duration
 	pausedAt := time.Now()
 	for i := 0; g.State() != redisstore.Open; i++ {
-		if time.Since(pausedAt) > 10*time.Second {
+		if time.Since(pausedAt) > testenv.Timeout(10*time.Second) {
 			t.Fatalf("the breaker is still %v 10s into the pause, after %d calls", g.State(), i)
 		}
 		start := time.Now()
@@ -255,7 +255,7 @@ func TestPausedStoreFailsFastAndOpensTheBreaker(t *testing.T) {
 	if err := r.Process().Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(10 * time.Second))
 	for {
 		_, err := g.Take(ctx, "after", "s", roomy, 1)
 		if err == nil && g.State() == redisstore.Closed {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 const ms = time.Millisecond
@@ -184,7 +186,7 @@ func TestLagProbeStopsWhenIdle(t *testing.T) {
 	}
 	time.Sleep(10 * ms)
 	m.exit()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(10 * time.Second))
 	for m.isRunning() {
 		if time.Now().After(deadline) {
 			t.Fatal("the probe still runs 10s after the last call (it stops 20ms after)")

@@ -180,7 +180,7 @@ func chargedOnce(t *testing.T, proc *testenv.Process, addr, prefix, key string, 
 	chk := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	defer chk.Close()
 	bg := context.Background()
-	deadline := time.Now().Add(20 * time.Second) // ends a broken run only
+	deadline := time.Now().Add(testenv.Timeout(20 * time.Second)) // ends a broken run only
 	for {
 		list, err := chk.ClientList(bg).Result()
 		if err != nil {

@@ -37,8 +37,9 @@ func TestGRPCServerSamplesBeforeOtelgrpc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(ln)
-	defer srv.Stop()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	defer func() { srv.Stop(); <-served }()
 	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -56,6 +57,12 @@ func TestGRPCServerSamplesBeforeOtelgrpc(t *testing.T) {
 	if _, err := client.Check(traced, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatal(err)
 	}
+	// The server ends a call's span after the client has its answer
+	// (grpc-go reports stats.End once the status is written): stop the
+	// server first, which waits for its handlers, and only then the
+	// provider, as the limiter stops them. A provider shut down first
+	// drops the span that ends after it.
+	srv.GracefulStop()
 	if err := p.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}

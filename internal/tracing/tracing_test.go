@@ -115,6 +115,10 @@ func TestHandlerContinuesTheCallersTrace(t *testing.T) {
 				t.Fatal(err)
 			}
 			resp.Body.Close()
+			// The span ends as the handler returns, which the client
+			// need not wait for: the server is closed (it waits for
+			// the request) before the provider flushes.
+			srv.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			if err := p.Shutdown(ctx); err != nil { // flushes

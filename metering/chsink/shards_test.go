@@ -79,7 +79,7 @@ func query(t *testing.T, n *testenv.ClickHouse, q string) string {
 
 func waitQuery(t *testing.T, n *testenv.ClickHouse, q, want, what string) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		got := query(t, n, q)
 		if got == want {
@@ -187,7 +187,7 @@ func TestShardedProgressWaitsForAPartOnlyADeadReplicaHas(t *testing.T) {
 	if err := r1.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(90 * time.Second))
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		got, err := s.Progress(pctx, 0)
@@ -286,7 +286,7 @@ func TestReadersSeeTheSameThroughTheDistributedTables(t *testing.T) {
 	if want == "" {
 		t.Fatal("quotause read nothing from the single server")
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for got := quota(clusterConn, clusterDB); got != want; got = quota(clusterConn, clusterDB) {
 		if time.Now().After(deadline) {
 			t.Fatalf("quotause through the Distributed tables:\n%.2000s\nwant (one server):\n%.2000s", got, want)
@@ -297,7 +297,7 @@ func TestReadersSeeTheSameThroughTheDistributedTables(t *testing.T) {
 	if strings.Count(wantScan, "\n") != 12_000 {
 		t.Fatalf("rawscan read %d rows from the single server, want 12000", strings.Count(wantScan, "\n"))
 	}
-	deadline = time.Now().Add(60 * time.Second)
+	deadline = time.Now().Add(testenv.Timeout(60 * time.Second))
 	for got := scan(clusterConn, clusterDB); got != wantScan; got = scan(clusterConn, clusterDB) {
 		if time.Now().After(deadline) {
 			t.Fatalf("rawscan through the Distributed decisions_raw differs from one server (%d vs %d rows)", strings.Count(got, "\n"), strings.Count(wantScan, "\n"))

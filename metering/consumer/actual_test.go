@@ -129,7 +129,7 @@ func TestSettlesAreExactOnceInRawAndAcrossAMonth(t *testing.T) {
 		if wrapped != 0 {
 			t.Fatalf("%d minutes of a key hold a cost below zero (wrapped)", wrapped)
 		}
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(testenv.Timeout(30 * time.Second))
 		for {
 			var rows, distinct, decisions uint64
 			var raw int64

@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/ratewarden/ratewarden/testkit/kafkadev"
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // broker is what BenchmarkEndToEnd needs of its broker.
@@ -65,7 +66,7 @@ func (b *brokerProcess) close() {
 	_ = b.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-b.done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(testenv.Timeout(5 * time.Second)):
 		_ = b.cmd.Process.Kill()
 		<-b.done
 	}
@@ -87,7 +88,7 @@ func startBrokerProcess(topic string, partitions int) (*brokerProcess, error) {
 	}
 	b := &brokerProcess{cmd: cmd, addr: fmt.Sprintf("127.0.0.1:%d", port), topic: topic, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(b.done) }()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(30 * time.Second))
 	for {
 		c := &kafka.Client{Addr: kafka.TCP(b.addr), Timeout: time.Second}
 		md, err := c.Metadata(context.Background(), &kafka.MetadataRequest{Topics: []string{topic}})

@@ -108,7 +108,7 @@ func (r *running) stop() {
 		r.cancel()
 		select {
 		case <-r.done:
-		case <-time.After(20 * time.Second):
+		case <-time.After(testenv.Timeout(20 * time.Second)):
 			panic("consumer did not stop within 20 s")
 		}
 	})
@@ -154,7 +154,7 @@ func TestConsumesIntoRollupsExactly(t *testing.T) {
 
 	// A batch's four INSERTs run concurrently: the raw table may land a
 	// moment after the rollups. More rows than events fails at once.
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		var raw uint64
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -179,9 +179,11 @@ func TestConsumesIntoRollupsExactly(t *testing.T) {
 	// A restart reads everything again from its ClickHouse progress and
 	// changes nothing.
 	r.stop()
-	startConsumer(t, conn, db, k.Addr(), k.Topic(), 700)
+	r = startConsumer(t, conn, db, k.Addr(), k.Topic(), 700)
 	produce(t, k.Addr(), k.Topic(), evs[:10]) // old duplicates, within the window
-	time.Sleep(time.Second)
+	// Once the restarted consumer has discarded those ten (and counted
+	// nothing it read again), the totals must be unchanged.
+	waitCounter(t, r.reg, "meter_duplicates_discarded_total", 10)
 	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(evs), 30*time.Second)
 }
 
@@ -189,7 +191,7 @@ func TestConsumesIntoRollupsExactly(t *testing.T) {
 // in flight when the totals are already right) and fails if it passes it.
 func waitCounter(t *testing.T, reg *prometheus.Registry, name string, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(20 * time.Second))
 	for {
 		v := counter(t, reg, name)
 		if v == want {

@@ -125,7 +125,7 @@ func TestALogThatEndsAtTheStoredOffsetIsANewEpoch(t *testing.T) {
 // a moment after the rollups') and fails at once on more.
 func waitRawRows(t *testing.T, conn driver.Conn, db string, want int) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		var raw, distinct uint64
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -17,6 +17,7 @@ import (
 // timed out, was retried silently at the same offset, and the partition
 // stopped for good.
 func TestFetchesSlowerThanMaxWaitStillProgress(t *testing.T) {
+	t.Parallel() // mostly waiting (slow fetches, the watchdog's clock), on its own broker and database
 	conn, db := setup(t)
 	k := testenv.StartKafka(t, "decisions", 2)
 	evs := events(3000)
@@ -38,6 +39,7 @@ const stallAfter = 15 * time.Second
 // gets a fresh reader; once the broker answers again the totals are exact,
 // the consumer is ready, and no other partition ever counted a stall.
 func TestWatchdogCountsAndRecoversAStalledPartition(t *testing.T) {
+	t.Parallel() // mostly waiting (slow fetches, the watchdog's clock), on its own broker and database
 	conn, db := setup(t)
 	k := testenv.StartKafka(t, "decisions", 2)
 	evs := events(4000)
@@ -68,6 +70,7 @@ func TestWatchdogCountsAndRecoversAStalledPartition(t *testing.T) {
 
 // A healthy run with the same short watchdog clock never counts a stall.
 func TestWatchdogQuietWhenHealthy(t *testing.T) {
+	t.Parallel() // mostly waiting (slow fetches, the watchdog's clock), on its own broker and database
 	conn, db := setup(t)
 	k := testenv.StartKafka(t, "decisions", 2)
 	evs := events(4000)
@@ -109,7 +112,7 @@ func stalls(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // within.
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(testenv.Timeout(within))
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("gave up after %s waiting for %s", within, what)

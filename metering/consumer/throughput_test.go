@@ -236,7 +236,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	}
 	emitEnd := time.Now()
 	writtenAtEmitEnd := written()
-	deadline := time.Now().Add(10 * time.Minute)
+	deadline := time.Now().Add(testenv.Timeout(10 * time.Minute))
 	for int(written())+int(em.Dropped()) < b.N {
 		if time.Now().After(deadline) {
 			b.Fatalf("only %v of %d events written after 10 minutes", written(), b.N)
@@ -268,7 +268,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	// must be written again after a partial failure twice, and in cluster
 	// mode the Distributed table may read a replica that is a part behind).
 	want := uint64(b.N) - em.Dropped()
-	deadline = time.Now().Add(2 * time.Minute)
+	deadline = time.Now().Add(testenv.Timeout(2 * time.Minute))
 	for {
 		var total uint64
 		// A fresh deadline: ctx (set up for the schema) may have run out

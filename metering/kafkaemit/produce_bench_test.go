@@ -60,7 +60,7 @@ func BenchmarkProduce(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { broker.Process.Kill(); broker.Wait() }()
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	for deadline := time.Now().Add(testenv.Timeout(30 * time.Second)); ; {
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
 			break

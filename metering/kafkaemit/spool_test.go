@@ -52,7 +52,7 @@ func distinct(t *testing.T, k *testenv.Kafka, partitions, messages int) map[stri
 
 func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(testenv.Timeout(within))
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("gave up after %s waiting for %s", within, what)

@@ -143,7 +143,7 @@ func (r *runningNotifier) stop() {
 		r.cancel()
 		select {
 		case <-r.done:
-		case <-time.After(20 * time.Second):
+		case <-time.After(testenv.Timeout(20 * time.Second)):
 			panic("notifier did not stop within 20 s")
 		}
 	})
@@ -208,7 +208,7 @@ func decisions(ids *metering.IDs, key, scope string, n int, limit int64) []meter
 // are reached only when something is broken, never by a slow machine.
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(testenv.Timeout(within))
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %s waiting for %s", within, what)

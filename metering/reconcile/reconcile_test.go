@@ -528,14 +528,14 @@ func TestSurvivesClickHouseDown(t *testing.T) {
 			if err != nil {
 				t.Errorf("Run returned %v", err)
 			}
-		case <-time.After(30 * time.Second):
+		case <-time.After(testenv.Timeout(30 * time.Second)):
 			t.Error("Run did not return within 30 s of its context ending")
 		}
 	}()
 
 	// Waits for three failed passes (Run retries after 200 ms, the interval
 	// here); 60 s is for a starved machine, not the expected time.
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		if ok, _ := e.rec.Ready(); !ok {
 			break
@@ -562,14 +562,14 @@ func TestSurvivesClickHouseDown(t *testing.T) {
 	}
 	// Waits for the next pass after ClickHouse answers again (the retry
 	// backoff is at most the 200 ms interval).
-	deadline = time.Now().Add(60 * time.Second)
+	deadline = time.Now().Add(testenv.Timeout(60 * time.Second))
 	for e.counter("acct_pro", "tier:pro", limits.PeriodMonth) != 9 {
 		if time.Now().After(deadline) {
 			t.Fatal("counter not restored within 60 s of ClickHouse coming back")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	deadline = time.Now().Add(30 * time.Second)
+	deadline = time.Now().Add(testenv.Timeout(30 * time.Second))
 	for {
 		if ok, _ := e.rec.Ready(); ok {
 			break

@@ -69,7 +69,7 @@ func TestAuditEveryRecord(t *testing.T) {
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- aw.Run(rctx) }()
-		deadline := time.Now().Add(60 * time.Second)
+		deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 		for {
 			if ok, _ := aw.Ready(); ok {
 				break
@@ -128,7 +128,7 @@ func auditOnce(ctx context.Context, t *testing.T, l policylog.Log, conn driver.C
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- aw.Run(rctx) }()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		if ok, _ := aw.Ready(); ok {
 			break

@@ -178,7 +178,7 @@ func TestJudgeDecides(t *testing.T) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: not within 60 s", what)

@@ -67,7 +67,7 @@ func TestEveryRegionFollowsOneLog(t *testing.T) {
 	if _, err := w.SetOverride(c, "acct_1", "", policy.Override{Tier: "pro", Reason: "upgrade"}, "bob", "upgrade", policylog.NoExpect); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(30 * time.Second))
 	for _, r := range []string{"a", "b", "c"} {
 		for followers[r].Revision() != 2 {
 			if time.Now().After(deadline) {

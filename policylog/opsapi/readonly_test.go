@@ -98,7 +98,7 @@ func TestReadsCreateNoTopic(t *testing.T) {
 	if !exists() {
 		t.Fatal("the first write did not create the topic")
 	}
-	for deadline := time.Now().Add(30 * time.Second); f.Current().Source != policylog.SourceKafka; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(testenv.Timeout(30 * time.Second)); f.Current().Source != policylog.SourceKafka; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the follower never read the log: %+v", f.Current())
 		}

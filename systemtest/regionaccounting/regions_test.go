@@ -55,7 +55,7 @@ func run(t *testing.T, name string, fn func(context.Context) error) (stop func()
 				if err != nil && ctx.Err() == nil {
 					t.Errorf("%s: %v", name, err)
 				}
-			case <-time.After(30 * time.Second):
+			case <-time.After(testenv.Timeout(30 * time.Second)):
 				t.Errorf("%s did not stop within 30 s", name)
 			}
 		})
@@ -203,7 +203,7 @@ func TestThreeRegionsOneRecord(t *testing.T) {
 	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(all), 90*time.Second)
 
 	// Per region, exact in every per-region rollup.
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testenv.Timeout(60 * time.Second))
 	for _, table := range schema.RegionRollupTables() {
 		for {
 			got := map[string]usage.Counts{}
@@ -297,7 +297,7 @@ func TestThreeRegionsOneRecord(t *testing.T) {
 
 	// One soft-limit webhook for the global key, however many regions
 	// warned; none for the regional key, which never warned.
-	deadline = time.Now().Add(60 * time.Second)
+	deadline = time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		mu.Lock()
 		n := len(hooks)
@@ -318,7 +318,7 @@ func TestThreeRegionsOneRecord(t *testing.T) {
 			warnings++
 		}
 	}
-	deadline = time.Now().Add(60 * time.Second)
+	deadline = time.Now().Add(testenv.Timeout(60 * time.Second))
 	for {
 		decided := sumCounter(t, nreg, "notifier_notifications_total") // every warning event, by decision
 		if decided >= float64(warnings) {

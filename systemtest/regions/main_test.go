@@ -172,7 +172,7 @@ func regionBlock(t *testing.T, r *testenv.Region) (map[string]any, int) {
 
 // waitFor polls cond every 100 ms until it holds or within passes.
 func waitFor(within time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(testenv.Timeout(within))
 	for {
 		if cond() {
 			return true

@@ -212,7 +212,7 @@ func TestUsageAcrossRegionsIsExact(t *testing.T) {
 // minutes; at once when a count is over (counts never go down).
 func waitRegions(t *testing.T, what string, want map[string]map[string]counts, read func(context.Context) (map[string]map[string]counts, error)) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(testenv.Timeout(2 * time.Minute))
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		got, err := read(ctx)

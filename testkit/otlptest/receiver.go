@@ -23,6 +23,8 @@ import (
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // Span is one received span, flattened.
@@ -64,6 +66,7 @@ func (r *Receiver) Spans() []Span {
 // the deadline (generous: an exporter batches for up to 5 s by default).
 func (r *Receiver) Wait(t testing.TB, what string, timeout time.Duration, ok func([]Span) bool) []Span {
 	t.Helper()
+	timeout = testenv.Timeout(timeout)
 	deadline := time.Now().Add(timeout)
 	for {
 		s := r.Spans()

@@ -66,7 +66,7 @@ func TestClickHouseCluster(t *testing.T) {
 
 func waitCount(t *testing.T, what string, read func() (uint64, error), want uint64) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(Timeout(60 * time.Second))
 	for {
 		got, err := read()
 		if err == nil && got == want {

@@ -197,7 +197,7 @@ func tail(b []byte) string {
 
 // waitReady polls the HTTP /ping endpoint, then the native port.
 func (c *ClickHouse) waitReady(p *Process, within time.Duration) error {
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(Timeout(within))
 	// No idle keep-alive connection left behind: clickhouse-server waits
 	// for open connections when it is stopped.
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}

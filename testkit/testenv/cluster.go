@@ -120,7 +120,7 @@ func NewClusterAt(dir string, ports []int) (*Cluster, error) {
 // handshakes too, for a secure cluster); on a machine loaded far past its
 // cores that took longer than a minute, so the bound is generous.
 func (c *Cluster) create() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout(3*time.Minute))
 	defer cancel()
 	var args []string
 	if c.secure != nil {

@@ -81,7 +81,7 @@ func StartServiceProcess(name, bin, logPath, addrVar, ready string, env []string
 }
 
 func (l *Limiter) waitReady(path string, within time.Duration) error {
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(Timeout(within))
 	for {
 		resp, err := limiterClient.Get(l.URL + path)
 		if err == nil {

@@ -133,7 +133,7 @@ func ephemeralRange() (lo, hi int) {
 
 // waitTCP waits until addr accepts connections or the deadline passes.
 func waitTCP(addr string, within time.Duration) error {
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(Timeout(within))
 	for {
 		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 		if err == nil {

@@ -51,7 +51,7 @@ func UsageTotals(ctx context.Context, conn driver.Conn, database, table string) 
 // than wanted fails at once, because counts never go down.
 func WaitUsageTotals(tb testing.TB, conn driver.Conn, database string, want map[UsageKey]UsageTotal, within time.Duration) {
 	tb.Helper()
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(Timeout(within))
 	var diff string
 	for {
 		diff = ""

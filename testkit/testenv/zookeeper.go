@@ -86,7 +86,7 @@ maxSessionTimeout=60000
 // waitReady asks "srvr" (a four-letter command) until the server says it
 // serves in standalone mode.
 func (z *ZooKeeper) waitReady(p *Process, within time.Duration) error {
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(Timeout(within))
 	var last string
 	for {
 		if p.Exited() {
