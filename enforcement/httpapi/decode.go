@@ -47,6 +47,9 @@ type checkBody struct {
 	// Reserve: the cost is an estimate; an allowed answer carries the
 	// reservation to settle (POST /settle).
 	Reserve *bool `json:"reserve"`
+	// Priority is the request's class on a concurrency limit (policy
+	// priorities; absent = default).
+	Priority *string `json:"priority"`
 }
 
 // DecodeCheck parses a /check body. Unknown fields are ignored; known fields
@@ -87,14 +90,14 @@ func decodeCheckJSON(body []byte, b *checkBody) *Error {
 // nobody sent; the raw member shows what was sent. Invalid bytes in a member
 // the limiter ignores are ignored with it.
 func invalidUTF8(body []byte) *Error {
-	var raw struct{ Key, Scope, Tier json.RawMessage }
+	var raw struct{ Key, Scope, Tier, Priority json.RawMessage }
 	if err := json.Unmarshal(body, &raw); err != nil {
 		return invalid("body is not a JSON object: %v", err)
 	}
 	for _, m := range []struct {
 		name string
 		v    json.RawMessage
-	}{{"key", raw.Key}, {"scope", raw.Scope}, {"tier", raw.Tier}} {
+	}{{"key", raw.Key}, {"scope", raw.Scope}, {"tier", raw.Tier}, {"priority", raw.Priority}} {
 		if !utf8.Valid(m.v) {
 			return invalid("%s is not valid UTF-8", m.name)
 		}
@@ -116,6 +119,8 @@ func validateCheck(b *checkBody) (enforcement.Request, *Error) {
 		return req, invalid("scope is %d bytes, at most %d allowed", len(*b.Scope), MaxScopeLen)
 	case b.Tier != nil && len(*b.Tier) > MaxTierLen:
 		return req, invalid("tier is %d bytes, at most %d allowed", len(*b.Tier), MaxTierLen)
+	case b.Priority != nil && len(*b.Priority) > MaxTierLen:
+		return req, invalid("priority is %d bytes, at most %d allowed", len(*b.Priority), MaxTierLen)
 	}
 	if p := TextProblem(*b.Key); p != "" {
 		return req, invalid("key %s", p)
@@ -127,6 +132,12 @@ func validateCheck(b *checkBody) (enforcement.Request, *Error) {
 		if p := TextProblem(*b.Tier); p != "" {
 			return req, invalid("tier %s", p)
 		}
+	}
+	if b.Priority != nil {
+		if p := TextProblem(*b.Priority); p != "" {
+			return req, invalid("priority %s", p)
+		}
+		req.Priority = *b.Priority
 	}
 	req.Key, req.Scope = *b.Key, *b.Scope
 	if b.Tier != nil {

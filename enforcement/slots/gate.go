@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
@@ -54,6 +56,10 @@ type Config struct {
 	TTL time.Duration
 	// Timeout bounds one store call (default 1 s).
 	Timeout time.Duration
+	// OpenFor is how long a store that failed a call is not asked again:
+	// acquires decide degraded at once meanwhile, and renewals fail fast
+	// (default 1 s).
+	OpenFor time.Duration
 	// Instances is how many limiters share the fleet's slots (the degraded
 	// ceiling divides by it); nil = 1.
 	Instances func() int
@@ -68,7 +74,13 @@ type Config struct {
 type Gate struct {
 	cfg      Config
 	degraded *Memory
+	// downUntil maps a store name to the time (Unix ns) before which it is
+	// not asked (*atomic.Int64): one failure opens it for OpenFor.
+	downUntil sync.Map
 }
+
+// errStoreDown: the store failed a call less than OpenFor ago.
+var errStoreDown = errors.New("the slot store failed a call moments ago; not asked again yet")
 
 // NewGate returns a Gate. It starts nothing; Run sweeps its degraded set.
 func NewGate(cfg Config) (*Gate, error) {
@@ -83,6 +95,9 @@ func NewGate(cfg Config) (*Gate, error) {
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Second
+	}
+	if cfg.OpenFor <= 0 {
+		cfg.OpenFor = time.Second
 	}
 	if cfg.Instances == nil {
 		cfg.Instances = func() int { return 1 }
@@ -182,7 +197,7 @@ func (g *Gate) share(pol enforcement.Policy, priority string) (float64, error) {
 // degraded set with the tightened ceiling ⌈capacity ÷ instances⌉.
 func (g *Gate) acquire(ctx context.Context, s *Slot, share float64, capacity int64) (Grant, bool, error) {
 	st := g.storeOf(s.Store)
-	if st != nil {
+	if st != nil && g.up(s.Store) {
 		cctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
 		gr, err := st.Acquire(cctx, *s, ClassLimit(share, capacity), capacity, g.cfg.TTL)
 		cancel()
@@ -192,12 +207,26 @@ func (g *Gate) acquire(ctx context.Context, s *Slot, share float64, capacity int
 		if ctx.Err() != nil {
 			return Grant{}, false, fmt.Errorf("acquire a slot: %w", ctx.Err())
 		}
+		g.failed(s.Store)
 	}
 	s.Degraded = true
 	inst := int64(max(1, g.cfg.Instances()))
 	ceiling := (capacity + inst - 1) / inst
 	gr, err := g.degraded.Acquire(ctx, *s, ClassLimit(share, ceiling), ceiling, g.cfg.TTL)
 	return gr, true, err
+}
+
+// up reports whether store name may be asked: it has not failed a call
+// in the last OpenFor.
+func (g *Gate) up(name string) bool {
+	v, ok := g.downUntil.Load(name)
+	return !ok || time.Now().UnixNano() >= v.(*atomic.Int64).Load()
+}
+
+// failed opens store name for OpenFor.
+func (g *Gate) failed(name string) {
+	v, _ := g.downUntil.LoadOrStore(name, new(atomic.Int64))
+	v.(*atomic.Int64).Store(time.Now().Add(g.cfg.OpenFor).UnixNano())
 }
 
 func (g *Gate) storeOf(name string) Store {
@@ -256,10 +285,17 @@ func (g *Gate) Renew(ctx context.Context, id string) (expiresAt time.Time, err e
 		return time.Time{}, err
 	}
 	st, err := g.storeFor(s)
-	if err == nil {
+	switch {
+	case err != nil:
+	case !s.Degraded && !g.up(s.Store):
+		err = errStoreDown
+	default:
 		cctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
 		expiresAt, err = st.Renew(cctx, s, g.cfg.TTL)
 		cancel()
+		if err != nil && !errors.Is(err, ErrLeaseNotFound) && !s.Degraded && ctx.Err() == nil {
+			g.failed(s.Store)
+		}
 	}
 	if g.cfg.Observer != nil && (err == nil || errors.Is(err, ErrLeaseNotFound)) {
 		outcome := "renewed"
