@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
@@ -104,4 +105,21 @@ func renewLease(ctx context.Context, stop <-chan struct{}, l Leaser, lease strin
 			g.Log.Warn("lease renewal failed; retrying at the next interval", "err", err)
 		}
 	}
+}
+
+// rejection is the 429's error object: its code says which limit refused
+// (rate_limited; concurrency_limited for want of a slot; shed for a
+// priority class at its share), so that a client, a dashboard or an alert
+// tells a backend shedding load from a customer's own limit.
+func rejection(d *enforcement.Decision, secs int64) *Error {
+	e := &Error{Status: http.StatusTooManyRequests}
+	switch d.Reason {
+	case enforcement.ReasonConcurrency:
+		e.Code, e.Message = "concurrency_limited", fmt.Sprintf("Too many requests in flight. Retry in about %d second%s.", secs, plural(secs))
+	case enforcement.ReasonShed:
+		e.Code, e.Message = "shed", fmt.Sprintf("Shed under load: this priority class holds its share. Retry in about %d second%s.", secs, plural(secs))
+	default:
+		e.Code, e.Message = "rate_limited", fmt.Sprintf("Rate limit exceeded. Retry in about %d second%s.", secs, plural(secs))
+	}
+	return e
 }

@@ -137,8 +137,7 @@ func (g *Guard) check(w http.ResponseWriter, r *http.Request, req enforcement.Re
 	}
 	secs := ratelimitheader.RetryAfterSeconds(&d)
 	w.Header().Set(ratelimitheader.RetryAfter, strconv.FormatInt(secs, 10))
-	msg := fmt.Sprintf("Rate limit exceeded. Retry in about %d second%s.", secs, plural(secs))
-	e := &Error{Status: http.StatusTooManyRequests, Code: "rate_limited", Message: msg}
+	e := rejection(&d, secs)
 	if g.Headers == ratelimitheader.Legacy {
 		WriteError(w, e, requestID(r))
 	} else {

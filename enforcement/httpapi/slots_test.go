@@ -233,3 +233,48 @@ func TestMiddlewareLeaseLost(t *testing.T) {
 		t.Fatalf("the handler's context ended with %v", err)
 	}
 }
+
+// TestMiddlewarePriorityHeader: the middleware reads the class from
+// Ratewarden-Priority; a sheddable request past its share is a 429 with
+// code "shed" and an honest Retry-After, one past the limit
+// "concurrency_limited", and critical traffic keeps the rest.
+func TestMiddlewarePriorityHeader(t *testing.T) {
+	g, _, _ := slotGate(t, time.Minute)
+	release := make(chan struct{})
+	inside := make(chan struct{}, 4)
+	h := httpapi.Middleware(&httpapi.Guard{Checker: g, Key: httpapi.HeaderKey("X-Key", "k:")})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inside <- struct{}{}
+		<-release
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	defer close(release)
+	do := func(priority string) (int, string, map[string]any) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/report", nil)
+		req.Header.Set("X-Key", "p")
+		if priority != "" {
+			req.Header.Set(httpapi.PriorityHeader, priority)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0, "", nil
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp.StatusCode, resp.Header.Get("Retry-After"), body
+	}
+	go do("sheddable") // holds 1 of 2: the sheddable share
+	<-inside
+	code, retry, body := do("sheddable")
+	if errBody, _ := body["error"].(map[string]any); code != 429 || errBody["code"] != "shed" || retry == "" || retry == "0" {
+		t.Fatalf("sheddable past its share: %d, Retry-After %q, %v", code, retry, body)
+	}
+	go do("critical") // the second slot
+	<-inside
+	code, _, body = do("critical")
+	if errBody, _ := body["error"].(map[string]any); code != 429 || errBody["code"] != "concurrency_limited" {
+		t.Fatalf("critical past the limit: %d %v", code, body)
+	}
+}
