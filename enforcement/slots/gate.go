@@ -54,8 +54,12 @@ type Config struct {
 	Stores map[string]Store
 	// TTL is a lease's time without a renewal (default DefaultTTL).
 	TTL time.Duration
-	// Timeout bounds one store call (default 1 s).
-	Timeout time.Duration
+	// Timeout bounds one acquire at the store (default 1 s): past it the
+	// decision is degraded. ReturnTimeout bounds a release or renew (default
+	// 1 s, and never below Timeout): they are off the decision's path, and a
+	// release that fails leaves the slot held until its lease ends.
+	Timeout       time.Duration
+	ReturnTimeout time.Duration
 	// OpenFor is how long a store that failed a call is not asked again:
 	// acquires decide degraded at once meanwhile, and renewals fail fast
 	// (default 1 s).
@@ -96,6 +100,10 @@ func NewGate(cfg Config) (*Gate, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Second
 	}
+	if cfg.ReturnTimeout <= 0 {
+		cfg.ReturnTimeout = time.Second
+	}
+	cfg.ReturnTimeout = max(cfg.ReturnTimeout, cfg.Timeout)
 	if cfg.OpenFor <= 0 {
 		cfg.OpenFor = time.Second
 	}
@@ -260,7 +268,7 @@ func (g *Gate) Release(ctx context.Context, id string) (freed bool, err error) {
 	if errors.Is(err, ErrLeaseNotFound) {
 		return false, nil
 	}
-	cctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
+	cctx, cancel := context.WithTimeout(ctx, g.cfg.ReturnTimeout)
 	defer cancel()
 	freed, err = st.Release(cctx, s)
 	if err != nil {
@@ -290,7 +298,7 @@ func (g *Gate) Renew(ctx context.Context, id string) (expiresAt time.Time, err e
 	case !s.Degraded && !g.up(s.Store):
 		err = errStoreDown
 	default:
-		cctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
+		cctx, cancel := context.WithTimeout(ctx, g.cfg.ReturnTimeout)
 		expiresAt, err = st.Renew(cctx, s, g.cfg.TTL)
 		cancel()
 		if err != nil && !errors.Is(err, ErrLeaseNotFound) && !s.Degraded && ctx.Err() == nil {
