@@ -48,7 +48,7 @@ func TestConfigLeaseTTL(t *testing.T) {
 // LIMITER_LEASE_TTL, on Redis's clock.
 func TestSlotsAcrossLimiterProcesses(t *testing.T) {
 	r := testenv.StartRedis(t)
-	env := []string{"REDIS_ADDRS=" + r.Addr(), "LIMITER_LEASE_TTL=1s"}
+	env := []string{"REDIS_ADDRS=" + r.Addr(), "LIMITER_LEASE_TTL=5s"}
 	a := startLimiter(t, slotsPolicy, env...)
 	b := startLimiter(t, slotsPolicy, env...)
 	var leases []string

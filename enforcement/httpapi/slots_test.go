@@ -130,7 +130,7 @@ func TestCheckReleaseRenew(t *testing.T) {
 // handler runs — renewed past several lease times — and gives it back
 // when the handler returns or panics; a request past the limit is 429.
 func TestMiddlewareHoldsTheSlot(t *testing.T) {
-	g, c, rdb := slotGate(t, 2*time.Second) // renewed every 667 ms
+	g, c, rdb := slotGate(t, 3*time.Second) // renewed every second
 	inside := make(chan struct{})
 	leave := make(chan struct{})
 	mux := http.NewServeMux()
@@ -174,7 +174,7 @@ func TestMiddlewareHoldsTheSlot(t *testing.T) {
 	start, _ := rdb.Time(context.Background()).Result()
 	for {
 		now, _ := rdb.Time(context.Background()).Result()
-		if now.Sub(start) > 5*time.Second {
+		if now.Sub(start) > 7*time.Second {
 			break
 		}
 		if n := held(t, c, rdb, "k:a"); n != 2 {

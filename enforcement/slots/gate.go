@@ -126,7 +126,7 @@ func (g *Gate) Run(ctx context.Context) error { return g.degraded.Run(ctx, g.cfg
 // spent its rate tokens: it was counted as an attempt.
 func (g *Gate) Check(ctx context.Context, req enforcement.Request) (enforcement.Decision, error) {
 	pol := g.cfg.Policy()
-	share, err := g.share(pol, req.Priority)
+	share, class, err := g.share(pol, req.Priority)
 	if err != nil {
 		return enforcement.Decision{}, err
 	}
@@ -165,7 +165,7 @@ func (g *Gate) Check(ctx context.Context, req enforcement.Request) (enforcement.
 		if !gr.Admitted {
 			outcome = gr.Reason
 		}
-		g.cfg.Observer.Slot(outcome, req.Priority, degraded)
+		g.cfg.Observer.Slot(outcome, class, degraded)
 	}
 	if degraded {
 		d.Source = enforcement.SourceDegraded
@@ -187,18 +187,20 @@ func (g *Gate) Check(ctx context.Context, req enforcement.Request) (enforcement.
 	return d, nil
 }
 
-// share is the priority class's share; ErrUnknownPriority when the policy
-// does not define the class.
-func (g *Gate) share(pol enforcement.Policy, priority string) (float64, error) {
+// share is the priority class's share and its name for metrics;
+// ErrUnknownPriority when the policy does not define the class. A policy
+// without classes gives every request the whole capacity, counted as
+// the default class (the label never takes a value the caller made up).
+func (g *Gate) share(pol enforcement.Policy, priority string) (share float64, class string, err error) {
 	p, ok := pol.(Policy)
 	if !ok {
-		return 1, nil // a policy without classes: the whole capacity
+		return 1, "", nil
 	}
-	share, ok := p.PriorityShare(priority)
+	share, ok = p.PriorityShare(priority)
 	if !ok {
-		return 0, fmt.Errorf("%w %q", ErrUnknownPriority, priority)
+		return 0, "", fmt.Errorf("%w %q", ErrUnknownPriority, priority)
 	}
-	return share, nil
+	return share, priority, nil
 }
 
 // acquire asks the slot's store, else, when it cannot be asked, the

@@ -168,7 +168,7 @@ func TestGateRateFirst(t *testing.T) {
 // frees nothing, and every slot is there for new requests.
 func TestGateStoreFrozen(t *testing.T) {
 	r := testenv.StartRedis(t)
-	g, rdb := gateOn(t, r.Addr(), "frozen", 3*time.Second)
+	g, rdb := gateOn(t, r.Addr(), "frozen", 5*time.Second)
 	ctx := context.Background()
 	d, err := g.Check(ctx, reportReq("acct", "critical"))
 	if err != nil || !d.Allowed || d.Lease == "" {
