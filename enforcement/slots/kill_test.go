@@ -31,6 +31,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if spec := os.Getenv(serverEnv); spec != "" {
+		if err := runServer(spec); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
 }
 
