@@ -12,6 +12,11 @@
 #   PASSES       (default 3)
 #   CONNS        (default 32)
 #   FLIGHT_SECONDS (default 60), WORKERS (default 64), KILL_EVERY (default 5)
+#   BASE_LIMITER (optional)    another limiter binary (say, main's build):
+#                              the rate part's passes then run against it and
+#                              this tree's in turn, for before/after ratios
+#                              from the same run; with SKIP_FLIGHT=1 the
+#                              flight part is left out
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${SECONDS_EACH:-5}
@@ -26,19 +31,32 @@ require_tools redis-server
 $GO build -o "$OUT/bin/" ./cmd/limiter
 $GO build -C bench -o "$(realpath -m "$OUT")/bin/" ./slotbench
 start_redis
-# start_limiter PORT: a limiter on PORT; sets LPID.
+# start_limiter PORT [BINARY]: a limiter on PORT; sets LPID.
 start_limiter() {
   env LIMITER_ADDR="127.0.0.1:$1" LIMITER_GRPC_ADDR= REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
-    LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" LIMITER_LEASE_TTL=1s KAFKA_BROKERS= "$OUT/bin/limiter" 2>>"$OUT/limiter.log" &
+    LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" LIMITER_LEASE_TTL=1s KAFKA_BROKERS= "${2:-$OUT/bin/limiter}" 2>>"$OUT/limiter.log" &
   LPID=$!
   PIDS+=($LPID)
   wait_port "$1"
 }
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
 PORT=$(free_port)
-start_limiter "$PORT"
-"$OUT/bin/slotbench" -part rate -url "http://127.0.0.1:$PORT" -conns "$CONNS" -duration "${SECONDS_EACH}s" -passes "$PASSES"
-kill "$LPID"; wait "$LPID" 2>/dev/null || true
+if [ -z "${BASE_LIMITER:-}" ]; then
+  start_limiter "$PORT"
+  "$OUT/bin/slotbench" -part rate -url "http://127.0.0.1:$PORT" -conns "$CONNS" -duration "${SECONDS_EACH}s" -passes "$PASSES"
+  kill "$LPID"; wait "$LPID" 2>/dev/null || true
+else
+  for pass in $(seq 1 "$PASSES"); do
+    for which in base tree; do
+      bin="$OUT/bin/limiter"
+      [ "$which" = base ] && bin="$BASE_LIMITER"
+      start_limiter "$PORT" "$bin"
+      "$OUT/bin/slotbench" -part rate -url "http://127.0.0.1:$PORT" -conns "$CONNS" -duration "${SECONDS_EACH}s" -passes 1 | sed "s/^/  $which pass $pass: /"
+      kill "$LPID"; wait "$LPID" 2>/dev/null || true
+    done
+  done
+  if [ -n "${SKIP_FLIGHT:-}" ]; then echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"; exit 0; fi
+fi
 
 PORTS=() LPIDS=() URLS=""
 for i in 0 1 2 3; do
