@@ -66,6 +66,10 @@ type Request struct {
 	// Check answers it as Limiter.Peek does (no write to the store, no
 	// local tier charged, no decision recorded).
 	Peek bool
+	// Priority is the request's priority class on a concurrency limit
+	// (policy priorities; "" = the default class). Only the slot layer
+	// (enforcement/slots) reads it.
+	Priority string
 	// Domain is the Envoy rate limit domain the request came through (empty
 	// for /check and the middleware). It plays no part in the decision; it
 	// is recorded with it.
@@ -152,7 +156,25 @@ type Decision struct {
 	// Reservation is the id of the reservation an allowed decision with
 	// Request.Reserve keeps (empty otherwise).
 	Reservation string
+	// Lease is the id of the slot an allowed decision on a concurrency
+	// limit holds until it is released (enforcement/slots), and
+	// LeaseExpiresAt when the slot returns by itself unless renewed;
+	// empty and zero otherwise.
+	Lease          string
+	LeaseExpiresAt time.Time
+	// Reason says why a rejection was made when it was not the rate
+	// limit's own: ReasonConcurrency or ReasonShed; "" otherwise.
+	Reason string
 }
+
+// Rejection reasons (Decision.Reason), as /check spells them.
+const (
+	// ReasonConcurrency: every slot of the key's concurrency limit is held.
+	ReasonConcurrency = "concurrency"
+	// ReasonShed: the request's priority class holds its whole share of
+	// the concurrency limit; a higher class would have been admitted.
+	ReasonShed = "shed"
+)
 
 // BucketState is the token bucket that decided, after the decision: the
 // resolved one, or the tightened one when Source is SourceDegraded. Its
@@ -183,4 +205,8 @@ var (
 	ErrCostExceedsLimit = errors.New("cost exceeds the bucket's capacity")
 	// ErrInvalidRequest: the request is malformed (empty key or scope, negative cost).
 	ErrInvalidRequest = errors.New("invalid request")
+	// ErrConcurrencyOnly: the key's limit is a concurrency limit alone,
+	// which only the slot layer (enforcement/slots) decides; a door
+	// without it cannot.
+	ErrConcurrencyOnly = errors.New("the limit is a concurrency limit alone; this door does not take slots")
 )

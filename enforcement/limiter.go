@@ -301,6 +301,10 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 	if req.HasCost {
 		cost = req.Cost
 	}
+	if !res.HasRate() {
+		e.mu.Unlock()
+		return Decision{}, ErrConcurrencyOnly
+	}
 	if capacity := res.Capacity(); cost > capacity {
 		e.mu.Unlock()
 		return Decision{}, fmt.Errorf("%w: cost %d, capacity %d", ErrCostExceedsLimit, cost, capacity)

@@ -83,7 +83,18 @@ type Limit struct {
 	// Store names the shared store that decides the key (dedicated
 	// capacity, REDIS_STORES); "" = the default store.
 	Store string
+
+	// Concurrency is the most requests of the key (and scope) in flight at
+	// once across the fleet (policy `concurrency:`): each holds a slot,
+	// under a lease, until it gives it back (docs/concurrency.md); 0 = no
+	// concurrency limit.
+	Concurrency int64
 }
+
+// HasRate reports whether the limit has a token bucket. A limit of
+// concurrency alone (policy `concurrency:` without rate and burst) has
+// none: it bounds requests in flight, not requests per second.
+func (l Limit) HasRate() bool { return l.Rate > 0 && l.Burst > 0 }
 
 // Capacity is the largest cost a request can ever be allowed: the burst, or
 // one sub-bucket's when the key is split.

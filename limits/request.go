@@ -16,3 +16,8 @@ const (
 	// MaxCost is the largest cost one request may ask for.
 	MaxCost = 1_000_000_000
 )
+
+// MaxConcurrency bounds a concurrency limit (policy `concurrency:`): the
+// slots of one key and scope are one Redis sorted set, and each slot held
+// is one member of it.
+const MaxConcurrency = 1_000_000

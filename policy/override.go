@@ -36,6 +36,10 @@ type Override struct {
 	// then shared by every region, or enforced by each on its own; "" =
 	// the document's. Alone, it changes only that.
 	Scope string `json:"scope,omitempty"`
+	// Concurrency bounds the key's (or the key and scope's) requests in
+	// flight, fleet-wide, in place of the document's; 0 = the document's.
+	// It goes with a tier, a rate and burst, or alone.
+	Concurrency int64 `json:"concurrency,omitempty"`
 }
 
 // MaxOverrideReason bounds an override's reason.
@@ -53,8 +57,8 @@ func (o Override) Validate(p *Policy) error {
 	}
 	hasRate := o.Rate != 0 || o.Burst != 0 || o.Period != ""
 	switch {
-	case o.Tier == "" && !hasRate && o.Quota == 0 && o.Store == "" && o.Scope == "":
-		fail("override: sets nothing: give a tier, or a rate and burst, or a quota, or a store, or a scope")
+	case o.Tier == "" && !hasRate && o.Quota == 0 && o.Store == "" && o.Scope == "" && o.Concurrency == 0:
+		fail("override: sets nothing: give a tier, or a rate and burst, or a quota, or a store, or a scope, or a concurrency")
 	case o.Tier != "" && hasRate:
 		fail("override: a tier or a rate and burst, not both")
 	}
@@ -86,6 +90,9 @@ func (o Override) Validate(p *Policy) error {
 		if _, ok := quotaPeriods[o.QuotaPeriod]; !ok {
 			fail("quota_period: %q is not hour, day or month", o.QuotaPeriod)
 		}
+	}
+	if o.Concurrency < 0 || o.Concurrency > limits.MaxConcurrency {
+		fail("concurrency: must be between 1 and %d requests in flight (0: the document's), got %d", limits.MaxConcurrency, o.Concurrency)
 	}
 	if o.Scope != "" && o.Scope != ScopeGlobal && o.Scope != ScopeRegional {
 		fail("scope: must be global or regional, got %q", truncate(o.Scope, 40))
@@ -186,8 +193,12 @@ func inForce(scoped, own *entry, now int64) *entry {
 // resolve is the resolution of (key, scope, tier) under the override c
 // (nil: the document's).
 func (w *WithOverrides) resolve(c *entry, key, scope, tier string) (limits.Resolved, error) {
-	if c == nil || (c.tier == 0 && c.rate == 0 && c.quota == 0) { // none, or a store only
-		return w.Policy.Resolve(key, scope, tier)
+	if c == nil || (c.tier == 0 && c.rate == 0 && c.quota == 0) { // none, or a store or concurrency only
+		res, err := w.Policy.Resolve(key, scope, tier)
+		if c != nil && c.conc > 0 {
+			res.Concurrency = int64(c.conc)
+		}
+		return res, err
 	}
 	if c.tier != 0 {
 		tier = w.ov.tierName(c.tier)
@@ -211,6 +222,9 @@ func (w *WithOverrides) resolve(c *entry, key, scope, tier string) (limits.Resol
 	if c.quota > 0 {
 		res.QuotaLimit, res.QuotaPeriod, res.QuotaID = c.quota, limits.Period(c.qperiod), "override:"+key
 	}
+	if c.conc > 0 {
+		res.Concurrency = int64(c.conc)
+	}
 	if cl := w.ceiling; cl != nil {
 		res.Rate = min(res.Rate, cl.Rate)
 		res.Burst = min(res.Burst, cl.Burst)
@@ -220,6 +234,10 @@ func (w *WithOverrides) resolve(c *entry, key, scope, tier string) (limits.Resol
 	}
 	return res, nil
 }
+
+// HasConcurrency reports whether the document or an override may resolve
+// to a concurrency limit.
+func (w *WithOverrides) HasConcurrency() bool { return w.ov.concurrent || w.Policy.HasConcurrency() }
 
 // Stores is every store name the document or an override routes keys to
 // (sorted; the default store not included).

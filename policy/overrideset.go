@@ -46,7 +46,7 @@ type OverrideTag struct {
 }
 
 // entry is an Override reduced to what resolution and the log's apply
-// rule need, and its key, in 80 bytes.
+// rule need, and its key, in 88 bytes.
 type entry struct {
 	key     string
 	rate    float64 // tokens per second; 0 = the tier's
@@ -60,6 +60,7 @@ type entry struct {
 	store   uint16 // 1 + index in Overrides.stores; 0 = the document's routing
 	qperiod uint8  // limits.Period
 	region  uint8  // regionGlobal, regionRegional; 0 = the document's
+	conc    uint32 // concurrency limit; 0 = the document's
 }
 
 // entry.region values.
@@ -194,6 +195,9 @@ type Overrides struct {
 	stores  []string
 	routed  []int
 	routing int
+	// concurrent: some override set a concurrency limit (never cleared:
+	// it says only that one may resolve, see HasConcurrency).
+	concurrent bool
 }
 
 // NewOverrides returns an empty set with room for about n overrides.
@@ -323,7 +327,8 @@ func (s *Overrides) Put(k OverrideKey, o Override) { s.PutTagged(k, o, OverrideT
 // PutTagged is Put remembering tag with the override (Tag returns it).
 func (s *Overrides) PutTagged(k OverrideKey, o Override, tag OverrideTag) {
 	e := entry{key: k.Key, tier: s.tierIndex(o.Tier), store: s.storeIndex(o.Store), burst: o.Burst, quota: o.Quota, qperiod: uint8(quotaPeriods[o.QuotaPeriod]),
-		tag: tag, scope: s.scopeIndex(k.Scope), next: noEntry, region: regionOf(o.Scope)}
+		tag: tag, scope: s.scopeIndex(k.Scope), next: noEntry, region: regionOf(o.Scope), conc: uint32(o.Concurrency)}
+	s.concurrent = s.concurrent || o.Concurrency > 0
 	if o.Rate > 0 {
 		e.rate = o.Rate / periodSeconds[o.Period]
 	}
@@ -447,7 +452,7 @@ func (s *Overrides) Snapshot() *Overrides {
 	clear(s.own)
 	return &Overrides{seed: s.seed, shards: slices.Clone(s.shards), n: s.n,
 		tiers: s.tiers[:len(s.tiers):len(s.tiers)], scopes: s.scopes[:len(s.scopes):len(s.scopes)],
-		stores: s.stores[:len(s.stores):len(s.stores)], routed: slices.Clone(s.routed), routing: s.routing}
+		stores: s.stores[:len(s.stores):len(s.stores)], routed: slices.Clone(s.routed), routing: s.routing, concurrent: s.concurrent}
 }
 
 // Clone returns a copy of s that can be changed without touching s; the
@@ -529,7 +534,7 @@ func (s *Overrides) EachTagged(fn func(OverrideKey, Override, OverrideTag)) {
 func (s *Overrides) EachTaggedPart(part, parts int, fn func(OverrideKey, Override, OverrideTag)) {
 	n := len(s.shards)
 	s.eachIn(part*n/parts, (part+1)*n/parts, func(k OverrideKey, e *entry) {
-		o := Override{Tier: s.tierName(e.tier), Store: s.storeName(e.store), Rate: e.rate, Burst: e.burst, Quota: e.quota, Scope: scopeOf(e.region)}
+		o := Override{Tier: s.tierName(e.tier), Store: s.storeName(e.store), Rate: e.rate, Burst: e.burst, Quota: e.quota, Scope: scopeOf(e.region), Concurrency: int64(e.conc)}
 		if p := limits.Period(e.qperiod); p != limits.PeriodNone {
 			o.QuotaPeriod = p.String()
 		}

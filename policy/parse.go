@@ -453,9 +453,16 @@ func (v *validator) compile(f File) *Policy {
 		if strings.TrimSpace(name) == "" {
 			v.fail(path, "a tier needs a name")
 		}
-		lim := limits.Limit{Burst: t.Burst, SoftLimitPercent: t.SoftLimitPercent}
-		lim.Rate = v.rate(path, t.Rate, t.Period)
-		v.burst(path+".burst", t.Burst)
+		lim := limits.Limit{Burst: t.Burst, SoftLimitPercent: t.SoftLimitPercent, Concurrency: t.Concurrency}
+		v.concurrency(path+".concurrency", t.Concurrency)
+		if concurrencyOnly(t) {
+			if t.Quota != nil {
+				v.fail(path+".quota", "a quota is counted on a rate's bucket: give the tier a rate and burst too, or drop the quota")
+			}
+		} else {
+			lim.Rate = v.rate(path, t.Rate, t.Period)
+			v.burst(path+".burst", t.Burst)
+		}
 		v.soft(path+".soft_limit_percent", t.SoftLimitPercent)
 		v.unit(path+".unit", t.Unit)
 		if t.Quota != nil {
@@ -529,6 +536,9 @@ func (v *validator) compile(f File) *Policy {
 			v.quota(path+".quota", r.Quota)
 		}
 		v.regionScope(path+".region_scope", r.RegionScope)
+		if r.Concurrency != nil && *r.Concurrency != 0 {
+			v.concurrency(path+".concurrency", *r.Concurrency)
+		}
 		if r.Split < 0 || r.Split > 1024 {
 			v.fail(path+".split", "must be between 0 and 1024, got %d", r.Split)
 		}
@@ -541,6 +551,7 @@ func (v *validator) compile(f File) *Policy {
 		p.rules = append(p.rules, compiledRule{Rule: r, index: i, scopeGlob: strings.Contains(r.Scope, "*")})
 	}
 	p.domains = v.domains(f)
+	p.priorities = v.priorities(f.Priorities)
 	if len(v.errs) == 0 {
 		v.refillTimes(p)
 	}
@@ -551,6 +562,13 @@ func (v *validator) compile(f File) *Policy {
 // by the ceiling), whose empty bucket takes more than maxRefill to refill.
 func (v *validator) refillTimes(p *Policy) {
 	check := func(path string, rate float64, burst int64) {
+		switch {
+		case rate == 0 && burst == 0:
+			return // concurrency alone: no bucket
+		case rate == 0 || burst == 0:
+			v.fail(path, "rate and burst go together: the tier it applies to has concurrency alone, so give both")
+			return
+		}
 		if c := p.ceiling; c != nil {
 			rate, burst = min(rate, c.Rate), min(burst, c.Burst)
 		}
@@ -567,7 +585,7 @@ func (v *validator) refillTimes(p *Policy) {
 		check("tiers."+name, p.tiers[name].limit.Rate, p.tiers[name].limit.Burst)
 	}
 	for i, r := range p.rules {
-		if r.Rate == nil && r.Burst == nil {
+		if r.Rate == nil && r.Burst == nil && r.Quota == nil {
 			continue
 		}
 		for _, name := range tierNames {
@@ -582,6 +600,9 @@ func (v *validator) refillTimes(p *Policy) {
 				lim.Burst = *r.Burst
 			}
 			before := len(v.errs)
+			if r.Quota != nil && lim.Rate == 0 && lim.Burst == 0 {
+				v.fail(fmt.Sprintf("rules[%d].quota", i), "a quota is counted on a rate's bucket, and tier %q has concurrency alone: give the rule a rate and burst too", name)
+			}
 			check(fmt.Sprintf("rules[%d]", i), lim.Rate, lim.Burst)
 			if len(v.errs) > before {
 				break // once per rule
@@ -658,5 +679,17 @@ func (v *validator) regionScope(path, scope string) {
 func (v *validator) storeName(path, name string) {
 	if !limits.ValidStoreName(name) {
 		v.fail(path, "%q is not a store name (letters, digits, '_' and '-'; not \"default\")", truncate(name, 40))
+	}
+}
+
+// concurrencyOnly reports whether tier t bounds requests in flight and
+// nothing else: a concurrency and no rate, burst or period.
+func concurrencyOnly(t Tier) bool {
+	return t.Concurrency > 0 && t.Rate == 0 && t.Burst == 0 && t.Period == ""
+}
+
+func (v *validator) concurrency(path string, n int64) {
+	if n < 0 || n > limits.MaxConcurrency {
+		v.fail(path, "must be between 1 and %d requests in flight (0 or absent: no limit), got %d", limits.MaxConcurrency, n)
 	}
 }

@@ -29,6 +29,12 @@ type File struct {
 	// Domains maps Envoy rate limit descriptors to keys and scopes, per
 	// domain (see domains.go).
 	Domains map[string]Domain `yaml:"domains"`
+	// Priorities are the priority classes of concurrency limits, each with
+	// its share of a key's slots (0 < share ≤ 1): a request of a class may
+	// take a slot only while fewer than share × concurrency are held (see
+	// docs/concurrency.md). Empty = the classes critical, default and
+	// sheddable, each with the whole capacity (no shedding).
+	Priorities map[string]float64 `yaml:"priorities"`
 }
 
 // Ceiling caps whatever resolves.
@@ -54,6 +60,10 @@ type Tier struct {
 	// Scope is global (one limit shared by every region) or regional
 	// (each region enforces it on its own: the default).
 	Scope string `yaml:"scope"`
+	// Concurrency bounds the requests of a key (and scope) in flight at
+	// once, fleet-wide; 0 = none. A tier may have it alone (no rate, no
+	// burst) or beside them.
+	Concurrency int64 `yaml:"concurrency"`
 }
 
 // KeyEntry is the long form of a keys map entry.
@@ -97,6 +107,8 @@ type Rule struct {
 	// the tier's. A rule's scope already matches the request's scope,
 	// hence the longer name.
 	RegionScope string `yaml:"region_scope"`
+	// Concurrency replaces the tier's concurrency limit; 0 removes it.
+	Concurrency *int64 `yaml:"concurrency"`
 }
 
 // Policy is a validated policy file, ready to resolve limits. It is
@@ -111,6 +123,8 @@ type Policy struct {
 	// hasShadow: some rule is marked shadow, so decisions need a shadow
 	// resolution (none is attempted otherwise).
 	hasShadow bool
+	// priorities is each priority class's share (priority.go).
+	priorities map[string]float64
 }
 
 type tierLimit struct {
@@ -245,6 +259,9 @@ func (p *Policy) resolve(key, scope, tier string, withShadow bool) (limits.Resol
 			res.QuotaDenyUnknown = r.Quota.UnknownWhileDegraded == "deny"
 		}
 		res.Split = r.Split
+		if r.Concurrency != nil {
+			res.Concurrency = *r.Concurrency
+		}
 		if r.Unit != "" {
 			res.Unit = r.Unit
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/keyname"
 	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
+	"github.com/ratewarden/ratewarden/enforcement/slots"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/listenaddr"
@@ -66,6 +67,7 @@ type config struct {
 	LeaseMaxHold   time.Duration // leased tokens unused this long go back
 	FleetHeartbeat time.Duration // period of the fleet heartbeat (live instance count)
 	ReservationTTL time.Duration // an unsettled reservation is settled at its estimate after this
+	LeaseTTL       time.Duration // a concurrency slot not renewed this long returns (LIMITER_LEASE_TTL)
 	Shadow         shadowConfig  // shadow limits beside enforcement (shadow.go)
 	Support        supportConfig // inspect and reset (keyapi.go)
 
@@ -122,6 +124,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		LeaseMaxHold:      e.Duration("LIMITER_LEASE_MAX_HOLD", s, 10*ms, time.Hour),
 		FleetHeartbeat:    e.Duration("LIMITER_FLEET_HEARTBEAT", 2*s, 10*ms, time.Minute),
 		ReservationTTL:    e.Duration("LIMITER_RESERVATION_TTL", enforcement.DefaultReservationTTL, s, 24*time.Hour),
+		LeaseTTL:          e.Duration("LIMITER_LEASE_TTL", slots.DefaultTTL, slots.MinTTL, time.Hour),
 	}
 	c.Shadow = shadowConfigFrom(e, c.StoreTimeout)
 	c.Support = supportConfigFrom(e)

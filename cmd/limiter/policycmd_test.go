@@ -22,7 +22,7 @@ func runPolicy(args ...string) (code int, stdout, stderr string) {
 
 func TestPolicyCheck(t *testing.T) {
 	code, out, errOut := runPolicy("check", "../../deploy/policy.yaml")
-	if code != 0 || !strings.Contains(out, "ok: ../../deploy/policy.yaml is valid (version 1, 3 tiers, 4 rules, sha256 ") || errOut != "" {
+	if code != 0 || !strings.Contains(out, "ok: ../../deploy/policy.yaml is valid (version 1, 3 tiers, 5 rules, sha256 ") || errOut != "" {
 		t.Fatalf("check deploy/policy.yaml: exit %d\n%s%s", code, out, errOut)
 	}
 

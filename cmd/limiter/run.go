@@ -175,13 +175,23 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	g.Add("policy reloader", reloader.Run)
 
 	mux := http.NewServeMux()
-	check := httpapi.NewCheckHandler(chk, cfg.AuthToken, log)
+	// /check takes concurrency slots (given back on /release); the gRPC
+	// door, whose callers cannot release, decides with chk alone.
+	gate, err := buildSlots(cfg, auth, lim, chk, reg) // slots.go
+	if err != nil {
+		return abort(err)
+	}
+	g.Add("slots", gate.Run)
+	check := httpapi.NewCheckHandler(gate, cfg.AuthToken, log)
 	check.SetHeaderMode(cfg.Headers)
 	mux.Handle("POST /check", tr.Handler("POST /check", check))
 	mux.Handle("/check", check) // 405 for other methods
 	settles := httpapi.NewSettleHandler(lim, cfg.AuthToken, log)
 	mux.Handle("/settle", settles.Settle())
 	mux.Handle("/charge", settles.Charge())
+	leases := httpapi.NewLeaseHandler(gate, cfg.AuthToken, log)
+	mux.Handle("/release", leases.Release())
+	mux.Handle("/renew", leases.Renew())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

@@ -18,6 +18,8 @@ import (
 // still be declared in the Go sources; once a scrape shows one, the test
 // says so and it can leave this list.
 var conditional = map[string]string{
+	"limiter_slot_decisions_total":         "labelled by outcome, priority and source: appears with the first /check on a concurrency limit (docs/concurrency.md)",
+	"limiter_slot_returns_total":           "labelled by outcome: appears with the first /release or /renew",
 	"limiter_region_decisions_total":       "a limiter started as a region (LIMITER_REGION set; enforcement/global)",
 	"limiter_region_global_up":             "a limiter started as a region (LIMITER_REGION set; enforcement/global)",
 	"limiter_region_home_errors_total":     "a limiter started as a region (LIMITER_REGION set; enforcement/global)",

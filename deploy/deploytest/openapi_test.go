@@ -250,6 +250,9 @@ func (d apiDoc) exercise(t *testing.T, base, token string, pathValues map[string
 			if o.op["x-reserve-first"] == true {
 				ex = withReservation(t, base, token, asMap(ex))
 			}
+			if o.op["x-lease-first"] == true {
+				ex = withLease(t, base, token, asMap(ex))
+			}
 			var err error
 			if body, err = json.Marshal(ex); err != nil {
 				t.Fatal(err)
@@ -449,5 +452,25 @@ func withReservation(t *testing.T, base, token string, ex map[string]any) map[st
 		c[k] = v
 	}
 	c["reservation"] = d.Reservation
+	return c
+}
+
+// withLease is ex with its "lease" replaced by a real one: the release's
+// and renew's documented examples need a slot taken just before (the demo
+// policy's reports-in-flight rule has a concurrency limit).
+func withLease(t *testing.T, base, token string, ex map[string]any) map[string]any {
+	t.Helper()
+	st, _, out := do(t, "POST", base+"/check", token, []byte(`{"key":"openapi_lease","scope":"reports:export"}`))
+	var d struct {
+		Lease string `json:"lease"`
+	}
+	if err := json.Unmarshal(out, &d); st != 200 || err != nil || d.Lease == "" {
+		t.Fatalf("take a slot before the lease example: %d %s (%v)", st, out, err)
+	}
+	c := map[string]any{}
+	for k, v := range ex {
+		c[k] = v
+	}
+	c["lease"] = d.Lease
 	return c
 }

@@ -232,6 +232,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				continue
 			case errors.Is(err, enforcement.ErrUnknownTier), errors.Is(err, enforcement.ErrInvalidRequest):
 				return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d]: %v", i, err)
+			case errors.Is(err, enforcement.ErrConcurrencyOnly):
+				// The door takes no slots (docs/concurrency.md): Envoy's
+				// failure_mode_deny decides what becomes of the request.
+				return nil, status.Errorf(codes.FailedPrecondition, "descriptors[%d]: %v", i, err)
 			}
 			return nil, status.Errorf(codes.Internal, "descriptors[%d]: %v", i, err)
 		}

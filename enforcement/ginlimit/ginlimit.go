@@ -10,7 +10,9 @@ import (
 // Middleware rate-limits every request that reaches it with g: the
 // rate-limit header fields g.Headers selects on every response (the legacy
 // trio and the IETF draft's RateLimit-Policy and RateLimit by default), 429
-// with Retry-After on rejection.
+// with Retry-After on rejection. A request on a concurrency limit holds its
+// slot while the handlers after it run, renewed as they run, and gives it
+// back when they return or panic (httpapi.Guard.Hold).
 // When g.Scope is nil the scope is gin's route template (c.FullPath()).
 func Middleware(g *httpapi.Guard) gin.HandlerFunc {
 	guard := *g
@@ -20,10 +22,13 @@ func Middleware(g *httpapi.Guard) gin.HandlerFunc {
 				c.Request.Pattern = c.Request.Method + " " + p
 			}
 		}
-		if !guard.Allow(c.Writer, c.Request) {
+		r, done, ok := guard.Hold(c.Writer, c.Request)
+		if !ok {
 			c.Abort()
 			return
 		}
+		c.Request = r
+		defer done() // a concurrency limit's slot, given back also when a handler panics
 		c.Next()
 	}
 }

@@ -50,6 +50,9 @@ type checkBody struct {
 	// Peek: answer as /check would, spending nothing and recording
 	// nothing (enforcement.Request.Peek). Rare: the general decoder reads it.
 	Peek *bool `json:"peek"`
+	// Priority is the request's class on a concurrency limit (policy
+	// priorities; absent = default).
+	Priority *string `json:"priority"`
 }
 
 // DecodeCheck parses a /check body. Unknown fields are ignored; known fields
@@ -90,14 +93,14 @@ func decodeCheckJSON(body []byte, b *checkBody) *Error {
 // nobody sent; the raw member shows what was sent. Invalid bytes in a member
 // the limiter ignores are ignored with it.
 func invalidUTF8(body []byte) *Error {
-	var raw struct{ Key, Scope, Tier json.RawMessage }
+	var raw struct{ Key, Scope, Tier, Priority json.RawMessage }
 	if err := json.Unmarshal(body, &raw); err != nil {
 		return invalid("body is not a JSON object: %v", err)
 	}
 	for _, m := range []struct {
 		name string
 		v    json.RawMessage
-	}{{"key", raw.Key}, {"scope", raw.Scope}, {"tier", raw.Tier}} {
+	}{{"key", raw.Key}, {"scope", raw.Scope}, {"tier", raw.Tier}, {"priority", raw.Priority}} {
 		if !utf8.Valid(m.v) {
 			return invalid("%s is not valid UTF-8", m.name)
 		}
@@ -119,6 +122,8 @@ func validateCheck(b *checkBody) (enforcement.Request, *Error) {
 		return req, invalid("scope is %d bytes, at most %d allowed", len(*b.Scope), MaxScopeLen)
 	case b.Tier != nil && len(*b.Tier) > MaxTierLen:
 		return req, invalid("tier is %d bytes, at most %d allowed", len(*b.Tier), MaxTierLen)
+	case b.Priority != nil && len(*b.Priority) > MaxTierLen:
+		return req, invalid("priority is %d bytes, at most %d allowed", len(*b.Priority), MaxTierLen)
 	}
 	if p := TextProblem(*b.Key); p != "" {
 		return req, invalid("key %s", p)
@@ -130,6 +135,12 @@ func validateCheck(b *checkBody) (enforcement.Request, *Error) {
 		if p := TextProblem(*b.Tier); p != "" {
 			return req, invalid("tier %s", p)
 		}
+	}
+	if b.Priority != nil {
+		if p := TextProblem(*b.Priority); p != "" {
+			return req, invalid("priority %s", p)
+		}
+		req.Priority = *b.Priority
 	}
 	req.Key, req.Scope = *b.Key, *b.Scope
 	if b.Tier != nil {

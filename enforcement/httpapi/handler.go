@@ -12,6 +12,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
+	"github.com/ratewarden/ratewarden/enforcement/slots"
 	"github.com/ratewarden/ratewarden/internal/bearer"
 	"github.com/ratewarden/ratewarden/internal/jsonstr"
 )
@@ -124,7 +125,9 @@ func errorFor(err error) *Error {
 		return &Error{Status: http.StatusServiceUnavailable, Code: "store_unavailable", Message: err.Error()}
 	case errors.Is(err, enforcement.ErrPeekUnsupported):
 		return &Error{Status: http.StatusNotImplemented, Code: "peek_unsupported", Message: err.Error()}
-	case errors.Is(err, enforcement.ErrUnknownTier), errors.Is(err, enforcement.ErrInvalidRequest):
+	case errors.Is(err, enforcement.ErrConcurrencyOnly):
+		return &Error{Status: http.StatusNotImplemented, Code: "not_supported", Message: err.Error()}
+	case errors.Is(err, enforcement.ErrUnknownTier), errors.Is(err, enforcement.ErrInvalidRequest), errors.Is(err, slots.ErrUnknownPriority):
 		return &Error{Status: http.StatusBadRequest, Code: "invalid_request", Message: err.Error()}
 	}
 	return &Error{Status: http.StatusInternalServerError, Code: "internal", Message: err.Error()}
@@ -194,6 +197,17 @@ func appendDecision(b []byte, d *enforcement.Decision, mode ratelimitheader.Mode
 		b = append(b, `,"reservation":"`...)
 		b = append(b, d.Reservation...) // base64url: nothing to escape
 		b = append(b, '"')
+	}
+	if d.Lease != "" {
+		b = append(b, `,"lease":"`...)
+		b = append(b, d.Lease...) // base64url: nothing to escape
+		b = append(b, `","leaseExpiresAt":"`...)
+		b = d.LeaseExpiresAt.UTC().AppendFormat(b, time.RFC3339Nano)
+		b = append(b, '"')
+	}
+	if d.Reason != "" {
+		b = append(b, `,"reason":`...)
+		b = jsonstr.Append(b, d.Reason)
 	}
 	if mode != ratelimitheader.None {
 		b = appendHeaders(b, d, time.Now(), mode)

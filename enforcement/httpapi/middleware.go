@@ -68,6 +68,11 @@ type Guard struct {
 	Cost func(r *http.Request) (cost int64, ok bool)
 	// Log receives errors (default: discarded).
 	Log *slog.Logger
+	// Priority names a request's priority class on a concurrency limit
+	// (default: the PriorityHeader header, "" when absent: the default
+	// class). The class is the caller's claim: strip the header at the
+	// edge, or set Priority, where clients must not choose their own.
+	Priority func(r *http.Request) string
 	// Headers selects the rate-limit header fields (default Both: the
 	// legacy RateLimit-Limit/-Remaining/-Reset trio and the IETF draft's
 	// RateLimit-Policy and RateLimit). With Legacy, a 429 is answered as
@@ -78,8 +83,20 @@ type Guard struct {
 }
 
 // Allow decides r and writes the headers. It returns false after writing
-// the 429 (or error) response, in which case the caller must stop.
+// the 429 (or error) response, in which case the caller must stop. It
+// holds no slot of a concurrency limit (a slot taken is given back at
+// once): use Hold, as Middleware does, for those.
 func (g *Guard) Allow(w http.ResponseWriter, r *http.Request) bool {
+	d, ok := g.check(w, r, g.request(r))
+	if ok && d.Lease != "" {
+		_, done := g.hold(r, &d)
+		done()
+	}
+	return ok
+}
+
+// request is the decision request of r.
+func (g *Guard) request(r *http.Request) enforcement.Request {
 	key := g.Key(r)
 	if key == "" {
 		key = enforcement.AnonymousKey
@@ -88,8 +105,12 @@ func (g *Guard) Allow(w http.ResponseWriter, r *http.Request) bool {
 	if g.Cost != nil {
 		req.Cost, req.HasCost = g.Cost(r)
 	}
-	_, ok := g.check(w, r, req)
-	return ok
+	if g.Priority != nil {
+		req.Priority = g.Priority(r)
+	} else {
+		req.Priority = r.Header.Get(PriorityHeader)
+	}
+	return req
 }
 
 // check decides req for r and answers a rejection; ok reports whether the
@@ -116,8 +137,7 @@ func (g *Guard) check(w http.ResponseWriter, r *http.Request, req enforcement.Re
 	}
 	secs := ratelimitheader.RetryAfterSeconds(&d)
 	w.Header().Set(ratelimitheader.RetryAfter, strconv.FormatInt(secs, 10))
-	msg := fmt.Sprintf("Rate limit exceeded. Retry in about %d second%s.", secs, plural(secs))
-	e := &Error{Status: http.StatusTooManyRequests, Code: "rate_limited", Message: msg}
+	e := rejection(&d, secs)
 	if g.Headers == ratelimitheader.Legacy {
 		WriteError(w, e, requestID(r))
 	} else {
@@ -208,13 +228,18 @@ func setHeaders(h http.Header, d *enforcement.Decision, now time.Time, mode rate
 	}
 }
 
-// Middleware wraps next with g.
+// Middleware wraps next with g: a request on a concurrency limit holds its
+// slot while next runs and gives it back when next returns or panics
+// (Hold).
 func Middleware(g *Guard) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if g.Allow(w, r) {
-				next.ServeHTTP(w, r)
+			r, done, ok := g.Hold(w, r)
+			if !ok {
+				return
 			}
+			defer done()
+			next.ServeHTTP(w, r)
 		})
 	}
 }

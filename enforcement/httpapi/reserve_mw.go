@@ -5,8 +5,6 @@ import (
 	"net/http"
 	"sync"
 	"time"
-
-	"github.com/ratewarden/ratewarden/enforcement"
 )
 
 // costMeter holds the actual cost a handler reports for its reservation.
@@ -60,26 +58,23 @@ const settleDeadline = 2 * time.Second
 // charges the cost the handler reported, or the estimate when it reported
 // none.
 func (g *Guard) Reserve(w http.ResponseWriter, r *http.Request, s Settler) (next *http.Request, settle func(), ok bool) {
-	key := g.Key(r)
-	if key == "" {
-		key = enforcement.AnonymousKey
-	}
-	req := enforcement.Request{Key: key, Scope: g.scope(r), Reserve: true}
-	if g.Cost != nil {
-		req.Cost, req.HasCost = g.Cost(r)
-	}
+	req := g.request(r)
+	key := req.Key
+	req.Reserve = true
 	d, ok := g.check(w, r, req)
 	if !ok {
 		return r, func() {}, false
 	}
+	r, releaseSlot := g.hold(r, &d) // a concurrency limit's slot, if any
 	if d.Reservation == "" {
 		// Allowed without a reservation (dry run past the limit): there
 		// is nothing to settle.
-		return r, func() {}, true
+		return r, releaseSlot, true
 	}
 	m := &costMeter{}
 	next = r.WithContext(context.WithValue(r.Context(), costMeterKey{}, m))
 	settle = func() {
+		defer releaseSlot()
 		m.mu.Lock()
 		cost, set := m.cost, m.set
 		m.mu.Unlock()

@@ -3,8 +3,8 @@ package httpapi
 import "unicode/utf8"
 
 // scanCheck decodes the body every well-behaved client sends — one flat
-// object whose members are among key, scope and tier (plain strings or
-// null), cost (a plain integer or null) and reserve (true, false or null),
+// object whose members are among key, scope, tier and priority (plain
+// strings or null), cost (a plain integer or null) and reserve (true, false or null),
 // each at most once — without
 // reflection or allocations beyond the strings. Anything else (escapes,
 // other members, nesting, odd numbers, invalid UTF-8, syntax errors) returns
@@ -19,7 +19,7 @@ func scanCheck(body []byte) (b checkBody, ok bool) {
 	if i < len(body) && body[i] == '}' {
 		return b, skipSpace(body, i+1) == len(body)
 	}
-	var seen [5]bool
+	var seen [6]bool
 	for {
 		name, j, ok := scanPlainString(body, i)
 		if !ok {
@@ -42,6 +42,8 @@ func scanCheck(body []byte) (b checkBody, ok bool) {
 			field = 3
 		case "reserve":
 			field = 4
+		case "priority":
+			field = 5
 		}
 		if field < 0 || seen[field] {
 			return b, false
@@ -76,6 +78,8 @@ func scanCheck(body []byte) (b checkBody, ok bool) {
 				b.Scope = &s
 			case 2:
 				b.Tier = &s
+			case 5:
+				b.Priority = &s
 			}
 			i = j
 		}

@@ -68,6 +68,13 @@ func ReservationKey(prefix, key, id string) string {
 	return prefix + ":{" + key + "}:r:" + id
 }
 
+// SlotSetKey is the Redis key of the slots held on (key, scope)'s
+// concurrency limit, "<prefix>:{key}:c:scope": the same hash tag as
+// BucketKey, so a key's slots and its buckets share a Cluster slot.
+func SlotSetKey(prefix, key, scope string) string {
+	return prefix + ":{" + key + "}:c:" + scope
+}
+
 // KeySlot is the hash slot of the bucket of (key, scope) (BucketKey, with
 // limits.DefaultKeyPrefix): the hash tag is the rate-limit key up to its
 // first "}" (the whole Redis key when that leaves the tag empty). It does

@@ -265,6 +265,11 @@ func (e *Engine) Add(r Row) {
 		res := rs.res
 		rule, dryRun = res.Policy, res.DryRun
 		switch {
+		case !res.HasRate():
+			// A concurrency alone bounds requests in flight, which the
+			// recorded decisions do not show (nor when each ended): the
+			// candidate has no rate to refuse them by.
+			wouldAllow = true
 		case r.Cost > res.Capacity():
 		case !r.Allowed && r.Source != enforcement.SourceShared.String():
 			// Rejected without the store (the local tier knew the bucket

@@ -294,3 +294,17 @@ func TestReplayAppliesSettlesAndChargesAtTheirActualCosts(t *testing.T) {
 		t.Fatalf("tighter: total %+v, actual cost %+v; want 2 newly rejected, 1 newly allowed, 80 replayed", rep.Total, rep.ActualCost)
 	}
 }
+
+// A candidate whose limit is a concurrency alone has no rate to refuse the
+// recorded decisions by: it allows them all (in-flight counts are not in
+// the record), where a tighter rate would have rejected some.
+func TestReplayOfAConcurrencyAloneAllows(t *testing.T) {
+	e := engine(t, "version: 1\ndefault_tier: free\ntiers:\n  free: { concurrency: 2 }\n")
+	for i, allowed := range []bool{true, true, true, false} {
+		e.Add(row(int64(i), "k1", "web", allowed))
+	}
+	rep := e.Report()
+	if rep.Total.Rejected != 0 || rep.Total.NewlyAllowed != 1 || rep.Total.Decisions != 4 {
+		t.Fatalf("total %+v", rep.Total)
+	}
+}

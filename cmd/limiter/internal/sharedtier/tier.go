@@ -20,6 +20,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/limitmetrics"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/enforcement/slots"
 	"github.com/ratewarden/ratewarden/enforcement/split"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
@@ -140,6 +141,20 @@ func Build(ctx context.Context, cfg Config) (*Tier, error) {
 	b := chain(spec)
 	t.Authority, t.lease, t.Peeker, t.stages = b.auth, b.lease, b.peek, b.stages
 	return t, nil
+}
+
+// SlotStores is each store's concurrency slots (enforcement/slots): the
+// default store's and REDIS_STORES's by name, on the same servers and key
+// prefixes as their buckets; in single-node mode one in-process set.
+func (t *Tier) SlotStores() (def slots.Store, named map[string]slots.Store) {
+	if t.mem != nil {
+		return slots.NewMemory(nil), nil
+	}
+	named = make(map[string]slots.Store, len(t.stores)-1)
+	for _, h := range t.stores[1:] {
+		named[h.name] = h.shared.Store().Concurrency()
+	}
+	return t.stores[0].shared.Store().Concurrency(), named
 }
 
 // Add registers what runs the tier: each store (its client closed after
