@@ -54,6 +54,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
+	"github.com/ratewarden/ratewarden/internal/promdecl"
 	"github.com/ratewarden/ratewarden/metering"
 )
 
@@ -529,19 +530,15 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
-		events:         prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_events_total", Help: "Decision events read by the notifier."}),
-		badEvents:      prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_bad_events_total", Help: "Messages that are not decodable decision events."}),
-		recordsDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_attempt_records_dropped_total", Help: "Delivery attempts that could not be recorded in ClickHouse."}),
-		reloadErrors:   prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_endpoints_reload_errors_total", Help: "Refused versions of the per-key endpoints file."}),
-		kafkaErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_kafka_errors_total",
-			Help: "Errors of the notifier's Kafka reader (failed or timed-out fetches, group and commit errors), each retried and logged at WARN; rising while notifier_events_total stays flat is a stalled notifier."}),
-		epochs: prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_log_epochs_total",
-			Help: "Partition logs the notifier found had started over (a recreated topic, another cluster, a fresh broker) and read from their start."}),
-		notifications: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "notifier_notifications_total",
-			Help: "Warning events by decision: sent, suppressed (cool-down), stale, no_endpoint, dropped (no delivery slot)."}, []string{"result"}),
-		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "notifier_attempts_total",
-			Help: "Webhook delivery attempts by outcome: delivered, retrying, failed, abandoned."}, []string{"outcome"}),
-		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "notifier_deliveries_in_flight", Help: "Deliveries being attempted or waiting for a retry."}),
+		events:         promdecl.Counter("notifier_events_total", "Decision events read by the notifier."),
+		badEvents:      promdecl.Counter("notifier_bad_events_total", "Messages that are not decodable decision events."),
+		recordsDropped: promdecl.Counter("notifier_attempt_records_dropped_total", "Delivery attempts that could not be recorded in ClickHouse."),
+		reloadErrors:   promdecl.Counter("notifier_endpoints_reload_errors_total", "Refused versions of the per-key endpoints file."),
+		kafkaErrors:    promdecl.Counter("notifier_kafka_errors_total", "Errors of the notifier's Kafka reader (failed or timed-out fetches, group and commit errors), each retried and logged at WARN; rising while notifier_events_total stays flat is a stalled notifier."),
+		epochs:         promdecl.Counter("notifier_log_epochs_total", "Partition logs the notifier found had started over (a recreated topic, another cluster, a fresh broker) and read from their start."),
+		notifications:  promdecl.CounterVec("notifier_notifications_total", "Warning events by decision: sent, suppressed (cool-down), stale, no_endpoint, dropped (no delivery slot).", "result"),
+		attempts:       promdecl.CounterVec("notifier_attempts_total", "Webhook delivery attempts by outcome: delivered, retrying, failed, abandoned.", "outcome"),
+		inFlight:       promdecl.Gauge("notifier_deliveries_in_flight", "Deliveries being attempted or waiting for a retry."),
 	}
 	for _, c := range []prometheus.Collector{m.events, m.badEvents, m.recordsDropped, m.reloadErrors, m.kafkaErrors, m.epochs, m.notifications, m.attempts, m.inFlight} {
 		if err := reg.Register(c); err != nil {
