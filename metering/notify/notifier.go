@@ -237,24 +237,17 @@ func (n *Notifier) Run(ctx context.Context) error {
 
 	deliverCtx, stopDeliveries := context.WithCancel(context.Background())
 	n.restoreCooldowns(ctx)
-	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                n.cfg.GroupID,
-		Brokers:           n.cfg.Brokers,
-		Dialer:            &kafka.Dialer{ClientID: "notifier", Timeout: 10 * time.Second, DualStack: true, TLS: n.cfg.TLS, SASLMechanism: n.cfg.SASL},
-		Topics:            []string{n.cfg.Topic},
-		SessionTimeout:    n.cfg.SessionTimeout,
-		HeartbeatInterval: n.cfg.SessionTimeout / 4,
-		// A member told to rejoin first ends its fetches and commits what
-		// it decided (revokeBudget); the coordinator drops a member that
-		// has not rejoined within the rebalance timeout and hands its
-		// partitions to another, which reads the events again.
-		RebalanceTimeout:       n.cfg.SessionTimeout + revokeBudget,
-		JoinGroupBackoff:       time.Second,
-		Timeout:                3 * time.Second,
-		StartOffset:            kafka.FirstOffset,
-		WatchPartitionChanges:  true,
-		PartitionWatchInterval: 10 * time.Second,
-	})
+	gc := kafkaconn.GroupConfig(n.cfg.GroupID, n.cfg.Brokers, n.cfg.Topic,
+		&kafka.Dialer{ClientID: "notifier", Timeout: 10 * time.Second, DualStack: true, TLS: n.cfg.TLS, SASLMechanism: n.cfg.SASL},
+		n.cfg.SessionTimeout)
+	// A member told to rejoin first ends its fetches and commits what it
+	// decided (revokeBudget); the coordinator drops a member that has not
+	// rejoined within the rebalance timeout and hands its partitions to
+	// another, which reads the events again.
+	gc.RebalanceTimeout = n.cfg.SessionTimeout + revokeBudget
+	gc.StartOffset = kafka.FirstOffset
+	gc.WatchPartitionChanges, gc.PartitionWatchInterval = true, 10*time.Second
+	group, err := kafka.NewConsumerGroup(gc)
 	if err != nil {
 		stopDeliveries()
 		stopRec()

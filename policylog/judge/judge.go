@@ -159,17 +159,9 @@ func (j *Judge) setStatus(s string) { j.status.Store(&s) }
 // Run takes part in the election until ctx ends and judges while it holds
 // the partition; it returns after leaving the group.
 func (j *Judge) Run(ctx context.Context) error {
-	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                j.cfg.GroupID,
-		Brokers:           j.cfg.Brokers,
-		Dialer:            j.cfg.Dialer,
-		Topics:            []string{j.cfg.Topic},
-		SessionTimeout:    j.cfg.SessionTimeout,
-		HeartbeatInterval: j.cfg.SessionTimeout / 4,
-		RebalanceTimeout:  j.cfg.SessionTimeout,
-		JoinGroupBackoff:  time.Second,
-		Timeout:           3 * time.Second,
-	})
+	gc := kafkaconn.GroupConfig(j.cfg.GroupID, j.cfg.Brokers, j.cfg.Topic, j.cfg.Dialer, j.cfg.SessionTimeout)
+	gc.RebalanceTimeout = j.cfg.SessionTimeout
+	group, err := kafka.NewConsumerGroup(gc)
 	if err != nil {
 		return fmt.Errorf("judge: group %s: %w", j.cfg.GroupID, err)
 	}
