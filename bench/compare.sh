@@ -60,21 +60,9 @@ build B "$HEAD"
 start_redis
 start_floor "$OUT/bin/barejson"
 declare -A PORT PID
-limiter() { # name binary env... (LIMITER_STORE_TIMEOUT as in bench/floor.sh)
-  local name=$1 bin=$2 port
-  shift 2
-  port=$(free_port)
-  env LIMITER_ADDR="127.0.0.1:$port" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
-    LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" KAFKA_BROKERS= LIMITER_GRPC_ADDR= REDIS_KEY_PREFIX="$name" \
-    "$@" "$bin" 2>>"$OUT/$name.log" &
-  PID[$name]=$!
-  PORT[$name]=$port
-  PIDS+=($!)
-  wait_port "$port"
-}
 for v in A B; do
-  limiter "$v" "$OUT/bin/$v-limiter"
-  limiter "${v}gogc" "$OUT/bin/$v-limiter" GOGC=400
+  start_named_limiter "$v" "$OUT/bin/$v-limiter"
+  start_named_limiter "${v}gogc" "$OUT/bin/$v-limiter" GOGC=400
 done
 START_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 START_TIME=$(date -u +%Y-%m-%dT%H:%MZ)

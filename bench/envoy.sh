@@ -52,14 +52,8 @@ LIMITER=${LIMITER_BIN:-$OUT/bin/limiter}
 start_redis
 HPORT=$(free_port)
 GPORT=$(free_port)
-# LIMITER_STORE_TIMEOUT as in bench/run.sh: on a 2-core machine shared with
-# the load tools the default 5 ms deadline would measure degraded decisions.
-env LIMITER_ADDR="127.0.0.1:$HPORT" LIMITER_GRPC_ADDR="127.0.0.1:$GPORT" REDIS_ADDRS="127.0.0.1:$RPORT" \
-  POLICY_FILE="$ROOT/bench/envoy-policy.yaml" LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" KAFKA_BROKERS= \
-  "$LIMITER" 2>>"$OUT/limiter.log" &
-LPID=$!
-PIDS+=($LPID)
-wait_port "$HPORT"
+start_bench_limiter "$LIMITER" "$HPORT" "$OUT/limiter.log" LIMITER_GRPC_ADDR="127.0.0.1:$GPORT" POLICY_FILE="$ROOT/bench/envoy-policy.yaml"
+LPID=$BLPID
 wait_port "$GPORT"
 
 # ghz sends count-prefixed binary messages round-robin: 10,000 distinct

@@ -35,21 +35,13 @@ $GO build -C bench -o "$(realpath -m "$OUT")/bin/" ./loadgen ./barejson # the to
 start_redis
 start_floor "$OUT/bin/barejson"
 LPORT=$(free_port)
-# LIMITER_STORE_TIMEOUT as in bench/run.sh: on two cores shared with the
-# load tool the default 5 ms deadline would measure degraded decisions.
-env LIMITER_ADDR="127.0.0.1:$LPORT" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
-  LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" KAFKA_BROKERS= "$OUT/bin/limiter" 2>>"$OUT/limiter.log" &
-LPID=$!
-PIDS+=($LPID)
-wait_port "$LPORT"
+start_bench_limiter "$OUT/bin/limiter" "$LPORT" "$OUT/limiter.log"
+LPID=$BLPID
 # The same limiter with GOGC=400 (docs/scaling.md, "Capacity planning":
 # an operator's tuning, reported on its own row, never as the default).
 GPORT=$(free_port)
-env GOGC=400 LIMITER_ADDR="127.0.0.1:$GPORT" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
-  LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" KAFKA_BROKERS= REDIS_KEY_PREFIX=gogc "$OUT/bin/limiter" 2>>"$OUT/limiter-gogc.log" &
-GPID=$!
-PIDS+=($GPID)
-wait_port "$GPORT"
+start_bench_limiter "$OUT/bin/limiter" "$GPORT" "$OUT/limiter-gogc.log" GOGC=400 REDIS_KEY_PREFIX=gogc
+GPID=$BLPID
 
 START_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 START_TIME=$(date -u +%Y-%m-%dT%H:%MZ)

@@ -1,9 +1,10 @@
 # Shared plumbing of the bench scripts (floor.sh, compare.sh, run.sh,
-# envoy.sh, keyrotation.sh, tracecost.sh), which source it after cd-ing to
-# the repository root and setting OUT: the processes a script starts are
-# stopped when it exits, loopback ports are picked free, a throwaway
-# redis-server and the HTTP floor are started the same way, and the
-# figures are worked out with one formula each.
+# envoy.sh, keyrotation.sh, tracecost.sh, reserve.sh, spooldrain.sh), which
+# source it after cd-ing to the repository root and setting OUT: the
+# processes a script starts are stopped when it exits, loopback ports are
+# picked free, a throwaway redis-server, the HTTP floor and the limiters
+# against them are started the same way, and the figures are worked out
+# with one formula each.
 
 ROOT=$(pwd)
 GO=${GO:-go}
@@ -67,6 +68,36 @@ start_floor() {
   FPID=$!
   PIDS+=($FPID)
   wait_port "$FPORT"
+}
+
+# start_bench_limiter BINARY PORT LOG [VAR=VALUE...]: BINARY as a limiter
+# on 127.0.0.1:PORT, its stderr appended to LOG, against start_redis's
+# redis-server with bench/policy.yaml and no Kafka; each VAR=VALUE is added
+# to its environment after those (so it may override them). Sets BLPID.
+# LIMITER_STORE_TIMEOUT is BENCH_STORE_TIMEOUT, default 100ms: on two cores
+# shared with the load tool the default 5 ms deadline opens the breaker
+# and a run would measure degraded decisions instead of Redis-backed ones.
+start_bench_limiter() {
+  local bin=$1 port=$2 log=$3
+  shift 3
+  env LIMITER_ADDR="127.0.0.1:$port" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
+    LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" KAFKA_BROKERS= "$@" "$bin" 2>>"$log" &
+  BLPID=$!
+  PIDS+=($BLPID)
+  wait_port "$port"
+}
+
+# start_named_limiter NAME BINARY [VAR=VALUE...]: start_bench_limiter on a
+# free port, logging to $OUT/NAME.log, its Redis keys prefixed NAME (the
+# limiters of a run share one redis-server) and no gRPC listener; sets
+# PORT[NAME] and PID[NAME], which the script declares (declare -A PORT PID).
+start_named_limiter() {
+  local name=$1 bin=$2 port
+  shift 2
+  port=$(free_port)
+  start_bench_limiter "$bin" "$port" "$OUT/$name.log" LIMITER_GRPC_ADDR= REDIS_KEY_PREFIX="$name" "$@"
+  PID[$name]=$BLPID
+  PORT[$name]=$port
 }
 
 load() { cut -d' ' -f1 /proc/loadavg; }

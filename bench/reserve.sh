@@ -26,11 +26,8 @@ start_redis
 # start_limiter BINARY: a limiter on a free port; sets LPORT and LPID.
 start_limiter() {
   LPORT=$(free_port)
-  env LIMITER_ADDR="127.0.0.1:$LPORT" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
-    LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" KAFKA_BROKERS= "$1" 2>>"$OUT/limiter.log" &
-  LPID=$!
-  PIDS+=($LPID)
-  wait_port "$LPORT"
+  start_bench_limiter "$1" "$LPORT" "$OUT/limiter.log"
+  LPID=$BLPID
 }
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
 if [ -z "${BASE_LIMITER:-}" ]; then

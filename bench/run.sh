@@ -46,14 +46,7 @@ row() { # file template: fills %name from the loadgen summary line
 start_limiter() { # port instances [env...]
   local port=$1 n=$2
   shift 2
-  # LIMITER_STORE_TIMEOUT: the default 5ms deadline opens the breaker when
-  # the load tool starves Redis of CPU on this 2-core machine, and the run
-  # would measure degraded decisions instead of Redis-backed ones.
-  env LIMITER_ADDR="127.0.0.1:$port" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
-    LIMITER_EXPECTED_INSTANCES="$n" LIMITER_STORE_TIMEOUT="${BENCH_STORE_TIMEOUT:-100ms}" KAFKA_BROKERS= \
-    "$@" "$OUT/bin/limiter" 2>>"$OUT/limiter-$port.log" &
-  PIDS+=($!)
-  wait_port "$port"
+  start_bench_limiter "$OUT/bin/limiter" "$port" "$OUT/limiter-$port.log" LIMITER_EXPECTED_INSTANCES="$n" "$@"
 }
 
 start_redis

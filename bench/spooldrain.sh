@@ -30,12 +30,8 @@ wait_port "$KPORT"
 
 limiter() { # spool-dir brokers -> starts a limiter; sets LPORT LPID
   LPORT=$(free_port)
-  env LIMITER_ADDR="127.0.0.1:$LPORT" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
-    LIMITER_STORE_TIMEOUT=100ms KAFKA_BROKERS="$2" LIMITER_SPOOL_DIR="$1" LIMITER_KAFKA_CHECK_EVERY=1h \
-    "$OUT/bin/limiter" 2>>"$OUT/limiter.log" &
-  LPID=$!
-  PIDS+=($LPID)
-  wait_port "$LPORT"
+  start_bench_limiter "$OUT/bin/limiter" "$LPORT" "$OUT/limiter.log" KAFKA_BROKERS="$2" LIMITER_SPOOL_DIR="$1" LIMITER_KAFKA_CHECK_EVERY=1h
+  LPID=$BLPID
 }
 stop() { kill "$1"; wait "$1" 2>/dev/null || true; }
 drive() { # seconds -> "decisions/s µs-of-limiter-CPU-per-decision"

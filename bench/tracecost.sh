@@ -68,26 +68,15 @@ SINKPID=$!
 PIDS+=($SINKPID)
 start_floor "$OUT/barejson"
 declare -A PORT PID
-limiter() { # name binary env...
-  local name=$1 bin=$2 port
-  shift 2
-  port=$(free_port)
-  env LIMITER_ADDR="127.0.0.1:$port" REDIS_ADDRS="127.0.0.1:$RPORT" POLICY_FILE="$ROOT/bench/policy.yaml" \
-    LIMITER_STORE_TIMEOUT=100ms KAFKA_BROKERS= LIMITER_GRPC_ADDR= REDIS_KEY_PREFIX="$name" "$@" "$bin" 2>>"$OUT/$name.log" &
-  PID[$name]=$!
-  PORT[$name]=$port
-  PIDS+=($!)
-  wait_port "$port"
-}
 ONE_PCT=(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$SPORT" OTEL_TRACES_SAMPLER=parentbased_traceidratio OTEL_TRACES_SAMPLER_ARG=0.01)
 RUNS=()
-[ -n "$BASE_REV" ] && { limiter base "$OUT/limiter-base"; RUNS+=(base); }
-limiter off "$OUT/limiter"
-limiter sampled1pct "$OUT/limiter" "${ONE_PCT[@]}"
+[ -n "$BASE_REV" ] && { start_named_limiter base "$OUT/limiter-base"; RUNS+=(base); }
+start_named_limiter off "$OUT/limiter"
+start_named_limiter sampled1pct "$OUT/limiter" "${ONE_PCT[@]}"
 RUNS+=(off sampled1pct)
 if [ -n "${GOGC_RUNS:-}" ]; then
-  limiter off-gogc400 "$OUT/limiter" GOGC=400
-  limiter sampled1pct-gogc400 "$OUT/limiter" GOGC=400 "${ONE_PCT[@]}"
+  start_named_limiter off-gogc400 "$OUT/limiter" GOGC=400
+  start_named_limiter sampled1pct-gogc400 "$OUT/limiter" GOGC=400 "${ONE_PCT[@]}"
   RUNS+=(off-gogc400 sampled1pct-gogc400)
 fi
 PORT[floor]=$FPORT

@@ -310,11 +310,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 		return Decision{}, fmt.Errorf("%w: cost %d, capacity %d", ErrCostExceedsLimit, cost, capacity)
 	}
 	e.lastUse = nowUS
-	d.Limit, d.Policy, d.Tier, d.Cost, d.DryRun = res.Burst, res.Policy, res.Tier, cost, res.DryRun
-	d.Bucket.Rate, d.Bucket.Burst = res.Rate, res.Burst
-	if res.HasQuota() {
-		d.Quota.Limit, d.Quota.Period = res.QuotaLimit, res.QuotaPeriod
-	}
+	describeRule(&d, res, cost)
 	if cost > 0 {
 		if epoch := uint32(l.epochOf(res.Store).Load()); e.epoch != epoch {
 			e.forget()
@@ -396,16 +392,7 @@ func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *en
 			}
 			d.DecidedUS = v.Now.UnixMicro()
 		}
-		d.WouldAllow = v.Allowed
-		d.Remaining = v.Remaining
-		d.RetryAfter = v.RetryAfter
-		d.ResetAt = v.Now.Add(v.ResetAfter)
-		d.Bucket.Remaining, d.Bucket.ResetAt = d.Remaining, d.ResetAt
-		d.Warning = v.Warning
-		if lim.HasQuota() {
-			_, end := lim.QuotaPeriod.Window(v.Now)
-			bindQuota(d, lim.QuotaLimit, v.QuotaUsed, end)
-		}
+		takeVerdict(d, &lim, &v)
 		l.finish(req, d, start)
 		return nil
 	}
@@ -437,6 +424,42 @@ func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *en
 	return nil
 }
 
+// describeRule fills in what d says of the rule that decides it: the
+// policy, the bucket's shape and the quota's, and the cost charged. Check
+// and Peek describe a decision alike.
+func describeRule(d *Decision, res *Resolved, cost int64) {
+	d.Limit, d.Policy, d.Tier, d.Cost, d.DryRun = res.Burst, res.Policy, res.Tier, cost, res.DryRun
+	d.Bucket.Rate, d.Bucket.Burst = res.Rate, res.Burst
+	if res.HasQuota() {
+		d.Quota.Limit, d.Quota.Period = res.QuotaLimit, res.QuotaPeriod
+	}
+}
+
+// takeVerdict makes d say what the store's verdict v on lim says: the
+// outcome, the bucket after it, the retry time and the quota. The source
+// is the caller's to set.
+func takeVerdict(d *Decision, lim *Limit, v *Verdict) {
+	d.WouldAllow = v.Allowed
+	d.Remaining = v.Remaining
+	d.RetryAfter = v.RetryAfter
+	d.ResetAt = v.Now.Add(v.ResetAfter)
+	d.Bucket.Remaining, d.Bucket.ResetAt = d.Remaining, d.ResetAt
+	d.Warning = v.Warning
+	if lim.HasQuota() {
+		_, end := lim.QuotaPeriod.Window(v.Now)
+		bindQuota(d, lim.QuotaLimit, v.QuotaUsed, end)
+	}
+}
+
+// applyDryRun sets d.Allowed: what enforcement decided, or yes in a dry
+// run; an allowed request has nothing to wait for.
+func applyDryRun(d *Decision) {
+	d.Allowed = d.WouldAllow || d.DryRun
+	if d.Allowed {
+		d.RetryAfter = 0
+	}
+}
+
 // bindQuota makes d report the quota when it binds tighter than the bucket
 // (fewer tokens left in the window than in the bucket): remaining, limit and
 // reset are then the quota's, so that a caller pacing itself on them (and
@@ -454,10 +477,7 @@ func bindQuota(d *Decision, quotaLimit, used int64, end time.Time) {
 // finish applies dry run, evaluates the shadow limit, reports and records
 // the decision.
 func (l *Limiter) finish(req *Request, d *Decision, start reading) {
-	d.Allowed = d.WouldAllow || d.DryRun
-	if d.Allowed {
-		d.RetryAfter = 0
-	}
+	applyDryRun(d)
 	if l.cfg.Shadow == nil && l.cfg.Observer == nil && l.cfg.Recorder == nil {
 		return
 	}

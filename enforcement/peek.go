@@ -51,11 +51,7 @@ func (l *Limiter) Peek(ctx context.Context, req Request) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w: cost %d, capacity %d", ErrCostExceedsLimit, cost, capacity)
 	}
 	var d Decision
-	d.Limit, d.Policy, d.Tier, d.Cost, d.DryRun = res.Burst, res.Policy, res.Tier, cost, res.DryRun
-	d.Bucket.Rate, d.Bucket.Burst = res.Rate, res.Burst
-	if res.HasQuota() {
-		d.Quota.Limit, d.Quota.Period = res.QuotaLimit, res.QuotaPeriod
-	}
+	describeRule(&d, &res, cost)
 	p := l.peeker(res.Global && l.cfg.Global != nil)
 	if p == nil {
 		return Decision{}, ErrPeekUnsupported
@@ -72,20 +68,8 @@ func (l *Limiter) Peek(ctx context.Context, req Request) (Decision, error) {
 		d.Source = SourceRegional
 	}
 	d.DecidedUS = v.Now.UnixMicro()
-	d.WouldAllow = v.Allowed
-	d.Remaining = v.Remaining
-	d.RetryAfter = v.RetryAfter
-	d.ResetAt = v.Now.Add(v.ResetAfter)
-	d.Bucket.Remaining, d.Bucket.ResetAt = d.Remaining, d.ResetAt
-	d.Warning = v.Warning
-	if res.HasQuota() {
-		_, end := res.QuotaPeriod.Window(v.Now)
-		bindQuota(&d, res.QuotaLimit, v.QuotaUsed, end)
-	}
-	d.Allowed = d.WouldAllow || d.DryRun
-	if d.Allowed {
-		d.RetryAfter = 0
-	}
+	takeVerdict(&d, &res.Limit, &v)
+	applyDryRun(&d)
 	return d, nil
 }
 

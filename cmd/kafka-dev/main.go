@@ -21,18 +21,18 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/testkit/kafkadev"
 )
 
@@ -42,25 +42,21 @@ func main() {
 
 // serve runs the broker until SIGTERM or SIGINT and returns the exit code.
 func serve() int {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	cfg, err := config(os.Getenv)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "kafka-dev:", err)
-		return 2
-	}
+	return lifecycle.Main("kafka-dev", config, run)
+}
+
+// run serves the broker until ctx ends.
+func run(ctx context.Context, cfg kafkadev.Config, log *slog.Logger) error {
 	b, err := kafkadev.Start(cfg)
 	if err != nil {
-		log.Error("start broker", "err", err)
-		return 1
+		return fmt.Errorf("start broker: %w", err)
 	}
 	log.Info("kafka-dev broker listening", "addr", b.Addr(), "topic", cfg.Topic, "partitions", cfg.Partitions, "data_dir", cfg.DataDir,
 		"tls", cfg.TLS != nil, "sasl_users", fmt.Sprint(cfg.Users))
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	<-sig
+	<-ctx.Done()
 	b.Close()
 	log.Info("kafka-dev broker stopped")
-	return 0
+	return nil
 }
 
 func config(getenv func(string) string) (kafkadev.Config, error) {

@@ -26,11 +26,10 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/testkit/wanproxy"
 )
 
@@ -40,19 +39,7 @@ func main() {
 
 // serve runs the links and the control endpoint until SIGTERM or SIGINT.
 func serve() int {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	cfg, err := config(os.Getenv)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "wan-dev:", err)
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if err := run(ctx, cfg, log); err != nil {
-		log.Error("wan-dev", "err", err)
-		return 1
-	}
-	return 0
+	return lifecycle.Main("wan-dev", config, run)
 }
 
 // run binds every listener first (a port in use fails the start, before

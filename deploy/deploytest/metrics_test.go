@@ -108,7 +108,7 @@ func TestMetricNames(t *testing.T) {
 	}
 }
 
-var declared = regexp.MustCompile(`(?:Name:\s*|NewDesc\()"([a-zA-Z_:][a-zA-Z0-9_:]*)"`)
+var declared = regexp.MustCompile(`(?:Name:\s*|NewDesc\(|promdecl\.[A-Za-z]+\(\s*)"([a-zA-Z_:][a-zA-Z0-9_:]*)"`)
 
 // declaredNames are the metric names declared in the non-test Go sources.
 func declaredNames(t *testing.T) map[string]bool {

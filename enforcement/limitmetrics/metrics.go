@@ -11,6 +11,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/internal/promdecl"
 )
 
 // Metrics implements enforcement.Observer and redisstore.Observer. It is safe
@@ -40,51 +41,20 @@ var (
 // New registers the limiter's metrics on reg.
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_decisions_total",
-			Help: "Decisions by result (allowed, rejected) and source (local, shared, degraded, regional).",
-		}, []string{"result", "source"}),
-		byPolicy: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_policy_decisions_total",
-			Help: "Decisions per policy rule: allowed, rejected, and would_reject (dry run: enforcement would have rejected).",
-		}, []string{"policy", "outcome"}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "limiter_decision_duration_seconds",
-			Help: "The limiter's own decision latency, from request to verdict, separate from any endpoint's.",
-			// 750 µs, 1.5 ms and 2 ms: the 1 ms objective sits
-			// between them, so a p99 near it is read from its neighbours
-			// rather than interpolated across 1 ms to 2.5 ms.
-			Buckets: []float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 750e-6, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3},
-		}),
-		storeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "limiter_store_call_duration_seconds",
-			Help:    "Latency of calls to the shared store (Redis), failed ones included.",
-			Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 750e-6, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 5e-3, 10e-3, 25e-3},
-		}),
-		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "limiter_store_errors_total",
-			Help: "Shared store calls that failed (timeouts included).",
-		}),
-		unavailable: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "limiter_shared_unavailable_total",
-			Help: "Decisions for which the shared store could not be asked (store error or breaker open).",
-		}),
-		clockBack: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "limiter_negative_elapsed_total",
-			Help: "Bucket updates that saw the clock step backwards (elapsed clamped to 0; no tokens removed).",
-		}),
-		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "limiter_breaker_state",
-			Help: "Shared store circuit breaker per shard (\"store\" for a standalone Redis, the master's address in a Cluster): 0 closed, 1 half-open, 2 open.",
-		}, []string{"shard"}),
-		anonymous: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_anonymous_decisions_total",
-			Help: "Decisions for anonymous traffic (keyed by client address, ip:, or by nothing, anonymous) by result: a rejection ratio near 0% or 100% means the proxy headers are misconfigured.",
-		}, []string{"result"}),
-		instances: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "limiter_fleet_instances",
-			Help: "Limiter instances sharing the load, as last counted by the fleet heartbeat (LIMITER_EXPECTED_INSTANCES before the first count): what the local tier, the degraded limits and the quota share divide by.",
-		}),
+		decisions: promdecl.CounterVec("limiter_decisions_total", "Decisions by result (allowed, rejected) and source (local, shared, degraded, regional).", "result", "source"),
+		byPolicy:  promdecl.CounterVec("limiter_policy_decisions_total", "Decisions per policy rule: allowed, rejected, and would_reject (dry run: enforcement would have rejected).", "policy", "outcome"),
+		// 750 µs, 1.5 ms and 2 ms: the 1 ms objective sits between them,
+		// so a p99 near it is read from its neighbours rather than
+		// interpolated across 1 ms to 2.5 ms.
+		latency: promdecl.Histogram("limiter_decision_duration_seconds", "The limiter's own decision latency, from request to verdict, separate from any endpoint's.",
+			[]float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 750e-6, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3}),
+		storeLatency: promdecl.Histogram("limiter_store_call_duration_seconds", "Latency of calls to the shared store (Redis), failed ones included.", []float64{50e-6, 100e-6, 250e-6, 500e-6, 750e-6, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 5e-3, 10e-3, 25e-3}),
+		storeErrors:  promdecl.Counter("limiter_store_errors_total", "Shared store calls that failed (timeouts included)."),
+		unavailable:  promdecl.Counter("limiter_shared_unavailable_total", "Decisions for which the shared store could not be asked (store error or breaker open)."),
+		clockBack:    promdecl.Counter("limiter_negative_elapsed_total", "Bucket updates that saw the clock step backwards (elapsed clamped to 0; no tokens removed)."),
+		breaker:      promdecl.GaugeVec("limiter_breaker_state", "Shared store circuit breaker per shard (\"store\" for a standalone Redis, the master's address in a Cluster): 0 closed, 1 half-open, 2 open.", "shard"),
+		anonymous:    promdecl.CounterVec("limiter_anonymous_decisions_total", "Decisions for anonymous traffic (keyed by client address, ip:, or by nothing, anonymous) by result: a rejection ratio near 0% or 100% means the proxy headers are misconfigured.", "result"),
+		instances:    promdecl.Gauge("limiter_fleet_instances", "Limiter instances sharing the load, as last counted by the fleet heartbeat (LIMITER_EXPECTED_INSTANCES before the first count): what the local tier, the degraded limits and the quota share divide by."),
 	}
 	reg.MustRegister(m.decisions, m.byPolicy, m.latency, m.storeLatency, m.storeErrors,
 		m.unavailable, m.clockBack, m.breaker, m.anonymous, m.instances)

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratewarden/ratewarden/enforcement/shadow"
+	"github.com/ratewarden/ratewarden/internal/promdecl"
 )
 
 // Shadow counts shadow-limit verdicts (package enforcement/shadow). It
@@ -27,14 +28,8 @@ var _ shadow.Observer = (*Shadow)(nil)
 // limit would newly reject) and limiter_shadow_unavailable_total{reason="store|error"}.
 func NewShadow(reg prometheus.Registerer) *Shadow {
 	s := &Shadow{
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_shadow_decisions_total",
-			Help: "Shadow-limit verdicts per shadow rule (evaluated beside enforcement, never enforced): allowed or would_reject, by what enforcement answered the same decision (enforced=allowed|rejected).",
-		}, []string{"shadow", "outcome", "enforced"}),
-		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_shadow_unavailable_total",
-			Help: "Decisions a shadow limit applied to but could not decide (store: the shadow store failed or its breaker is open; error): they carry no shadow verdict.",
-		}, []string{"reason"}),
+		decisions:   promdecl.CounterVec("limiter_shadow_decisions_total", "Shadow-limit verdicts per shadow rule (evaluated beside enforcement, never enforced): allowed or would_reject, by what enforcement answered the same decision (enforced=allowed|rejected).", "shadow", "outcome", "enforced"),
+		unavailable: promdecl.CounterVec("limiter_shadow_unavailable_total", "Decisions a shadow limit applied to but could not decide (store: the shadow store failed or its breaker is open; error): they carry no shadow verdict.", "reason"),
 	}
 	reg.MustRegister(s.decisions, s.unavailable)
 	for _, r := range []string{"store", "error"} {

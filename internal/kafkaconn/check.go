@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
+	"github.com/ratewarden/ratewarden/internal/promdecl"
 )
 
 // Result kinds of a connection check, the values of the "result" label.
@@ -79,14 +80,8 @@ func NewChecker(cfg CheckerConfig) (*Checker, error) {
 	}
 	c := &Checker{
 		cfg: cfg, log: cfg.Logger, nudge: make(chan struct{}, 1),
-		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kafka_connection_checks_total",
-			Help: "Checks that a broker accepts this process's TLS and SASL settings, by result (ok, auth, tls, unreachable).",
-		}, []string{"result"}),
-		up: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "kafka_connection_up",
-			Help: "1 when the last connection check to Kafka succeeded, else 0.",
-		}),
+		checks: promdecl.CounterVec("kafka_connection_checks_total", "Checks that a broker accepts this process's TLS and SASL settings, by result (ok, auth, tls, unreachable).", "result"),
+		up:     promdecl.Gauge("kafka_connection_up", "1 when the last connection check to Kafka succeeded, else 0."),
 	}
 	for _, r := range []string{ResultOK, ResultAuth, ResultTLS, ResultUnreachable} {
 		c.checks.WithLabelValues(r)

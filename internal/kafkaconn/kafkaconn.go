@@ -44,6 +44,25 @@ const (
 // hands them on. METER_SESSION_TIMEOUT sets it for the meter-consumer.
 const GroupSessionTimeout = 10 * time.Second
 
+// GroupConfig is what every consumer group of the repository (the meter
+// consumer's, the notifier's, the judge's) sets alike: a heartbeat every
+// quarter of the session, a second between join attempts, and 3 s for a
+// request to the coordinator, which also bounds leaving the group at
+// shutdown. The rebalance timeout is the caller's (how long its members
+// take to let go of their partitions), and so is anything else it sets.
+func GroupConfig(id string, brokers []string, topic string, dialer *kafka.Dialer, session time.Duration) kafka.ConsumerGroupConfig {
+	return kafka.ConsumerGroupConfig{
+		ID:                id,
+		Brokers:           brokers,
+		Dialer:            dialer,
+		Topics:            []string{topic},
+		SessionTimeout:    session,
+		HeartbeatInterval: session / 4,
+		JoinGroupBackoff:  time.Second,
+		Timeout:           3 * time.Second,
+	}
+}
+
 // Mechanism names accepted in KAFKA_SASL_MECHANISM.
 const (
 	Plain       = "plain"

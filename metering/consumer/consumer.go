@@ -251,28 +251,20 @@ func (c *Consumer) clearFailing(p int) {
 // 4 s), leaves the group and returns nil. It returns an error only when the
 // group cannot be created.
 func (c *Consumer) Run(ctx context.Context) error {
-	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                c.cfg.GroupID,
-		Brokers:           c.cfg.Brokers,
-		Dialer:            &kafka.Dialer{ClientID: "meter-consumer", Timeout: 10 * time.Second, DualStack: true, TLS: c.cfg.TLS, SASLMechanism: c.cfg.SASL},
-		Topics:            []string{c.cfg.Topic},
-		SessionTimeout:    c.cfg.SessionTimeout,
-		HeartbeatInterval: c.cfg.SessionTimeout / 4,
-		// A member told to rejoin first finishes its partitions' last
-		// batches (up to revokeFlush each, in parallel). The coordinator
-		// drops a member that has not rejoined within the rebalance
-		// timeout and hands its partitions to another while those batches
-		// are still being written, which counts them twice; so the
-		// timeout leaves room for the flush (it was the session timeout,
-		// 2 s in the fault test, and members were dropped mid-flush on a
-		// loaded machine).
-		RebalanceTimeout: c.cfg.SessionTimeout + 2*revokeFlush + 2*time.Second,
-		JoinGroupBackoff: time.Second,
-		Timeout:          3 * time.Second, // also bounds leaving the group at shutdown
-		// Partitions added to the topic trigger a rebalance.
-		WatchPartitionChanges:  true,
-		PartitionWatchInterval: 10 * time.Second,
-	})
+	gc := kafkaconn.GroupConfig(c.cfg.GroupID, c.cfg.Brokers, c.cfg.Topic,
+		&kafka.Dialer{ClientID: "meter-consumer", Timeout: 10 * time.Second, DualStack: true, TLS: c.cfg.TLS, SASLMechanism: c.cfg.SASL},
+		c.cfg.SessionTimeout)
+	// A member told to rejoin first finishes its partitions' last batches
+	// (up to revokeFlush each, in parallel). The coordinator drops a
+	// member that has not rejoined within the rebalance timeout and hands
+	// its partitions to another while those batches are still being
+	// written, which counts them twice; so the timeout leaves room for the
+	// flush (it was the session timeout, 2 s in the fault test, and
+	// members were dropped mid-flush on a loaded machine).
+	gc.RebalanceTimeout = c.cfg.SessionTimeout + 2*revokeFlush + 2*time.Second
+	// Partitions added to the topic trigger a rebalance.
+	gc.WatchPartitionChanges, gc.PartitionWatchInterval = true, 10*time.Second
+	group, err := kafka.NewConsumerGroup(gc)
 	if err != nil {
 		return fmt.Errorf("consumer: group %s: %w", c.cfg.GroupID, err)
 	}

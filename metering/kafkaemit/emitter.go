@@ -46,6 +46,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 
+	"github.com/ratewarden/ratewarden/internal/promdecl"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/spool"
 )
@@ -202,38 +203,19 @@ func New(cfg Config) (*Emitter, error) {
 		SASL:           cfg.SASL,
 	}
 	e := &Emitter{
-		cfg: cfg,
-		log: cfg.Logger,
-		ch:  make(chan metering.Event, cfg.Buffer),
-		tr:  tr,
-		p:   newProducer(&kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: tr}, cfg.Topic, codec),
-		mDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "metering_emitter_events_dropped_total",
-			Help: "Decision events not published, by reason (buffer_full, refused, unconfirmed, closed, spool_full, spool_behind, spool_error, spool_corrupt).",
-		}, []string{"reason"}),
-		mSent: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "metering_emitter_events_sent_total",
-			Help: "Decision events acknowledged by Kafka (an event resent from the spool counts each time).",
-		}),
-		mBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "metering_emitter_batch_messages", Help: "Messages per Kafka write.",
-			Buckets: prometheus.ExponentialBuckets(1, 4, 8),
-		}),
-		mWrite: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "metering_emitter_write_duration_seconds", Help: "Duration of one batch write to Kafka.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}),
+		cfg:      cfg,
+		log:      cfg.Logger,
+		ch:       make(chan metering.Event, cfg.Buffer),
+		tr:       tr,
+		p:        newProducer(&kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: tr}, cfg.Topic, codec),
+		mDropped: promdecl.CounterVec("metering_emitter_events_dropped_total", "Decision events not published, by reason (buffer_full, refused, unconfirmed, closed, spool_full, spool_behind, spool_error, spool_corrupt).", "reason"),
+		mSent:    promdecl.Counter("metering_emitter_events_sent_total", "Decision events acknowledged by Kafka (an event resent from the spool counts each time)."),
+		mBatch:   promdecl.Histogram("metering_emitter_batch_messages", "Messages per Kafka write.", prometheus.ExponentialBuckets(1, 4, 8)),
+		mWrite:   promdecl.Histogram("metering_emitter_write_duration_seconds", "Duration of one batch write to Kafka.", prometheus.ExponentialBuckets(0.0005, 2, 16)),
 	}
-	failed := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "metering_emitter_write_failed_events_total",
-		Help: "Events in Kafka writes that failed, by what is known: refused (not written) or unconfirmed (timed out: may have been written). With a spool they are kept and sent again.",
-	}, []string{"reason"})
-	buffered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "metering_emitter_buffer_events", Help: "Events waiting in the emitter's buffer.",
-	}, func() float64 { return float64(len(e.ch)) })
-	capacity := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "metering_emitter_buffer_capacity", Help: "Capacity of the emitter's buffer, in events.",
-	})
+	failed := promdecl.CounterVec("metering_emitter_write_failed_events_total", "Events in Kafka writes that failed, by what is known: refused (not written) or unconfirmed (timed out: may have been written). With a spool they are kept and sent again.", "reason")
+	buffered := promdecl.GaugeFunc("metering_emitter_buffer_events", "Events waiting in the emitter's buffer.", func() float64 { return float64(len(e.ch)) })
+	capacity := promdecl.Gauge("metering_emitter_buffer_capacity", "Capacity of the emitter's buffer, in events.")
 	capacity.Set(float64(cfg.Buffer))
 	for _, c := range []prometheus.Collector{e.mDropped, failed, e.mSent, e.mBatch, e.mWrite, buffered, capacity} {
 		if err := cfg.Registry.Register(c); err != nil {

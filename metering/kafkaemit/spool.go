@@ -37,6 +37,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/ratewarden/ratewarden/internal/promdecl"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/spool"
 )
@@ -59,10 +60,8 @@ type spooler struct {
 
 func newSpooler(e *Emitter, s *spool.Spool, reg prometheus.Registerer) (*spooler, error) {
 	sp := &spooler{e: e, s: s, spill: make(chan metering.Event, e.cfg.SpillBuffer),
-		mSpooled: prometheus.NewCounter(prometheus.CounterOpts{Name: "metering_spool_spooled_events_total",
-			Help: "Decision events written to the spool (Kafka failed or was slow)."}),
-		mDrained: prometheus.NewCounter(prometheus.CounterOpts{Name: "metering_spool_drained_events_total",
-			Help: "Spooled decision events Kafka acknowledged (then deleted from the spool)."}),
+		mSpooled: promdecl.Counter("metering_spool_spooled_events_total", "Decision events written to the spool (Kafka failed or was slow)."),
+		mDrained: promdecl.Counter("metering_spool_drained_events_total", "Spooled decision events Kafka acknowledged (then deleted from the spool)."),
 	}
 	gauge := func(name, help string, f func(st spool.Stats) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(s.Stats()) })
@@ -73,8 +72,7 @@ func newSpooler(e *Emitter, s *spool.Spool, reg prometheus.Registerer) (*spooler
 		gauge("metering_spool_events", "Decision events in the spool, not yet acknowledged by Kafka.", func(st spool.Stats) float64 { return float64(st.Records) }),
 		gauge("metering_spool_oldest_event_age_seconds", "Age of the oldest decision event in the spool (its decision time); 0 when empty.",
 			func(st spool.Stats) float64 { return ageSeconds(st.Oldest, time.Now()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "metering_spool_drain_events_per_second",
-			Help: "Spooled events Kafka acknowledged per second, over the last 5 s."}, sp.rate),
+		promdecl.GaugeFunc("metering_spool_drain_events_per_second", "Spooled events Kafka acknowledged per second, over the last 5 s.", sp.rate),
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("kafkaemit: metrics: %w", err)

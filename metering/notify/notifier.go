@@ -54,6 +54,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
+	"github.com/ratewarden/ratewarden/internal/promdecl"
 	"github.com/ratewarden/ratewarden/metering"
 )
 
@@ -236,24 +237,17 @@ func (n *Notifier) Run(ctx context.Context) error {
 
 	deliverCtx, stopDeliveries := context.WithCancel(context.Background())
 	n.restoreCooldowns(ctx)
-	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                n.cfg.GroupID,
-		Brokers:           n.cfg.Brokers,
-		Dialer:            &kafka.Dialer{ClientID: "notifier", Timeout: 10 * time.Second, DualStack: true, TLS: n.cfg.TLS, SASLMechanism: n.cfg.SASL},
-		Topics:            []string{n.cfg.Topic},
-		SessionTimeout:    n.cfg.SessionTimeout,
-		HeartbeatInterval: n.cfg.SessionTimeout / 4,
-		// A member told to rejoin first ends its fetches and commits what
-		// it decided (revokeBudget); the coordinator drops a member that
-		// has not rejoined within the rebalance timeout and hands its
-		// partitions to another, which reads the events again.
-		RebalanceTimeout:       n.cfg.SessionTimeout + revokeBudget,
-		JoinGroupBackoff:       time.Second,
-		Timeout:                3 * time.Second,
-		StartOffset:            kafka.FirstOffset,
-		WatchPartitionChanges:  true,
-		PartitionWatchInterval: 10 * time.Second,
-	})
+	gc := kafkaconn.GroupConfig(n.cfg.GroupID, n.cfg.Brokers, n.cfg.Topic,
+		&kafka.Dialer{ClientID: "notifier", Timeout: 10 * time.Second, DualStack: true, TLS: n.cfg.TLS, SASLMechanism: n.cfg.SASL},
+		n.cfg.SessionTimeout)
+	// A member told to rejoin first ends its fetches and commits what it
+	// decided (revokeBudget); the coordinator drops a member that has not
+	// rejoined within the rebalance timeout and hands its partitions to
+	// another, which reads the events again.
+	gc.RebalanceTimeout = n.cfg.SessionTimeout + revokeBudget
+	gc.StartOffset = kafka.FirstOffset
+	gc.WatchPartitionChanges, gc.PartitionWatchInterval = true, 10*time.Second
+	group, err := kafka.NewConsumerGroup(gc)
 	if err != nil {
 		stopDeliveries()
 		stopRec()
@@ -529,19 +523,15 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
-		events:         prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_events_total", Help: "Decision events read by the notifier."}),
-		badEvents:      prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_bad_events_total", Help: "Messages that are not decodable decision events."}),
-		recordsDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_attempt_records_dropped_total", Help: "Delivery attempts that could not be recorded in ClickHouse."}),
-		reloadErrors:   prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_endpoints_reload_errors_total", Help: "Refused versions of the per-key endpoints file."}),
-		kafkaErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_kafka_errors_total",
-			Help: "Errors of the notifier's Kafka reader (failed or timed-out fetches, group and commit errors), each retried and logged at WARN; rising while notifier_events_total stays flat is a stalled notifier."}),
-		epochs: prometheus.NewCounter(prometheus.CounterOpts{Name: "notifier_log_epochs_total",
-			Help: "Partition logs the notifier found had started over (a recreated topic, another cluster, a fresh broker) and read from their start."}),
-		notifications: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "notifier_notifications_total",
-			Help: "Warning events by decision: sent, suppressed (cool-down), stale, no_endpoint, dropped (no delivery slot)."}, []string{"result"}),
-		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "notifier_attempts_total",
-			Help: "Webhook delivery attempts by outcome: delivered, retrying, failed, abandoned."}, []string{"outcome"}),
-		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "notifier_deliveries_in_flight", Help: "Deliveries being attempted or waiting for a retry."}),
+		events:         promdecl.Counter("notifier_events_total", "Decision events read by the notifier."),
+		badEvents:      promdecl.Counter("notifier_bad_events_total", "Messages that are not decodable decision events."),
+		recordsDropped: promdecl.Counter("notifier_attempt_records_dropped_total", "Delivery attempts that could not be recorded in ClickHouse."),
+		reloadErrors:   promdecl.Counter("notifier_endpoints_reload_errors_total", "Refused versions of the per-key endpoints file."),
+		kafkaErrors:    promdecl.Counter("notifier_kafka_errors_total", "Errors of the notifier's Kafka reader (failed or timed-out fetches, group and commit errors), each retried and logged at WARN; rising while notifier_events_total stays flat is a stalled notifier."),
+		epochs:         promdecl.Counter("notifier_log_epochs_total", "Partition logs the notifier found had started over (a recreated topic, another cluster, a fresh broker) and read from their start."),
+		notifications:  promdecl.CounterVec("notifier_notifications_total", "Warning events by decision: sent, suppressed (cool-down), stale, no_endpoint, dropped (no delivery slot).", "result"),
+		attempts:       promdecl.CounterVec("notifier_attempts_total", "Webhook delivery attempts by outcome: delivered, retrying, failed, abandoned.", "outcome"),
+		inFlight:       promdecl.Gauge("notifier_deliveries_in_flight", "Deliveries being attempted or waiting for a retry."),
 	}
 	for _, c := range []prometheus.Collector{m.events, m.badEvents, m.recordsDropped, m.reloadErrors, m.kafkaErrors, m.epochs, m.notifications, m.attempts, m.inFlight} {
 		if err := reg.Register(c); err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratewarden/ratewarden/internal/promdecl"
 	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/metering/quotause"
 	"github.com/ratewarden/ratewarden/policy"
@@ -164,32 +165,13 @@ func New(cfg Config) (*Reconciler, error) {
 		cfg.Registry = prometheus.NewRegistry()
 	}
 	r := &Reconciler{cfg: cfg, log: cfg.Logger}
-	r.reconciled = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "meter_quota_reconciled_total",
-		Help: "Quota counters compared with the usage record, by result: raised (Redis was behind), unchanged (at or ahead of the record), error (the Redis call failed).",
-	}, []string{"result"})
-	r.raised = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "meter_quota_keys_raised",
-		Help: "Quota counters raised by the last completed reconcile pass (non-zero after Redis lost state).",
-	})
-	r.largest = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "meter_quota_largest_correction",
-		Help: "Largest raise of one quota counter in the last completed reconcile pass, in tokens.",
-	})
-	r.errs = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "meter_quota_reconcile_errors_total",
-		Help: "Reconcile failures by stage: policy, clickhouse (the pass is retried), redis (one key; the others go on).",
-	}, []string{"stage"})
-	r.passes = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "meter_quota_reconcile_passes_total", Help: "Reconcile passes by result (ok, failed).",
-	}, []string{"result"})
-	r.lastOK = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "meter_quota_reconcile_last_success_timestamp_seconds", Help: "When the last reconcile pass completed without an error.",
-	})
-	r.duration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name: "meter_quota_reconcile_duration_seconds", Help: "Duration of one reconcile pass.",
-		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
-	})
+	r.reconciled = promdecl.CounterVec("meter_quota_reconciled_total", "Quota counters compared with the usage record, by result: raised (Redis was behind), unchanged (at or ahead of the record), error (the Redis call failed).", "result")
+	r.raised = promdecl.Gauge("meter_quota_keys_raised", "Quota counters raised by the last completed reconcile pass (non-zero after Redis lost state).")
+	r.largest = promdecl.Gauge("meter_quota_largest_correction", "Largest raise of one quota counter in the last completed reconcile pass, in tokens.")
+	r.errs = promdecl.CounterVec("meter_quota_reconcile_errors_total", "Reconcile failures by stage: policy, clickhouse (the pass is retried), redis (one key; the others go on).", "stage")
+	r.passes = promdecl.CounterVec("meter_quota_reconcile_passes_total", "Reconcile passes by result (ok, failed).", "result")
+	r.lastOK = promdecl.Gauge("meter_quota_reconcile_last_success_timestamp_seconds", "When the last reconcile pass completed without an error.")
+	r.duration = promdecl.Histogram("meter_quota_reconcile_duration_seconds", "Duration of one reconcile pass.", prometheus.ExponentialBuckets(0.005, 2, 14))
 	for _, c := range []prometheus.Collector{r.reconciled, r.raised, r.largest, r.errs, r.passes, r.lastOK, r.duration} {
 		if err := cfg.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("reconcile: register metrics: %w", err)

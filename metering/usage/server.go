@@ -21,6 +21,7 @@ import (
 	"github.com/ratewarden/ratewarden/policy"
 
 	"github.com/ratewarden/ratewarden/internal/bearer"
+	"github.com/ratewarden/ratewarden/internal/promdecl"
 )
 
 // Config configures a Server. Zero values of optional fields are documented.
@@ -104,13 +105,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.quotaRows = rows
-	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "usage_api_requests_total", Help: "HTTP requests answered, by route and status code.",
-	}, []string{"route", "code"})
-	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: "usage_api_request_duration_seconds", Help: "HTTP request latency by route.",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
-	}, []string{"route"})
+	s.requests = promdecl.CounterVec("usage_api_requests_total", "HTTP requests answered, by route and status code.", "route", "code")
+	s.latency = promdecl.HistogramVec("usage_api_request_duration_seconds", "HTTP request latency by route.", prometheus.ExponentialBuckets(0.001, 2, 14), "route")
 	if err := cfg.Registry.Register(s.requests); err != nil {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratewarden/ratewarden/internal/promdecl"
 	"github.com/ratewarden/ratewarden/policylog"
 )
 
@@ -70,10 +71,9 @@ func New(cfg Config) (*Writer, error) {
 		cfg.Timeout = 10 * time.Second
 	}
 	w := &Writer{cfg: cfg,
-		rows: prometheus.NewCounter(prometheus.CounterOpts{Name: "meter_policy_audit_rows_total", Help: "Policy log records written to policy_audit."}),
-		errs: prometheus.NewCounter(prometheus.CounterOpts{Name: "meter_policy_audit_errors_total", Help: "Failed reads of the policy log or writes of policy_audit; retried."}),
-		unauth: prometheus.NewCounter(prometheus.CounterOpts{Name: "meter_policy_audit_unauthenticated_total",
-			Help: "Policy log records read that the keyring (POLICY_TRUSTED_KEYS_FILE) refuses: unsigned, signed by an unknown or retired key, or altered."}),
+		rows:   promdecl.Counter("meter_policy_audit_rows_total", "Policy log records written to policy_audit."),
+		errs:   promdecl.Counter("meter_policy_audit_errors_total", "Failed reads of the policy log or writes of policy_audit; retried."),
+		unauth: promdecl.Counter("meter_policy_audit_unauthenticated_total", "Policy log records read that the keyring (POLICY_TRUSTED_KEYS_FILE) refuses: unsigned, signed by an unknown or retired key, or altered."),
 	}
 	if cfg.Registry != nil {
 		cfg.Registry.MustRegister(w.rows, w.errs, w.unauth)

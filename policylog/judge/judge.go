@@ -42,6 +42,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/ratewarden/ratewarden/internal/kafkaconn"
+	"github.com/ratewarden/ratewarden/internal/promdecl"
 	"github.com/ratewarden/ratewarden/policylog"
 )
 
@@ -124,16 +125,11 @@ func New(cfg Config) (*Judge, error) {
 		cfg.Now = time.Now
 	}
 	j := &Judge{cfg: cfg, m: metrics{
-		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meter_rollout_judge_leader",
-			Help: "1 while this process is the rollout judge (it holds the policy topic's partition in the judge's consumer group)."}),
-		verdicts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meter_rollout_verdicts_total",
-			Help: "Rollout verdicts this judge wrote, by decision (promote, withdraw) and result (applied, refused: another judge decided first)."}, []string{"decision", "result"}),
-		share: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meter_rollout_newly_rejected_ratio",
-			Help: "Newly rejected share measured for the last rollout this judge decided (newly rejected / decisions under its candidate)."}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "meter_rollout_judge_errors_total",
-			Help: "Failed reads of the rollout counters or the policy log, or failed verdict writes; retried."}),
-		overdue: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meter_rollout_overdue_seconds",
-			Help: "Seconds the open rollout is past its end plus the settle time without a verdict (0 when none is due), on the judge."}),
+		leader:   promdecl.Gauge("meter_rollout_judge_leader", "1 while this process is the rollout judge (it holds the policy topic's partition in the judge's consumer group)."),
+		verdicts: promdecl.CounterVec("meter_rollout_verdicts_total", "Rollout verdicts this judge wrote, by decision (promote, withdraw) and result (applied, refused: another judge decided first).", "decision", "result"),
+		share:    promdecl.Gauge("meter_rollout_newly_rejected_ratio", "Newly rejected share measured for the last rollout this judge decided (newly rejected / decisions under its candidate)."),
+		errors:   promdecl.Counter("meter_rollout_judge_errors_total", "Failed reads of the rollout counters or the policy log, or failed verdict writes; retried."),
+		overdue:  promdecl.Gauge("meter_rollout_overdue_seconds", "Seconds the open rollout is past its end plus the settle time without a verdict (0 when none is due), on the judge."),
 	}}
 	for _, d := range []string{policylog.Promote, policylog.Withdraw} {
 		for _, r := range []string{policylog.Applied, policylog.Refused} {
@@ -163,17 +159,9 @@ func (j *Judge) setStatus(s string) { j.status.Store(&s) }
 // Run takes part in the election until ctx ends and judges while it holds
 // the partition; it returns after leaving the group.
 func (j *Judge) Run(ctx context.Context) error {
-	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                j.cfg.GroupID,
-		Brokers:           j.cfg.Brokers,
-		Dialer:            j.cfg.Dialer,
-		Topics:            []string{j.cfg.Topic},
-		SessionTimeout:    j.cfg.SessionTimeout,
-		HeartbeatInterval: j.cfg.SessionTimeout / 4,
-		RebalanceTimeout:  j.cfg.SessionTimeout,
-		JoinGroupBackoff:  time.Second,
-		Timeout:           3 * time.Second,
-	})
+	gc := kafkaconn.GroupConfig(j.cfg.GroupID, j.cfg.Brokers, j.cfg.Topic, j.cfg.Dialer, j.cfg.SessionTimeout)
+	gc.RebalanceTimeout = j.cfg.SessionTimeout
+	group, err := kafka.NewConsumerGroup(gc)
 	if err != nil {
 		return fmt.Errorf("judge: group %s: %w", j.cfg.GroupID, err)
 	}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
+	"github.com/ratewarden/ratewarden/internal/promdecl"
 	"github.com/ratewarden/ratewarden/internal/vtcodec"
 
 	"github.com/ratewarden/ratewarden/limits"
@@ -86,23 +87,10 @@ type grpcMetrics struct {
 
 func newGRPCMetrics(reg prometheus.Registerer) *grpcMetrics {
 	m := &grpcMetrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_grpc_requests_total",
-			Help: "gRPC calls by full method and status code.",
-		}, []string{"method", "code"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "limiter_grpc_request_duration_seconds",
-			Help:    "gRPC call latency by full method, from the call's arrival to its answer (unary) or end (stream).",
-			Buckets: []float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3, 1},
-		}, []string{"method"}),
-		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "limiter_grpc_in_flight",
-			Help: "gRPC calls being served, by full method.",
-		}, []string{"method"}),
-		byResult: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_envoy_descriptors_total",
-			Help: "Descriptors of ShouldRateLimit calls by result: ok, over_limit, would_reject (dry run), no_match and unknown_domain (answered OK with no limit), not_evaluated (after a rejected descriptor: nothing spent), cost_exceeds_limit.",
-		}, []string{"result"}),
+		requests: promdecl.CounterVec("limiter_grpc_requests_total", "gRPC calls by full method and status code.", "method", "code"),
+		latency:  promdecl.HistogramVec("limiter_grpc_request_duration_seconds", "gRPC call latency by full method, from the call's arrival to its answer (unary) or end (stream).", []float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3, 1}, "method"),
+		inFlight: promdecl.GaugeVec("limiter_grpc_in_flight", "gRPC calls being served, by full method.", "method"),
+		byResult: promdecl.CounterVec("limiter_envoy_descriptors_total", "Descriptors of ShouldRateLimit calls by result: ok, over_limit, would_reject (dry run), no_match and unknown_domain (answered OK with no limit), not_evaluated (after a rejected descriptor: nothing spent), cost_exceeds_limit.", "result"),
 	}
 	reg.MustRegister(m.requests, m.latency, m.inFlight, m.byResult)
 	for _, r := range envoyrls.Results() {
