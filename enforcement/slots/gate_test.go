@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/enforcement/slots"
 	"github.com/ratewarden/ratewarden/policy"
@@ -300,5 +301,35 @@ func TestGatesNeverOverN(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+}
+
+// TestGatePeekTakesNoSlot: a peek passes the gate without a slot and
+// spends nothing; the checks after it still find the whole burst and
+// every slot free.
+func TestGatePeekTakesNoSlot(t *testing.T) {
+	r := testenv.StartRedis(t)
+	g, rdb := gateOn(t, r.Addr(), "peek", time.Minute)
+	ctx := context.Background()
+	req := enforcement.Request{Key: "k", Scope: "s", Tier: "both"}
+	peek := req
+	peek.Peek = true
+	for i := range 6 {
+		d, err := g.Check(ctx, peek)
+		if err != nil || !d.Allowed || d.Lease != "" {
+			t.Fatalf("peek %d: %+v, %v", i, d, err)
+		}
+	}
+	slotKey := keyslot.SlotSetKey("peek", "k", "s")
+	if n, err := rdb.ZCard(ctx, slotKey).Result(); err != nil || n != 0 {
+		t.Fatalf("slots held after the peeks: %d, %v", n, err)
+	}
+	for i := range 2 {
+		if d, err := g.Check(ctx, req); err != nil || !d.Allowed || d.Lease == "" {
+			t.Fatalf("check %d after the peeks: %+v, %v", i, d, err)
+		}
+	}
+	if n, err := rdb.ZCard(ctx, slotKey).Result(); err != nil || n != 2 {
+		t.Fatalf("slots held after two checks: %d, %v", n, err)
 	}
 }
