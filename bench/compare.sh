@@ -9,8 +9,8 @@
 # run just before it. Then latency at a fixed rate, per pass: one decision
 # straight on Redis, the floor, the two limiters (alternating first). Then
 # the local tier's rejection benchmark of each, alternating. The load tools
-# (wrk, bench/loadgen, bench/barejson) and bench/policy.yaml are this
-# tree's; only the limiter differs. Writes the section "## /check against
+# (wrk, bench/loadgen, bench/barejson) are this tree's; each limiter reads
+# its own revision's bench/policy.yaml. Writes the section "## /check against
 # the HTTP floor" of BENCHMARKS.md, as bench/floor.sh does.
 #
 #   BASE, HEAD                 the two revisions (arguments 1 and 2 also work)
@@ -51,6 +51,7 @@ build() {
     git archive "$rev" | tar -x -C "$src"
     printf -v "${name}REV" '%s' "$(git rev-parse --short "$rev")"
   fi
+  printf -v "${name}SRC" '%s' "$src"
   echo "bench: building $rev into $OUT/bin/$name-*" >&2
   (cd "$src" && $GO build -o "$OUT/bin/$name-limiter" ./cmd/limiter && $GO test -c -o "$OUT/bin/$name-enforcement.test" ./enforcement/)
 }
@@ -60,9 +61,13 @@ build B "$HEAD"
 start_redis
 start_floor "$OUT/bin/barejson"
 declare -A PORT PID
+# Each limiter reads its own revision's bench/policy.yaml: the tiers the
+# load uses are the same in both, and a newer policy may hold tiers an
+# older limiter cannot parse.
 for v in A B; do
-  start_named_limiter "$v" "$OUT/bin/$v-limiter"
-  start_named_limiter "${v}gogc" "$OUT/bin/$v-limiter" GOGC=400
+  src="${v}SRC"
+  start_named_limiter "$v" "$OUT/bin/$v-limiter" POLICY_FILE="${!src}/bench/policy.yaml"
+  start_named_limiter "${v}gogc" "$OUT/bin/$v-limiter" POLICY_FILE="${!src}/bench/policy.yaml" GOGC=400
 done
 START_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 START_TIME=$(date -u +%Y-%m-%dT%H:%MZ)
