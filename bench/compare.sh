@@ -172,26 +172,7 @@ lat_row() { # description what target
   echo "| $1 | **$(lat_values "$2" A | median | awk '{printf "%.0f", $1}') µs** | **$(lat_values "$2" B | median | awk '{printf "%.0f", $1}') µs** | $(lat_values "$2" A | list) / $(lat_values "$2" B | list) | $3 |"
 }
 S="$OUT/section.md"
-read -r rejAmin rejAmed rejAcpu rejAallocs <<<"$(rej A)"
-read -r rejBmin rejBmed rejBcpu rejBallocs <<<"$(rej B)"
 {
-  echo "## /check against the HTTP floor"
-  echo
-  echo "Written by \`make bench-compare BASE=$BASE HEAD=$HEAD\` (bench/compare.sh) on $START_TIME: the limiter built from"
-  echo "$AREV (before) and from $BREV (after), interleaved in every pass (see Method), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),"
-  echo "$(redis-server --version | awk '{print $1, $2, $3}'), Go $($GO env GOVERSION), LIMITER_STORE_TIMEOUT=${BENCH_STORE_TIMEOUT:-100ms}. Load average"
-  echo "at the start $START_LOAD, at the end $END_LOAD (other sessions' work)."
-  echo
-  echo "| comparison | before | after | each pass, before / after | target |"
-  echo "|---|---:|---:|---|---|"
-  tput_row "allowed path ÷ floor, req/s (wrk -t2 -c32 -d${WRK_SECONDS}s, 10,000 keys)" allowed "≥ 0.55"
-  tput_row "flood on one key ÷ floor, req/s" flood "≥ 0.95"
-  tput_row "allowed path ÷ floor, limiter run with GOGC=400 (a tuning, docs/scaling.md)" gogc "–"
-  lat_row "client p99 at $LAT_RATE req/s: limiter − floor" client "≤ 1 ms"
-  lat_row "limiter's own decision p99 at $LAT_RATE req/s (its histogram)" own "≤ 1 ms"
-  echo "| … one decision straight on Redis, p99 (loadgen -redis, same passes) | $(for p in $(seq 1 "$LAT_PASSES"); do lfield "store$p" 2; done | median | awk '{printf "%.0f", $1}') µs | | $(for p in $(seq 1 "$LAT_PASSES"); do lfield "store$p" 2; done | list) | – |"
-  echo "| local-tier rejection (\`BenchmarkLocalReject\`, 5 × 1 s each): min ns, allocs | **$rejAmin ns**, $rejAallocs | **$rejBmin ns**, $rejBallocs | median $rejAmed / $rejBmed ns, min CPU $rejAcpu / $rejBcpu ns (load $REJ_LOAD) | ≤ 100 ns, 0 allocs |"
-  echo
   echo "Throughput, \`wrk -t2 -c32 -d${WRK_SECONDS}s --latency\` (bench/wrk/uniform.lua; the flood bench/wrk/flood.lua, flood_key at 10/s):"
   echo
   echo "| pass | run | floor req/s | before req/s | ÷ floor | after req/s | ÷ floor | p99 floor / before / after | server CPU µs/req before / after | load |"
@@ -213,10 +194,33 @@ read -r rejBmin rejBmed rejBcpu rejBallocs <<<"$(rej B)"
     own() { echo "${L[own$1$pass]}" | sed 's/ / \/ /g'; }
     echo "| $pass | $(lfield "store$pass" 1) / $(lfield "store$pass" 2) | $(lfield "floor$pass" 1) / $(lfield "floor$pass" 2) | $(lfield "A$pass" 1) / $(lfield "A$pass" 2) | $(own A) | $(lfield "B$pass" 1) / $(lfield "B$pass" 2) | $(own B) | $(for k in floor A B; do printf '%s/%s ' "$(lfield "$k$pass" 4)" "$(lfield "$k$pass" 5)"; done) | $(lfield "floor$pass" 6) |"
   done
+} >"$OUT/passes.md"
+read -r rejAmin rejAmed rejAcpu rejAallocs <<<"$(rej A)"
+read -r rejBmin rejBmed rejBcpu rejBallocs <<<"$(rej B)"
+{
+  echo "## /check against the HTTP floor"
+  echo
+  echo "Written by \`make bench-compare BASE=$BASE HEAD=$HEAD\` (bench/compare.sh) on $START_TIME: the limiter built from"
+  echo "$AREV (before) and from $BREV (after), interleaved in every pass (see Method), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),"
+  echo "$(redis-server --version | awk '{print $1, $2, $3}'), Go $($GO env GOVERSION), LIMITER_STORE_TIMEOUT=${BENCH_STORE_TIMEOUT:-100ms}. Load average"
+  echo "at the start $START_LOAD, at the end $END_LOAD (other sessions' work)."
+  echo
+  echo "| comparison | before | after | each pass, before / after | target |"
+  echo "|---|---:|---:|---|---|"
+  tput_row "allowed path ÷ floor, req/s (wrk -t2 -c32 -d${WRK_SECONDS}s, 10,000 keys)" allowed "≥ 0.55"
+  tput_row "flood on one key ÷ floor, req/s" flood "≥ 0.95"
+  tput_row "allowed path ÷ floor, limiter run with GOGC=400 (a tuning, docs/scaling.md)" gogc "–"
+  lat_row "client p99 at $LAT_RATE req/s: limiter − floor" client "≤ 1 ms"
+  lat_row "limiter's own decision p99 at $LAT_RATE req/s (its histogram)" own "≤ 1 ms"
+  echo "| … one decision straight on Redis, p99 (loadgen -redis, same passes) | $(for p in $(seq 1 "$LAT_PASSES"); do lfield "store$p" 2; done | median | awk '{printf "%.0f", $1}') µs | | $(for p in $(seq 1 "$LAT_PASSES"); do lfield "store$p" 2; done | list) | – |"
+  echo "| local-tier rejection (\`BenchmarkLocalReject\`, 5 × 1 s each): min ns, allocs | **$rejAmin ns**, $rejAallocs | **$rejBmin ns**, $rejBallocs | median $rejAmed / $rejBmed ns, min CPU $rejAcpu / $rejBcpu ns (load $REJ_LOAD) | ≤ 100 ns, 0 allocs |"
+  echo
+  echo "Each pass's rows (throughput, latency, CPU per request, load) are printed by the script and kept in its output"
+  echo "directory (passes.md)."
   echo
   cat bench/floor-notes.md
 } >"$S"
-cat "$S"
+cat "$S" "$OUT/passes.md"
 [ "$MD" = - ] && exit 0
 
 touch "$MD"
