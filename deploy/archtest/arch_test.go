@@ -10,11 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/ratewarden/ratewarden/testkit/repo"
 )
 
 const module = "github.com/ratewarden/ratewarden"
@@ -69,8 +70,8 @@ var (
 func packages(t *testing.T) []pkg {
 	t.Helper()
 	listOnce.Do(func() {
-		cmd := exec.Command(goTool(t), "list", "-json=ImportPath,Dir,Imports", "./...")
-		cmd.Dir = repoRoot(t)
+		cmd := exec.Command(repo.GoTool(t), "list", "-json=ImportPath,Dir,Imports", "./...")
+		cmd.Dir = repo.Root(t)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
@@ -196,7 +197,7 @@ type layoutEntry struct {
 // description; indented lines continue the description.
 func readmeLayout(t *testing.T) []layoutEntry {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
+	raw, err := os.ReadFile(filepath.Join(repo.Root(t), "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +257,7 @@ func readmeLayout(t *testing.T) []layoutEntry {
 // it) and every folder of a layer (internal/, testkit/, systemtest/,
 // cmd/, a binary's internal/) is named, and every import claim holds.
 func TestReadmeLayout(t *testing.T) {
-	root := repoRoot(t)
+	root := repo.Root(t)
 	entries := readmeLayout(t)
 	named := map[string]bool{}
 	for _, e := range entries {
@@ -391,28 +392,4 @@ func layerFolders(root string) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-func repoRoot(tb testing.TB) string {
-	tb.Helper()
-	dir, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
-		tb.Fatalf("repository root not found at %s: %v", dir, err)
-	}
-	return dir
-}
-
-func goTool(tb testing.TB) string {
-	tb.Helper()
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	p := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(p); err != nil {
-		tb.Fatalf("no go tool in PATH or GOROOT: %v", err)
-	}
-	return p
 }

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+
+	"github.com/ratewarden/ratewarden/testkit/repo"
 )
 
 // The documentation's own checks: every link and every cited section
@@ -30,7 +32,7 @@ const maxDocLines = 520
 // whose names pass keep, without .git, run/ and bin/.
 func repoFiles(t *testing.T, keep func(string) bool) []string {
 	t.Helper()
-	root := repoRoot(t)
+	root := repo.Root(t)
 	var out []string
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -57,7 +59,7 @@ func repoFiles(t *testing.T, keep func(string) bool) []string {
 
 func readRepo(t *testing.T, rel string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repoRoot(t), filepath.FromSlash(rel)))
+	b, err := os.ReadFile(filepath.Join(repo.Root(t), filepath.FromSlash(rel)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +142,7 @@ func TestSlug(t *testing.T) {
 // TestDocLinks: every relative link of every Markdown file names a file
 // that exists and, with a #fragment, a heading of it.
 func TestDocLinks(t *testing.T) {
-	root := repoRoot(t)
+	root := repo.Root(t)
 	anchorsOf := map[string]map[string]bool{}
 	anchors := func(rel string) map[string]bool {
 		if a, ok := anchorsOf[rel]; ok {
@@ -244,7 +246,7 @@ func TestDocSectionCitations(t *testing.T) {
 			section := strings.ToLower(strings.Trim(commentBreak.ReplaceAllString(m[2], " "), " .,"))
 			titles, ok := titlesOf[file]
 			if !ok {
-				b, err := os.ReadFile(filepath.Join(repoRoot(t), filepath.FromSlash(file)))
+				b, err := os.ReadFile(filepath.Join(repo.Root(t), filepath.FromSlash(file)))
 				if err != nil {
 					t.Errorf("%s cites %s, %q: no such file", rel, file, section)
 					continue
@@ -342,7 +344,7 @@ func variablesRead(t *testing.T) map[string]string {
 	out := map[string]string{}
 	fset := token.NewFileSet()
 	for _, rel := range repoFiles(t, func(rel string) bool { return strings.HasSuffix(rel, ".go") && !testOnly(rel) }) {
-		f, err := parser.ParseFile(fset, filepath.Join(repoRoot(t), filepath.FromSlash(rel)), nil, parser.SkipObjectResolution)
+		f, err := parser.ParseFile(fset, filepath.Join(repo.Root(t), filepath.FromSlash(rel)), nil, parser.SkipObjectResolution)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,43 +9,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ratewarden/ratewarden/testkit/repo"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
 // binaries are the commands under cmd/ that the deployment files run.
 var binaries = []string{"limiter", "meter-consumer", "usage-api", "kafka-dev", "demo-traffic"}
-
-// repoRoot is the repository's top directory (two levels above this package).
-func repoRoot(tb testing.TB) string {
-	tb.Helper()
-	dir, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
-		tb.Fatalf("repository root not found at %s: %v", dir, err)
-	}
-	return dir
-}
-
-func goTool(tb testing.TB) string {
-	tb.Helper()
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	p := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(p); err != nil {
-		tb.Fatalf("no go tool in PATH or GOROOT: %v", err)
-	}
-	return p
-}
 
 var (
 	buildOnce sync.Once
@@ -72,8 +47,8 @@ func buildBinaries(tb testing.TB) string {
 		for _, b := range binaries {
 			args = append(args, "./cmd/"+b)
 		}
-		cmd := exec.CommandContext(ctx, goTool(tb), args...)
-		cmd.Dir = repoRoot(tb)
+		cmd := exec.CommandContext(ctx, repo.GoTool(tb), args...)
+		cmd.Dir = repo.Root(tb)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("CGO_ENABLED=0 go %s: %v\n%s", strings.Join(args, " "), err, out)
@@ -120,7 +95,7 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 func startBinary(tb testing.TB, binDir, name string, env ...string) *proc {
 	tb.Helper()
 	cmd := exec.Command(filepath.Join(binDir, name))
-	cmd.Dir = repoRoot(tb)
+	cmd.Dir = repo.Root(tb)
 	cmd.Env = append(os.Environ(), env...)
 	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), log: &bytes.Buffer{}, mu: &sync.Mutex{}}
 	cmd.Stdout = lockedWriter{p.mu, p.log}

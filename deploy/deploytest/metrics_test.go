@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/ratewarden/ratewarden/testkit/repo"
 )
 
 // conditional are metrics that are declared in the code but whose series
@@ -113,7 +115,7 @@ var declared = regexp.MustCompile(`(?:Name:\s*|NewDesc\(|promdecl\.[A-Za-z]+\(\s
 // declaredNames are the metric names declared in the non-test Go sources.
 func declaredNames(t *testing.T) map[string]bool {
 	out := map[string]bool{}
-	root := repoRoot(t)
+	root := repo.Root(t)
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -166,7 +168,7 @@ func checkMetrics(t *testing.T, s *stack) {
 	}
 
 	// Alert and recording rules.
-	files, err := filepath.Glob(filepath.Join(repoRoot(t), "deploy", "prometheus", "rules", "*.yml"))
+	files, err := filepath.Glob(filepath.Join(repo.Root(t), "deploy", "prometheus", "rules", "*.yml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no rule files: %v", err)
 	}
@@ -174,12 +176,12 @@ func checkMetrics(t *testing.T, s *stack) {
 	// holds promtool unit tests (*_test.yml), which are not rule files.
 	listed := map[string]bool{}
 	for _, cfg := range []string{"prometheus.yml", "prometheus-k8s.yml"} {
-		prom := yamlDocs(t, filepath.Join(repoRoot(t), "deploy", "prometheus", cfg))[0]
+		prom := yamlDocs(t, filepath.Join(repo.Root(t), "deploy", "prometheus", cfg))[0]
 		got := map[string]bool{}
 		for _, rf := range asList(prom["rule_files"]) {
 			base := filepath.Base(asString(rf))
 			got[base] = true
-			if _, err := os.Stat(filepath.Join(repoRoot(t), "deploy", "prometheus", "rules", base)); err != nil {
+			if _, err := os.Stat(filepath.Join(repo.Root(t), "deploy", "prometheus", "rules", base)); err != nil {
 				t.Errorf("%s lists rule file %s: %v", cfg, rf, err)
 			}
 		}
@@ -239,7 +241,7 @@ func checkMetrics(t *testing.T, s *stack) {
 	}
 
 	// The Grafana dashboard.
-	raw, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "grafana", "dashboards", "ratewarden.json"))
+	raw, err := os.ReadFile(filepath.Join(repo.Root(t), "deploy", "grafana", "dashboards", "ratewarden.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/ratewarden/ratewarden/metering/billing/billingapi"
 	"github.com/ratewarden/ratewarden/metering/usage"
 	"github.com/ratewarden/ratewarden/policylog/opsapi"
+	"github.com/ratewarden/ratewarden/testkit/repo"
 )
 
 // apiDoc is an OpenAPI 3 document, decoded generically.
@@ -27,7 +28,7 @@ type apiDoc struct {
 
 func loadAPI(t *testing.T, file string) apiDoc {
 	t.Helper()
-	docs := yamlDocs(t, filepath.Join(repoRoot(t), "api", "openapi", file))
+	docs := yamlDocs(t, filepath.Join(repo.Root(t), "api", "openapi", file))
 	d := apiDoc{name: file, root: docs[0]}
 	if v := asString(d.root["openapi"]); !strings.HasPrefix(v, "3.") {
 		t.Fatalf("%s: openapi %q, want 3.x", file, v)
@@ -304,7 +305,7 @@ func checkOpenAPI(t *testing.T, s *stack) {
 		st, h, out := do(t, "GET", s.limiter+"/check", "", nil)
 		d.checkAnswer(t, o, st, h.Get("Content-Type"), out)
 		// Every route the binary registers is documented (cmd/limiter/run.go).
-		src, err := os.ReadFile(filepath.Join(repoRoot(t), "cmd", "limiter", "run.go"))
+		src, err := os.ReadFile(filepath.Join(repo.Root(t), "cmd", "limiter", "run.go"))
 		if err != nil {
 			t.Fatal(err)
 		}

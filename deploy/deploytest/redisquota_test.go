@@ -14,6 +14,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/testkit/repo"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
@@ -35,7 +36,7 @@ func hasSetting(args []string, name, value string) bool {
 // The shipped configurations run Redis with the settings that keep quotas,
 // and run the reconciler (meter-consumer with REDIS_ADDRS and the policy).
 func TestShippedRedisKeepsQuotas(t *testing.T) {
-	root := repoRoot(t)
+	root := repo.Root(t)
 	svcs := asMap(yamlDocs(t, filepath.Join(root, "deploy", "docker-compose.yml"))[0]["services"])
 	redisSvc := asMap(svcs["redis"])
 	var args []string

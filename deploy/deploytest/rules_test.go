@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratewarden/ratewarden/testkit/repo"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
@@ -25,7 +26,7 @@ func TestPrometheusRules(t *testing.T) {
 	if err != nil {
 		t.Fatalf("promtool is needed to check the Prometheus rules (apt-get install prometheus): %v", err)
 	}
-	dir := filepath.Join(repoRoot(t), "deploy", "prometheus", "rules")
+	dir := filepath.Join(repo.Root(t), "deploy", "prometheus", "rules")
 	files, err := filepath.Glob(filepath.Join(dir, "*.yml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no rule files in %s: %v", dir, err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratewarden/ratewarden/testkit/repo"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
@@ -30,7 +31,7 @@ type stack struct {
 func startStack(t *testing.T) *stack {
 	t.Helper()
 	bin := buildBinaries(t)
-	root := repoRoot(t)
+	root := repo.Root(t)
 	redis := testenv.StartRedis(t)
 	ch := testenv.StartClickHouse(t)
 	kafka := testenv.StartKafka(t, "ratelimit.decisions", 4)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/internal/redisclient"
 	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/testkit/repo"
 )
 
 // services are the binaries that run as long-lived services in compose and k8s.
@@ -49,7 +50,7 @@ func yamlDocs(tb testing.TB, path string) []map[string]any {
 }
 
 func TestEveryYAMLFileParses(t *testing.T) {
-	root := repoRoot(t)
+	root := repo.Root(t)
 	n := 0
 	for _, dir := range []string{"deploy", "api"} {
 		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
@@ -125,7 +126,7 @@ var (
 // secret read through envconfig's Reader.Secret.
 func knownEnv(tb testing.TB, bin string) map[string]bool {
 	tb.Helper()
-	root := repoRoot(tb)
+	root := repo.Root(tb)
 	out := map[string]bool{}
 	seen := map[string]bool{}
 	var scan func(dir string)
@@ -184,12 +185,12 @@ var (
 )
 
 func cmdExists(tb testing.TB, bin string) bool {
-	st, err := os.Stat(filepath.Join(repoRoot(tb), "cmd", bin))
+	st, err := os.Stat(filepath.Join(repo.Root(tb), "cmd", bin))
 	return err == nil && st.IsDir()
 }
 
 func TestDockerfile(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "Dockerfile"))
+	raw, err := os.ReadFile(filepath.Join(repo.Root(t), "deploy", "Dockerfile"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +228,7 @@ func TestDockerfile(t *testing.T) {
 		t.Errorf("ARG BINARY default does not name a command under cmd/")
 	}
 	// The build context must not carry run/ (data, secrets) or bin/.
-	ign, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "Dockerfile.dockerignore"))
+	ign, err := os.ReadFile(filepath.Join(repo.Root(t), "deploy", "Dockerfile.dockerignore"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +255,7 @@ func portOf(addr string) string {
 var addrVars = map[string]string{"limiter": "LIMITER_ADDR", "meter-consumer": "METER_ADDR", "usage-api": "USAGE_API_ADDR"}
 
 func TestCompose(t *testing.T) {
-	deployDir := filepath.Join(repoRoot(t), "deploy")
+	deployDir := filepath.Join(repo.Root(t), "deploy")
 	docs := yamlDocs(t, filepath.Join(deployDir, "docker-compose.yml"))
 	svcs := asMap(docs[0]["services"])
 	for _, infra := range []string{"redis", "kafka", "clickhouse", "prometheus", "grafana"} {
@@ -325,7 +326,7 @@ func TestCompose(t *testing.T) {
 // k8sObjects decodes every object of the kustomization's resources.
 func k8sObjects(tb testing.TB) []map[string]any {
 	tb.Helper()
-	dir := filepath.Join(repoRoot(tb), "deploy", "k8s")
+	dir := filepath.Join(repo.Root(tb), "deploy", "k8s")
 	kust := yamlDocs(tb, filepath.Join(dir, "kustomization.yaml"))[0]
 	var objs []map[string]any
 	for _, r := range asList(kust["resources"]) {

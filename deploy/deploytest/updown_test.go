@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratewarden/ratewarden/testkit/repo"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
@@ -30,7 +31,7 @@ var upComponents = []string{"redis", "clickhouse", "kafka-dev", "limiter", "mete
 // no process it started is left.
 func TestUpDown(t *testing.T) {
 	t.Parallel()
-	root := repoRoot(t)
+	root := repo.Root(t)
 	buildBinaries(t) // warms the build cache that `make up` uses
 	runDir, binDir := t.TempDir(), t.TempDir()
 	// Free ports, chosen again if another test took one before make up ran.
