@@ -26,8 +26,12 @@ func TestRegionConfig(t *testing.T) {
 		t.Fatalf("one region: %+v %v", c.Regions, err)
 	}
 	c, err = load("LIMITER_REGION", "b", "LIMITER_REGIONS", "a, b,c", "GLOBAL_REDIS_ADDRS", "10.0.0.1:6379", "GLOBAL_REDIS_TLS", "false")
-	if err != nil || c.Region != "b" || strings.Join(c.Regions, ",") != "a,b,c" || c.GlobalRedis.Addrs[0] != "10.0.0.1:6379" {
+	if err != nil || c.Region != "b" || strings.Join(c.Regions, ",") != "a,b,c" || c.GlobalRedis.Addrs[0] != "10.0.0.1:6379" || c.HomeTimeout != time.Second {
 		t.Fatalf("region b: %+v %v", c, err)
+	}
+	c, err = load("LIMITER_REGION", "b", "LIMITER_REGIONS", "a,b", "GLOBAL_REDIS_ADDRS", "h:1", "LIMITER_REGION_HOME_TIMEOUT", "2500ms")
+	if err != nil || c.HomeTimeout != 2500*time.Millisecond {
+		t.Fatalf("LIMITER_REGION_HOME_TIMEOUT=2500ms: %v %v", c.HomeTimeout, err)
 	}
 	for _, bad := range []struct {
 		env  []string
@@ -42,6 +46,7 @@ func TestRegionConfig(t *testing.T) {
 		{[]string{"GLOBAL_REDIS_ADDRS", "h:1"}, "GLOBAL_REDIS_ADDRS: is set while LIMITER_REGION is empty"},
 		{[]string{"LIMITER_REGION", "b", "LIMITER_REGIONS", "a,b", "GLOBAL_REDIS_ADDRS", "nohost"}, "GLOBAL_REDIS_ADDRS"},
 		{[]string{"LIMITER_REGION", "b", "LIMITER_REGIONS", "a,b", "GLOBAL_REDIS_ADDRS", "h:1", "REDIS_ADDRS", " "}, "REDIS_ADDRS: is empty while LIMITER_REGION"},
+		{[]string{"LIMITER_REGION", "b", "LIMITER_REGIONS", "a,b", "GLOBAL_REDIS_ADDRS", "h:1", "LIMITER_REGION_HOME_TIMEOUT", "10ms"}, "LIMITER_REGION_HOME_TIMEOUT"},
 	} {
 		_, err := load(bad.env...)
 		if err == nil || !strings.Contains(err.Error(), bad.want) || strings.Contains(err.Error(), "\n") {

@@ -129,7 +129,7 @@ func TestRegionCutOffDecidesOnEscrowAndRejoins(t *testing.T) {
 		})
 		<-stop
 	}()
-	cut, _ := run(demand, "g", 6*time.Second)
+	cut, _ := run(demand, "g", cutRun())
 	close(stop)
 	<-done
 	healAt := time.Now()
@@ -170,6 +170,10 @@ func TestRegionCutOffDecidesOnEscrowAndRejoins(t *testing.T) {
 	}
 }
 
+// cutRun is how long traffic runs during a cut: the limiters' home
+// timeout to notice it, then seconds on the escrow.
+func cutRun() time.Duration { return testenv.RegionHomeTimeout() + 4*time.Second }
+
 // A region that dies with the budget its pool held gives it back: the
 // home's bucket refills it, so a second after region b is killed the
 // demand that moved to region a is admitted at the limit's rate.
@@ -205,7 +209,7 @@ func TestHomeRegionCutOff(t *testing.T) {
 	run(demand, "g", 1500*time.Millisecond)
 	bed.Cut("a")
 	cutAt := time.Now()
-	cut, d := run(demand, "g", 6*time.Second)
+	cut, d := run(demand, "g", cutRun())
 	d = time.Since(cutAt)
 	for _, r := range []*testenv.Region{a, b, c} {
 		t.Logf("region %s while the home is cut off: %s", r.Name, cut[r])

@@ -251,6 +251,11 @@ func (r *Region) Reach(other string) string {
 	return r.reach[other]
 }
 
+// RegionHomeTimeout is the harness's LIMITER_REGION_HOME_TIMEOUT: how
+// long a cut region's limiters may take to notice the cut (the link
+// blackholes) before they decide on the escrow.
+func RegionHomeTimeout() time.Duration { return Timeout(2 * time.Second) }
+
 // LimiterEnv is the environment the harness gives this region's limiters
 // (before RegionsConfig.Env's).
 func (r *Region) LimiterEnv() []string {
@@ -263,7 +268,10 @@ func (r *Region) LimiterEnv() []string {
 		"LIMITER_GRPC_ADDR=", // off: the regions' limiters would race for its default port
 		// A loaded machine's scheduling must not turn a test's decisions
 		// degraded: the tests are about the limit, not about latency.
-		"LIMITER_STORE_TIMEOUT=2s",
+		// Nor may a stall of the home's link put a region on its escrow:
+		// only a cut (Cut, Heal) does that in these tests.
+		"LIMITER_STORE_TIMEOUT=" + Timeout(2*time.Second).String(),
+		"LIMITER_REGION_HOME_TIMEOUT=" + RegionHomeTimeout().String(),
 	}
 	if k := r.rs.cfg.Kafka; k != nil {
 		env = append(env, "KAFKA_BROKERS="+k.Addr(), "KAFKA_TOPIC="+k.Topic())

@@ -28,7 +28,14 @@ type RegionConfig struct {
 	Region      string             // LIMITER_REGION; "" = one region, today's code path
 	Regions     []string           // LIMITER_REGIONS: every region, this one among them
 	GlobalRedis redisclient.Config // GLOBAL_REDIS_*: the home region's Redis
+	// HomeTimeout (LIMITER_REGION_HOME_TIMEOUT) bounds each call to the
+	// home; one that fails puts the region on its escrow until the next
+	// answer, so it is the longest stall taken for a cut.
+	HomeTimeout time.Duration
 }
+
+// DefaultHomeTimeout is LIMITER_REGION_HOME_TIMEOUT's default.
+const DefaultHomeTimeout = time.Second
 
 // regionName is what LIMITER_REGION and each LIMITER_REGIONS entry may be.
 var regionName = regexp.MustCompile(`^[a-z0-9-]{1,32}$`)
@@ -40,6 +47,7 @@ func RegionsFromEnv(e *envconfig.Reader, local redisclient.Config) RegionConfig 
 	c.Region = e.String("LIMITER_REGION", "")
 	c.Regions = e.List("LIMITER_REGIONS")
 	c.GlobalRedis = redisclient.FromEnvPrefix(e, "GLOBAL_REDIS", limits.DefaultKeyPrefix)
+	c.HomeTimeout = e.Duration("LIMITER_REGION_HOME_TIMEOUT", DefaultHomeTimeout, 100*time.Millisecond, 30*time.Second)
 	if c.Region != "" && !regionName.MatchString(c.Region) {
 		e.Fail("LIMITER_REGION", "%q is not a region name (1 to 32 of a-z, 0-9 and '-')", truncateValue(c.Region))
 	}
@@ -100,10 +108,10 @@ func (t *Tier) BuildRegion(g *lifecycle.Group, cfg RegionConfig, member string, 
 	if cfg.Region == "" {
 		return nil, nil
 	}
-	// A call to the home crosses the WAN: a second to dial and per read
-	// or write (the refiller's own deadline bounds each call), never
-	// retried (a lease that may have run must not run twice).
-	home, err := cfg.GlobalRedis.Open(redisclient.Options{Timeout: time.Second, MaxRetries: -1, PoolSize: 4})
+	// A call to the home crosses the WAN: HomeTimeout to dial and per
+	// read or write (the refiller's own deadline, the same, bounds each
+	// call), never retried (a lease that may have run must not run twice).
+	home, err := cfg.GlobalRedis.Open(redisclient.Options{Timeout: cfg.HomeTimeout, MaxRetries: -1, PoolSize: 4})
 	if err != nil {
 		return nil, fmt.Errorf("GLOBAL_REDIS_ADDRS: %w", err)
 	}
@@ -114,6 +122,7 @@ func (t *Tier) BuildRegion(g *lifecycle.Group, cfg RegionConfig, member string, 
 		Prefix: t.cfg.Redis.KeyPrefix, HomePrefix: cfg.GlobalRedis.KeyPrefix,
 		Member:          member,
 		Timeout:         GlobalDeadline(t.cfg.StoreTimeout),
+		HomeTimeout:     cfg.HomeTimeout,
 		BreakerFailures: t.cfg.BreakerFailures,
 		BreakerOpenFor:  t.cfg.BreakerOpenFor,
 		Registerer:      reg, Log: log.With("region", cfg.Region),
