@@ -18,8 +18,11 @@ import (
 //     an override: refused (unauthenticated) before anything is written,
 //     read from the log (the signed record in force), and the fleet
 //     stays at revision 1.
-//   - On a new log whose first record nobody signed yet, the same CLI
-//     learns the fleet's trust from the fleet (LIMITER_FLEET_URLS):
+//   - On a new log, a CLI with the fleet's keyring and no signing key
+//     is refused (unauthenticated) without asking anyone: its own
+//     environment says the readers trust only signed records.
+//   - On a new log whose first record nobody signed yet, a CLI with
+//     neither key nor keyring learns the fleet's trust from the fleet (LIMITER_FLEET_URLS):
 //     refused (unauthenticated), nothing written.
 //   - Signed by a key the fleet's keyring lacks, with LIMITER_FLEET_URLS:
 //     written, refused by the fleet, and reported refused with the
@@ -47,8 +50,12 @@ func TestWriterNeverToldAppliedForARecordTheFleetRefuses(t *testing.T) {
 
 	// A new log, and a fleet that trusts only alice's records.
 	p := startLimiter(t, logBootstrap, append(env, "POLICY_SOURCE=kafka", "POLICY_TRUSTED_KEYS_FILE="+keys, "LIMITER_GRPC_ADDR=")...)
+	out, errOut, code := runCLI(t, append(env, "POLICY_TRUSTED_KEYS_FILE="+keys), "policy", "push", writeTemp(t, "a.yaml", logDocA), "-m", "unsigned, keyring", "--no-replay")
+	if code != 1 || !strings.Contains(errOut, "refused (unauthenticated)") || !strings.Contains(errOut, "POLICY_TRUSTED_KEYS_FILE") || strings.Contains(out, "applied") {
+		t.Fatalf("an unsigned first push with the fleet's keyring and no fleet to ask: exit %d, %q %q", code, out, errOut)
+	}
 	fleet := append(env, "LIMITER_FLEET_URLS="+p.url)
-	out, errOut, code := runCLI(t, fleet, "policy", "push", writeTemp(t, "a.yaml", logDocA), "-m", "unsigned first", "--no-replay")
+	out, errOut, code = runCLI(t, fleet, "policy", "push", writeTemp(t, "a.yaml", logDocA), "-m", "unsigned first", "--no-replay")
 	if code != 1 || !strings.Contains(errOut, "refused (unauthenticated)") || !strings.Contains(errOut, p.url) || strings.Contains(out, "applied") {
 		t.Fatalf("an unsigned first push onto a fleet that trusts only signed records: exit %d, %q %q", code, out, errOut)
 	}

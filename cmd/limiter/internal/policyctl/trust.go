@@ -8,6 +8,10 @@ package policyctl
 // records restarts at revision 1 while the fleet keeps the revision in
 // force until a restore). So a write checks, before it writes:
 //
+//   - the writer's own environment: with a keyring
+//     (POLICY_TRUSTED_KEYS_FILE, the fleet's trust as the operator
+//     describes it) and no signing key, an unsigned write is refused
+//     (unauthenticated): a reader with that keyring refuses it;
 //   - the log: once a signed record is in force, an unsigned write is
 //     refused (unauthenticated): a fleet that trusts only signed records
 //     would refuse it, and a fleet that trusts any would not need the
@@ -79,6 +83,10 @@ func (g *writeGate) limiterPolicy(ctx context.Context, url string) (policylog.In
 // made; code is "" when it may.
 func (g *writeGate) before(ctx context.Context, st *policylog.State) (code, reason string) {
 	signs := g.keys.Signer != nil
+	if !signs && g.keys.Ring != nil {
+		return policylog.CodeUnauthenticated, "POLICY_TRUSTED_KEYS_FILE names a keyring, so readers with it trust only signed records, and this write would not be signed:\n" +
+			"set POLICY_SIGNING_KEY_FILE to a key of that keyring"
+	}
 	if _, doc := st.Document(); !signs && doc.Sig != "" {
 		return policylog.CodeUnauthenticated, fmt.Sprintf("the policy in force (revision %d) is signed by a writer's key, and this write would not be:\n"+
 			"readers that trust only signed records (POLICY_TRUSTED_KEYS_FILE) refuse it; set POLICY_SIGNING_KEY_FILE to a key of their keyring", st.Head())
