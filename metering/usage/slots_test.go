@@ -26,15 +26,16 @@ type slotsAnswer struct {
 // writeSlotEvents writes slot events of key through the meter-consumer's
 // own sink: per minute of the two hours before testNow, a concurrency
 // alone's slots taken, refused, shed per class and released, with the
-// slots in flight rising and falling. It returns, per minute and per
+// slots in flight rising and falling (now: testNow, or the clock for the
+// browser). It returns, per minute and per
 // hour, the peak in flight and the sheds per class the events make.
-func writeSlotEvents(t *testing.T, e *env, key string) (minutes, hours map[string]SlotCounts) {
+func writeSlotEvents(t *testing.T, e *env, key string, now time.Time) (minutes, hours map[string]SlotCounts) {
 	t.Helper()
 	sink, err := chsink.New(e.conn, e.db, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := testNow.Truncate(time.Hour).Add(-2 * time.Hour)
+	base := now.Truncate(time.Hour).Add(-2 * time.Hour)
 	outcomes := []string{metering.SlotTaken, metering.SlotTaken, metering.SlotShed, metering.SlotRefused, metering.SlotReleased, metering.SlotShed}
 	classes := []string{"sheddable", "default", "sheddable", "critical", "", "batch"}
 	minutes, hours = map[string]SlotCounts{}, map[string]SlotCounts{}
@@ -90,7 +91,7 @@ func writeSlotEvents(t *testing.T, e *env, key string) (minutes, hours map[strin
 // token reads its own key only.
 func TestSlotsPeakAndShedPerMinute(t *testing.T) {
 	e := newEnv(t, sharedCH, testNow)
-	minutes, hours := writeSlotEvents(t, e, "acct_slots")
+	minutes, hours := writeSlotEvents(t, e, "acct_slots", testNow)
 	from, to := testNow.Truncate(time.Hour).Add(-2*time.Hour).Format(time.RFC3339), testNow.Format(time.RFC3339)
 	for window, want := range map[string]map[string]SlotCounts{"minute": minutes, "hour": hours} {
 		code, b := e.do("GET", "/v1/slots?key=acct_slots&window="+window+"&from="+from+"&to="+to, testAdmin, "")
