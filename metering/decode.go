@@ -182,7 +182,7 @@ func (d *Decoder) scan(s string) (e Event, v int64, ok bool) {
 			default:
 				bit, e.Reservation = 1<<22, x
 			}
-		case "scope", "tier", "source", "policy", "instance", "shadow", "kind", "region":
+		case "scope", "tier", "source", "policy", "instance", "shadow", "kind", "region", "slot", "priority":
 			x, g := r.str()
 			if !g {
 				return e, 0, false
@@ -203,6 +203,10 @@ func (d *Decoder) scan(s string) (e Event, v int64, ok bool) {
 				bit, e.Shadow = 1<<15, x
 			case "kind":
 				bit, e.Kind = 1<<21, x
+			case "slot":
+				bit, e.Slot = 1<<29, x
+			case "priority":
+				bit, e.Priority = 1<<30, x
 			default:
 				bit, e.Region = 1<<26, x
 			}
@@ -221,7 +225,7 @@ func (d *Decoder) scan(s string) (e Event, v int64, ok bool) {
 			default:
 				bit, e.Actual = 1<<24, x
 			}
-		case "remaining", "limit", "policy_revision", "decided_us", "shadow_revision", "reserved_ts":
+		case "remaining", "limit", "policy_revision", "decided_us", "shadow_revision", "reserved_ts", "in_flight":
 			n, g := r.num()
 			if !g {
 				return e, 0, false
@@ -239,6 +243,8 @@ func (d *Decoder) scan(s string) (e Event, v int64, ok bool) {
 				bit, e.ShadowRevision = 1<<20, x
 			case "reserved_ts":
 				bit, e.ReservedTS = 1<<25, x
+			case "in_flight":
+				bit, e.InFlight = 1<<31, x
 			default:
 				bit, e.DecidedUS = 1<<19, x
 			}

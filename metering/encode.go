@@ -106,5 +106,17 @@ func (e *Event) appendOptional(dst []byte) []byte {
 		dst = append(dst, `,"rejected":`...)
 		dst = strconv.AppendInt(dst, e.Rejected, 10)
 	}
+	if e.Slot != "" {
+		dst = append(dst, `,"slot":`...)
+		dst = jsonstr.Append(dst, e.Slot)
+	}
+	if e.Priority != "" {
+		dst = append(dst, `,"priority":`...)
+		dst = jsonstr.Append(dst, e.Priority)
+	}
+	if e.InFlight != 0 {
+		dst = append(dst, `,"in_flight":`...)
+		dst = strconv.AppendInt(dst, e.InFlight, 10)
+	}
 	return dst
 }

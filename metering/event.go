@@ -106,7 +106,33 @@ type Event struct {
 	// ignore them.
 	Requests int64 `json:"requests,omitempty"`
 	Rejected int64 `json:"rejected,omitempty"`
+	// Slot is what a slot decision did on a concurrency limit (docs/
+	// concurrency.md): SlotTaken, SlotRefused (every slot held), SlotShed
+	// (the priority class's share held) or SlotReleased; absent for an
+	// event that is no slot decision. Priority is the request's class
+	// ("default" when it named none) and InFlight the slots of the key
+	// and scope held just after the call, as the store counted them (the
+	// limiter's own in-process set for a degraded decision; absent for a
+	// release). Added within version 1: decoders that do not know them
+	// ignore them.
+	//
+	// A request is counted once (requests, allowed, rejected, cost): by
+	// its rate's decision when its limit has a rate, then its slot's event
+	// is KindSlot and no request; by its slot's decision when the limit is
+	// a concurrency alone, then the event is a decision (Kind absent) that
+	// carries Slot. A release is always KindSlot.
+	Slot     string `json:"slot,omitempty"`
+	Priority string `json:"priority,omitempty"`
+	InFlight int64  `json:"in_flight,omitempty"`
 }
+
+// Slot outcomes (Event.Slot).
+const (
+	SlotTaken    = "taken"
+	SlotRefused  = "refused"
+	SlotShed     = "shed"
+	SlotReleased = "released"
+)
 
 // Event kinds (Event.Kind).
 const (
@@ -126,6 +152,11 @@ const (
 	// "correction:<id>", so the rollups keep it apart from the usage it
 	// corrects.
 	KindCorrection = "correction"
+	// KindSlot is a slot decision that is not a request: the slot asked
+	// for by a request whose rate's decision already counted it, or a
+	// slot given back (Event.Slot). Cost 0; counted only in the slot
+	// rollup.
+	KindSlot = "slot"
 )
 
 // IsDecision reports whether e records a decision (a request), not a

@@ -40,6 +40,10 @@ const (
 	BillingCorrections = "billing_corrections"
 	// BillingExports records every row exported, with its identifier (0072).
 	BillingExports = "billing_exports"
+	// SlotsMinute is the per-minute rollup of slot decisions: slots
+	// taken, refused, shed and released, and the peak in flight, per key,
+	// scope, region and priority class (0080).
+	SlotsMinute = "slots_minute"
 )
 
 // RollupTables are the usage rollups, finest first.

@@ -177,7 +177,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	// /check takes concurrency slots (given back on /release); the gRPC
 	// door, whose callers cannot release, decides with chk alone.
-	gate, err := buildSlots(cfg, auth, lim, chk, reg) // slots.go
+	gate, err := buildSlots(cfg, auth, lim, chk, meter.SlotRecorder(), reg) // slots.go
 	if err != nil {
 		return abort(err)
 	}

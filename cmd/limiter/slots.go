@@ -18,8 +18,9 @@ const minSlotTimeout = 100 * time.Millisecond
 
 // buildSlots is the concurrency layer in front of next (the limiter, with
 // its spans): the stores' slot sets, LIMITER_LEASE_TTL, the tightened
-// in-process set while a store cannot be asked, and its metrics.
-func buildSlots(cfg config, auth *sharedtier.Tier, lim *enforcement.Limiter, next slots.Checker, reg prometheus.Registerer) (*slots.Gate, error) {
+// in-process set while a store cannot be asked, its metrics, and its
+// decision events (events; nil when metering is off).
+func buildSlots(cfg config, auth *sharedtier.Tier, lim *enforcement.Limiter, next slots.Checker, events slots.Recorder, reg prometheus.Registerer) (*slots.Gate, error) {
 	def, named := auth.SlotStores()
 	return slots.NewGate(slots.Config{
 		Next:      next,
@@ -31,5 +32,6 @@ func buildSlots(cfg config, auth *sharedtier.Tier, lim *enforcement.Limiter, nex
 		OpenFor:   cfg.BreakerOpenFor,
 		Instances: lim.Instances,
 		Observer:  limitmetrics.NewSlots(reg),
+		Recorder:  events,
 	})
 }

@@ -85,6 +85,9 @@ const (
 	KindCharge   = enforcement.KindCharge
 	// kindReset is a support reset's row (metering.KindReset).
 	kindReset = "reset"
+	// kindSlot is a slot decision that is no request (metering.KindSlot):
+	// its request's rate decision is a row of its own.
+	kindSlot = "slot"
 )
 
 // reservationTTL is how long the replay keeps an unsettled reservation:
@@ -250,8 +253,8 @@ func (e *Engine) Add(r Row) {
 		e.settle(&r)
 		return
 	}
-	if r.Kind == kindReset {
-		return // a support reset of a quota: no request, nothing to decide again
+	if r.Kind == kindReset || r.Kind == kindSlot {
+		return // a support reset of a quota, or a slot beside a rate: no request, nothing to decide again
 	}
 	if e.total.Decisions == 0 || r.TS < e.first {
 		e.first = r.TS

@@ -69,6 +69,9 @@ type Config struct {
 	Instances func() int
 	// Observer counts outcomes; nil = none.
 	Observer Observer
+	// Recorder records each slot taken, refused, shed and released as a
+	// decision event; nil = none.
+	Recorder Recorder
 }
 
 // Gate takes a slot for every allowed decision on a concurrency limit, and
@@ -161,6 +164,7 @@ func (g *Gate) Check(ctx context.Context, req enforcement.Request) (enforcement.
 		}
 	}
 	s := Slot{Key: req.Key, Scope: req.Scope, Store: res.Store, Member: NewMember()}
+	at := time.Now()
 	gr, degraded, err := g.acquire(ctx, &s, share, res.Concurrency)
 	if err != nil {
 		return enforcement.Decision{}, err
@@ -181,6 +185,7 @@ func (g *Gate) Check(ctx context.Context, req enforcement.Request) (enforcement.
 	}
 	if gr.Admitted {
 		d.Lease, d.LeaseExpiresAt = LeaseID(s), gr.ExpiresAt
+		g.recordSlot(req, d, gr, class, !res.HasRate(), at)
 		return d, nil
 	}
 	d.Allowed, d.WouldAllow = res.DryRun, false
@@ -189,6 +194,7 @@ func (g *Gate) Check(ctx context.Context, req enforcement.Request) (enforcement.
 	if !res.HasRate() {
 		d.Remaining, d.ResetAt = 0, gr.Now.Add(gr.RetryAfter)
 	}
+	g.recordSlot(req, d, gr, class, !res.HasRate(), at)
 	return d, nil
 }
 
@@ -280,6 +286,9 @@ func (g *Gate) Release(ctx context.Context, id string) (freed bool, err error) {
 	freed, err = st.Release(cctx, s)
 	if err != nil {
 		return false, fmt.Errorf("release a slot: %w", err)
+	}
+	if freed {
+		g.recordRelease(s, time.Now())
 	}
 	if g.cfg.Observer != nil {
 		outcome := "released"

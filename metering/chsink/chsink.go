@@ -12,7 +12,9 @@
 // usage_hour and usage_day (one row per key, scope, tier and bucket),
 // usage_region_minute/hour/day (the same, per region too, of the events
 // that carry a region), shadow_hour (one row per shadow limit, key and
-// hour) and rollout_shadow (one row per policy rollout and minute), each
+// hour), rollout_shadow (one row per policy rollout and minute) and
+// slots_minute (one row per key, scope, region, priority class and minute
+// of the slot decisions), each
 // rollup plus one marker row, whose key is the empty string (rollout 0),
 // that records the partition and `last`. Each INSERT is one block into one
 // monthly partition, which ClickHouse applies atomically: after a crash a
@@ -270,6 +272,8 @@ func (s *Sink) Write(ctx context.Context, partition int, recs []Record, last int
 				rows, err = s.writeShadow(ctx, partition, todo, last)
 			case RolloutShadow:
 				rows, err = s.writeRollout(ctx, partition, todo, last)
+			case SlotsMinute:
+				rows, err = s.writeSlots(ctx, partition, todo, last)
 			default:
 				rows, err = s.writeRollup(ctx, t, partition, r, todo, last, withCarry)
 			}

@@ -229,7 +229,7 @@ func TestWriteRecordsShadowVerdictsAndDomain(t *testing.T) {
 // shadow_hour came with a later migration: on an upgraded consumer it has no
 // marker yet, and must not send the resume point back to the topic's start.
 func TestATableAddedLaterDoesNotRewindTheResumePoint(t *testing.T) {
-	p := chsink.Progress{500, 500, 500, 500, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
+	p := chsink.Progress{500, 500, 500, 500, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
 	if got := p.Resume(); got != 501 {
 		t.Fatalf("resume with shadow_hour never written = %d, want 501", got)
 	}
@@ -237,7 +237,7 @@ func TestATableAddedLaterDoesNotRewindTheResumePoint(t *testing.T) {
 	if got := p.Resume(); got != 401 {
 		t.Fatalf("resume with shadow_hour at 400 = %d, want 401", got)
 	}
-	if got := (chsink.Progress{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}).Resume(); got != 0 {
+	if got := (chsink.Progress{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}).Resume(); got != 0 {
 		t.Fatalf("resume of empty tables = %d, want 0", got)
 	}
 }

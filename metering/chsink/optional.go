@@ -41,6 +41,9 @@ var optionalColumns = []struct {
 	{"actual", func(e *metering.Event) bool { return e.Actual != 0 }},
 	{"reserved_ts", func(e *metering.Event) bool { return e.ReservedTS > 0 }},
 	{"actual_cost", func(e *metering.Event) bool { return !e.IsDecision() }},
+	{"slot", func(e *metering.Event) bool { return e.Slot != "" }},
+	{"priority", func(e *metering.Event) bool { return e.Priority != "" }},
+	{"in_flight", func(e *metering.Event) bool { return e.InFlight > 0 }},
 }
 
 // rawNames are rawColumns one by one, and optionalBit the bit of each

@@ -15,7 +15,9 @@ import (
 type rawValues struct {
 	ids, keys, scopes, tiers, sources, policies, instances []string
 	domains, shadows, regions, kinds, reservations         []string
+	slots, priorities                                      []string
 	ts, costs, offsets, estimates, actuals, reservedTS     []uint64
+	inFlight                                               []uint64
 	times                                                  []time.Time
 	allowed, dry, warn, shadowRejected                     []uint8
 	remaining, limits, actualCosts                         []int64
@@ -42,10 +44,10 @@ func resize[T any](s []T, n int) []T {
 // the nullable pointers, which it sets only when not NULL: those are
 // cleared.
 func (v *rawValues) reset(n int) {
-	for _, s := range []*[]string{&v.ids, &v.keys, &v.scopes, &v.tiers, &v.sources, &v.policies, &v.instances, &v.domains, &v.shadows, &v.regions, &v.kinds, &v.reservations} {
+	for _, s := range []*[]string{&v.ids, &v.keys, &v.scopes, &v.tiers, &v.sources, &v.policies, &v.instances, &v.domains, &v.shadows, &v.regions, &v.kinds, &v.reservations, &v.slots, &v.priorities} {
 		*s = resize(*s, n)
 	}
-	for _, s := range []*[]uint64{&v.ts, &v.costs, &v.offsets, &v.estimates, &v.actuals, &v.reservedTS} {
+	for _, s := range []*[]uint64{&v.ts, &v.costs, &v.offsets, &v.estimates, &v.actuals, &v.reservedTS, &v.inFlight} {
 		*s = resize(*s, n)
 	}
 	for _, s := range []*[]uint8{&v.allowed, &v.dry, &v.warn, &v.shadowRejected} {
@@ -77,6 +79,7 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 		remaining, limits, actualCosts                         = v.remaining, v.limits, v.actualCosts
 		parts                                                  = v.parts
 		traces, revisions, decided, shadowRevs, nullable       = v.traces, v.revisions, v.decided, v.shadowRevs, v.nullable
+		slots, priorities, inFlight                            = v.slots, v.priorities, v.inFlight
 	)
 	var used optional // the optional columns some event of recs needs
 	for i := range recs {
@@ -107,8 +110,9 @@ func (s *Sink) writeRaw(ctx context.Context, partition int, recs []Record) (int,
 		}
 		kinds[i], reservations[i], actualCosts[i] = kindOf(e), e.Reservation, actualCost(e)
 		estimates[i], actuals[i], reservedTS[i] = e.Estimate, e.Actual, uint64(max(e.ReservedTS, 0))
+		slots[i], priorities[i], inFlight[i] = e.Slot, e.Priority, uint64(max(e.InFlight, 0))
 	}
-	names, values := used.columns([]any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets, domains, shadows, shadowRejected, traces, revisions, decided, shadowRevs, regions, kinds, reservations, estimates, actuals, reservedTS, actualCosts})
+	names, values := used.columns([]any{ids, ts, times, keys, scopes, tiers, costs, allowed, sources, remaining, limits, policies, dry, warn, instances, parts, offsets, domains, shadows, shadowRejected, traces, revisions, decided, shadowRevs, regions, kinds, reservations, estimates, actuals, reservedTS, actualCosts, slots, priorities, inFlight})
 	if err := s.insert(ctx, Raw, names, values); err != nil {
 		return 0, err
 	}

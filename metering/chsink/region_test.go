@@ -95,7 +95,7 @@ func TestWriteCountsUsagePerRegion(t *testing.T) {
 // The per-region rollups came with a later migration: until they hold a
 // marker they do not send the resume point back.
 func TestRegionRollupsAddedLaterDoNotRewind(t *testing.T) {
-	p := chsink.Progress{500, 500, 500, 500, 500, 500, 500, -1, -1, -1, -1, -1, -1, -1, -1, -1}
+	p := chsink.Progress{500, 500, 500, 500, 500, 500, 500, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
 	if got := p.Resume(); got != 501 {
 		t.Fatalf("resume = %d, want 501", got)
 	}

@@ -53,6 +53,9 @@ func aggregate(recs []Record, width int64, regional, carried bool) rollup {
 			c.cost += e.Actual - e.Estimate
 			continue
 		}
+		if e.Kind == metering.KindSlot {
+			continue // no request and no cost: slots_minute counts it
+		}
 		if !e.IsDecision() {
 			// The actual cost: a settle adds actual − estimate in its
 			// reservation's bucket, where the estimate was counted, in

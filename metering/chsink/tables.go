@@ -25,6 +25,9 @@ const (
 	RegionMinute
 	RegionHour
 	RegionDay
+	// SlotsMinute is slots_minute: the slot decisions per key, scope,
+	// region, priority class and minute (writeSlots).
+	SlotsMinute
 	// CarryMinute to CarryRegionDay are the six usage rollups again, as
 	// the stream of the differences that settles carry into another month
 	// than their own (their reservations': the month before). Those rows
@@ -52,7 +55,7 @@ const firstCarry = CarryMinute
 const CarryScope = "carry"
 
 var tableNames = [numTables]string{schema.DecisionsRaw, schema.UsageMinute, schema.UsageHour, schema.UsageDay, schema.ShadowHour, schema.RolloutShadow, schema.EventIDs,
-	schema.UsageRegionMinute, schema.UsageRegionHour, schema.UsageRegionDay,
+	schema.UsageRegionMinute, schema.UsageRegionHour, schema.UsageRegionDay, schema.SlotsMinute,
 	schema.UsageMinute, schema.UsageHour, schema.UsageDay, schema.UsageRegionMinute, schema.UsageRegionHour, schema.UsageRegionDay}
 
 // carryOf is a usage rollup's carry stream (0 for any other table), and
@@ -69,13 +72,13 @@ var (
 // partition's resume point back, so an upgraded consumer does not re-read its
 // topic from the start (the new table starts with the next batch; the shadow
 // verdicts of events consumed before the upgrade are in decisions_raw).
-var addedLater = [numTables]bool{ShadowHour: true, RolloutShadow: true, IDs: true, RegionMinute: true, RegionHour: true, RegionDay: true,
+var addedLater = [numTables]bool{ShadowHour: true, RolloutShadow: true, IDs: true, RegionMinute: true, RegionHour: true, RegionDay: true, SlotsMinute: true,
 	CarryMinute: true, CarryHour: true, CarryDay: true, CarryRegionMinute: true, CarryRegionHour: true, CarryRegionDay: true}
 
 // hasMarkers: the rollups carry a marker row per INSERT; decisions_raw and
 // event_ids hold one row per event, whose highest offset is the progress.
 var hasMarkers = [numTables]bool{Minute: true, Hour: true, Day: true, ShadowHour: true, RolloutShadow: true,
-	RegionMinute: true, RegionHour: true, RegionDay: true,
+	RegionMinute: true, RegionHour: true, RegionDay: true, SlotsMinute: true,
 	CarryMinute: true, CarryHour: true, CarryDay: true, CarryRegionMinute: true, CarryRegionHour: true, CarryRegionDay: true}
 
 // byRegion: the rollups that count per region, only the events that carry
@@ -92,7 +95,7 @@ func (t Table) String() string {
 	return tableNames[t]
 }
 
-var bucketMillis = [numTables]int64{0, 60_000, 3_600_000, 86_400_000, 3_600_000, 60_000, 0, 60_000, 3_600_000, 86_400_000,
+var bucketMillis = [numTables]int64{0, 60_000, 3_600_000, 86_400_000, 3_600_000, 60_000, 0, 60_000, 3_600_000, 86_400_000, 60_000,
 	60_000, 3_600_000, 86_400_000, 60_000, 3_600_000, 86_400_000}
 
 // Progress is, per table (and carry stream), the highest Kafka offset of
@@ -113,10 +116,11 @@ func (p Progress) Resume() int64 {
 
 // The columns of each table's INSERT, in the order of their values.
 const (
-	rawColumns           = "event_id, ts, event_time, key, scope, tier, cost, allowed, source, remaining, limit_value, policy, dry_run, warning, instance, kafka_partition, kafka_offset, domain, shadow, shadow_rejected, trace_id, policy_revision, decided_us, shadow_revision, region, kind, reservation, estimate, actual, reserved_ts, actual_cost"
+	rawColumns           = "event_id, ts, event_time, key, scope, tier, cost, allowed, source, remaining, limit_value, policy, dry_run, warning, instance, kafka_partition, kafka_offset, domain, shadow, shadow_rejected, trace_id, policy_revision, decided_us, shadow_revision, region, kind, reservation, estimate, actual, reserved_ts, actual_cost, slot, priority, in_flight"
 	idColumns            = "kafka_partition, event_time, event_id, kafka_offset"
 	rollupColumns        = "key, scope, tier, start, requests, allowed, rejected, cost, warnings, batches, kafka_partition, kafka_offset"
 	regionColumn         = ", region" // appended to rollupColumns in the usage_region_* rollups
 	shadowHourColumns    = "shadow, key, start, decisions, would_reject, rejected, batches, kafka_partition, kafka_offset"
+	slotsColumns         = "key, scope, region, priority, start, taken, refused, shed, released, peak_in_flight, batches, kafka_partition, kafka_offset"
 	rolloutShadowColumns = "rollout, start, decisions, newly_rejected, would_reject, rejected, batches, kafka_partition, kafka_offset"
 )

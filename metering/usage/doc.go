@@ -1,6 +1,8 @@
 // Package usage is the usage API and customer dashboard (cmd/usage-api): it
 // answers from the ClickHouse rollups (usage_minute, usage_hour, usage_day,
-// always read with sum() ... GROUP BY) and never from the raw decisions.
+// always read with sum() ... GROUP BY; slots_minute, the concurrency slots,
+// with sum() of its counts and max() of its peak) and never from the raw
+// decisions.
 //
 // Authentication: the operator's bearer token (USAGE_ADMIN_TOKEN, compared
 // in constant time) or a portal token issued by the operator. A portal token

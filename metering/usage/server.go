@@ -133,6 +133,7 @@ func (s *Server) routes() http.Handler {
 	v1.GET("/usage", s.auth(false), s.getUsage)
 	v1.GET("/quota", s.auth(false), s.getQuota)
 	v1.GET("/statement", s.auth(false), s.getStatement)
+	v1.GET("/slots", s.auth(false), s.getSlots) // slots.go
 	admin := v1.Group("/admin", s.auth(true))
 	admin.POST("/portal-tokens", s.postPortalToken)
 	admin.DELETE("/portal-tokens/:id", s.deletePortalToken)
