@@ -6,7 +6,7 @@ package main
 // inspect, read from here), POST /admin/keys/reset (a signed reset), and
 // the listener that drops the local view of every key a reset is
 // announced for. This file only reads their configuration and wires them
-// (cmd/limiter/internal/support).
+// (support).
 
 import (
 	"context"
@@ -17,7 +17,6 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/ratewarden/ratewarden/cmd/limiter/internal/sharedtier"
-	"github.com/ratewarden/ratewarden/cmd/limiter/internal/support"
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/chconn"
@@ -25,6 +24,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/schema"
+	"github.com/ratewarden/ratewarden/support"
 )
 
 // supportConfig is what the support API reads beyond the limiter's own

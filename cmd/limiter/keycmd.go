@@ -3,7 +3,7 @@ package main
 // `limiter key inspect` and `limiter key reset` (docs/support.md): they
 // read the limiter's own variables (LIMITER_FLEET_URLS,
 // LIMITER_AUTH_TOKEN, REDIS_*, REDIS_STORES, CLICKHOUSE_*, POLICY_FILE,
-// POLICY_SIGNING_KEY_FILE) and run cmd/limiter/internal/support.
+// POLICY_SIGNING_KEY_FILE) and run support.
 
 import (
 	"bytes"
@@ -17,7 +17,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/ratewarden/ratewarden/cmd/limiter/internal/support"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/internal/cli"
@@ -27,6 +26,7 @@ import (
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/schema"
+	"github.com/ratewarden/ratewarden/support"
 )
 
 const keyInspectUsage = `usage:
