@@ -278,38 +278,13 @@ func keyReset(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "limiter key reset: "+err.Error())
 		return cli.ExitFail
 	}
-	body, _ := json.Marshal(sr)
-	hc := &http.Client{Timeout: 10 * time.Second}
-	token := strings.TrimSpace(os.Getenv("LIMITER_AUTH_TOKEN"))
-	var lastErr error
-	for _, u := range targets {
-		status, out, err := postReset(hc, u, token, body)
-		if err != nil {
-			lastErr = err
-			continue // the next limiter applies it: the id makes a resend safe
-		}
-		return reportReset(status, out, u, *asJSON, stdout, stderr)
-	}
-	fmt.Fprintf(stderr, "limiter key reset: no limiter answered: %v\n", lastErr)
-	return cli.ExitFail
-}
-
-func postReset(hc *http.Client, base, token string, body []byte) (int, []byte, error) {
-	req, err := http.NewRequest(http.MethodPost, base+"/admin/keys/reset", bytes.NewReader(body))
+	fleet := &support.Inspector{Limiters: targets, Token: strings.TrimSpace(os.Getenv("LIMITER_AUTH_TOKEN"))}
+	status, out, u, err := fleet.SendReset(context.Background(), sr) // the next limiter applies it when one is unreachable
 	if err != nil {
-		return 0, nil, err
+		fmt.Fprintf(stderr, "limiter key reset: %v\n", err)
+		return cli.ExitFail
 	}
-	req.Header.Set("Content-Type", "application/json")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	return resp.StatusCode, out, err
+	return reportReset(status, out, u, *asJSON, stdout, stderr)
 }
 
 // reportReset prints a limiter's answer to a reset and returns the exit

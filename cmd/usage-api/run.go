@@ -123,6 +123,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return abort(err)
 	}
 	defer closeBilling()
+	handler, err = withSupport(cfg, conn, rdb, handler, log) // supportdesk.go
+	if err != nil {
+		return abort(err)
+	}
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
