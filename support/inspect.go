@@ -16,6 +16,7 @@ import (
 
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/policylog"
 )
 
 // DefaultPartTimeout is how long inspect waits for one part (a limiter,
@@ -47,6 +48,11 @@ type Inspector struct {
 	Timeout time.Duration
 	// Decisions is how many recorded decisions to show (default 20).
 	Decisions int
+	// OverrideRecord, optional, reads the policy log's record of the
+	// override in force for key and scope (scope "" = the whole key's):
+	// the log, not the limiters, keeps an override's author and reason.
+	// Nil = the rule's override names its revision only.
+	OverrideRecord func(ctx context.Context, key, scope string) (policylog.Record, bool, error)
 }
 
 func (in *Inspector) timeout() time.Duration {
@@ -85,11 +91,43 @@ func (in *Inspector) Inspect(ctx context.Context, key, scope string) Report {
 		}
 	}
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); in.readStore(ctx, &rep) }()
 	go func() { defer wg.Done(); in.readDecisions(ctx, &rep) }()
+	go func() { defer wg.Done(); in.readOverride(ctx, &rep) }()
 	wg.Wait()
 	return rep
+}
+
+// readOverride fills the author, reason and message of the override in
+// force from the policy log, within the part timeout.
+func (in *Inspector) readOverride(ctx context.Context, rep *Report) {
+	if rep.Rule.Rule == nil || rep.Rule.Override == nil {
+		return
+	}
+	ov := *rep.Rule.Override // the rule is a copy; its override is the limiter's answer's
+	rep.Rule.Override = &ov
+	if in.OverrideRecord == nil {
+		ov.RecordError = "the policy log is not read here (KAFKA_BROKERS): `limiter override get " + ov.Key + "` shows its author and reason"
+		return
+	}
+	octx, cancel := context.WithTimeout(ctx, in.timeout())
+	defer cancel()
+	rec, ok, err := in.OverrideRecord(octx, ov.Key, ov.Scope)
+	switch {
+	case err != nil:
+		ov.RecordError = "policy log: " + err.Error()
+	case !ok:
+		ov.RecordError = fmt.Sprintf("the policy log has no override of %s (scope %q) in force: deleted since revision %d?", ov.Key, ov.Scope, ov.Revision)
+	default:
+		ov.Author, ov.Message = rec.Author, rec.Message
+		if rec.Override != nil {
+			ov.Reason = rec.Override.Reason
+		}
+		if rec.Revision != ov.Revision {
+			ov.RecordError = fmt.Sprintf("the log's override is revision %d; the limiter applied revision %d", rec.Revision, ov.Revision)
+		}
+	}
 }
 
 // readStore fills the store's parts: bucket, quota, debt, split, resets.

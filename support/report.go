@@ -40,6 +40,13 @@ type OverrideRef struct {
 	Key      string `json:"key"`
 	Scope    string `json:"scope,omitempty"`
 	Revision int64  `json:"revision"`
+	// Author, Reason and Message are the policy log's record of the
+	// override (Inspector.OverrideRecord), read when the inspector can
+	// read the log; RecordError says why they are not shown.
+	Author      string `json:"author,omitempty"`
+	Reason      string `json:"reason,omitempty"`
+	Message     string `json:"message,omitempty"`
+	RecordError string `json:"recordError,omitempty"`
 }
 
 // RuleOf is the Rule of a resolved limit.

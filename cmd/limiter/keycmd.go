@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/policyctl"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/internal/cli"
@@ -102,6 +103,9 @@ func keyInspect(args []string, stdout, stderr io.Writer) int {
 			in.ClickHouse, in.Database = conn, ch.Database
 		}
 	}
+	if os.Getenv("KAFKA_BROKERS") != "" {
+		in.OverrideRecord = policyctl.OverrideRecord // the author and reason of an override in force
+	}
 	if policyFile != "" {
 		in.FallbackRule = func(key, scope string) (*support.Rule, error) {
 			p, err := policy.Load(policyFile)
@@ -145,6 +149,12 @@ func printReport(w io.Writer, rep support.Report) {
 	if !unread(rep.Rule.Part) && rep.Rule.Rule != nil {
 		r := rep.Rule.Rule
 		fmt.Fprintf(tw, "  %s (tier %s) rate %g/s burst %d cost %d dry-run %t, from %s\n", r.Policy, r.Tier, r.Limit.Rate, r.Limit.Burst, r.Cost, r.DryRun, r.From)
+		if o := r.Override; o != nil {
+			fmt.Fprintf(tw, "  override of %s (scope %q), revision %d, by %s: %s\n", o.Key, o.Scope, o.Revision, o.Author, o.Reason)
+			if o.RecordError != "" {
+				fmt.Fprintf(tw, "    its record: %s\n", o.RecordError)
+			}
+		}
 		for _, l := range strings.Split(strings.TrimSpace(r.Explain), "\n") {
 			if l != "" {
 				fmt.Fprintln(tw, "    "+l)

@@ -30,11 +30,13 @@ tiers:
 
 // TestSupportPageE2E is the support page against real servers: the
 // limiter and usage-api binaries, one redis-server, one clickhouse-server.
-// Through the API: an operator's token is required; a read-only operator
+// The policy and an override of the key are pushed through the usage
+// API's policy log. Through the API: an operator's token is required; a read-only operator
 // finds and inspects a key but its reset is refused, and audited; a reset
 // without a reason is refused by the limiter, and audited. Then in
 // headless Chromium, as an operator who may reset: search, inspect (the
-// exhausted bucket, the limiter's view), reset with a reason, and the
+// exhausted bucket, the override with its author and reason, the
+// limiter's view), reset with a reason, and the
 // reset shown in the audit with its author; the limiter answers from the
 // new state.
 func TestSupportPageE2E(t *testing.T) {
@@ -70,13 +72,32 @@ func TestSupportPageE2E(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	k := testenv.StartKafka(t, "ratelimit.decisions", 1)
 	limiter := start(t, "limiter", "LIMITER_ADDR", "/healthz", "REDIS_ADDRS="+r.Addr(), "POLICY_FILE="+filepath.Join(dir, "policy.yaml"),
-		"LIMITER_AUTH_TOKEN="+limToken, "POLICY_TRUSTED_KEYS_FILE="+filepath.Join(dir, "keyring"), "LIMITER_GRPC_ADDR=")
-	api := start(t, "usage-api", "USAGE_API_ADDR", "/healthz", "CLICKHOUSE_ADDR="+ch.Addr(), "CLICKHOUSE_DATABASE="+db,
+		"LIMITER_AUTH_TOKEN="+limToken, "POLICY_TRUSTED_KEYS_FILE="+filepath.Join(dir, "keyring"), "LIMITER_GRPC_ADDR=",
+		"KAFKA_BROKERS="+k.Addr(), "POLICY_SOURCE=kafka")
+	api := start(t, "usage-api", "USAGE_API_ADDR", "/healthz", "CLICKHOUSE_ADDR="+ch.Addr(), "CLICKHOUSE_DATABASE="+db, "KAFKA_BROKERS="+k.Addr(),
 		"USAGE_ADMIN_TOKEN="+admin, "USAGE_TOKEN_SECRET=e2e-secret-0123456789abcdef", "REDIS_ADDRS="+r.Addr(),
 		"POLICY_FILE="+filepath.Join(dir, "policy.yaml"), "LIMITER_FLEET_URLS="+limiter.url, "LIMITER_AUTH_TOKEN="+limToken,
 		"USAGE_ADMIN_TOKENS_FILE="+filepath.Join(dir, "tokens"),
 		"POLICY_SIGNING_KEY_FILE="+filepath.Join(dir, "api.pem"), "POLICY_TRUSTED_KEYS_FILE="+filepath.Join(dir, "keyring"))
+
+	// The policy in the log, and alice's override of acct_8812 (a burst of
+	// 3), applied by the limiter.
+	doc, _ := json.Marshal(map[string]any{"document": supportPagePolicy, "message": "first"})
+	if code, b := call(t, "PUT", api.url+"/v1/admin/policy", admin, string(doc)); code != 200 {
+		t.Fatalf("push: %d %s", code, b)
+	}
+	const overrideReason = "deal 12: a smaller burst"
+	if code, b := call(t, "PUT", api.url+"/v1/admin/overrides/acct_8812", aliceToken,
+		`{"rate": 1, "period": "hour", "burst": 3, "reason": "`+overrideReason+`"}`); code != 200 {
+		t.Fatalf("alice sets an override: %d %s", code, b)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the limiter applies the override", func() bool {
+		code, b := call(t, "GET", limiter.url+"/admin/keys/local?key=acct_8812&scope=api", limToken, "")
+		var a support.LocalAnswer
+		return code == 200 && json.Unmarshal(b, &a) == nil && a.Rule != nil && a.Rule.Override != nil
+	})
 
 	// acct_8812 spends its bucket on the limiter; its decisions are in
 	// ClickHouse as the pipeline writes them (and a key that the search
@@ -129,8 +150,11 @@ func TestSupportPageE2E(t *testing.T) {
 		return rep
 	}
 	rep := inspect()
-	if rep.Bucket.BucketView == nil || rep.Bucket.Tokens >= 1 || rep.Bucket.Capacity != 5 {
-		t.Fatalf("bucket: %+v %q; want empty of 5", rep.Bucket.BucketView, rep.Bucket.Error)
+	if rep.Bucket.BucketView == nil || rep.Bucket.Tokens >= 1 || rep.Bucket.Capacity != 3 {
+		t.Fatalf("bucket: %+v %q; want empty of 3 (the override's burst)", rep.Bucket.BucketView, rep.Bucket.Error)
+	}
+	if o := rep.Rule.Override; o == nil || o.Author != "usage-api/alice" || o.Reason != overrideReason || o.RecordError != "" {
+		t.Fatalf("the rule's override: %+v; want alice's, with its reason", o)
 	}
 	if len(rep.Limiters) != 1 || rep.Limiters[0].Error != "" || !rep.Limiters[0].View.Held {
 		t.Fatalf("limiters: %+v", rep.Limiters)
@@ -185,8 +209,12 @@ func TestSupportPageE2E(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`body[data-state="inspected"] [data-part="bucket"] [data-field="bucket"]`)),
 	)
 	bucket, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`[data-part="bucket"] [data-field="bucket"]`)))
-	if err != nil || !strings.Contains(bucket, "of 5 tokens") {
+	if err != nil || !strings.Contains(bucket, "of 3 tokens") {
 		t.Errorf("the bucket shown: %q %v", bucket, err)
+	}
+	ovText, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`[data-part="rule"] [data-field="override"]`)))
+	if err != nil || !strings.Contains(ovText, "by usage-api/alice") || !strings.Contains(ovText, overrideReason) {
+		t.Errorf("the override shown: %q %v", ovText, err)
 	}
 	lims, err := chromedp.Run(bctx, chromedp.Text(chromedp.ID("limiters")))
 	if err != nil || !strings.Contains(lims, limiter.url) || !strings.Contains(lims, "store said") {

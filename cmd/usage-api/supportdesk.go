@@ -6,6 +6,7 @@ package main
 // configuration and wires it.
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/bearer"
 	"github.com/ratewarden/ratewarden/internal/envconfig"
 	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/policylog/opsapi"
 	"github.com/ratewarden/ratewarden/support"
 )
@@ -34,14 +36,19 @@ func supportConfigFrom(e *envconfig.Reader) supportConfig {
 }
 
 // withSupport routes the support desk beside next. rdb (REDIS_ADDRS, may
-// be nil) is the shared store read for the bucket and the audit.
-func withSupport(cfg config, conn driver.Conn, rdb redis.UniversalClient, next http.Handler, log *slog.Logger) (http.Handler, error) {
+// be nil) is the shared store read for the bucket and the audit; override
+// reads an override's record in the policy log (opsapi's).
+func withSupport(cfg config, conn driver.Conn, rdb redis.UniversalClient, override func(ctx context.Context, key, scope string) (policylog.Record, bool, error),
+	next http.Handler, log *slog.Logger) (http.Handler, error) {
 	creds, err := opsapi.NewCredentials(cfg.PolicyLog.TokensFile, cfg.AdminToken)
 	if err != nil {
 		return nil, err
 	}
 	in := &support.Inspector{Limiters: cfg.Support.FleetURLs, Token: cfg.Support.LimiterToken,
 		HTTP: &http.Client{Timeout: 5 * time.Second}, ClickHouse: conn, Database: cfg.Database}
+	if len(cfg.PolicyLog.Brokers) > 0 {
+		in.OverrideRecord = override
+	}
 	if rdb != nil {
 		in.Store, in.Prefix = redisstore.New(rdb, cfg.Redis.KeyPrefix), cfg.Redis.KeyPrefix
 	}
