@@ -90,6 +90,9 @@ func (in *Inspector) Inspect(ctx context.Context, key, scope string) Report {
 			rep.Rule.Error = "no limiter answered and POLICY_FILE is not set"
 		}
 	}
+	if rep.Rule.Rule != nil && rep.Rule.Global {
+		rep.Global = globalOf(rep.Limiters)
+	}
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() { defer wg.Done(); in.readStore(ctx, &rep) }()
@@ -97,6 +100,36 @@ func (in *Inspector) Inspect(ctx context.Context, key, scope string) Report {
 	go func() { defer wg.Done(); in.readOverride(ctx, &rep) }()
 	wg.Wait()
 	return rep
+}
+
+// globalOf assembles a global key's budget from the fleet's answers: one
+// pool per region (its first limiter's read), the home's bucket from the
+// first limiter that read it.
+func globalOf(ls []LimiterPart) *GlobalPart {
+	g := &GlobalPart{Part: Part{Where: "each region's Redis (its pool) and the home's (GLOBAL_REDIS_ADDRS: the global bucket), read by the fleet's limiters"},
+		Pools: []PoolPart{}}
+	seen := map[string]bool{}
+	for _, l := range ls {
+		if l.LocalAnswer == nil || l.LocalAnswer.Global == nil {
+			continue
+		}
+		v := l.LocalAnswer.Global
+		if !seen[v.Pool.Region] {
+			seen[v.Pool.Region] = true
+			g.Pools = append(g.Pools, PoolPart{PoolView: v.Pool, From: l.URL, Error: v.PoolError})
+		}
+		if g.Bucket == nil && v.Bucket != nil {
+			g.Bucket, g.BucketWhere, g.BucketError = v.Bucket, v.BucketWhere+" (read by "+l.URL+")", ""
+		} else if g.Bucket == nil && g.BucketError == "" {
+			g.BucketWhere, g.BucketError = v.BucketWhere, v.BucketError
+		}
+	}
+	if len(g.Pools) == 0 {
+		g.Error = "no limiter of the fleet read it: a limiter reads its region's pool and the home's bucket when LIMITER_REGION and GLOBAL_REDIS_ADDRS are set (LIMITER_FLEET_URLS names the limiters asked)"
+		return g
+	}
+	g.Note = fmt.Sprintf("%d region(s) answered; a region whose limiters are not in LIMITER_FLEET_URLS, or did not answer, is not listed", len(g.Pools))
+	return g
 }
 
 // readOverride fills the author, reason and message of the override in
@@ -157,10 +190,6 @@ func (in *Inspector) readStore(ctx context.Context, rep *Report) {
 	}
 	if lim.Split > 1 {
 		rep.Split = &SplitPart{Part: Part{Where: fmt.Sprintf("redis, %d sub-keys %s#0…#%d", lim.Split, key, lim.Split-1)}}
-	}
-	if r.Global {
-		rep.Global = &NotePart{Part: Part{Where: "the home region's Redis (GLOBAL_REDIS_ADDRS)",
-			Error: "not read: inspect does not read global budgets yet; the region's decisions show source regional while its home is unreachable"}}
 	}
 	st := in.Store
 	if lim.Store != "" {

@@ -185,7 +185,20 @@ func printReport(w io.Writer, rep support.Report) {
 	}
 	if g := rep.Global; g != nil {
 		fmt.Fprintln(tw, "global:")
-		unread(g.Part)
+		if !unread(g.Part) {
+			if b := g.Bucket; b != nil {
+				fmt.Fprintf(tw, "  global bucket %.3f of %d tokens (rate %g/s), full at %s\t%s\n", b.Tokens, b.Capacity, b.Rate, b.FullAt.Format(time.RFC3339Nano), g.BucketWhere)
+			} else {
+				fmt.Fprintf(tw, "  global bucket UNREAD (%s): %s\n", g.BucketWhere, g.BucketError)
+			}
+			for _, p := range g.Pools {
+				if p.Error != "" {
+					fmt.Fprintf(tw, "  region %s pool UNREAD: %s\t%s\n", p.Region, p.Error, p.From)
+					continue
+				}
+				fmt.Fprintf(tw, "  region %s pool %.3f tokens (debt %.3f, escrow %.3f, owed %.3f), ttl %d ms\t%s via %s\n", p.Region, p.Tokens, p.Debt, p.Escrow, p.Owed, p.TTLms, p.RedisKey, p.From)
+			}
+		}
 	}
 	fmt.Fprintln(tw, "limiters:")
 	if len(rep.Limiters) == 0 {

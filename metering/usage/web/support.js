@@ -120,8 +120,12 @@
     });
     if (rep.global) part("global", rep.global, function (d) {
       var g = rep.global;
-      if (g.bucket) d.appendChild(el("p", { "data-field": "global-bucket" }, "global bucket: " + bucketText(g.bucket)));
-      if (g.pools) table(d, "", ["region", "pool", "where"], g.pools.map(function (p) { return { cells: [p.region, p.error ? "not read: " + p.error : fmt(p.tokens) + " tokens", p.where] }; }));
+      d.appendChild(el("p", { "data-field": "global-bucket" }, g.bucket ? "global bucket: " + bucketText(g.bucket) : "global bucket not read: " + (g.bucketError || "no limiter read it")));
+      if (g.bucketWhere) d.appendChild(el("div", { "class": "where" }, g.bucketWhere));
+      table(d, "", ["region", "pool", "read by"], (g.pools || []).map(function (p) {
+        return { attrs: { "data-region": p.region }, cells: [p.region, p.error ? "not read: " + p.error : !p.present ? "no pool" :
+          fmt(p.tokens) + " tokens" + (p.debt > 0 ? ", in debt by " + fmt(p.debt) : "") + ", spent " + fmt(p.spent) + (p.owed > 0 ? ", owed " + fmt(p.owed) : ""), p.from + " " + p.redisKey] };
+      }));
       if (g.note) d.appendChild(el("p", { "class": "hint" }, g.note));
     });
     part("limiters", {}, function (d) {

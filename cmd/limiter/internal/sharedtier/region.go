@@ -165,3 +165,13 @@ func (r *Region) Status() *global.Status {
 	s := r.g.Status()
 	return &s
 }
+
+// Inspect is this region's read of a global key for support's inspect:
+// its pool here and its global bucket at the home (false without
+// regions).
+func (r *Region) Inspect(ctx context.Context, key, scope string, lim enforcement.Limit) (global.View, bool) {
+	if r == nil {
+		return global.View{}, false
+	}
+	return r.g.Inspect(ctx, key, scope, lim), true
+}
