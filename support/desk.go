@@ -48,6 +48,11 @@ func DeskRoutes() []string {
 	return []string{"/v1/admin/keys/search", "/v1/admin/keys/inspect", "/v1/admin/keys/reset"}
 }
 
+// DeskOperations are Desk's routes as "METHOD /path".
+func DeskOperations() []string {
+	return []string{"GET /v1/admin/keys/search", "GET /v1/admin/keys/inspect", "POST /v1/admin/keys/reset"}
+}
+
 // DeskResetBody is POST /v1/admin/keys/reset's body.
 type DeskResetBody struct {
 	Key    string             `json:"key"`
@@ -68,35 +73,36 @@ func (d *Desk) now() time.Time {
 func (d *Desk) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	op, ok := d.Authenticate(r)
 	if !ok {
-		writeError(w, http.StatusUnauthorized, "unauthorized", "this endpoint needs an operator's bearer token (USAGE_ADMIN_TOKEN or USAGE_ADMIN_TOKENS_FILE)", nil)
+		deskError(w, http.StatusUnauthorized, "unauthorized", "this endpoint needs an operator's bearer token (USAGE_ADMIN_TOKEN or USAGE_ADMIN_TOKENS_FILE)")
 		return
 	}
 	switch {
 	case r.URL.Path == "/v1/admin/keys/search" && r.Method == http.MethodGet:
 		d.search(w, r)
 	case r.URL.Path == "/v1/admin/keys/inspect" && r.Method == http.MethodGet:
-		key, scope, ok := keyScope(w, r)
-		if !ok {
+		key, scope := r.URL.Query().Get("key"), r.URL.Query().Get("scope")
+		if key == "" || scope == "" {
+			deskError(w, http.StatusBadRequest, CodeInvalid, "key and scope are required")
 			return
 		}
 		writeJSON(w, http.StatusOK, d.Inspector.Inspect(r.Context(), key, scope))
 	case r.URL.Path == "/v1/admin/keys/reset" && r.Method == http.MethodPost:
 		d.reset(w, r, op)
 	default:
-		writeError(w, http.StatusNotFound, "not_found", r.Method+" "+r.URL.Path+" is not a route", nil)
+		deskError(w, http.StatusNotFound, "not_found", r.Method+" "+r.URL.Path+" is not a route")
 	}
 }
 
 func (d *Desk) search(w http.ResponseWriter, r *http.Request) {
 	q := strings.TrimSpace(r.URL.Query().Get("q"))
 	if q == "" {
-		writeError(w, http.StatusBadRequest, CodeInvalid, "q (the beginning of a key) is required", nil)
+		deskError(w, http.StatusBadRequest, CodeInvalid, "q (the beginning of a key) is required")
 		return
 	}
 	limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
 	found, err := d.Inspector.Search(r.Context(), q, min(max(limit, 0), 100))
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error(), nil)
+		deskError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"keys": found})
@@ -109,7 +115,7 @@ func (d *Desk) search(w http.ResponseWriter, r *http.Request) {
 func (d *Desk) reset(w http.ResponseWriter, r *http.Request, op Operator) {
 	var b DeskResetBody
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&b); err != nil || b.Key == "" || b.Scope == "" {
-		writeError(w, http.StatusBadRequest, CodeInvalid, "body is not {\"key\",\"scope\",\"op\",\"grant\",\"reason\"} naming a key and a scope", nil)
+		deskError(w, http.StatusBadRequest, CodeInvalid, "body is not {\"key\",\"scope\",\"op\",\"grant\",\"reason\"} naming a key and a scope")
 		return
 	}
 	if !op.MayReset {
@@ -123,22 +129,22 @@ func (d *Desk) reset(w http.ResponseWriter, r *http.Request, op Operator) {
 		} else if err := st.Audit(r.Context(), b.Key, rec); err != nil {
 			msg += " (and the refusal could not be audited: " + err.Error() + ")"
 		}
-		writeError(w, http.StatusForbidden, CodeForbidden, msg, rec)
+		writeError(w, http.StatusForbidden, CodeForbidden, msg, rec) // as a limiter refuses
 		return
 	}
 	if d.Signer == nil {
-		writeError(w, http.StatusServiceUnavailable, CodeNoKeyring, "resets are signed: set POLICY_SIGNING_KEY_FILE on the usage API (a key the limiters' POLICY_TRUSTED_KEYS_FILE trusts)", nil)
+		deskError(w, http.StatusServiceUnavailable, CodeNoKeyring, "resets are signed: set POLICY_SIGNING_KEY_FILE on the usage API (a key the limiters' POLICY_TRUSTED_KEYS_FILE trusts)")
 		return
 	}
 	sr, err := Sign(d.Signer, ResetRequest{ID: NewResetID(), Key: b.Key, Scope: b.Scope, Op: b.Op, Grant: b.Grant,
 		Reason: b.Reason, Author: op.Identity, Time: d.now().UTC()})
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, CodeInvalid, err.Error(), nil)
+		deskError(w, http.StatusInternalServerError, CodeInvalid, err.Error())
 		return
 	}
 	status, out, _, err := d.Inspector.SendReset(r.Context(), sr)
 	if err != nil {
-		writeError(w, http.StatusBadGateway, "limiter_unreachable", err.Error(), nil)
+		deskError(w, http.StatusBadGateway, "limiter_unreachable", err.Error())
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -192,4 +198,11 @@ func postReset(ctx context.Context, hc *http.Client, base, token string, doc []b
 	defer resp.Body.Close()
 	out, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	return resp.StatusCode, out, err
+}
+
+// deskError is the usage API's error body, {"error":{"code","message"}},
+// for what the desk refuses itself; a limiter's answer to a reset is
+// passed on as it is.
+func deskError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, map[string]any{"error": map[string]string{"code": code, "message": msg}})
 }
