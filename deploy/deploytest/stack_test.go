@@ -71,8 +71,10 @@ func startStack(t *testing.T) *stack {
 	usage := startBinary(t, bin, "usage-api", "USAGE_API_ADDR="+ua, "CLICKHOUSE_ADDR="+ch.Addr(),
 		"CLICKHOUSE_DATABASE="+db, "POLICY_FILE="+policyFile, "REDIS_ADDRS="+redis.Addr(),
 		"USAGE_ADMIN_TOKEN="+s.admin, "USAGE_TOKEN_SECRET=token-secret-for-deploytest",
-		"KAFKA_BROKERS="+kafka.Addr(),                                                                               // the operator's policy API (the policy log)
-		"LIMITER_FLEET_URLS="+s.limiter, "POLICY_SIGNING_KEY_FILE="+signingKey, "POLICY_TRUSTED_KEYS_FILE="+keyring) // the support page
+		// KAFKA_BROKERS: the operator's policy API (the policy log); the
+		// limiter and usage-api's key: the support page.
+		"KAFKA_BROKERS="+kafka.Addr(),
+		"LIMITER_FLEET_URLS="+s.limiter, "POLICY_SIGNING_KEY_FILE="+signingKey, "POLICY_TRUSTED_KEYS_FILE="+keyring)
 	waitStatus(t, lim, s.limiter+"/readyz", 200, 30*time.Second)
 	waitStatus(t, meter, s.meter+"/readyz", 200, 60*time.Second)
 	waitStatus(t, usage, s.usage+"/readyz", 200, 60*time.Second)
