@@ -29,7 +29,8 @@ tiers:
 // first also the home, where the global bucket lives), each with a
 // limiter behind GET /admin/keys/local. After each region spent from its
 // pool, inspect shows the global bucket at the home, lowered by what the
-// pools leased, and one pool per region with what it spent.
+// pools leased, one pool per region with what it spent, and a third
+// region of LIMITER_REGIONS whose limiters were not asked, marked.
 func TestInspectShowsAGlobalKey(t *testing.T) {
 	home := testenv.StartRedis(t)
 	other := testenv.StartRedis(t)
@@ -78,7 +79,9 @@ func TestInspectShowsAGlobalKey(t *testing.T) {
 		}
 		srv := httptest.NewServer(support.LocalHandler(support.Local{Limiter: lim, Instance: reg.name + "-1",
 			Global: func(ctx context.Context, key, scope string, l enforcement.Limit) (global.View, bool) {
-				return g.Inspect(ctx, key, scope, l), true
+				v := g.Inspect(ctx, key, scope, l)
+				v.Regions = []string{"eu", "us", "ap"} // ap's limiters are not asked
+				return v, true
 			}}))
 		t.Cleanup(srv.Close)
 		urls = append(urls, srv.URL)
@@ -93,8 +96,11 @@ func TestInspectShowsAGlobalKey(t *testing.T) {
 	if g.Bucket == nil || !g.Bucket.Present || g.Bucket.Capacity != 100 || g.Bucket.Tokens > 94 {
 		t.Fatalf("the global bucket: %+v %q; want 100 less at least what the pools spent", g.Bucket, g.BucketError)
 	}
-	if len(g.Pools) != 2 {
+	if len(g.Pools) != 3 {
 		t.Fatalf("pools: %+v; want one per region", g.Pools)
+	}
+	if p := g.Pools[2]; p.Region != "ap" || p.Error == "" || p.Present {
+		t.Errorf("pool of ap, whose limiters were not asked: %+v; want it marked", p)
 	}
 	for i, want := range []string{"eu", "us"} {
 		p := g.Pools[i]

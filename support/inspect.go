@@ -14,6 +14,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/ratewarden/ratewarden/enforcement/global"
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/policylog"
@@ -128,7 +129,19 @@ func globalOf(ls []LimiterPart) *GlobalPart {
 		g.Error = "no limiter of the fleet read it: a limiter reads its region's pool and the home's bucket when LIMITER_REGION and GLOBAL_REDIS_ADDRS are set (LIMITER_FLEET_URLS names the limiters asked)"
 		return g
 	}
-	g.Note = fmt.Sprintf("%d region(s) answered; a region whose limiters are not in LIMITER_FLEET_URLS, or did not answer, is not listed", len(g.Pools))
+	// The regions the answers name (LIMITER_REGIONS) whose pool no
+	// limiter read are listed, marked.
+	for _, l := range ls {
+		if l.LocalAnswer == nil || l.LocalAnswer.Global == nil {
+			continue
+		}
+		for _, name := range l.LocalAnswer.Global.Regions {
+			if !seen[name] {
+				seen[name] = true
+				g.Pools = append(g.Pools, PoolPart{PoolView: global.PoolView{Region: name}, Error: "not read: no limiter of region " + name + " answered (LIMITER_FLEET_URLS names the limiters asked)"})
+			}
+		}
+	}
 	return g
 }
 

@@ -155,15 +155,14 @@ type NotePart struct {
 // GlobalPart is a global key's budget: the global bucket at the home and
 // each region's pool, as the fleet's limiters read them (a limiter reads
 // its own region's pool; the first that read the home's bucket gives it).
-// A region none of whose limiters answered is not listed: Regions says
-// which were asked.
+// A region of LIMITER_REGIONS none of whose limiters answered is listed
+// with its error.
 type GlobalPart struct {
 	Part
 	Bucket      *redisstore.BucketView `json:"bucket,omitempty"`
 	BucketWhere string                 `json:"bucketWhere,omitempty"`
 	BucketError string                 `json:"bucketError,omitempty"`
 	Pools       []PoolPart             `json:"pools"`
-	Note        string                 `json:"note,omitempty"`
 }
 
 // PoolPart is one region's pool, as one of its limiters (From) read it,

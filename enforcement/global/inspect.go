@@ -56,6 +56,10 @@ type PoolView struct {
 // global bucket at the home. Each part that could not be read carries
 // its error instead.
 type View struct {
+	// Regions are every region sharing the key's global limit, as this
+	// region's configuration names them (the caller sets it; nil =
+	// unknown): which pools there are to read.
+	Regions     []string               `json:"regions,omitempty"`
 	Pool        PoolView               `json:"pool"`
 	PoolError   string                 `json:"poolError,omitempty"`
 	Bucket      *redisstore.BucketView `json:"bucket,omitempty"`
