@@ -124,9 +124,8 @@
       if (g.bucketWhere) d.appendChild(el("div", { "class": "where" }, g.bucketWhere));
       table(d, "", ["region", "pool", "read by"], (g.pools || []).map(function (p) {
         return { attrs: { "data-region": p.region }, cells: [p.region, p.error ? "not read: " + p.error : !p.present ? "no pool" :
-          fmt(p.tokens) + " tokens" + (p.debt > 0 ? ", in debt by " + fmt(p.debt) : "") + ", spent " + fmt(p.spent) + (p.owed > 0 ? ", owed " + fmt(p.owed) : ""), p.from + " " + p.redisKey] };
+          fmt(p.tokens) + " tokens" + (p.debt > 0 ? ", in debt by " + fmt(p.debt) : "") + ", spent " + fmt(p.spent) + (p.owed > 0 ? ", owed " + fmt(p.owed) : ""), (p.from || "") + " " + (p.redisKey || "")] };
       }));
-      if (g.note) d.appendChild(el("p", { "class": "hint" }, g.note));
     });
     part("limiters", {}, function (d) {
       table(d, "limiters", ["limiter", "revision", "local view", "lease"], rep.limiters.map(function (l) {
