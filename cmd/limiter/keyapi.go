@@ -6,7 +6,7 @@ package main
 // inspect, read from here), POST /admin/keys/reset (a signed reset), and
 // the listener that drops the local view of every key a reset is
 // announced for. This file only reads their configuration and wires them
-// (cmd/limiter/internal/support).
+// (support).
 
 import (
 	"context"
@@ -17,7 +17,6 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/ratewarden/ratewarden/cmd/limiter/internal/sharedtier"
-	"github.com/ratewarden/ratewarden/cmd/limiter/internal/support"
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/chconn"
@@ -25,6 +24,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/schema"
+	"github.com/ratewarden/ratewarden/support"
 )
 
 // supportConfig is what the support API reads beyond the limiter's own
@@ -62,7 +62,7 @@ func openClickHouse(c *chconn.Config, g *lifecycle.Group) (driver.Conn, string) 
 // addSupport registers the support routes on mux behind the admin token
 // and, per shared store, the reset listener; usage emits a quota reset's
 // usage event.
-func addSupport(g *lifecycle.Group, mux *http.ServeMux, cfg config, lim *enforcement.Limiter, auth *sharedtier.Tier, info func() policylog.Info, usage func(key, scope, id string, res enforcement.Resolved, at time.Time), log *slog.Logger) {
+func addSupport(g *lifecycle.Group, mux *http.ServeMux, cfg config, lim *enforcement.Limiter, auth *sharedtier.Tier, region *sharedtier.Region, info func() policylog.Info, usage func(key, scope, id string, res enforcement.Resolved, at time.Time), log *slog.Logger) {
 	stores := auth.SupportStores()
 	in := &support.Inspector{Limiters: cfg.Support.FleetURLs, Token: cfg.AuthToken,
 		HTTP: &http.Client{Timeout: 5 * time.Second}, Stores: map[string]*redisstore.Store{}}
@@ -89,7 +89,7 @@ func addSupport(g *lifecycle.Group, mux *http.ServeMux, cfg config, lim *enforce
 		}
 		return r, err
 	}
-	mux.Handle("GET /admin/keys/local", adminOnly(cfg.AuthToken, support.LocalHandler(support.Local{Limiter: lim, Instance: cfg.InstanceID, Policy: info, Lease: auth.LeaseHeld})))
+	mux.Handle("GET /admin/keys/local", adminOnly(cfg.AuthToken, support.LocalHandler(support.Local{Limiter: lim, Instance: cfg.InstanceID, Policy: info, Lease: auth.LeaseHeld, Global: region.Inspect})))
 	mux.Handle("GET /admin/keys/inspect", adminOnly(cfg.AuthToken, support.InspectHandler(in)))
 	mux.Handle("POST /admin/keys/reset", adminOnly(cfg.AuthToken, support.ResetHandler(rs)))
 	log.Debug("support routes", "fleet", len(in.Limiters), "stores", len(stores))

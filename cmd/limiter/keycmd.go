@@ -3,7 +3,7 @@ package main
 // `limiter key inspect` and `limiter key reset` (docs/support.md): they
 // read the limiter's own variables (LIMITER_FLEET_URLS,
 // LIMITER_AUTH_TOKEN, REDIS_*, REDIS_STORES, CLICKHOUSE_*, POLICY_FILE,
-// POLICY_SIGNING_KEY_FILE) and run cmd/limiter/internal/support.
+// POLICY_SIGNING_KEY_FILE) and run support.
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/ratewarden/ratewarden/cmd/limiter/internal/support"
+	"github.com/ratewarden/ratewarden/cmd/limiter/internal/policyctl"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/internal/cli"
@@ -27,6 +27,7 @@ import (
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/schema"
+	"github.com/ratewarden/ratewarden/support"
 )
 
 const keyInspectUsage = `usage:
@@ -102,6 +103,9 @@ func keyInspect(args []string, stdout, stderr io.Writer) int {
 			in.ClickHouse, in.Database = conn, ch.Database
 		}
 	}
+	if os.Getenv("KAFKA_BROKERS") != "" {
+		in.OverrideRecord = policyctl.OverrideRecord // the author and reason of an override in force
+	}
 	if policyFile != "" {
 		in.FallbackRule = func(key, scope string) (*support.Rule, error) {
 			p, err := policy.Load(policyFile)
@@ -145,6 +149,12 @@ func printReport(w io.Writer, rep support.Report) {
 	if !unread(rep.Rule.Part) && rep.Rule.Rule != nil {
 		r := rep.Rule.Rule
 		fmt.Fprintf(tw, "  %s (tier %s) rate %g/s burst %d cost %d dry-run %t, from %s\n", r.Policy, r.Tier, r.Limit.Rate, r.Limit.Burst, r.Cost, r.DryRun, r.From)
+		if o := r.Override; o != nil {
+			fmt.Fprintf(tw, "  override of %s (scope %q), revision %d, by %s: %s\n", o.Key, o.Scope, o.Revision, o.Author, o.Reason)
+			if o.RecordError != "" {
+				fmt.Fprintf(tw, "    its record: %s\n", o.RecordError)
+			}
+		}
 		for _, l := range strings.Split(strings.TrimSpace(r.Explain), "\n") {
 			if l != "" {
 				fmt.Fprintln(tw, "    "+l)
@@ -175,7 +185,20 @@ func printReport(w io.Writer, rep support.Report) {
 	}
 	if g := rep.Global; g != nil {
 		fmt.Fprintln(tw, "global:")
-		unread(g.Part)
+		if !unread(g.Part) {
+			if b := g.Bucket; b != nil {
+				fmt.Fprintf(tw, "  global bucket %.3f of %d tokens (rate %g/s), full at %s\t%s\n", b.Tokens, b.Capacity, b.Rate, b.FullAt.Format(time.RFC3339Nano), g.BucketWhere)
+			} else {
+				fmt.Fprintf(tw, "  global bucket UNREAD (%s): %s\n", g.BucketWhere, g.BucketError)
+			}
+			for _, p := range g.Pools {
+				if p.Error != "" {
+					fmt.Fprintf(tw, "  region %s pool UNREAD: %s\t%s\n", p.Region, p.Error, p.From)
+					continue
+				}
+				fmt.Fprintf(tw, "  region %s pool %.3f tokens (debt %.3f, escrow %.3f, owed %.3f), ttl %d ms\t%s via %s\n", p.Region, p.Tokens, p.Debt, p.Escrow, p.Owed, p.TTLms, p.RedisKey, p.From)
+			}
+		}
 	}
 	fmt.Fprintln(tw, "limiters:")
 	if len(rep.Limiters) == 0 {
@@ -278,38 +301,13 @@ func keyReset(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "limiter key reset: "+err.Error())
 		return cli.ExitFail
 	}
-	body, _ := json.Marshal(sr)
-	hc := &http.Client{Timeout: 10 * time.Second}
-	token := strings.TrimSpace(os.Getenv("LIMITER_AUTH_TOKEN"))
-	var lastErr error
-	for _, u := range targets {
-		status, out, err := postReset(hc, u, token, body)
-		if err != nil {
-			lastErr = err
-			continue // the next limiter applies it: the id makes a resend safe
-		}
-		return reportReset(status, out, u, *asJSON, stdout, stderr)
-	}
-	fmt.Fprintf(stderr, "limiter key reset: no limiter answered: %v\n", lastErr)
-	return cli.ExitFail
-}
-
-func postReset(hc *http.Client, base, token string, body []byte) (int, []byte, error) {
-	req, err := http.NewRequest(http.MethodPost, base+"/admin/keys/reset", bytes.NewReader(body))
+	fleet := &support.Inspector{Limiters: targets, Token: strings.TrimSpace(os.Getenv("LIMITER_AUTH_TOKEN"))}
+	status, out, u, err := fleet.SendReset(context.Background(), sr) // the next limiter applies it when one is unreachable
 	if err != nil {
-		return 0, nil, err
+		fmt.Fprintf(stderr, "limiter key reset: %v\n", err)
+		return cli.ExitFail
 	}
-	req.Header.Set("Content-Type", "application/json")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	return resp.StatusCode, out, err
+	return reportReset(status, out, u, *asJSON, stdout, stderr)
 }
 
 // reportReset prints a limiter's answer to a reset and returns the exit

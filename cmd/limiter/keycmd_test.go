@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratewarden/ratewarden/cmd/limiter/internal/support"
 	"github.com/ratewarden/ratewarden/policylog"
+	"github.com/ratewarden/ratewarden/support"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 

@@ -204,7 +204,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		})
 	})
 	mux.Handle("GET /admin/hot-keys", adminOnly(cfg.AuthToken, hotkeys.Handler(hot, cfg.KeyNames)))
-	addSupport(&g, mux, cfg, lim, auth, reloader.Current, meter.RecordReset, log) // /admin/keys/...: inspect and reset (keyapi.go)
+	addSupport(&g, mux, cfg, lim, auth, region, reloader.Current, meter.RecordReset, log) // /admin/keys/...: inspect and reset (keyapi.go)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 
 	srv := &http.Server{

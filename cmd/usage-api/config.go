@@ -40,6 +40,9 @@ type config struct {
 
 	// Billing: statements and corrections (billing.go).
 	Billing billingConfig
+
+	// Support: the support page's limiters (supportdesk.go).
+	Support supportConfig
 }
 
 // minAdminToken is the shortest accepted USAGE_ADMIN_TOKEN, in bytes.
@@ -60,6 +63,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Cluster:      chcluster.FromEnv(e),
 		PolicyLog:    policyLogConfigFrom(e, getenv),
 		Billing:      billingConfigFrom(e),
+		Support:      supportConfigFrom(e),
 	}
 	e.HostPort("USAGE_API_ADDR", c.Addr)
 	c.ListenTLS = tlsconf.ServerFromEnv(e, "USAGE_API_TLS_CERT_FILE", "USAGE_API_TLS_KEY_FILE")

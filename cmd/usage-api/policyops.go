@@ -51,11 +51,12 @@ func policyLogConfigFrom(e *envconfig.Reader, getenv func(string) string) policy
 }
 
 // withPolicyAPI routes the operator's policy API (opsapi) beside next, the
-// usage API. The returned func releases the log's connections.
-func withPolicyAPI(cfg config, conn driver.Conn, next http.Handler, log *slog.Logger) (http.Handler, func(), error) {
+// usage API; the opsapi handler is returned too (the support page reads
+// overrides through it). The returned func releases the log's connections.
+func withPolicyAPI(cfg config, conn driver.Conn, next http.Handler, log *slog.Logger) (http.Handler, *opsapi.Handler, func(), error) {
 	creds, err := opsapi.NewCredentials(cfg.PolicyLog.TokensFile, cfg.AdminToken)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	creds.OnChange = func(err error) { // never a token: errors name lines by number
 		if err != nil {
@@ -89,7 +90,7 @@ func withPolicyAPI(cfg config, conn driver.Conn, next http.Handler, log *slog.Lo
 		l, err := kafkalog.New(kafkalog.Config{Brokers: cfg.PolicyLog.Brokers, Topic: cfg.PolicyLog.Topic,
 			Security: cfg.PolicyLog.Security, ClientID: "usage-api-policy"})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		oc.Log, closeLog = l, l.Close
 	} else {
@@ -97,7 +98,7 @@ func withPolicyAPI(cfg config, conn driver.Conn, next http.Handler, log *slog.Lo
 	}
 	ops, err := opsapi.New(oc)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if opsapi.Owns(r.URL.Path) {
@@ -105,5 +106,5 @@ func withPolicyAPI(cfg config, conn driver.Conn, next http.Handler, log *slog.Lo
 			return
 		}
 		next.ServeHTTP(w, r)
-	}), closeLog, nil
+	}), ops, closeLog, nil
 }

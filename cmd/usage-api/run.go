@@ -113,7 +113,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		g.Add("schema", func(ctx context.Context) error { schema.ApplyUntilDone(ctx, conn, cfg.Database, log); return nil })
 	}
 
-	handler, closePolicyLog, err := withPolicyAPI(cfg, conn, srv.Handler(), log) // policyops.go
+	handler, ops, closePolicyLog, err := withPolicyAPI(cfg, conn, srv.Handler(), log) // policyops.go
 	if err != nil {
 		return abort(err)
 	}
@@ -123,6 +123,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return abort(err)
 	}
 	defer closeBilling()
+	handler, err = withSupport(cfg, conn, rdb, ops.Override, handler, log) // supportdesk.go
+	if err != nil {
+		return abort(err)
+	}
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/ratewarden/ratewarden/metering/billing/billingapi"
 	"github.com/ratewarden/ratewarden/metering/usage"
 	"github.com/ratewarden/ratewarden/policylog/opsapi"
+	"github.com/ratewarden/ratewarden/support"
 	"github.com/ratewarden/ratewarden/testkit/repo"
 )
 
@@ -427,6 +428,12 @@ func checkOpenAPI(t *testing.T, s *stack) {
 			real[k] = true
 			if !doc[k] {
 				t.Errorf("billing route %s is not in usage-api.yaml", k)
+			}
+		}
+		for _, k := range support.DeskOperations() { // the support page's API beside the gin engine (cmd/usage-api/supportdesk.go)
+			real[k] = true
+			if !doc[k] {
+				t.Errorf("support route %s is not in usage-api.yaml", k)
 			}
 		}
 		for k := range doc {

@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ratewarden/ratewarden/policylog"
 	"github.com/ratewarden/ratewarden/testkit/repo"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
@@ -45,8 +47,23 @@ func startStack(t *testing.T) *stack {
 	la, ma, ua := freeAddr(t), freeAddr(t), freeAddr(t)
 	s.limiter, s.meter, s.usage = "http://"+la, "http://"+ma, "http://"+ua
 	policyFile := filepath.Join(root, "deploy", "policy.yaml")
+	// usage-api's signing key, trusted by the limiter: the support page's
+	// resets are signed by it and applied by the limiter.
+	signer, err := policylog.GenerateSigner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDir := t.TempDir()
+	signingKey, keyring := filepath.Join(keyDir, "usage-api.pem"), filepath.Join(keyDir, "keyring")
+	if err := os.WriteFile(signingKey, signer.PEM(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyring, []byte(signer.KeyringLine("usage-api")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	lim := startBinary(t, bin, "limiter", "LIMITER_ADDR="+la, "REDIS_ADDRS="+redis.Addr(),
-		"KAFKA_BROKERS="+kafka.Addr(), "POLICY_FILE="+policyFile, "LIMITER_SPOOL_DIR="+filepath.Join(t.TempDir(), "spool"))
+		"KAFKA_BROKERS="+kafka.Addr(), "POLICY_FILE="+policyFile, "LIMITER_SPOOL_DIR="+filepath.Join(t.TempDir(), "spool"),
+		"POLICY_TRUSTED_KEYS_FILE="+keyring)
 	meter := startBinary(t, bin, "meter-consumer", "METER_ADDR="+ma, "KAFKA_BROKERS="+kafka.Addr(),
 		"CLICKHOUSE_ADDR="+ch.Addr(), "CLICKHOUSE_DATABASE="+db,
 		"REDIS_ADDRS="+redis.Addr(), "POLICY_FILE="+policyFile, // the quota reconciler, as shipped
@@ -54,7 +71,10 @@ func startStack(t *testing.T) *stack {
 	usage := startBinary(t, bin, "usage-api", "USAGE_API_ADDR="+ua, "CLICKHOUSE_ADDR="+ch.Addr(),
 		"CLICKHOUSE_DATABASE="+db, "POLICY_FILE="+policyFile, "REDIS_ADDRS="+redis.Addr(),
 		"USAGE_ADMIN_TOKEN="+s.admin, "USAGE_TOKEN_SECRET=token-secret-for-deploytest",
-		"KAFKA_BROKERS="+kafka.Addr()) // the operator's policy API (the policy log)
+		// KAFKA_BROKERS: the operator's policy API (the policy log); the
+		// limiter and usage-api's key: the support page.
+		"KAFKA_BROKERS="+kafka.Addr(),
+		"LIMITER_FLEET_URLS="+s.limiter, "POLICY_SIGNING_KEY_FILE="+signingKey, "POLICY_TRUSTED_KEYS_FILE="+keyring)
 	waitStatus(t, lim, s.limiter+"/readyz", 200, 30*time.Second)
 	waitStatus(t, meter, s.meter+"/readyz", 200, 60*time.Second)
 	waitStatus(t, usage, s.usage+"/readyz", 200, 60*time.Second)

@@ -16,6 +16,7 @@ import (
 	"github.com/ratewarden/ratewarden/metering/billing"
 	"github.com/ratewarden/ratewarden/metering/billing/chstore"
 	"github.com/ratewarden/ratewarden/metering/chsink"
+	"github.com/ratewarden/ratewarden/testkit/browser"
 )
 
 // TestDashboardShowsStatements: the dashboard, in headless Chromium with a
@@ -94,7 +95,7 @@ func TestDashboardShowsStatements(t *testing.T) {
 		t.Errorf("a portal token reads another key's statement: %d", code)
 	}
 
-	ctx, cancelB := browser(t)
+	ctx, cancelB := browser.Start(t)
 	defer cancelB()
 	if err := chromedp.Do(ctx,
 		chromedp.Navigate(e.http.URL+"/"),
@@ -129,7 +130,7 @@ func TestDashboardShowsStatements(t *testing.T) {
 	if err != nil {
 		t.Fatalf("browser, screenshot: %v", err)
 	}
-	path := filepath.Join(artifactsDir(t), "usage-dashboard-statements.png")
+	path := filepath.Join(browser.Artifacts(t), "usage-dashboard-statements.png")
 	if err := os.WriteFile(path, shot, 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,60 +14,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratewarden/ratewarden/limits"
+	"github.com/ratewarden/ratewarden/testkit/browser"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
-
-// artifactsDir is <repo>/testdata-artifacts (git-ignored), where the browser
-// test leaves its screenshots.
-func artifactsDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-	out := filepath.Join(dir, "testdata-artifacts")
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func browser(t *testing.T) (context.Context, context.CancelFunc) {
-	t.Helper()
-	path, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatalf("chromium is not installed (make test installs it as root: scripts/deps.sh): %v", err)
-	}
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(path),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1280, 900),
-	}
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancelCtx := chromedp.NewContext(actx)
-	// For a browser that hangs; a loaded machine starts Chromium slowly.
-	ctx, cancelTimeout := context.WithTimeout(ctx, 3*time.Minute)
-	return ctx, func() { cancelTimeout(); cancelCtx(); cancelAlloc() }
-}
 
 // TestDashboardInBrowser loads the page in headless Chromium with seeded
 // data, enters a portal token, and checks that one chart per scope rendered
@@ -120,7 +68,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatalf("api totals %+v, want %d requests", api, len(ds))
 	}
 
-	ctx, cancel := browser(t)
+	ctx, cancel := browser.Start(t)
 	defer cancel()
 	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
@@ -159,7 +107,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		if err != nil {
 			t.Fatalf("browser, screenshot: %v", err)
 		}
-		path := filepath.Join(artifactsDir(t), name)
+		path := filepath.Join(browser.Artifacts(t), name)
 		if err := os.WriteFile(path, shot, 0o644); err != nil {
 			t.Fatal(err)
 		}

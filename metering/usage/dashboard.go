@@ -8,7 +8,7 @@ import (
 	"github.com/gin-gonic/gin"
 )
 
-// The dashboard is static: index.html, app.js, app.css and the vendored uPlot
+// The dashboard is static: index.html, app.js, app.css, the support page and the vendored uPlot
 // (web/vendor, MIT, see web/vendor/uPlot.LICENSE). It calls the JSON API with
 // the pasted portal token in the Authorization header, never in a URL.
 //
@@ -28,6 +28,13 @@ func mountDashboard(r *gin.Engine) {
 		files.ServeHTTP(c.Writer, c.Request)
 	}
 	r.GET("/", serve)
+	// The support page (support.html, support.js): find, inspect and
+	// reset a key with an operator's token; its API is the usage API
+	// binary's (the support package), not this server's.
+	r.GET("/support", func(c *gin.Context) {
+		c.Request.URL.Path = "/support.html"
+		serve(c)
+	})
 	r.GET("/assets/*path", func(c *gin.Context) {
 		c.Request.URL.Path = "/" + c.Param("path")[1:]
 		if c.Request.URL.Path == "/" {

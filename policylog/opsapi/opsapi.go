@@ -511,3 +511,20 @@ func (h *Handler) getAudit(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"records": rows})
 }
+
+// Override is the record of the override in force for key and scope
+// (false: none), read after the log is read to its end, within ctx: the
+// support page's inspect shows its author and reason. Without a Log it
+// is an error.
+func (h *Handler) Override(ctx context.Context, key, scope string) (policylog.Record, bool, error) {
+	if h.client == nil {
+		return policylog.Record{}, false, errors.New(h.cfg.Unavailable)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.client.Sync(ctx); err != nil {
+		return policylog.Record{}, false, err
+	}
+	rec, ok := h.client.State().Override(key, scope)
+	return rec, ok, nil
+}

@@ -159,3 +159,29 @@ func printOverrides(w io.Writer, recs []policylog.Record, asJSON bool) {
 		fmt.Fprintf(w, "%s\t%s\t%s\trevision %d by %s: %q\n", r.Key, scope, strings.Join(what, ", "), r.Revision, r.Author, o.Reason)
 	}
 }
+
+// OverrideRecord reads the policy log (KAFKA_BROKERS and the keyring, as
+// every verb) to its end within ctx and returns the record of the
+// override in force for key and scope (false: none): `limiter key
+// inspect` shows its author and reason, which only the log keeps.
+func OverrideRecord(ctx context.Context, key, scope string) (policylog.Record, bool, error) {
+	keys, err := policyKeys(os.Getenv)
+	if err != nil {
+		return policylog.Record{}, false, err
+	}
+	l, err := openPolicyLog(os.Getenv)
+	if err != nil {
+		return policylog.Record{}, false, err
+	}
+	defer l.Close()
+	if err := l.Exists(ctx); err != nil {
+		return policylog.Record{}, false, err
+	}
+	c := policylog.NewClient(l, true)
+	keys.Use(c)
+	if err := c.Sync(ctx); err != nil {
+		return policylog.Record{}, false, err
+	}
+	rec, ok := c.State().Override(key, scope)
+	return rec, ok, nil
+}

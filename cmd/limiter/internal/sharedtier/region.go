@@ -95,7 +95,8 @@ type Region struct {
 	auth   enforcement.Authority // g, as chain builds it: neither split nor leased
 	stages []string
 	home   *redisclient.Client
-	n      int // regions sharing a global limit
+	n      int      // regions sharing a global limit
+	names  []string // LIMITER_REGIONS
 }
 
 // BuildRegion connects the home's Redis and registers the refiller, after
@@ -137,7 +138,7 @@ func (t *Tier) BuildRegion(g *lifecycle.Group, cfg RegionConfig, member string, 
 	// limits are decided whole from the region's pool (no split, no lease).
 	b := chain(chainSpec{bottom: glob, stages: []string{"global"}})
 	auth, stages := b.auth, b.stages
-	return &Region{g: glob, auth: auth, stages: stages, home: home, n: len(cfg.Regions)}, nil
+	return &Region{g: glob, auth: auth, stages: stages, home: home, n: len(cfg.Regions), names: cfg.Regions}, nil
 }
 
 // Authority is what decides global limits (a nil interface when none).
@@ -173,4 +174,16 @@ func (r *Region) Status() *global.Status {
 	}
 	s := r.g.Status()
 	return &s
+}
+
+// Inspect is this region's read of a global key for support's inspect:
+// its pool here and its global bucket at the home (false without
+// regions).
+func (r *Region) Inspect(ctx context.Context, key, scope string, lim enforcement.Limit) (global.View, bool) {
+	if r == nil {
+		return global.View{}, false
+	}
+	v := r.g.Inspect(ctx, key, scope, lim)
+	v.Regions = r.names
+	return v, true
 }

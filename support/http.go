@@ -1,13 +1,16 @@
 package support
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/global"
 	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog"
@@ -21,7 +24,14 @@ type Local struct {
 	Policy func() policylog.Info
 	// Lease, optional, is what this limiter holds leased of a key.
 	Lease func(key, scope string) (lease.Held, bool)
+	// Global, optional, reads a global key's pool in this limiter's region
+	// and its global bucket at the home (false: no regions here).
+	Global func(ctx context.Context, key, scope string, lim enforcement.Limit) (global.View, bool)
 }
+
+// GlobalTimeout bounds a limiter's read of a global key's pool and
+// global bucket (the home is across the WAN).
+const GlobalTimeout = 2 * time.Second
 
 // LocalHandler serves GET /admin/keys/local?key=K&scope=S: this limiter's
 // rule for the key and its local tier's view (LocalAnswer). The caller
@@ -46,6 +56,13 @@ func LocalHandler(l Local) http.Handler {
 			a.RuleErr = err.Error()
 		} else {
 			a.Rule = rule
+		}
+		if rule != nil && rule.Global && l.Global != nil {
+			ctx, cancel := context.WithTimeout(r.Context(), GlobalTimeout)
+			if v, ok := l.Global(ctx, key, scope, rule.Limit); ok {
+				a.Global = &v
+			}
+			cancel()
 		}
 		writeJSON(w, http.StatusOK, a)
 	})

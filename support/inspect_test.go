@@ -10,11 +10,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/ratewarden/ratewarden/cmd/limiter/internal/support"
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/schema"
+	"github.com/ratewarden/ratewarden/support"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 

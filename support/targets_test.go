@@ -12,10 +12,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/ratewarden/ratewarden/cmd/limiter/internal/support"
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/limits"
+	"github.com/ratewarden/ratewarden/support"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
@@ -39,7 +39,7 @@ func p99(d []time.Duration) time.Duration {
 // throughput while inspect runs every 100 ms, over the same run without.
 // One iteration is the whole measurement:
 //
-//	go test -run '^$' -bench SupportTargets -benchtime 1x ./cmd/limiter/internal/support/
+//	go test -run '^$' -bench SupportTargets -benchtime 1x ./support/
 func BenchmarkSupportTargets(b *testing.B) {
 	r := testenv.StartRedis(b)
 	ctx := context.Background()

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ratewarden/ratewarden/cmd/limiter/internal/support"
 	"github.com/ratewarden/ratewarden/policy"
+	"github.com/ratewarden/ratewarden/support"
 )
 
 // TestRuleNamesTheOverride: under the policy log's overrides, the rule

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ratewarden/ratewarden/enforcement"
+	"github.com/ratewarden/ratewarden/enforcement/global"
 	"github.com/ratewarden/ratewarden/enforcement/lease"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/policylog"
@@ -40,6 +41,13 @@ type OverrideRef struct {
 	Key      string `json:"key"`
 	Scope    string `json:"scope,omitempty"`
 	Revision int64  `json:"revision"`
+	// Author, Reason and Message are the policy log's record of the
+	// override (Inspector.OverrideRecord), read when the inspector can
+	// read the log; RecordError says why they are not shown.
+	Author      string `json:"author,omitempty"`
+	Reason      string `json:"reason,omitempty"`
+	Message     string `json:"message,omitempty"`
+	RecordError string `json:"recordError,omitempty"`
 }
 
 // RuleOf is the Rule of a resolved limit.
@@ -59,6 +67,10 @@ type LocalAnswer struct {
 	// Lease is what this limiter holds leased of the key's bucket (a hot
 	// key's blocks); absent when leasing is off or it never leased it.
 	Lease *lease.Held `json:"lease,omitempty"`
+	// Global is this limiter's region's pool of a global key and the
+	// global bucket at the home, as it read them; absent for a regional
+	// key or a limiter without regions.
+	Global *global.View `json:"global,omitempty"`
 }
 
 // Report is inspect's answer. A part that could not be read carries its
@@ -83,7 +95,7 @@ type Report struct {
 	Split *SplitPart `json:"split,omitempty"`
 	// Leases held per limiter are in Limiters (lease: a hot key's blocks).
 	// Global is the key's global budget (absent: the limit is regional).
-	Global *NotePart `json:"global,omitempty"`
+	Global *GlobalPart `json:"global,omitempty"`
 	// Limiters is one entry per limiter of the fleet: its local view.
 	Limiters []LimiterPart `json:"limiters"`
 	// Decisions are the latest recorded decisions of the key and scope.
@@ -138,6 +150,27 @@ type SplitPart struct {
 type NotePart struct {
 	Part
 	Note string `json:"note,omitempty"`
+}
+
+// GlobalPart is a global key's budget: the global bucket at the home and
+// each region's pool, as the fleet's limiters read them (a limiter reads
+// its own region's pool; the first that read the home's bucket gives it).
+// A region of LIMITER_REGIONS none of whose limiters answered is listed
+// with its error.
+type GlobalPart struct {
+	Part
+	Bucket      *redisstore.BucketView `json:"bucket,omitempty"`
+	BucketWhere string                 `json:"bucketWhere,omitempty"`
+	BucketError string                 `json:"bucketError,omitempty"`
+	Pools       []PoolPart             `json:"pools"`
+}
+
+// PoolPart is one region's pool, as one of its limiters (From) read it,
+// or why it could not.
+type PoolPart struct {
+	global.PoolView
+	From  string `json:"from"`
+	Error string `json:"error,omitempty"`
 }
 
 // LimiterPart is one limiter's answer, or why it gave none.

@@ -14,8 +14,10 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/ratewarden/ratewarden/enforcement/global"
 	"github.com/ratewarden/ratewarden/enforcement/keyslot"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
+	"github.com/ratewarden/ratewarden/policylog"
 )
 
 // DefaultPartTimeout is how long inspect waits for one part (a limiter,
@@ -47,6 +49,11 @@ type Inspector struct {
 	Timeout time.Duration
 	// Decisions is how many recorded decisions to show (default 20).
 	Decisions int
+	// OverrideRecord, optional, reads the policy log's record of the
+	// override in force for key and scope (scope "" = the whole key's):
+	// the log, not the limiters, keeps an override's author and reason.
+	// Nil = the rule's override names its revision only.
+	OverrideRecord func(ctx context.Context, key, scope string) (policylog.Record, bool, error)
 }
 
 func (in *Inspector) timeout() time.Duration {
@@ -84,12 +91,89 @@ func (in *Inspector) Inspect(ctx context.Context, key, scope string) Report {
 			rep.Rule.Error = "no limiter answered and POLICY_FILE is not set"
 		}
 	}
+	if rep.Rule.Rule != nil && rep.Rule.Global {
+		rep.Global = globalOf(rep.Limiters)
+	}
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); in.readStore(ctx, &rep) }()
 	go func() { defer wg.Done(); in.readDecisions(ctx, &rep) }()
+	go func() { defer wg.Done(); in.readOverride(ctx, &rep) }()
 	wg.Wait()
 	return rep
+}
+
+// globalOf assembles a global key's budget from the fleet's answers: one
+// pool per region (its first limiter's read), the home's bucket from the
+// first limiter that read it.
+func globalOf(ls []LimiterPart) *GlobalPart {
+	g := &GlobalPart{Part: Part{Where: "each region's Redis (its pool) and the home's (GLOBAL_REDIS_ADDRS: the global bucket), read by the fleet's limiters"},
+		Pools: []PoolPart{}}
+	seen := map[string]bool{}
+	for _, l := range ls {
+		if l.LocalAnswer == nil || l.LocalAnswer.Global == nil {
+			continue
+		}
+		v := l.LocalAnswer.Global
+		if !seen[v.Pool.Region] {
+			seen[v.Pool.Region] = true
+			g.Pools = append(g.Pools, PoolPart{PoolView: v.Pool, From: l.URL, Error: v.PoolError})
+		}
+		if g.Bucket == nil && v.Bucket != nil {
+			g.Bucket, g.BucketWhere, g.BucketError = v.Bucket, v.BucketWhere+" (read by "+l.URL+")", ""
+		} else if g.Bucket == nil && g.BucketError == "" {
+			g.BucketWhere, g.BucketError = v.BucketWhere, v.BucketError
+		}
+	}
+	if len(g.Pools) == 0 {
+		g.Error = "no limiter of the fleet read it: a limiter reads its region's pool and the home's bucket when LIMITER_REGION and GLOBAL_REDIS_ADDRS are set (LIMITER_FLEET_URLS names the limiters asked)"
+		return g
+	}
+	// The regions the answers name (LIMITER_REGIONS) whose pool no
+	// limiter read are listed, marked.
+	for _, l := range ls {
+		if l.LocalAnswer == nil || l.LocalAnswer.Global == nil {
+			continue
+		}
+		for _, name := range l.LocalAnswer.Global.Regions {
+			if !seen[name] {
+				seen[name] = true
+				g.Pools = append(g.Pools, PoolPart{PoolView: global.PoolView{Region: name}, Error: "not read: no limiter of region " + name + " answered (LIMITER_FLEET_URLS names the limiters asked)"})
+			}
+		}
+	}
+	return g
+}
+
+// readOverride fills the author, reason and message of the override in
+// force from the policy log, within the part timeout.
+func (in *Inspector) readOverride(ctx context.Context, rep *Report) {
+	if rep.Rule.Rule == nil || rep.Rule.Override == nil {
+		return
+	}
+	ov := *rep.Rule.Override // the rule is a copy; its override is the limiter's answer's
+	rep.Rule.Override = &ov
+	if in.OverrideRecord == nil {
+		ov.RecordError = "the policy log is not read here (KAFKA_BROKERS): `limiter override get " + ov.Key + "` shows its author and reason"
+		return
+	}
+	octx, cancel := context.WithTimeout(ctx, in.timeout())
+	defer cancel()
+	rec, ok, err := in.OverrideRecord(octx, ov.Key, ov.Scope)
+	switch {
+	case err != nil:
+		ov.RecordError = "policy log: " + err.Error()
+	case !ok:
+		ov.RecordError = fmt.Sprintf("the policy log has no override of %s (scope %q) in force: deleted since revision %d?", ov.Key, ov.Scope, ov.Revision)
+	default:
+		ov.Author, ov.Message = rec.Author, rec.Message
+		if rec.Override != nil {
+			ov.Reason = rec.Override.Reason
+		}
+		if rec.Revision != ov.Revision {
+			ov.RecordError = fmt.Sprintf("the log's override is revision %d; the limiter applied revision %d", rec.Revision, ov.Revision)
+		}
+	}
 }
 
 // readStore fills the store's parts: bucket, quota, debt, split, resets.
@@ -119,10 +203,6 @@ func (in *Inspector) readStore(ctx context.Context, rep *Report) {
 	}
 	if lim.Split > 1 {
 		rep.Split = &SplitPart{Part: Part{Where: fmt.Sprintf("redis, %d sub-keys %s#0…#%d", lim.Split, key, lim.Split-1)}}
-	}
-	if r.Global {
-		rep.Global = &NotePart{Part: Part{Where: "the home region's Redis (GLOBAL_REDIS_ADDRS)",
-			Error: "not read: inspect does not read global budgets yet; the region's decisions show source regional while its home is unreachable"}}
 	}
 	st := in.Store
 	if lim.Store != "" {
