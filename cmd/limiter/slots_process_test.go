@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratewarden/ratewarden/enforcement/envoyrls"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
@@ -105,5 +107,53 @@ func TestSlotsAcrossLimiterProcesses(t *testing.T) {
 	}
 	if got := b.metric(t, `limiter_slot_decisions_total{outcome="admitted",priority="critical",source="shared"}`); got != 3 {
 		t.Fatalf("admitted critical: %v", got)
+	}
+}
+
+// TestSlotsThroughTheEnvoyDoor: two limiter binaries on one Redis, as
+// Envoy's filter uses them: a slot taken through one's gRPC door is named
+// in the answer's dynamic metadata, given back by a stream-done call to
+// the other, and taken again; the priority entry sheds.
+func TestSlotsThroughTheEnvoyDoor(t *testing.T) {
+	r := testenv.StartRedis(t)
+	const pol = slotsPolicy + `domains:
+  edge:
+    descriptors:
+      - { match: [api_key], key: "{api_key}", scope: "export" }
+`
+	env := []string{"REDIS_ADDRS=" + r.Addr(), "LIMITER_LEASE_TTL=1m"}
+	_, addrA := startEnvoyLimiter(t, pol, env...)
+	_, addrB := startEnvoyLimiter(t, pol, env...)
+	a := rlsv3.NewRateLimitServiceClient(dial(t, addrA))
+	b := rlsv3.NewRateLimitServiceClient(dial(t, addrB))
+	lease := func(resp *rlsv3.RateLimitResponse) string {
+		return resp.GetDynamicMetadata().GetFields()[envoyrls.LeaseMetadataKey].GetStringValue()
+	}
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	var leases []string
+	for i, c := range []rlsv3.RateLimitServiceClient{a, b, a} {
+		resp := rls(t, c, "edge", 0, desc("api_key", "acct"))
+		if resp.OverallCode != ok || lease(resp) == "" {
+			t.Fatalf("take %d: %v", i, resp)
+		}
+		leases = append(leases, lease(resp))
+	}
+	if resp := rls(t, b, "edge", 0, desc("api_key", "acct")); resp.OverallCode != over ||
+		resp.GetDynamicMetadata().GetFields()[envoyrls.ReasonMetadataKey].GetStringValue() != "concurrency" {
+		t.Fatalf("fourth: %v", resp)
+	}
+	if resp := rls(t, b, "edge", 0, desc(envoyrls.ReleaseEntryKey, leases[0])); resp.OverallCode != ok {
+		t.Fatalf("stream done: %v", resp)
+	}
+	rls(t, a, "edge", 0, desc(envoyrls.ReleaseEntryKey, leases[0])) // a duplicate frees nothing
+	if resp := rls(t, a, "edge", 0, desc("api_key", "acct", envoyrls.PriorityEntryKey, "sheddable")); resp.OverallCode != over ||
+		resp.GetDynamicMetadata().GetFields()[envoyrls.ReasonMetadataKey].GetStringValue() != "shed" {
+		t.Fatalf("sheddable at 2 of 3 held: %v", resp)
+	}
+	if resp := rls(t, a, "edge", 0, desc("api_key", "acct", envoyrls.PriorityEntryKey, "critical")); resp.OverallCode != ok || lease(resp) == "" {
+		t.Fatalf("critical with the released slot free: %v", resp)
+	}
+	if resp := rls(t, a, "edge", 0, desc("api_key", "acct", envoyrls.PriorityEntryKey, "critical")); resp.OverallCode != over {
+		t.Fatalf("the duplicate release freed a slot: %v", resp)
 	}
 }
