@@ -2,6 +2,8 @@ package slots_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -170,4 +172,72 @@ func TestFullMarkBounds(t *testing.T) {
 			return false
 		})
 	})
+}
+
+// BenchmarkFullKeyFlood: requests of the default class against a key
+// whose four slots are held, on redis-server, with full marks (the
+// default FullFor) and without; store-calls/op is the scripts Redis ran
+// per request (INFO commandstats).
+func BenchmarkFullKeyFlood(b *testing.B) {
+	r := testenv.StartRedis(b)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer rdb.Close()
+	for _, c := range []struct {
+		name    string
+		fullFor time.Duration
+	}{{"marks", 0}, {"no-marks", -1}} {
+		b.Run(c.name, func(b *testing.B) {
+			p, err := policy.Parse([]byte(gatePolicy))
+			if err != nil {
+				b.Fatal(err)
+			}
+			lim, err := enforcement.New(enforcement.Config{Authority: redisstore.New(rdb, c.name), Policy: p})
+			if err != nil {
+				b.Fatal(err)
+			}
+			g, err := slots.NewGate(slots.Config{Next: lim, Policy: lim.Policy, Store: redisstore.NewConcurrency(rdb, c.name),
+				TTL: time.Hour, FullFor: c.fullFor})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			key := slots.NewMember() // the body runs once per b.N tried
+			for range 4 {
+				if d, err := g.Check(ctx, reportReq(key, "critical")); err != nil || !d.Allowed {
+					b.Fatalf("fill: %+v %v", d, err)
+				}
+			}
+			before := scriptCalls(b, rdb)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if d, err := g.Check(ctx, reportReq(key, "default")); err != nil || d.Allowed {
+						b.Errorf("a full key: %+v %v", d, err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64(scriptCalls(b, rdb)-before)/float64(b.N), "store-calls/op")
+		})
+	}
+}
+
+// scriptCalls is how many scripts Redis has run (EVALSHA and EVAL).
+func scriptCalls(tb testing.TB, rdb *redis.Client) int64 {
+	tb.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var total int64
+	for _, line := range strings.Split(info, "\n") {
+		for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			if rest, ok := strings.CutPrefix(line, cmd); ok {
+				n, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+				total += n
+			}
+		}
+	}
+	return total
 }
