@@ -17,7 +17,8 @@ import (
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
-// markedGate is gateOn's Gate with full marks lasting fullFor.
+// markedGate is gateOn's Gate with full marks lasting fullFor, and a
+// store deadline long enough that no call is decided degraded.
 func markedGate(t *testing.T, addr, prefix string, ttl, fullFor time.Duration) *slots.Gate {
 	t.Helper()
 	p, err := policy.Parse([]byte(gatePolicy))
@@ -32,7 +33,7 @@ func markedGate(t *testing.T, addr, prefix string, ttl, fullFor time.Duration) *
 	}
 	g, err := slots.NewGate(slots.Config{
 		Next: lim, Policy: lim.Policy, Store: redisstore.NewConcurrency(rdb, prefix),
-		TTL: ttl, Timeout: 300 * time.Millisecond, FullFor: fullFor,
+		TTL: ttl, Timeout: testenv.Timeout(5 * time.Second), FullFor: fullFor, // never degraded on a slow machine
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +62,7 @@ func TestFullMarkRefusesInProcess(t *testing.T) {
 	var leases []string
 	for i := range 4 {
 		d := mustCheck(t, g, "acct", "critical")
-		if !d.Allowed {
+		if !d.Allowed || d.Source != enforcement.SourceShared {
 			t.Fatalf("critical %d: %+v", i, d)
 		}
 		leases = append(leases, d.Lease)
@@ -128,7 +129,11 @@ func TestFullMarkBounds(t *testing.T) {
 		b := markedGate(t, r.Addr(), "elsewhere", time.Minute, fullFor)
 		var leases []string
 		for range 4 {
-			leases = append(leases, mustCheck(t, b, "acct", "critical").Lease)
+			d := mustCheck(t, b, "acct", "critical")
+			if !d.Allowed || d.Source != enforcement.SourceShared {
+				t.Fatalf("fill: %+v", d)
+			}
+			leases = append(leases, d.Lease)
 		}
 		if d := mustCheck(t, a, "acct", "default"); d.Allowed || d.Source != enforcement.SourceShared {
 			t.Fatalf("the store's refusal: %+v", d)
@@ -154,7 +159,9 @@ func TestFullMarkBounds(t *testing.T) {
 		// end before any mark could.
 		g := markedGate(t, r.Addr(), "ends", slots.MinTTL, time.Hour)
 		for range 4 {
-			mustCheck(t, g, "acct", "critical")
+			if d := mustCheck(t, g, "acct", "critical"); !d.Allowed || d.Source != enforcement.SourceShared {
+				t.Fatalf("fill: %+v", d)
+			}
 		}
 		var leaseEnd time.Time // the earliest lease's end, as the store last said
 		testenv.WaitFor(t, testenv.Timeout(10*time.Second), "a slot whose lease ended admitted", func() bool {
