@@ -217,7 +217,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	grpcSrv, err := rlsserver.New(rlsserver.Config{ // the Envoy rate limit service
 		Addr: cfg.GRPCAddr, AddrIsDefault: cfg.GRPCAddrIsDefault, AuthToken: cfg.AuthToken,
-		TLS: cfg.ListenTLS, EnvoyHeaders: cfg.EnvoyHeaders, Slots: gate,
+		TLS: cfg.ListenTLS, EnvoyHeaders: cfg.EnvoyHeaders, Slots: gate.For(cfg.EnvoyLeaseTTL),
 	}, chk, reg, log, spans.GRPC(tr)...)
 	if err != nil {
 		return abort(err)

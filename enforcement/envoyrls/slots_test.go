@@ -38,9 +38,10 @@ domains:
 `
 
 // slotsDoor is the door with slots on the Redis at addr under prefix, as
-// the limiter wires it (the Gate in front of the limiter), behind a real
-// gRPC server.
-func slotsDoor(t *testing.T, addr, prefix string, ttl time.Duration) rlsv3.RateLimitServiceClient {
+// the limiter wires it (the Gate in front of the limiter, its leases
+// lasting doorTTL where the Gate's last an hour), behind a real gRPC
+// server.
+func slotsDoor(t *testing.T, addr, prefix string, doorTTL time.Duration) rlsv3.RateLimitServiceClient {
 	t.Helper()
 	p, err := policy.Parse([]byte(slotsPolicy))
 	if err != nil {
@@ -54,13 +55,13 @@ func slotsDoor(t *testing.T, addr, prefix string, ttl time.Duration) rlsv3.RateL
 	}
 	g, err := slots.NewGate(slots.Config{
 		Next: lim, Policy: lim.Policy, Store: redisstore.NewConcurrency(rdb, prefix),
-		TTL: ttl, Timeout: testenv.Timeout(5 * time.Second), // never degraded on a slow machine
+		TTL: time.Hour, Timeout: testenv.Timeout(5 * time.Second), // never degraded on a slow machine
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	svc := envoyrls.New(lim, nil)
-	svc.SetSlots(g)
+	svc.SetSlots(g.For(doorTTL))
 	return rlsClient(t, svc)
 }
 
@@ -237,7 +238,7 @@ func TestEnvoyDoorTakesAndGivesBackSlots(t *testing.T) {
 // TestEnvoyDoorSlotOfALostStreamReturns: a stream whose stream-done call
 // never comes (Envoy killed) keeps its slot until its lease ends, which
 // nobody renews, and not longer: the slot is given out again after the
-// lease time, never before.
+// door's lease time (not the Gate's hour), never before.
 func TestEnvoyDoorSlotOfALostStreamReturns(t *testing.T) {
 	r := testenv.StartRedis(t)
 	const ttl = slots.MinTTL

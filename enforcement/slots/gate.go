@@ -157,6 +157,37 @@ func (g *Gate) Run(ctx context.Context) error {
 // of a slot carries Reason. A request turned away for want of a slot has
 // spent its rate tokens: it was counted as an attempt.
 func (g *Gate) Check(ctx context.Context, req enforcement.Request) (enforcement.Decision, error) {
+	return g.check(ctx, req, g.cfg.TTL)
+}
+
+// Door is the Gate for a door whose holders do not renew (the Envoy door,
+// whose streams end by the route's timeout): its leases last its own TTL.
+// It is safe for concurrent use.
+type Door struct {
+	g   *Gate
+	ttl time.Duration
+}
+
+// For returns the Gate's Door whose leases last ttl (at least MinTTL; 0 =
+// the Gate's TTL). A renewal of such a lease extends it by the Gate's TTL.
+func (g *Gate) For(ttl time.Duration) *Door {
+	if ttl == 0 {
+		ttl = g.cfg.TTL
+	}
+	return &Door{g: g, ttl: max(ttl, MinTTL)}
+}
+
+// Check is Gate.Check with the Door's lease time.
+func (d *Door) Check(ctx context.Context, req enforcement.Request) (enforcement.Decision, error) {
+	return d.g.check(ctx, req, d.ttl)
+}
+
+// Release is Gate.Release.
+func (d *Door) Release(ctx context.Context, id string) (freed bool, err error) {
+	return d.g.Release(ctx, id)
+}
+
+func (g *Gate) check(ctx context.Context, req enforcement.Request, ttl time.Duration) (enforcement.Decision, error) {
 	if req.Peek {
 		// A peek spends nothing, so it takes no slot: it is answered for
 		// the limit's rate alone.
@@ -194,7 +225,7 @@ func (g *Gate) Check(ctx context.Context, req enforcement.Request) (enforcement.
 	}
 	s := Slot{Key: req.Key, Scope: req.Scope, Store: res.Store, Member: NewMember()}
 	guaranteed := share >= 1 && sheds(pol)
-	gr, source, err := g.acquire(ctx, &s, share, res.Concurrency, guaranteed)
+	gr, source, err := g.acquire(ctx, &s, share, res.Concurrency, ttl, guaranteed)
 	if err != nil {
 		return enforcement.Decision{}, err
 	}
@@ -251,7 +282,7 @@ func sheds(pol enforcement.Policy) bool {
 // is guaranteed), else asks the slot's store, else, when it cannot be
 // asked, the degraded set with the tightened ceiling ⌈capacity ÷
 // instances⌉. The source says which decided.
-func (g *Gate) acquire(ctx context.Context, s *Slot, share float64, capacity int64, guaranteed bool) (Grant, enforcement.Source, error) {
+func (g *Gate) acquire(ctx context.Context, s *Slot, share float64, capacity int64, ttl time.Duration, guaranteed bool) (Grant, enforcement.Source, error) {
 	id := setID{s.Store, s.Key, s.Scope}
 	limit := ClassLimit(share, capacity)
 	if g.cfg.FullFor > 0 && !guaranteed {
@@ -263,7 +294,7 @@ func (g *Gate) acquire(ctx context.Context, s *Slot, share float64, capacity int
 	if st != nil && g.up(s.Store) {
 		start := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
-		gr, err := st.Acquire(cctx, *s, limit, capacity, g.cfg.TTL)
+		gr, err := st.Acquire(cctx, *s, limit, capacity, ttl)
 		cancel()
 		if err == nil {
 			switch {
@@ -282,7 +313,7 @@ func (g *Gate) acquire(ctx context.Context, s *Slot, share float64, capacity int
 	s.Degraded = true
 	inst := int64(max(1, g.cfg.Instances()))
 	ceiling := (capacity + inst - 1) / inst
-	gr, err := g.degraded.Acquire(ctx, *s, ClassLimit(share, ceiling), ceiling, g.cfg.TTL)
+	gr, err := g.degraded.Acquire(ctx, *s, ClassLimit(share, ceiling), ceiling, ttl)
 	return gr, enforcement.SourceDegraded, err
 }
 
