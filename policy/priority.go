@@ -32,6 +32,17 @@ func (p *Policy) PriorityShare(name string) (share float64, ok bool) {
 	return share, ok
 }
 
+// Sheds reports whether some class has a share below 1: then the classes
+// of share 1 hold capacity the others cannot take (a guarantee).
+func (p *Policy) Sheds() bool {
+	for _, share := range p.priorities {
+		if share < 1 {
+			return true
+		}
+	}
+	return false
+}
+
 // Priorities is every class with its share, sorted by name.
 func (p *Policy) Priorities() []string {
 	out := make([]string, 0, len(p.priorities))

@@ -68,6 +68,7 @@ type config struct {
 	FleetHeartbeat time.Duration // period of the fleet heartbeat (live instance count)
 	ReservationTTL time.Duration // an unsettled reservation is settled at its estimate after this
 	LeaseTTL       time.Duration // a concurrency slot not renewed this long returns (LIMITER_LEASE_TTL)
+	EnvoyLeaseTTL  time.Duration // the lease of a slot taken at the Envoy door, which nobody renews (LIMITER_ENVOY_LEASE_TTL)
 	Shadow         shadowConfig  // shadow limits beside enforcement (shadow.go)
 	Support        supportConfig // inspect and reset (keyapi.go)
 
@@ -126,6 +127,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		ReservationTTL:    e.Duration("LIMITER_RESERVATION_TTL", enforcement.DefaultReservationTTL, s, 24*time.Hour),
 		LeaseTTL:          e.Duration("LIMITER_LEASE_TTL", slots.DefaultTTL, slots.MinTTL, time.Hour),
 	}
+	c.EnvoyLeaseTTL = e.Duration("LIMITER_ENVOY_LEASE_TTL", c.LeaseTTL, slots.MinTTL, time.Hour)
 	c.Shadow = shadowConfigFrom(e, c.StoreTimeout)
 	c.Support = supportConfigFrom(e)
 	c.PolicyLog = policyLogConfigFrom(e, c.KafkaBrokers)

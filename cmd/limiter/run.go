@@ -175,8 +175,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	g.Add("policy reloader", reloader.Run)
 
 	mux := http.NewServeMux()
-	// /check takes concurrency slots (given back on /release); the gRPC
-	// door, whose callers cannot release, decides with chk alone.
+	// /check takes concurrency slots (given back on /release), and so does
+	// the gRPC door (given back by Envoy's stream-done call).
 	gate, err := buildSlots(cfg, auth, lim, chk, meter.SlotRecorder(), reg) // slots.go
 	if err != nil {
 		return abort(err)
@@ -217,7 +217,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	grpcSrv, err := rlsserver.New(rlsserver.Config{ // the Envoy rate limit service
 		Addr: cfg.GRPCAddr, AddrIsDefault: cfg.GRPCAddrIsDefault, AuthToken: cfg.AuthToken,
-		TLS: cfg.ListenTLS, EnvoyHeaders: cfg.EnvoyHeaders,
+		TLS: cfg.ListenTLS, EnvoyHeaders: cfg.EnvoyHeaders, Slots: gate.For(cfg.EnvoyLeaseTTL),
 	}, chk, reg, log, spans.GRPC(tr)...)
 	if err != nil {
 		return abort(err)

@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratewarden/ratewarden/enforcement/envoyrls"
 	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
@@ -26,16 +28,27 @@ func TestConfigLeaseTTL(t *testing.T) {
 	if err != nil || c.LeaseTTL != 10*time.Second {
 		t.Fatalf("default LIMITER_LEASE_TTL: %v, %v", c.LeaseTTL, err)
 	}
-	for _, bad := range []string{"500ms", "0s", "2h", "soon"} {
-		_, err := loadConfig(func(k string) string {
-			if k == "LIMITER_LEASE_TTL" {
-				return bad
+	for _, name := range []string{"LIMITER_LEASE_TTL", "LIMITER_ENVOY_LEASE_TTL"} {
+		for _, bad := range []string{"500ms", "0s", "2h", "soon"} {
+			_, err := loadConfig(func(k string) string {
+				if k == name {
+					return bad
+				}
+				return ""
+			})
+			if err == nil || !strings.Contains(err.Error(), name) {
+				t.Errorf("%s=%s: %v", name, bad, err)
 			}
-			return ""
-		})
-		if err == nil || !strings.Contains(err.Error(), "LIMITER_LEASE_TTL") {
-			t.Errorf("LIMITER_LEASE_TTL=%s: %v", bad, err)
 		}
+	}
+	// The Envoy door's lease is LIMITER_LEASE_TTL's unless set.
+	env := map[string]string{"LIMITER_LEASE_TTL": "30s"}
+	if c, err := loadConfig(func(k string) string { return env[k] }); err != nil || c.EnvoyLeaseTTL != 30*time.Second {
+		t.Fatalf("LIMITER_ENVOY_LEASE_TTL unset: %v, %v", c.EnvoyLeaseTTL, err)
+	}
+	env["LIMITER_ENVOY_LEASE_TTL"] = "2m"
+	if c, err := loadConfig(func(k string) string { return env[k] }); err != nil || c.EnvoyLeaseTTL != 2*time.Minute || c.LeaseTTL != 30*time.Second {
+		t.Fatalf("LIMITER_ENVOY_LEASE_TTL=2m: %v %v, %v", c.EnvoyLeaseTTL, c.LeaseTTL, err)
 	}
 }
 
@@ -105,5 +118,69 @@ func TestSlotsAcrossLimiterProcesses(t *testing.T) {
 	}
 	if got := b.metric(t, `limiter_slot_decisions_total{outcome="admitted",priority="critical",source="shared"}`); got != 3 {
 		t.Fatalf("admitted critical: %v", got)
+	}
+}
+
+// TestSlotsThroughTheEnvoyDoor: two limiter binaries on one Redis, as
+// Envoy's filter uses them: a slot taken through one's gRPC door is named
+// in the answer's dynamic metadata, leased for LIMITER_ENVOY_LEASE_TTL
+// (not LIMITER_LEASE_TTL), given back by a stream-done call to the other,
+// and taken again; the priority entry sheds.
+func TestSlotsThroughTheEnvoyDoor(t *testing.T) {
+	r := testenv.StartRedis(t)
+	const pol = slotsPolicy + `domains:
+  edge:
+    descriptors:
+      - { match: [api_key], key: "{api_key}", scope: "export" }
+`
+	env := []string{"REDIS_ADDRS=" + r.Addr(), "LIMITER_LEASE_TTL=1m", "LIMITER_ENVOY_LEASE_TTL=1h"}
+	_, addrA := startEnvoyLimiter(t, pol, env...)
+	_, addrB := startEnvoyLimiter(t, pol, env...)
+	a := rlsv3.NewRateLimitServiceClient(dial(t, addrA))
+	b := rlsv3.NewRateLimitServiceClient(dial(t, addrB))
+	lease := func(resp *rlsv3.RateLimitResponse) string {
+		return resp.GetDynamicMetadata().GetFields()[envoyrls.LeaseMetadataKey].GetStringValue()
+	}
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	var leases []string
+	for i, c := range []rlsv3.RateLimitServiceClient{a, b, a} {
+		resp := rls(t, c, "edge", 0, desc("api_key", "acct"))
+		if resp.OverallCode != ok || lease(resp) == "" {
+			t.Fatalf("take %d: %v", i, resp)
+		}
+		leases = append(leases, lease(resp))
+	}
+	if resp := rls(t, b, "edge", 0, desc("api_key", "acct")); resp.OverallCode != over ||
+		resp.GetDynamicMetadata().GetFields()[envoyrls.ReasonMetadataKey].GetStringValue() != "concurrency" {
+		t.Fatalf("fourth: %v", resp)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer rdb.Close()
+	ends, err := rdb.ZRangeWithScores(context.Background(), redisstore.NewConcurrency(rdb, "").SetKey("acct", "export"), 0, -1).Result()
+	if err != nil || len(ends) != 3 {
+		t.Fatalf("the slots in Redis: %v, %v", ends, err)
+	}
+	now, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ends {
+		if left := time.Duration(int64(e.Score)-now.UnixMilli()) * time.Millisecond; left < 30*time.Minute {
+			t.Fatalf("a lease of the Envoy door ends in %v: not LIMITER_ENVOY_LEASE_TTL=1h", left)
+		}
+	}
+	if resp := rls(t, b, "edge", 0, desc(envoyrls.ReleaseEntryKey, leases[0])); resp.OverallCode != ok {
+		t.Fatalf("stream done: %v", resp)
+	}
+	rls(t, a, "edge", 0, desc(envoyrls.ReleaseEntryKey, leases[0])) // a duplicate frees nothing
+	if resp := rls(t, a, "edge", 0, desc("api_key", "acct", envoyrls.PriorityEntryKey, "sheddable")); resp.OverallCode != over ||
+		resp.GetDynamicMetadata().GetFields()[envoyrls.ReasonMetadataKey].GetStringValue() != "shed" {
+		t.Fatalf("sheddable at 2 of 3 held: %v", resp)
+	}
+	if resp := rls(t, a, "edge", 0, desc("api_key", "acct", envoyrls.PriorityEntryKey, "critical")); resp.OverallCode != ok || lease(resp) == "" {
+		t.Fatalf("critical with the released slot free: %v", resp)
+	}
+	if resp := rls(t, a, "edge", 0, desc("api_key", "acct", envoyrls.PriorityEntryKey, "critical")); resp.OverallCode != over {
+		t.Fatalf("the duplicate release freed a slot: %v", resp)
 	}
 }

@@ -13,10 +13,11 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/envoyrls/envoyrlstest"
 )
 
-// TestConcurrencyOnlyIsRefusedAtTheEnvoyDoor: the Envoy door takes no
-// slots, so a descriptor whose limit is a concurrency alone is answered
-// FailedPrecondition (never OK: that would leave the limit unenforced);
-// a limit with a rate and a concurrency is decided on its rate.
+// TestConcurrencyOnlyIsRefusedAtTheEnvoyDoor: without SetSlots the Envoy
+// door takes no slots, so a descriptor whose limit is a concurrency alone
+// is answered FailedPrecondition (never OK: that would leave the limit
+// unenforced), a release Unimplemented, and a limit with a rate and a
+// concurrency is decided on its rate.
 func TestConcurrencyOnlyIsRefusedAtTheEnvoyDoor(t *testing.T) {
 	lim := envoyrlstest.Limiter(t, `
 version: 1
@@ -34,6 +35,10 @@ domains:
 	_, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{d("k", "a")}})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("concurrency alone: %v", err)
+	}
+	_, err = svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{d(envoyrls.ReleaseEntryKey, "x")}})
+	if status.Code(err) != codes.Unimplemented {
+		t.Fatalf("a release: %v", err)
 	}
 	if resp := call(t, svc, d("k", "b")); resp.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("rate and concurrency, first: %v", resp.OverallCode)

@@ -17,6 +17,20 @@
 // that concurrent requests were already refused for. Put the descriptors
 // of the caller's own budgets first and shared (global) ones last, and a
 // flood from one caller never reaches the shared budget (docs/policy.md).
+//
+// # Concurrency slots
+//
+// With SetSlots, a descriptor whose limit has a concurrency takes a slot,
+// as POST /check does. Envoy cannot hold a lease id by itself, so the
+// door hands it over in the answer's dynamic_metadata (LeaseMetadataKey,
+// which Envoy keeps under the filter's namespace for the rest of the
+// stream), and the route's stream-done rate limit reads it back into a
+// descriptor entry (ReleaseEntryKey, a `metadata` action of source
+// DYNAMIC): that call gives the slots back. A call answered OVER_LIMIT,
+// or failing, gives back at once the slots it took: the request does not
+// run. A stream-done call that never comes (Envoy killed, the call lost)
+// leaves the slot to its lease, which nobody renews: it returns within
+// the lease time, as a dead holder's does.
 package envoyrls
 
 import (
@@ -38,6 +52,7 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/httpapi"
 	"github.com/ratewarden/ratewarden/enforcement/ratelimitheader"
+	"github.com/ratewarden/ratewarden/enforcement/slots"
 	"github.com/ratewarden/ratewarden/limits"
 	"github.com/ratewarden/ratewarden/policy"
 )
@@ -86,10 +101,11 @@ const (
 	ResultNotEvaluated                // after a rejected descriptor: UNKNOWN, nothing spent
 	ResultCostExceeds                 // the cost is larger than the bucket could ever hold: OVER_LIMIT
 	ResultCharged                     // a charge descriptor (ChargeEntryKey): spent, OK
+	ResultReleased                    // a release descriptor (ReleaseEntryKey): its leases given back, OK
 	numResults
 )
 
-var resultNames = [numResults]string{"ok", "over_limit", "would_reject", "no_match", "unknown_domain", "not_evaluated", "cost_exceeds_limit", "charged"}
+var resultNames = [numResults]string{"ok", "over_limit", "would_reject", "no_match", "unknown_domain", "not_evaluated", "cost_exceeds_limit", "charged", "released"}
 
 // String is the metric label of r.
 func (r Result) String() string {
@@ -117,6 +133,7 @@ type Observer interface {
 type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	lim     Limiter
+	slots   Slots // nil: the door takes no slots
 	obs     Observer
 	now     func() time.Time
 	headers ratelimitheader.Mode
@@ -137,11 +154,14 @@ func (s *Service) SetHeaderMode(m ratelimitheader.Mode) { s.headers = m }
 
 // plan is one descriptor, validated and mapped, before anything is spent.
 type plan struct {
-	mapped  policy.Mapped
-	result  policy.MapResult
-	cost    int64
-	hasCost bool
-	charge  bool // ChargeEntryKey: charge cost, decide nothing
+	mapped   policy.Mapped
+	result   policy.MapResult
+	cost     int64
+	hasCost  bool
+	charge   bool   // ChargeEntryKey: charge cost, decide nothing
+	priority string // PriorityEntryKey's value
+	release  bool   // ReleaseEntryKey: give leases back, decide nothing
+	leases   string // ReleaseEntryKey's value
 }
 
 // ShouldRateLimit implements the Envoy rate limit service.
@@ -184,10 +204,32 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		rejected bool
 		warn     bool // some enforced descriptor reached its soft limit
 		now      time.Time
+		taken    []string // leases this call took
+		reason   string   // a slot's reason for the rejection
 	)
+	check := s.lim.Check
+	if s.slots != nil {
+		check = s.slots.Check
+	}
+	answered := false
+	defer func() {
+		// A call that fails or is over the limit does not run: the
+		// slots it took are given back now, not at the lease's end.
+		if !answered || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			s.giveBack(ctx, taken)
+		}
+	}()
 	for i := range plans {
 		p := &plans[i]
 		st := resp.Statuses[i]
+		if p.release {
+			st.Code = rlsv3.RateLimitResponse_OK
+			if err := s.release(ctx, p.leases, i); err != nil {
+				return nil, err
+			}
+			s.observe(domain, ResultReleased)
+			continue
+		}
 		switch {
 		case p.result == policy.MapUnknownDomain:
 			st.Code = rlsv3.RateLimitResponse_OK
@@ -209,10 +251,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			s.observe(domain, ResultCharged)
 			continue
 		}
-		d, err := s.lim.Check(ctx, enforcement.Request{
+		d, err := check(ctx, enforcement.Request{
 			Key: p.mapped.Key, Scope: p.mapped.Scope, Tier: p.mapped.Tier,
-			Cost: p.cost, HasCost: p.hasCost, Domain: domain,
+			Cost: p.cost, HasCost: p.hasCost, Domain: domain, Priority: p.priority,
 		})
+		if d.Lease != "" {
+			taken = append(taken, d.Lease)
+		}
 		if now.IsZero() {
 			now = s.now()
 		}
@@ -230,10 +275,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 				s.observe(domain, ResultCostExceeds)
 				continue
-			case errors.Is(err, enforcement.ErrUnknownTier), errors.Is(err, enforcement.ErrInvalidRequest):
+			case errors.Is(err, enforcement.ErrUnknownTier), errors.Is(err, enforcement.ErrInvalidRequest), errors.Is(err, slots.ErrUnknownPriority):
 				return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d]: %v", i, err)
 			case errors.Is(err, enforcement.ErrConcurrencyOnly):
-				// The door takes no slots (docs/concurrency.md): Envoy's
+				// This door takes no slots (SetSlots): Envoy's
 				// failure_mode_deny decides what becomes of the request.
 				return nil, status.Errorf(codes.FailedPrecondition, "descriptors[%d]: %v", i, err)
 			}
@@ -267,6 +312,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			rejected = true
 			bind, bindSet = d, true
+			reason = d.Reason
 			s.observe(domain, ResultOverLimit)
 			continue
 		case !d.WouldAllow:
@@ -288,6 +334,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		// limit on the request itself.
 		resp.ResponseHeadersToAdd = a.headers(&bind, now, warn, s.headers)
 	}
+	switch {
+	case resp.OverallCode == rlsv3.RateLimitResponse_OK && len(taken) > 0:
+		resp.DynamicMetadata = metadata(LeaseMetadataKey, strings.Join(taken, ","))
+	case rejected && reason != "":
+		resp.DynamicMetadata = metadata(ReasonMetadataKey, reason)
+	}
+	answered = true
 	return resp, nil
 }
 
@@ -339,8 +392,21 @@ func planOf(mapper *policy.Policy, domain string, requestHits uint32, d *ratelim
 	entries := buf
 	var p plan
 	for j, e := range es {
-		if e.GetKey() == ChargeEntryKey {
+		switch e.GetKey() {
+		case ChargeEntryKey:
 			p.charge = true
+			continue
+		case ReleaseEntryKey:
+			if len(e.GetValue()) > maxReleaseBytes {
+				return plan{}, fmt.Errorf("entries[%d]: a release of %d bytes, at most %d", j, len(e.GetValue()), maxReleaseBytes)
+			}
+			p.release, p.leases = true, e.GetValue()
+			continue
+		case PriorityEntryKey:
+			if len(e.GetValue()) > MaxEntryBytes {
+				return plan{}, fmt.Errorf("entries[%d]: a key or value is longer than %d bytes", j, MaxEntryBytes)
+			}
+			p.priority = e.GetValue()
 			continue
 		}
 		if e.GetKey() == "" {
@@ -350,6 +416,10 @@ func planOf(mapper *policy.Policy, domain string, requestHits uint32, d *ratelim
 			return plan{}, fmt.Errorf("entries[%d]: a key or value is longer than %d bytes", j, MaxEntryBytes)
 		}
 		entries = append(entries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
+	}
+	if p.release {
+		// The leases name their keys and scopes: nothing to map.
+		return plan{release: true, leases: p.leases}, nil
 	}
 	if p.charge && len(entries) == 0 {
 		return plan{}, errors.New("a charge descriptor needs entries besides " + ChargeEntryKey)
@@ -401,14 +471,21 @@ func planOf(mapper *policy.Policy, domain string, requestHits uint32, d *ratelim
 
 // currentLimit describes the limit that decided: the calendar quota when
 // it binds (the decision reports the quota's limit), else the bucket's
-// sustained rate in the smallest unit in which it is a whole number.
-// out is where to write it (the answer's own storage).
+// sustained rate in the smallest unit in which it is a whole number, or
+// for a concurrency alone its slots (unit UNKNOWN). out is where to write
+// it (the answer's own storage).
 func currentLimit(mapper *policy.Policy, m policy.Mapped, d enforcement.Decision, out *rlsv3.RateLimitResponse_RateLimit) *rlsv3.RateLimitResponse_RateLimit {
 	res, err := mapper.Resolve(m.Key, m.Scope, m.Tier)
 	if err != nil {
 		return nil
 	}
 	out.Name = res.Policy
+	if !res.HasRate() {
+		// A concurrency alone: its slots, in no unit of time.
+		out.RequestsPerUnit = uint32(min(res.Concurrency, math.MaxUint32))
+		out.Unit = rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+		return out
+	}
 	if res.HasQuota() && d.Limit == res.QuotaLimit && d.Limit != res.Burst && d.Source != enforcement.SourceDegraded {
 		out.RequestsPerUnit = uint32(min(res.QuotaLimit, math.MaxUint32))
 		switch res.QuotaPeriod {

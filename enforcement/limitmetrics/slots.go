@@ -3,6 +3,7 @@ package limitmetrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratewarden/ratewarden/enforcement"
 	"github.com/ratewarden/ratewarden/enforcement/slots"
 )
 
@@ -18,13 +19,13 @@ type Slots struct {
 var _ slots.Observer = (*Slots)(nil)
 
 // NewSlots registers on reg limiter_slot_decisions_total{outcome=
-// "admitted|concurrency|shed", priority, source="shared|degraded"} and
+// "admitted|concurrency|shed", priority, source="shared|local|degraded"} and
 // limiter_slot_returns_total{outcome="released|unheld|renewed|lost"}.
 func NewSlots(reg prometheus.Registerer) *Slots {
 	s := &Slots{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_slot_decisions_total",
-			Help: "Slot acquisitions on concurrency limits: admitted, or refused for want of a slot (concurrency) or because the priority class holds its share (shed), by class and by who decided (shared: the store; degraded: this instance's tightened set while the store could not be asked).",
+			Help: "Slot acquisitions on concurrency limits: admitted, or refused for want of a slot (concurrency) or because the priority class holds its share (shed), by class and by who decided (shared: the store; local: a refusal in process on the store's last refusal, with no store call; degraded: this instance's tightened set while the store could not be asked).",
 		}, []string{"outcome", "priority", "source"}),
 		returns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_slot_returns_total",
@@ -36,15 +37,11 @@ func NewSlots(reg prometheus.Registerer) *Slots {
 }
 
 // Slot implements slots.Observer.
-func (s *Slots) Slot(outcome, priority string, degraded bool) {
+func (s *Slots) Slot(outcome, priority string, source enforcement.Source) {
 	if priority == "" {
 		priority = "default"
 	}
-	source := "shared"
-	if degraded {
-		source = "degraded"
-	}
-	s.decisions.WithLabelValues(outcome, priority, source).Inc()
+	s.decisions.WithLabelValues(outcome, priority, source.String()).Inc()
 }
 
 // Return implements slots.Observer.

@@ -28,13 +28,20 @@ type Policy interface {
 // at all, so that decisions skip the second resolution.
 type concurrencyKnower interface{ HasConcurrency() bool }
 
+// sheddingKnower is a policy that can say whether some priority class has
+// a share below 1: then a class of share 1 holds a guarantee, which no
+// full mark may refuse (full.go).
+type sheddingKnower interface{ Sheds() bool }
+
 // Observer counts what the Gate does. Implementations are safe for
 // concurrent use and never block.
 type Observer interface {
 	// Slot counts an acquire's outcome: "admitted", or the rejection's
 	// reason (enforcement.ReasonConcurrency, enforcement.ReasonShed), for
-	// the request's class; degraded says the in-process set decided.
-	Slot(outcome, priority string, degraded bool)
+	// the request's class, and who decided: enforcement.SourceShared (the
+	// store), SourceLocal (a refusal on the store's last word, with no
+	// store call) or SourceDegraded (the in-process set).
+	Slot(outcome, priority string, source enforcement.Source)
 	// Return counts a release or renew: "released", "unheld" (a release
 	// that freed nothing), "renewed", "lost" (a renew of a lease not held).
 	Return(outcome string)
@@ -67,6 +74,12 @@ type Config struct {
 	// Instances is how many limiters share the fleet's slots (the degraded
 	// ceiling divides by it); nil = 1.
 	Instances func() int
+	// FullFor is how long at most a request is refused in process, with no
+	// store call, after the store refused one of the same key and scope at
+	// or below its class's limit (full.go): 0 = DefaultFullFor, negative =
+	// never; at most RenewInterval(TTL). A slot released through another
+	// limiter is refused here for at most that long.
+	FullFor time.Duration
 	// Observer counts outcomes; nil = none.
 	Observer Observer
 	// Recorder records each slot taken, refused, shed and released as a
@@ -77,10 +90,12 @@ type Config struct {
 // Gate takes a slot for every allowed decision on a concurrency limit, and
 // gives it back on Release. It is a Checker itself: put it in front of
 // the limiter on the doors whose callers release (POST /check with
-// /release, the middleware). It is safe for concurrent use.
+// /release, the middleware, the Envoy door with its stream-done call). It
+// is safe for concurrent use.
 type Gate struct {
 	cfg      Config
 	degraded *Memory
+	full     fullMarks
 	// downUntil maps a store name to the time (Unix ns) before which it is
 	// not asked (*atomic.Int64): one failure opens it for OpenFor.
 	downUntil sync.Map
@@ -113,14 +128,31 @@ func NewGate(cfg Config) (*Gate, error) {
 	if cfg.Instances == nil {
 		cfg.Instances = func() int { return 1 }
 	}
+	if cfg.FullFor == 0 {
+		cfg.FullFor = DefaultFullFor
+	}
+	cfg.FullFor = min(cfg.FullFor, RenewInterval(cfg.TTL))
 	return &Gate{cfg: cfg, degraded: NewMemory(nil)}, nil
 }
 
 // TTL is the lease time.
 func (g *Gate) TTL() time.Duration { return g.cfg.TTL }
 
-// Run sweeps the degraded set's expired leases until ctx ends.
-func (g *Gate) Run(ctx context.Context) error { return g.degraded.Run(ctx, g.cfg.TTL) }
+// Run sweeps the degraded set's expired leases and the full marks that
+// no longer stand, every TTL, until ctx ends.
+func (g *Gate) Run(ctx context.Context) error {
+	t := time.NewTicker(g.cfg.TTL)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			g.degraded.Sweep()
+			g.full.sweep(now)
+		}
+	}
+}
 
 // Check decides req: the rate limit first (when the limit has one), then,
 // for a limit with a concurrency, a slot. An allowed decision on a
@@ -128,6 +160,37 @@ func (g *Gate) Run(ctx context.Context) error { return g.degraded.Run(ctx, g.cfg
 // of a slot carries Reason. A request turned away for want of a slot has
 // spent its rate tokens: it was counted as an attempt.
 func (g *Gate) Check(ctx context.Context, req enforcement.Request) (enforcement.Decision, error) {
+	return g.check(ctx, req, g.cfg.TTL)
+}
+
+// Door is the Gate for a door whose holders do not renew (the Envoy door,
+// whose streams end by the route's timeout): its leases last its own TTL.
+// It is safe for concurrent use.
+type Door struct {
+	g   *Gate
+	ttl time.Duration
+}
+
+// For returns the Gate's Door whose leases last ttl (at least MinTTL; 0 =
+// the Gate's TTL). A renewal of such a lease extends it by the Gate's TTL.
+func (g *Gate) For(ttl time.Duration) *Door {
+	if ttl == 0 {
+		ttl = g.cfg.TTL
+	}
+	return &Door{g: g, ttl: max(ttl, MinTTL)}
+}
+
+// Check is Gate.Check with the Door's lease time.
+func (d *Door) Check(ctx context.Context, req enforcement.Request) (enforcement.Decision, error) {
+	return d.g.check(ctx, req, d.ttl)
+}
+
+// Release is Gate.Release.
+func (d *Door) Release(ctx context.Context, id string) (freed bool, err error) {
+	return d.g.Release(ctx, id)
+}
+
+func (g *Gate) check(ctx context.Context, req enforcement.Request, ttl time.Duration) (enforcement.Decision, error) {
 	if req.Peek {
 		// A peek spends nothing, so it takes no slot: it is answered for
 		// the limit's rate alone.
@@ -164,8 +227,9 @@ func (g *Gate) Check(ctx context.Context, req enforcement.Request) (enforcement.
 		}
 	}
 	s := Slot{Key: req.Key, Scope: req.Scope, Store: res.Store, Member: NewMember()}
+	guaranteed := share >= 1 && sheds(pol)
 	at := time.Now()
-	gr, degraded, err := g.acquire(ctx, &s, share, res.Concurrency)
+	gr, source, err := g.acquire(ctx, &s, share, res.Concurrency, ttl, guaranteed)
 	if err != nil {
 		return enforcement.Decision{}, err
 	}
@@ -174,10 +238,10 @@ func (g *Gate) Check(ctx context.Context, req enforcement.Request) (enforcement.
 		if !gr.Admitted {
 			outcome = gr.Reason
 		}
-		g.cfg.Observer.Slot(outcome, class, degraded)
+		g.cfg.Observer.Slot(outcome, class, source)
 	}
-	if degraded {
-		d.Source = enforcement.SourceDegraded
+	if source != enforcement.SourceShared {
+		d.Source = source
 	}
 	if !res.HasRate() {
 		d.Remaining = max(0, res.Concurrency-gr.Held)
@@ -214,27 +278,49 @@ func (g *Gate) share(pol enforcement.Policy, priority string) (share float64, cl
 	return share, priority, nil
 }
 
-// acquire asks the slot's store, else, when it cannot be asked, the
-// degraded set with the tightened ceiling ⌈capacity ÷ instances⌉.
-func (g *Gate) acquire(ctx context.Context, s *Slot, share float64, capacity int64) (Grant, bool, error) {
+// sheds reports whether pol has a priority class below share 1.
+func sheds(pol enforcement.Policy) bool {
+	k, ok := pol.(sheddingKnower)
+	return ok && k.Sheds()
+}
+
+// acquire refuses on the set's full mark when it stands (unless the class
+// is guaranteed), else asks the slot's store, else, when it cannot be
+// asked, the degraded set with the tightened ceiling ⌈capacity ÷
+// instances⌉. The source says which decided.
+func (g *Gate) acquire(ctx context.Context, s *Slot, share float64, capacity int64, ttl time.Duration, guaranteed bool) (Grant, enforcement.Source, error) {
+	id := setID{s.Store, s.Key, s.Scope}
+	limit := ClassLimit(share, capacity)
+	if g.cfg.FullFor > 0 && !guaranteed {
+		if gr, ok := g.full.refuse(id, limit, capacity, time.Now()); ok {
+			return gr, enforcement.SourceLocal, nil
+		}
+	}
 	st := g.storeOf(s.Store)
 	if st != nil && g.up(s.Store) {
+		start := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
-		gr, err := st.Acquire(cctx, *s, ClassLimit(share, capacity), capacity, g.cfg.TTL)
+		gr, err := st.Acquire(cctx, *s, limit, capacity, ttl)
 		cancel()
 		if err == nil {
-			return gr, false, nil
+			switch {
+			case gr.Admitted:
+				g.full.clear(id)
+			case g.cfg.FullFor > 0:
+				g.full.mark(id, start, gr, g.cfg.FullFor)
+			}
+			return gr, enforcement.SourceShared, nil
 		}
 		if ctx.Err() != nil {
-			return Grant{}, false, fmt.Errorf("acquire a slot: %w", ctx.Err())
+			return Grant{}, 0, fmt.Errorf("acquire a slot: %w", ctx.Err())
 		}
 		g.failed(s.Store)
 	}
 	s.Degraded = true
 	inst := int64(max(1, g.cfg.Instances()))
 	ceiling := (capacity + inst - 1) / inst
-	gr, err := g.degraded.Acquire(ctx, *s, ClassLimit(share, ceiling), ceiling, g.cfg.TTL)
-	return gr, true, err
+	gr, err := g.degraded.Acquire(ctx, *s, ClassLimit(share, ceiling), ceiling, ttl)
+	return gr, enforcement.SourceDegraded, err
 }
 
 // up reports whether store name may be asked: it has not failed a call
@@ -289,6 +375,9 @@ func (g *Gate) Release(ctx context.Context, id string) (freed bool, err error) {
 	}
 	if freed {
 		g.recordRelease(s, time.Now())
+	}
+	if freed && !s.Degraded {
+		g.full.clear(setID{s.Store, s.Key, s.Scope})
 	}
 	if g.cfg.Observer != nil {
 		outcome := "released"

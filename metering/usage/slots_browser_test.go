@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/ratewarden/ratewarden/testkit/browser"
 )
 
 // TestDashboardShowsSlots: the dashboard, in headless Chromium with a
@@ -39,7 +40,7 @@ func TestDashboardShowsSlots(t *testing.T) {
 	}
 	tok := e.issue("acct_dash", 3600).Token
 
-	ctx, cancel := browser(t)
+	ctx, cancel := browser.Start(t)
 	defer cancel()
 	if err := chromedp.Do(ctx,
 		chromedp.Navigate(e.http.URL+"/"),
@@ -82,7 +83,7 @@ func TestDashboardShowsSlots(t *testing.T) {
 	if err != nil {
 		t.Fatalf("browser, screenshot: %v", err)
 	}
-	path := filepath.Join(artifactsDir(t), "usage-dashboard-slots.png")
+	path := filepath.Join(browser.Artifacts(t), "usage-dashboard-slots.png")
 	if err := os.WriteFile(path, shot, 0o644); err != nil {
 		t.Fatal(err)
 	}

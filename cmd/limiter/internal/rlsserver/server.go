@@ -172,6 +172,9 @@ type Config struct {
 	TLS *tlsconf.ServerCert
 	// EnvoyHeaders is LIMITER_ENVOY_HEADERS: the answers' response_headers_to_add.
 	EnvoyHeaders ratelimitheader.Mode
+	// Slots takes and gives back concurrency slots (envoyrls.Service.SetSlots);
+	// nil = the door takes none.
+	Slots envoyrls.Slots
 }
 
 // Server is the Envoy rate limit service, the gRPC health service and
@@ -241,6 +244,9 @@ func New(cfg Config, lim envoyrls.Limiter, reg prometheus.Registerer, log *slog.
 	)...)
 	rls := envoyrls.New(lim, m)
 	rls.SetHeaderMode(cfg.EnvoyHeaders)
+	if cfg.Slots != nil {
+		rls.SetSlots(cfg.Slots)
+	}
 	rlsv3.RegisterRateLimitServiceServer(srv, rls)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
