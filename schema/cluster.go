@@ -61,6 +61,7 @@ var shardingKeys = map[string]string{
 	BillingStatements:   "cityHash64(key)",
 	BillingCorrections:  "cityHash64(id)",
 	BillingExports:      "cityHash64(identifier)",
+	BillingExportPlans:  "cityHash64(identifier)",
 }
 
 var (

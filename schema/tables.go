@@ -40,6 +40,9 @@ const (
 	BillingCorrections = "billing_corrections"
 	// BillingExports records every row exported, with its identifier (0072).
 	BillingExports = "billing_exports"
+	// BillingExportPlans holds the rows an export is about to send, their
+	// values fixed before the send (0073).
+	BillingExportPlans = "billing_export_plans"
 )
 
 // RollupTables are the usage rollups, finest first.

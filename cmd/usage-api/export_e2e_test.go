@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,43 +23,6 @@ import (
 	"github.com/ratewarden/ratewarden/schema"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
-
-// stripeMockVersion is Stripe's own API server for tests: it checks every
-// request against Stripe's OpenAPI description and keeps no state.
-const stripeMockVersion = "github.com/stripe/stripe-mock@v0.203.0"
-
-// startStripeMock builds stripe-mock from the module proxy into a
-// temporary GOBIN and runs it on a free loopback port; it returns its URL.
-func startStripeMock(t *testing.T) string {
-	t.Helper()
-	gobin := t.TempDir()
-	install := exec.Command("go", "install", stripeMockVersion)
-	install.Env = append(os.Environ(), "GOBIN="+gobin, "GOFLAGS=")
-	if out, err := install.CombinedOutput(); err != nil {
-		t.Fatalf("go install %s: %v\n%s", stripeMockVersion, err, out)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	cmd := exec.Command(filepath.Join(gobin, "stripe-mock"), "-http-addr", addr)
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	deadline := time.Now().Add(time.Minute)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return "http://" + addr
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stripe-mock not listening on %s: %v\n%s", addr, err, logs.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
 
 // stripeTap forwards to stripe-mock and notes each meter event's
 // identifier; from the hold-th event on it forwards the request, then
@@ -117,7 +79,7 @@ func (r *httptestRecorder) WriteHeader(code int)        { r.code = code }
 // every statement line with the same identifiers each time.
 func TestExportResumesAfterAKillAndBillsEveryRowOnce(t *testing.T) {
 	t.Parallel()
-	mock := startStripeMock(t)
+	mock := testenv.StartStripeMock(t)
 	ch := testenv.StartClickHouse(t)
 	db := ch.Database(t)
 	conn := ch.Conn(t)

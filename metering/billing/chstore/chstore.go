@@ -7,10 +7,12 @@
 package chstore
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -373,6 +375,63 @@ func (s *Store) RecordExport(ctx context.Context, destination string, rows []bil
 	}
 	if err := b.Send(); err != nil {
 		return wrap("billing export insert", err)
+	}
+	return nil
+}
+
+// Plans are the rows planned for destination in period, the first planned
+// of each identifier, in the order they were planned.
+func (s *Store) Plans(ctx context.Context, destination, period string) ([]billing.ExportRow, error) {
+	sql, args := plansQuery{db: s.db, destination: destination, period: period}.toSQL()
+	rows, err := s.conn.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, wrap("billing plans query", err)
+	}
+	defer rows.Close()
+	type planned struct {
+		row billing.ExportRow
+		ms  uint64
+	}
+	var first []planned
+	for rows.Next() {
+		var p planned
+		r := &p.row
+		if err := rows.Scan(&r.Identifier, &r.Period, &r.TZ, &r.Key, &r.Line, &r.Ref, &r.Measure, &r.Requests, &r.Cost, &p.ms); err != nil {
+			return nil, wrap("billing plans scan", err)
+		}
+		if len(first) > 0 && first[len(first)-1].row.Identifier == r.Identifier {
+			continue // planned again (two exports at once): the first holds
+		}
+		first = append(first, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("billing plans rows", err)
+	}
+	slices.SortStableFunc(first, func(a, b planned) int { return cmp.Compare(a.ms, b.ms) })
+	out := make([]billing.ExportRow, len(first))
+	for i, p := range first {
+		out[i] = p.row
+	}
+	return out, nil
+}
+
+// Plan records rows as about to be sent to destination (one INSERT).
+func (s *Store) Plan(ctx context.Context, destination string, rows []billing.ExportRow, at time.Time) error {
+	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+schema.BillingExportPlans+
+		" (destination, period, tz, identifier, key, line, ref, measure, requests, cost, planned_at, planned_ms)")
+	if err != nil {
+		return wrap("billing plan prepare", err)
+	}
+	defer b.Abort()
+	at = at.UTC()
+	for _, r := range rows {
+		if err := b.Append(destination, r.Period, r.TZ, r.Identifier, r.Key, r.Line, r.Ref, r.Measure, r.Requests, r.Cost,
+			at.Truncate(time.Second), uint64(at.UnixMilli())); err != nil {
+			return wrap("billing plan append", err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return wrap("billing plan insert", err)
 	}
 	return nil
 }

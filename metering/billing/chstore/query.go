@@ -140,3 +140,16 @@ func (q keysQuery) toSQL() (string, []any) {
 	return fmt.Sprintf("SELECT DISTINCT key FROM %s.%s WHERE key != '' AND start >= toDateTime(?) AND start < toDateTime(?) ORDER BY key",
 		q.db, schema.UsageHour), []any{from.Unix(), to.Unix()}
 }
+
+// plansQuery reads one destination's planned rows of one period, each
+// identifier's rows first planned first (ties by the row itself, so that
+// every reader picks the same one). The table's ORDER BY (destination,
+// period, identifier, planned_ms) makes this a range read in that order.
+type plansQuery struct{ db, destination, period string }
+
+func (q plansQuery) toSQL() (string, []any) {
+	return fmt.Sprintf("SELECT identifier, period, tz, key, line, ref, measure, requests, cost, planned_ms FROM %s.%s"+
+			" WHERE destination = ? AND period = ? ORDER BY identifier, planned_ms, key, line, ref, measure, requests, cost",
+			q.db, schema.BillingExportPlans),
+		[]any{q.destination, q.period}
+}
