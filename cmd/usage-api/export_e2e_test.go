@@ -200,4 +200,36 @@ func TestExportResumesAfterAKillAndBillsEveryRowOnce(t *testing.T) {
 	if b, err := export("--csv", csvPath, "--period", "2026-12").CombinedOutput(); err == nil || !strings.Contains(string(b), "only a final period") {
 		t.Fatalf("an open period exported: %v %s", err, b)
 	}
+
+	// The open month, hourly: one row per measure for the key with usage;
+	// a second run in the same hour (or the next, with no new usage) sends
+	// nothing; a closed month is refused.
+	at := time.Now().UTC()
+	open := at.Format("2006-01")
+	now := []chsink.Record{{Offset: 600, Event: metering.Event{EventID: "now-1", TS: at.UnixMilli(), Key: "acct_now", Scope: "api",
+		Tier: "pro", Cost: 3, Allowed: true, Source: "shared", Policy: "p", Instance: "i"}}}
+	if p, err = sink.Progress(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Write(ctx, 0, now, 600, &p); err != nil {
+		t.Fatal(err)
+	}
+	hourly := func() *exec.Cmd {
+		cmd := exec.Command(filepath.Join(bins, "usage-api"), "export", "--period", open, "--stripe", "--hourly")
+		cmd.Env = env
+		return cmd
+	}
+	if b, err := hourly().CombinedOutput(); err != nil || !strings.Contains(string(b), "sent 2 hourly meter events of "+open) {
+		t.Fatalf("the hourly export: %v %s", err, b)
+	}
+	if b, err := hourly().CombinedOutput(); err != nil || !strings.Contains(string(b), "sent 0 hourly meter events") {
+		t.Fatalf("the hourly export again: %v %s", err, b)
+	}
+	var planned uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM "+db+".billing_export_plans WHERE period = ? AND line = 'hourly' AND key = 'acct_now'", open).Scan(&planned); err != nil || planned != 2 {
+		t.Fatalf("hourly rows planned: %d, %v; want 2", planned, err)
+	}
+	if b, err := export("--stripe", "--hourly").CombinedOutput(); err == nil || !strings.Contains(string(b), "only the open period") {
+		t.Fatalf("a final month exported hourly: %v %s", err, b)
+	}
 }
