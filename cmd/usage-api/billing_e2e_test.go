@@ -115,6 +115,18 @@ func TestBillingE2E(t *testing.T) {
 	if len(s.Corrections) != 1 || s.Corrections[0].Operator != "carol" || s.Corrections[0].Cost != -2 || !*s.Verified {
 		t.Fatalf("statement after the credit: %+v", s)
 	}
+	// The key's corrections as recorded: the credit once, by carol.
+	code, b = call(t, "GET", api.url+"/v1/admin/corrections?key=acct_bill", "reader-e2e-token-0123456789", "")
+	var list struct {
+		Corrections []struct {
+			ID, Kind, Operator string
+			Net                struct{ Requests, Cost int64 }
+		}
+	}
+	if code != 200 || json.Unmarshal(b, &list) != nil || len(list.Corrections) != 1 || list.Corrections[0].ID != "e2e-credit" ||
+		list.Corrections[0].Kind != "credit" || list.Corrections[0].Operator != "carol" || list.Corrections[0].Net.Cost != -2 {
+		t.Fatalf("the key's corrections: %d %s", code, b)
+	}
 	cmd := exec.Command(filepath.Join(bins, "usage-api"), "statement", "acct_bill", "--period", period, "--verify")
 	cmd.Env = append(os.Environ(), common...)
 	if out, err := cmd.Output(); err != nil || !strings.Contains(string(out), "verified: true") || !strings.Contains(string(out), "correction e2e-credit") ||

@@ -5,6 +5,7 @@
 //	GET  /v1/admin/statements/{key}?period=YYYY-MM[&tz=ZONE][&verify=true]
 //	GET  /v1/admin/account-statements/{account}?period=YYYY-MM[&tz=ZONE][&verify=true]
 //	POST /v1/admin/corrections
+//	GET  /v1/admin/corrections?key=KEY
 //
 // Both need an operator credential (USAGE_ADMIN_TOKEN or a line of
 // USAGE_ADMIN_TOKENS_FILE); a correction needs one whose role may write,
@@ -18,6 +19,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/ratewarden/ratewarden/metering/billing"
@@ -72,6 +74,7 @@ func New(cfg Config) (*Handler, error) {
 	h.mux.HandleFunc("GET /v1/admin/statements/{key}", h.auth(false, h.getStatement))
 	h.mux.HandleFunc("GET /v1/admin/account-statements/{account}", h.auth(false, h.getAccountStatement))
 	h.mux.HandleFunc("POST /v1/admin/corrections", h.auth(true, h.postCorrection))
+	h.mux.HandleFunc("GET /v1/admin/corrections", h.auth(false, h.listCorrections))
 	return h, nil
 }
 
@@ -83,7 +86,8 @@ func Routes() []string {
 // Operations lists the routes served ("METHOD /path/{param}"), for the
 // OpenAPI document's test.
 func Operations() []string {
-	return []string{"GET /v1/admin/statements/{key}", "GET /v1/admin/account-statements/{account}", "POST /v1/admin/corrections"}
+	return []string{"GET /v1/admin/statements/{key}", "GET /v1/admin/account-statements/{account}", "POST /v1/admin/corrections",
+		"GET /v1/admin/corrections"}
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -251,4 +255,49 @@ func (h *Handler) postCorrection(w http.ResponseWriter, r *http.Request, op Oper
 	}
 	h.log.Info("correction", "id", c.ID, "key", c.Key, "kind", c.Kind, "operator", c.Operator, "created", created, "pieces", len(c.Pieces))
 	writeJSON(w, http.StatusOK, correctionAnswer{Correction: c, Net: c.Net(), Created: created})
+}
+
+// correctionList is a key's corrections, each with what it changed.
+type correctionList struct {
+	Key         string             `json:"key"`
+	Corrections []listedCorrection `json:"corrections"`
+}
+
+type listedCorrection struct {
+	billing.Correction
+	Net billing.Totals `json:"net"`
+}
+
+// listCorrections answers a key's corrections as they were recorded (the
+// first of each id), oldest first: the audit records behind the
+// statements' correction lines and the usage series they changed.
+func (h *Handler) listCorrections(w http.ResponseWriter, r *http.Request, _ Operator) {
+	q := r.URL.Query()
+	for name, vs := range q {
+		if name != "key" || len(vs) != 1 {
+			fail(w, http.StatusBadRequest, "invalid_request", "the only parameter is key, once")
+			return
+		}
+	}
+	key := q.Get("key")
+	if key == "" || len(key) > 256 {
+		fail(w, http.StatusBadRequest, "invalid_request", "key must be 1 to 256 bytes")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.Timeout)
+	defer cancel()
+	cs, err := h.cfg.Statements.Store.Corrections(ctx, key)
+	if err != nil {
+		h.storeFail(w, r, err)
+		return
+	}
+	slices.SortStableFunc(cs, func(a, b billing.Correction) int { return a.RecordedAt.Compare(b.RecordedAt) })
+	out := correctionList{Key: key, Corrections: make([]listedCorrection, 0, len(cs))}
+	for _, c := range cs {
+		if c.Pieces == nil {
+			c.Pieces = []billing.Piece{}
+		}
+		out.Corrections = append(out.Corrections, listedCorrection{Correction: c, Net: c.Net()})
+	}
+	writeJSON(w, http.StatusOK, out)
 }
