@@ -153,7 +153,7 @@ func (s *Store) Snapshots(ctx context.Context, key, tz string) ([]billing.Snapsh
 // WriteSnapshot writes a period's lines in one INSERT (one block, atomic).
 // A period without any line gets one empty row, so that it is frozen too.
 func (s *Store) WriteSnapshot(ctx context.Context, key, tz string, snap billing.Snapshot) error {
-	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+schema.BillingStatements+
+	b, err := s.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO "+s.db+"."+schema.BillingStatements+
 		" (key, tz, period, snapshot, finalized_at, finalized_ms, line, scope, unit, ref, requests, cost)")
 	if err != nil {
 		return wrap("billing snapshot prepare", err)
@@ -173,7 +173,8 @@ func (s *Store) WriteSnapshot(ctx context.Context, key, tz string, snap billing.
 	if err := b.Send(); err != nil {
 		return wrap("billing snapshot insert", err)
 	}
-	return nil
+	return s.visible(ctx, "SELECT count() FROM "+s.db+"."+schema.BillingStatements+" WHERE key = ? AND tz = ? AND period = ? AND snapshot = ?"+inOrder,
+		[]any{key, tz, snap.Period, id}, uint64(len(lines)))
 }
 
 // Corrections are key's corrections, the first recorded of each id.
@@ -229,7 +230,7 @@ func (s *Store) WriteCorrection(ctx context.Context, c billing.Correction) error
 	if err != nil {
 		return err
 	}
-	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+schema.BillingCorrections+
+	b, err := s.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO "+s.db+"."+schema.BillingCorrections+
 		" (id, key, kind, scope, from_ms, to_ms, event_id, reason, operator, request, pieces, requests, cost, recorded_at, recorded_ms)")
 	if err != nil {
 		return wrap("billing correction prepare", err)
@@ -248,7 +249,8 @@ func (s *Store) WriteCorrection(ctx context.Context, c billing.Correction) error
 	if err := b.Send(); err != nil {
 		return wrap("billing correction insert", err)
 	}
-	return nil
+	return s.visible(ctx, "SELECT count() FROM "+s.db+"."+schema.BillingCorrections+" WHERE id = ? AND recorded_ms = ? AND operator = ?"+inOrder,
+		[]any{c.ID, uint64(at.UnixMilli()), c.Operator}, 1)
 }
 
 var _ billing.CorrectionStore = (*Store)(nil)
@@ -342,7 +344,7 @@ func (s *Store) Keys(ctx context.Context, from, to time.Time) ([]string, error) 
 // period.
 func (s *Store) Exported(ctx context.Context, destination, period string) (map[string]bool, error) {
 	rows, err := s.conn.Query(ctx, "SELECT DISTINCT identifier FROM "+s.db+"."+schema.BillingExports+
-		" WHERE destination = ? AND period = ?", destination, period)
+		" WHERE destination = ? AND period = ?"+inOrder, destination, period)
 	if err != nil {
 		return nil, wrap("billing exported query", err)
 	}
@@ -360,7 +362,7 @@ func (s *Store) Exported(ctx context.Context, destination, period string) (map[s
 
 // RecordExport records rows as exported to destination (one INSERT).
 func (s *Store) RecordExport(ctx context.Context, destination string, rows []billing.ExportRow, at time.Time) error {
-	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+schema.BillingExports+
+	b, err := s.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO "+s.db+"."+schema.BillingExports+
 		" (destination, period, tz, identifier, key, line, scope, ref, measure, requests, cost, exported_at, exported_ms)")
 	if err != nil {
 		return wrap("billing export prepare", err)
@@ -417,7 +419,7 @@ func (s *Store) Plans(ctx context.Context, destination, period string) ([]billin
 
 // Plan records rows as about to be sent to destination (one INSERT).
 func (s *Store) Plan(ctx context.Context, destination string, rows []billing.ExportRow, at time.Time) error {
-	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+schema.BillingExportPlans+
+	b, err := s.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO "+s.db+"."+schema.BillingExportPlans+
 		" (destination, period, tz, identifier, key, line, ref, measure, requests, cost, planned_at, planned_ms)")
 	if err != nil {
 		return wrap("billing plan prepare", err)
@@ -433,5 +435,48 @@ func (s *Store) Plan(ctx context.Context, destination string, rows []billing.Exp
 	if err := b.Send(); err != nil {
 		return wrap("billing plan insert", err)
 	}
-	return nil
+	if len(rows) == 0 {
+		return nil
+	}
+	return s.visible(ctx, "SELECT count() FROM "+s.db+"."+schema.BillingExportPlans+" WHERE destination = ? AND period = ? AND planned_ms = ?"+inOrder,
+		[]any{destination, rows[0].Period, uint64(at.UnixMilli())}, uint64(len(rows)))
+}
+
+// syncInsert makes an INSERT into a Distributed table (cluster mode)
+// reach its shard before it returns, instead of being queued on this
+// node; without effect on a MergeTree.
+func syncInsert(ctx context.Context) context.Context {
+	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
+}
+
+// inOrder ends every read: through a Distributed table (cluster mode) it
+// goes to the first healthy replica of each shard, always the same, so
+// that once a write is visible there (visible) every later read sees it,
+// rather than the shard's other replica before replication has copied
+// the part; without effect on a MergeTree. (A setting of the query's
+// text: the native protocol of older servers takes only numeric
+// settings from the client.)
+const inOrder = " SETTINGS load_balancing = 'in_order'"
+
+// visible waits until query (a count) reaches want: a row written is read
+// back at once on one server, while in cluster mode the read may go to
+// the shard's other replica before replication has copied the part. The
+// callers read back what they wrote (the first snapshot, correction or
+// plan written wins), so they need their own write visible. ctx bounds
+// the wait.
+func (s *Store) visible(ctx context.Context, query string, args []any, want uint64) error {
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		var n uint64
+		if err := s.conn.QueryRow(ctx, query, args...).Scan(&n); err != nil {
+			return wrap("billing read back", err)
+		}
+		if n >= want {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return wrap("billing read back", fmt.Errorf("%d of %d rows written are visible: %w", n, want, ctx.Err()))
+		case <-time.After(wait):
+		}
+	}
 }
