@@ -62,6 +62,7 @@ var shardingKeys = map[string]string{
 	BillingCorrections:  "cityHash64(id)",
 	BillingExports:      "cityHash64(identifier)",
 	SlotsMinute:         "rand()",
+	BillingExportPlans:  "cityHash64(identifier)",
 }
 
 var (

@@ -44,6 +44,9 @@ const (
 	// taken, refused, shed and released, and the peak in flight, per key,
 	// scope, region and priority class (0080).
 	SlotsMinute = "slots_minute"
+	// BillingExportPlans holds the rows an export is about to send, their
+	// values fixed before the send (0073).
+	BillingExportPlans = "billing_export_plans"
 )
 
 // RollupTables are the usage rollups, finest first.

@@ -15,7 +15,7 @@ func TestTableNamesAreCreated(t *testing.T) {
 			}
 		}
 	}
-	for _, name := range []string{DecisionsRaw, EventIDs, UsageMinute, UsageHour, UsageDay, ShadowHour, PortalTokenEvents, WebhookDeliveries, RolloutShadow, NotifierCheckpoints, UsageRegionMinute, UsageRegionHour, UsageRegionDay, BillingStatements, BillingCorrections, BillingExports, SlotsMinute} {
+	for _, name := range []string{DecisionsRaw, EventIDs, UsageMinute, UsageHour, UsageDay, ShadowHour, PortalTokenEvents, WebhookDeliveries, RolloutShadow, NotifierCheckpoints, UsageRegionMinute, UsageRegionHour, UsageRegionDay, BillingStatements, BillingCorrections, BillingExports, SlotsMinute, BillingExportPlans} {
 		if !created[name] {
 			t.Errorf("no migration creates table %s", name)
 		}

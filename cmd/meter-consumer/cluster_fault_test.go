@@ -224,6 +224,7 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 	all := append(append([]metering.Event(nil), evs...), more...)
 	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(all), 180*time.Second)
 	waitRaw(t, conn, db, len(all), 60*time.Second)
+	checkStatements(t, conn, db, all) // billing through the Distributed tables: docs/billing.md, "Tested"
 	inCH := actualCostIn(t, conn, db, all)
 
 	// Every replica holds its shard's rows, the same as its sibling; every

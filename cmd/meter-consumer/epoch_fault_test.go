@@ -154,6 +154,7 @@ func TestExactTotalsAcrossALogThatStartsOver(t *testing.T) {
 
 	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(evs), 120*time.Second)
 	waitRaw(t, conn, db, len(evs), 60*time.Second)
+	checkStatements(t, conn, db, evs) // billing: docs/billing.md, "Tested"
 	inCH := actualCostIn(t, conn, db, evs)
 
 	var epochs uint64

@@ -428,6 +428,7 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(evs), 120*time.Second)
 
 	waitRaw(t, conn, db, len(evs), 60*time.Second)
+	checkStatements(t, conn, db, evs) // billing: docs/billing.md, "Tested"
 	inCH := actualCostIn(t, conn, db, evs)
 	t.Logf("%d distinct events (%d settles and charges), %d duplicates produced, %d consumer SIGKILLs, 1 ClickHouse restart: totals exact; actual cost in the rollups and in decisions_raw ÷ actual cost charged = %d ÷ %d = 1",
 		len(evs), len(evs)-decisionsIn(evs), dups, kills, inCH, costOf(evs))

@@ -140,6 +140,7 @@ func checkExact(t *testing.T, conn driver.Conn, db string, want []metering.Event
 	t.Helper()
 	testenv.WaitUsageTotals(t, conn, db, testenv.TotalsOf(want), 120*time.Second)
 	waitRaw(t, conn, db, len(want), 60*time.Second)
+	checkStatements(t, conn, db, want) // billing: docs/billing.md, "Tested"
 	inCH := actualCostIn(t, conn, db, want)
 	t.Logf("ClickHouse exact: %d decisions, %d settles and charges; actual cost in ClickHouse ÷ actual cost charged = %d ÷ %d = 1",
 		decisionsIn(want), len(want)-decisionsIn(want), inCH, costOf(want))

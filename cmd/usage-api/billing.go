@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -25,11 +27,31 @@ import (
 type billingConfig struct {
 	Grace time.Duration // BILLING_GRACE: how long after its end a period takes late events
 	Topic string        // KAFKA_TOPIC: the decisions topic, where corrections are published
+	// AccountsFile (BILLING_ACCOUNTS_FILE) maps keys to accounts, lines
+	// "KEY ACCOUNT"; "" = no account statements.
+	AccountsFile string
 }
 
 func billingConfigFrom(e *envconfig.Reader) billingConfig {
 	return billingConfig{Grace: e.Duration("BILLING_GRACE", billing.DefaultGrace, time.Minute, 90*24*time.Hour),
-		Topic: e.String("KAFKA_TOPIC", metering.DefaultTopic)}
+		Topic: e.String("KAFKA_TOPIC", metering.DefaultTopic), AccountsFile: e.String("BILLING_ACCOUNTS_FILE", "")}
+}
+
+// readAccounts reads BILLING_ACCOUNTS_FILE, none when it is not set.
+func readAccounts(path string) (billing.Accounts, error) {
+	if path == "" {
+		return nil, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("BILLING_ACCOUNTS_FILE: %w", err)
+	}
+	defer f.Close()
+	a, err := billing.ParseAccounts(f)
+	if err != nil {
+		return nil, fmt.Errorf("BILLING_ACCOUNTS_FILE %s: %w", path, err)
+	}
+	return a, nil
 }
 
 // statementFunc is the usage API's GET /v1/statement (the dashboard's),
@@ -95,7 +117,12 @@ func withBilling(cfg config, st *billing.Statements, store *chstore.Store, next 
 		closePub()
 		return nil, nil, err
 	}
-	h, err := billingapi.New(billingapi.Config{Statements: st, Corrections: corrector, Logger: log, Timeout: cfg.QueryTimeout,
+	accounts, err := readAccounts(cfg.Billing.AccountsFile)
+	if err != nil {
+		closePub()
+		return nil, nil, err
+	}
+	h, err := billingapi.New(billingapi.Config{Statements: st, Corrections: corrector, Accounts: accounts, Logger: log, Timeout: cfg.QueryTimeout,
 		Authenticate: func(r *http.Request) (billingapi.Operator, bool) {
 			tok, ok := bearer.Token(r.Header.Get("Authorization"))
 			if !ok {

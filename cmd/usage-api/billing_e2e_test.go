@@ -27,6 +27,10 @@ func TestBillingE2E(t *testing.T) {
 	dir := t.TempDir()
 	policy := filepath.Join(dir, "policy.yaml")
 	tokens := filepath.Join(dir, "tokens")
+	accounts := filepath.Join(dir, "accounts")
+	if err := os.WriteFile(accounts, []byte("# key account\nacct_bill cust_bill\nacct_bill_staging cust_bill\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(policy, []byte(e2ePolicy), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +38,7 @@ func TestBillingE2E(t *testing.T) {
 		t.Fatal(err)
 	}
 	common := []string{"KAFKA_BROKERS=" + kafka.Addr(), "KAFKA_TOPIC=" + kafka.Topic(), "CLICKHOUSE_ADDR=" + ch.Addr(),
-		"CLICKHOUSE_DATABASE=" + db, "POLICY_FILE=" + policy}
+		"CLICKHOUSE_DATABASE=" + db, "POLICY_FILE=" + policy, "BILLING_ACCOUNTS_FILE=" + accounts}
 	start(t, "meter-consumer", "METER_ADDR", "/readyz", append(common, "METER_BATCH_WAIT=50ms")...)
 	limiter := start(t, "limiter", "LIMITER_ADDR", "/healthz", common...)
 	const admin = "e2e-admin-token-0123456789"
@@ -50,6 +54,17 @@ func TestBillingE2E(t *testing.T) {
 		}
 		if d.Allowed {
 			allowed++ // api:read costs 1
+		}
+	}
+	allowedStaging := 0
+	for i := 0; i < 3; i++ {
+		code, b := call(t, "POST", limiter.url+"/check", "", `{"key":"acct_bill_staging","scope":"api:read"}`)
+		var d struct{ Allowed bool }
+		if code != 200 || json.Unmarshal(b, &d) != nil {
+			t.Fatalf("check: %d %s", code, b)
+		}
+		if d.Allowed {
+			allowedStaging++
 		}
 	}
 	period := time.Now().UTC().Format("2006-01")
@@ -100,11 +115,52 @@ func TestBillingE2E(t *testing.T) {
 	if len(s.Corrections) != 1 || s.Corrections[0].Operator != "carol" || s.Corrections[0].Cost != -2 || !*s.Verified {
 		t.Fatalf("statement after the credit: %+v", s)
 	}
+	// The key's corrections as recorded: the credit once, by carol.
+	code, b = call(t, "GET", api.url+"/v1/admin/corrections?key=acct_bill", "reader-e2e-token-0123456789", "")
+	var list struct {
+		Corrections []struct {
+			ID, Kind, Operator string
+			Net                struct{ Requests, Cost int64 }
+		}
+	}
+	if code != 200 || json.Unmarshal(b, &list) != nil || len(list.Corrections) != 1 || list.Corrections[0].ID != "e2e-credit" ||
+		list.Corrections[0].Kind != "credit" || list.Corrections[0].Operator != "carol" || list.Corrections[0].Net.Cost != -2 {
+		t.Fatalf("the key's corrections: %d %s", code, b)
+	}
 	cmd := exec.Command(filepath.Join(bins, "usage-api"), "statement", "acct_bill", "--period", period, "--verify")
 	cmd.Env = append(os.Environ(), common...)
 	if out, err := cmd.Output(); err != nil || !strings.Contains(string(out), "verified: true") || !strings.Contains(string(out), "correction e2e-credit") ||
 		!strings.Contains(" "+strings.Join(strings.Fields(string(out)), " ")+" ", fmt.Sprintf(" total 12 %d ", allowed-2)) {
 		t.Fatalf("statement from the CLI: %v\n%s", err, out)
+	}
+
+	// The account: both keys' statements and their sum, verified, from
+	// the API and the CLI.
+	var acct struct {
+		Account, State string
+		Keys           []struct{ Key string }
+		Totals         struct{ Requests, Cost int64 }
+		Verified       *bool
+	}
+	waitBilling(t, "the staging key in the account", func() bool {
+		code, b := call(t, "GET", api.url+"/v1/admin/account-statements/cust_bill?verify=true&period="+period, "reader-e2e-token-0123456789", "")
+		if code != 200 || json.Unmarshal(b, &acct) != nil {
+			t.Fatalf("account statement: %d %s", code, b)
+		}
+		return acct.Totals.Requests == 15
+	})
+	if acct.Account != "cust_bill" || acct.State != "open" || len(acct.Keys) != 2 || acct.Keys[0].Key != "acct_bill" || acct.Keys[1].Key != "acct_bill_staging" ||
+		acct.Totals.Cost != int64(allowed+allowedStaging-2) || acct.Verified == nil || !*acct.Verified {
+		t.Fatalf("account statement %+v, want both keys, 15 requests, cost %d, verified", acct, allowed+allowedStaging-2)
+	}
+	cmd = exec.Command(filepath.Join(bins, "usage-api"), "statement", "--account", "cust_bill", "--period", period, "--verify")
+	cmd.Env = append(os.Environ(), common...)
+	if out, err := cmd.Output(); err != nil || !strings.Contains(string(out), "account verified: true") ||
+		!strings.Contains(string(out), fmt.Sprintf("account total: 15 requests, %d cost", allowed+allowedStaging-2)) || !strings.Contains(string(out), "statement acct_bill_staging") {
+		t.Fatalf("account statement from the CLI: %v\n%s", err, out)
+	}
+	if code, b := call(t, "GET", api.url+"/v1/admin/account-statements/cust_nobody?period="+period, admin, ""); code != 404 {
+		t.Fatalf("an unknown account: %d %s", code, b)
 	}
 
 	for _, q := range []string{"period=2026-13", "period=2026-03&tz=Mars/Olympus", "period=1971-06&tz=Africa/Monrovia", "period=2026-03&verify=maybe", "period=2026-03&scope=x"} {

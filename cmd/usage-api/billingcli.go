@@ -51,7 +51,7 @@ func readCLIEnv() (cliEnv, error) {
 	return c, e.Err()
 }
 
-const statementUsage = "usage: usage-api statement KEY --period YYYY-MM [--tz ZONE] [--verify] [--json]"
+const statementUsage = "usage: usage-api statement (KEY | --account ACCOUNT) --period YYYY-MM [--tz ZONE] [--verify] [--json]"
 
 // runStatement prints a key's statement, read from ClickHouse as the API
 // reads it (a final period is frozen by the first statement asked of it,
@@ -62,12 +62,13 @@ func runStatement(args []string, stdout, stderr io.Writer) int {
 	tz := fs.String("tz", "", "the IANA time zone of the month (default UTC)")
 	verify := fs.Bool("verify", false, "recompute the period from the raw record and show both")
 	asJSON := fs.Bool("json", false, "print the API's JSON instead of a table")
+	account := fs.String("account", "", "an account of BILLING_ACCOUNTS_FILE instead of a KEY: each of its keys' statements and their sum")
 	pos, err := cli.Parse(fs, args)
 	if err != nil {
 		return cli.FlagExit(err, fs, statementUsage, stdout, stderr)
 	}
-	if len(pos) != 1 || *period == "" {
-		return cli.Refuse("KEY and --period are required", fs, statementUsage, stderr)
+	if len(pos) != 1 && *account == "" || len(pos) != 0 && *account != "" || *period == "" {
+		return cli.Refuse("KEY or --account (not both) and --period are required", fs, statementUsage, stderr)
 	}
 	p, err := billing.ParsePeriod(*period, *tz)
 	if err != nil {
@@ -92,6 +93,9 @@ func runStatement(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	if *account != "" {
+		return printAccount(ctx, st, env.billing.AccountsFile, *account, p, *verify, *asJSON, stdout, stderr)
+	}
 	s, err := st.Get(ctx, pos[0], p, *verify)
 	if err != nil {
 		fmt.Fprintf(stderr, "usage-api statement: %v\n", err)
@@ -106,6 +110,44 @@ func runStatement(args []string, stdout, stderr io.Writer) int {
 	}
 	if s.Verified != nil && !*s.Verified {
 		return cli.ExitFail // the rollups and the raw record disagree: say so in the exit code too
+	}
+	return cli.ExitOK
+}
+
+// printAccount prints an account's statement (each key's, then the sum),
+// exiting 1 when verify finds any key's rollups and raw record disagree.
+func printAccount(ctx context.Context, st *billing.Statements, file, account string, p billing.Period, verify, asJSON bool, stdout, stderr io.Writer) int {
+	accounts, err := readAccounts(file)
+	if err == nil && accounts == nil {
+		err = errors.New("BILLING_ACCOUNTS_FILE is required with --account")
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "usage-api statement: %v\n", err)
+		return cli.ExitUsage
+	}
+	a, err := st.Account(ctx, accounts, account, p, verify)
+	if err != nil {
+		fmt.Fprintf(stderr, "usage-api statement: %v\n", err)
+		return cli.ExitFail
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(a)
+	} else {
+		fmt.Fprintf(stdout, "account %s %s (%s, %s to %s): %s, %d keys\n", a.Account, a.Period, a.TZ, a.From, a.To, a.State, len(a.Keys))
+		for _, k := range a.Keys {
+			fmt.Fprintln(stdout)
+			printStatement(stdout, k)
+		}
+		fmt.Fprintf(stdout, "\naccount total: %d requests, %d cost\n", a.Totals.Requests, a.Totals.Cost)
+		if a.Verified != nil {
+			fmt.Fprintf(stdout, "account verified: %t (rollups now: %d requests, %d cost; raw record and correction records: %d requests, %d cost)\n",
+				*a.Verified, a.Rollups.Requests, a.Rollups.Cost, a.Raw.Requests, a.Raw.Cost)
+		}
+	}
+	if a.Verified != nil && !*a.Verified {
+		return cli.ExitFail
 	}
 	return cli.ExitOK
 }
@@ -254,7 +296,7 @@ func runCorrect(args []string, stdout, stderr io.Writer) int {
 	return cli.ExitOK
 }
 
-const exportUsage = `usage: usage-api export --period YYYY-MM [--tz ZONE] [--keys K1,K2...] (--csv FILE | --json FILE | --stripe [--customers FILE] [--event-requests NAME] [--event-cost NAME])`
+const exportUsage = `usage: usage-api export --period YYYY-MM [--tz ZONE] [--keys K1,K2...] (--csv FILE | --json FILE | --stripe [--hourly] [--customers FILE] [--event-requests NAME] [--event-cost NAME])`
 
 // runExport exports a final period's statements: every line to a CSV or
 // JSON file (written whole, then renamed into place), or the totals to
@@ -269,6 +311,7 @@ func runExport(args []string, stdout, stderr io.Writer) int {
 	csvPath := fs.String("csv", "", "write every statement line to this CSV file")
 	jsonPath := fs.String("json", "", "write every statement line to this JSON file")
 	toStripe := fs.Bool("stripe", false, "send each key's totals to Stripe Billing as meter events")
+	hourly := fs.Bool("hourly", false, "with --stripe: send the open period's usage since the last run (run it every hour); the final export bills the rest")
 	customers := fs.String("customers", "", "with --stripe: a file of lines KEY STRIPE_CUSTOMER_ID (default: the key is the customer id)")
 	evReq := fs.String("event-requests", "", "with --stripe: the requests meter's event name (default "+stripesend.DefaultEventRequests+")")
 	evCost := fs.String("event-cost", "", "with --stripe: the cost meter's event name (default "+stripesend.DefaultEventCost+")")
@@ -284,6 +327,9 @@ func runExport(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(pos) != 0 || *period == "" || n != 1 {
 		return cli.Refuse("--period and exactly one of --csv, --json, --stripe are required", fs, exportUsage, stderr)
+	}
+	if *hourly && !*toStripe {
+		return cli.Refuse("--hourly goes with --stripe: files are of final periods", fs, exportUsage, stderr)
 	}
 	p, err := billing.ParsePeriod(*period, *tz)
 	if err != nil {
@@ -343,6 +389,14 @@ func runExport(args []string, stdout, stderr io.Writer) int {
 		snd, err := stripesend.New(cfg)
 		if err != nil {
 			return fail(err)
+		}
+		if *hourly {
+			sent, err := x.SendOpen(ctx, p, keyList, "stripe", snd)
+			fmt.Fprintf(stdout, "sent %d hourly meter events of %s (%s, open) to Stripe\n", sent, p, p.TZ())
+			if err != nil {
+				return fail(fmt.Errorf("%w (run again to resume: rows already recorded are skipped)", err))
+			}
+			return cli.ExitOK
 		}
 		sent, refused, err := x.Send(ctx, p, keyList, "stripe", snd)
 		fmt.Fprintf(stdout, "sent %d meter events of %s (%s) to Stripe\n", sent, p, p.TZ())

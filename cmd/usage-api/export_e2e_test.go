@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,43 +23,6 @@ import (
 	"github.com/ratewarden/ratewarden/schema"
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
-
-// stripeMockVersion is Stripe's own API server for tests: it checks every
-// request against Stripe's OpenAPI description and keeps no state.
-const stripeMockVersion = "github.com/stripe/stripe-mock@v0.203.0"
-
-// startStripeMock builds stripe-mock from the module proxy into a
-// temporary GOBIN and runs it on a free loopback port; it returns its URL.
-func startStripeMock(t *testing.T) string {
-	t.Helper()
-	gobin := t.TempDir()
-	install := exec.Command("go", "install", stripeMockVersion)
-	install.Env = append(os.Environ(), "GOBIN="+gobin, "GOFLAGS=")
-	if out, err := install.CombinedOutput(); err != nil {
-		t.Fatalf("go install %s: %v\n%s", stripeMockVersion, err, out)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	cmd := exec.Command(filepath.Join(gobin, "stripe-mock"), "-http-addr", addr)
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	deadline := time.Now().Add(time.Minute)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return "http://" + addr
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stripe-mock not listening on %s: %v\n%s", addr, err, logs.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
 
 // stripeTap forwards to stripe-mock and notes each meter event's
 // identifier; from the hold-th event on it forwards the request, then
@@ -117,7 +79,7 @@ func (r *httptestRecorder) WriteHeader(code int)        { r.code = code }
 // every statement line with the same identifiers each time.
 func TestExportResumesAfterAKillAndBillsEveryRowOnce(t *testing.T) {
 	t.Parallel()
-	mock := startStripeMock(t)
+	mock := testenv.StartStripeMock(t)
 	ch := testenv.StartClickHouse(t)
 	db := ch.Database(t)
 	conn := ch.Conn(t)
@@ -237,5 +199,37 @@ func TestExportResumesAfterAKillAndBillsEveryRowOnce(t *testing.T) {
 	}
 	if b, err := export("--csv", csvPath, "--period", "2026-12").CombinedOutput(); err == nil || !strings.Contains(string(b), "only a final period") {
 		t.Fatalf("an open period exported: %v %s", err, b)
+	}
+
+	// The open month, hourly: one row per measure for the key with usage;
+	// a second run in the same hour (or the next, with no new usage) sends
+	// nothing; a closed month is refused.
+	at := time.Now().UTC()
+	open := at.Format("2006-01")
+	now := []chsink.Record{{Offset: 600, Event: metering.Event{EventID: "now-1", TS: at.UnixMilli(), Key: "acct_now", Scope: "api",
+		Tier: "pro", Cost: 3, Allowed: true, Source: "shared", Policy: "p", Instance: "i"}}}
+	if p, err = sink.Progress(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Write(ctx, 0, now, 600, &p); err != nil {
+		t.Fatal(err)
+	}
+	hourly := func() *exec.Cmd {
+		cmd := exec.Command(filepath.Join(bins, "usage-api"), "export", "--period", open, "--stripe", "--hourly")
+		cmd.Env = env
+		return cmd
+	}
+	if b, err := hourly().CombinedOutput(); err != nil || !strings.Contains(string(b), "sent 2 hourly meter events of "+open) {
+		t.Fatalf("the hourly export: %v %s", err, b)
+	}
+	if b, err := hourly().CombinedOutput(); err != nil || !strings.Contains(string(b), "sent 0 hourly meter events") {
+		t.Fatalf("the hourly export again: %v %s", err, b)
+	}
+	var planned uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM "+db+".billing_export_plans WHERE period = ? AND line = 'hourly' AND key = 'acct_now'", open).Scan(&planned); err != nil || planned != 2 {
+		t.Fatalf("hourly rows planned: %d, %v; want 2", planned, err)
+	}
+	if b, err := export("--stripe", "--hourly").CombinedOutput(); err == nil || !strings.Contains(string(b), "only the open period") {
+		t.Fatalf("a final month exported hourly: %v %s", err, b)
 	}
 }

@@ -68,7 +68,12 @@ func startStack(t *testing.T) *stack {
 		"CLICKHOUSE_ADDR="+ch.Addr(), "CLICKHOUSE_DATABASE="+db,
 		"REDIS_ADDRS="+redis.Addr(), "POLICY_FILE="+policyFile, // the quota reconciler, as shipped
 		"WEBHOOK_URL="+hook.URL, "WEBHOOK_SECRET=whsec_ZGVwbG95dGVzdC1zZWNyZXQtMTIzNDU2Nzg5MA==")
-	usage := startBinary(t, bin, "usage-api", "USAGE_API_ADDR="+ua, "CLICKHOUSE_ADDR="+ch.Addr(),
+	// The billing accounts the OpenAPI document's example names.
+	accounts := filepath.Join(t.TempDir(), "accounts")
+	if err := os.WriteFile(accounts, []byte("acct_demo_pro cust_demo\nacct_8812 cust_demo\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	usage := startBinary(t, bin, "usage-api", "USAGE_API_ADDR="+ua, "CLICKHOUSE_ADDR="+ch.Addr(), "BILLING_ACCOUNTS_FILE="+accounts,
 		"CLICKHOUSE_DATABASE="+db, "POLICY_FILE="+policyFile, "REDIS_ADDRS="+redis.Addr(),
 		"USAGE_ADMIN_TOKEN="+s.admin, "USAGE_TOKEN_SECRET=token-secret-for-deploytest",
 		// KAFKA_BROKERS: the operator's policy API (the policy log); the

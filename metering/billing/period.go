@@ -22,6 +22,14 @@
 //     correction that voids part of it) is never added to it: it is shown
 //     in the next statement that is not final yet, as an adjustment line
 //     naming the period it belongs to.
+//   - An account (a customer billed once for several keys) is the sum of
+//     its keys' statements.
+//   - A void removes what the record held for its range when it was made;
+//     an event that arrives later into the range counts.
+//   - Every exported row has an identifier, and a row for a billing
+//     system is planned (its value fixed) before it is sent: the open
+//     month's hourly rows and a final month's remainder then bill every
+//     unit once, however often an export stops and resumes.
 package billing
 
 import (

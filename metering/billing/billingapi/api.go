@@ -3,7 +3,9 @@
 // /v1/admin/corrections here):
 //
 //	GET  /v1/admin/statements/{key}?period=YYYY-MM[&tz=ZONE][&verify=true]
+//	GET  /v1/admin/account-statements/{account}?period=YYYY-MM[&tz=ZONE][&verify=true]
 //	POST /v1/admin/corrections
+//	GET  /v1/admin/corrections?key=KEY
 //
 // Both need an operator credential (USAGE_ADMIN_TOKEN or a line of
 // USAGE_ADMIN_TOKENS_FILE); a correction needs one whose role may write,
@@ -17,6 +19,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/ratewarden/ratewarden/metering/billing"
@@ -34,6 +37,9 @@ type Config struct {
 	// Corrections makes corrections; nil = POST /v1/admin/corrections
 	// answers 503 (no decisions log configured: KAFKA_BROKERS).
 	Corrections *billing.Corrector
+	// Accounts are the accounts and their keys (BILLING_ACCOUNTS_FILE);
+	// nil = every account statement answers 404.
+	Accounts billing.Accounts
 	// Authenticate is the operator of a request's bearer token; ok false
 	// = 401.
 	Authenticate func(r *http.Request) (op Operator, ok bool)
@@ -66,17 +72,22 @@ func New(cfg Config) (*Handler, error) {
 	}
 	h := &Handler{cfg: cfg, mux: http.NewServeMux(), log: cfg.Logger}
 	h.mux.HandleFunc("GET /v1/admin/statements/{key}", h.auth(false, h.getStatement))
+	h.mux.HandleFunc("GET /v1/admin/account-statements/{account}", h.auth(false, h.getAccountStatement))
 	h.mux.HandleFunc("POST /v1/admin/corrections", h.auth(true, h.postCorrection))
+	h.mux.HandleFunc("GET /v1/admin/corrections", h.auth(false, h.listCorrections))
 	return h, nil
 }
 
 // Routes are the path prefixes the Handler serves, for the caller's mux.
-func Routes() []string { return []string{"/v1/admin/statements/", "/v1/admin/corrections"} }
+func Routes() []string {
+	return []string{"/v1/admin/statements/", "/v1/admin/account-statements/", "/v1/admin/corrections"}
+}
 
 // Operations lists the routes served ("METHOD /path/{param}"), for the
 // OpenAPI document's test.
 func Operations() []string {
-	return []string{"GET /v1/admin/statements/{key}", "POST /v1/admin/corrections"}
+	return []string{"GET /v1/admin/statements/{key}", "GET /v1/admin/account-statements/{account}", "POST /v1/admin/corrections",
+		"GET /v1/admin/corrections"}
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -132,44 +143,75 @@ func (h *Handler) storeFail(w http.ResponseWriter, r *http.Request, err error) {
 
 var statementParams = map[string]bool{"period": true, "tz": true, "verify": true}
 
-func (h *Handler) getStatement(w http.ResponseWriter, r *http.Request, _ Operator) {
+// statementQuery reads the path's name (a key or an account) and the
+// query of a statement; ok false when it has answered 400.
+func statementQuery(w http.ResponseWriter, r *http.Request, name string) (id string, p billing.Period, verify, ok bool) {
 	q := r.URL.Query()
-	for name, vs := range q {
-		if !statementParams[name] {
-			fail(w, http.StatusBadRequest, "invalid_request", "unknown parameter "+name+" (period, tz, verify)")
-			return
+	for param, vs := range q {
+		if !statementParams[param] {
+			fail(w, http.StatusBadRequest, "invalid_request", "unknown parameter "+param+" (period, tz, verify)")
+			return "", p, false, false
 		}
 		if len(vs) != 1 {
-			fail(w, http.StatusBadRequest, "invalid_request", "parameter "+name+" given more than once")
-			return
+			fail(w, http.StatusBadRequest, "invalid_request", "parameter "+param+" given more than once")
+			return "", p, false, false
 		}
 	}
-	key := r.PathValue("key")
-	if key == "" || len(key) > 256 {
-		fail(w, http.StatusBadRequest, "invalid_request", "key must be 1 to 256 bytes")
-		return
+	id = r.PathValue(name)
+	if id == "" || len(id) > 256 {
+		fail(w, http.StatusBadRequest, "invalid_request", name+" must be 1 to 256 bytes")
+		return "", p, false, false
 	}
 	p, err := billing.ParsePeriod(q.Get("period"), q.Get("tz"))
 	if err != nil {
 		fail(w, http.StatusBadRequest, "invalid_request", err.Error())
-		return
+		return "", p, false, false
 	}
-	verify := false
 	switch q.Get("verify") {
 	case "", "false":
 	case "true":
 		verify = true
 	default:
 		fail(w, http.StatusBadRequest, "invalid_request", "verify must be true or false")
+		return "", p, false, false
+	}
+	return id, p, verify, true
+}
+
+func (h *Handler) timeout(verify bool) time.Duration {
+	if verify {
+		return h.cfg.VerifyTimeout
+	}
+	return h.cfg.Timeout
+}
+
+func (h *Handler) getStatement(w http.ResponseWriter, r *http.Request, _ Operator) {
+	key, p, verify, ok := statementQuery(w, r, "key")
+	if !ok {
 		return
 	}
-	timeout := h.cfg.Timeout
-	if verify {
-		timeout = h.cfg.VerifyTimeout
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	ctx, cancel := context.WithTimeout(r.Context(), h.timeout(verify))
 	defer cancel()
 	st, err := h.cfg.Statements.Get(ctx, key, p, verify)
+	if err != nil {
+		h.storeFail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// getAccountStatement answers an account's statement: each of its keys'
+// and their sum. An account reads as many statements as it has keys, so
+// its deadline grows with them.
+func (h *Handler) getAccountStatement(w http.ResponseWriter, r *http.Request, _ Operator) {
+	account, p, verify, ok := statementQuery(w, r, "account")
+	if !ok {
+		return
+	}
+	n := max(1, len(h.cfg.Accounts[account]))
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(n)*h.timeout(verify))
+	defer cancel()
+	st, err := h.cfg.Statements.Account(ctx, h.cfg.Accounts, account, p, verify)
 	if err != nil {
 		h.storeFail(w, r, err)
 		return
@@ -213,4 +255,49 @@ func (h *Handler) postCorrection(w http.ResponseWriter, r *http.Request, op Oper
 	}
 	h.log.Info("correction", "id", c.ID, "key", c.Key, "kind", c.Kind, "operator", c.Operator, "created", created, "pieces", len(c.Pieces))
 	writeJSON(w, http.StatusOK, correctionAnswer{Correction: c, Net: c.Net(), Created: created})
+}
+
+// correctionList is a key's corrections, each with what it changed.
+type correctionList struct {
+	Key         string             `json:"key"`
+	Corrections []listedCorrection `json:"corrections"`
+}
+
+type listedCorrection struct {
+	billing.Correction
+	Net billing.Totals `json:"net"`
+}
+
+// listCorrections answers a key's corrections as they were recorded (the
+// first of each id), oldest first: the audit records behind the
+// statements' correction lines and the usage series they changed.
+func (h *Handler) listCorrections(w http.ResponseWriter, r *http.Request, _ Operator) {
+	q := r.URL.Query()
+	for name, vs := range q {
+		if name != "key" || len(vs) != 1 {
+			fail(w, http.StatusBadRequest, "invalid_request", "the only parameter is key, once")
+			return
+		}
+	}
+	key := q.Get("key")
+	if key == "" || len(key) > 256 {
+		fail(w, http.StatusBadRequest, "invalid_request", "key must be 1 to 256 bytes")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.Timeout)
+	defer cancel()
+	cs, err := h.cfg.Statements.Store.Corrections(ctx, key)
+	if err != nil {
+		h.storeFail(w, r, err)
+		return
+	}
+	slices.SortStableFunc(cs, func(a, b billing.Correction) int { return a.RecordedAt.Compare(b.RecordedAt) })
+	out := correctionList{Key: key, Corrections: make([]listedCorrection, 0, len(cs))}
+	for _, c := range cs {
+		if c.Pieces == nil {
+			c.Pieces = []billing.Piece{}
+		}
+		out.Corrections = append(out.Corrections, listedCorrection{Correction: c, Net: c.Net()})
+	}
+	writeJSON(w, http.StatusOK, out)
 }

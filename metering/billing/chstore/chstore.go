@@ -7,10 +7,12 @@
 package chstore
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -151,7 +153,7 @@ func (s *Store) Snapshots(ctx context.Context, key, tz string) ([]billing.Snapsh
 // WriteSnapshot writes a period's lines in one INSERT (one block, atomic).
 // A period without any line gets one empty row, so that it is frozen too.
 func (s *Store) WriteSnapshot(ctx context.Context, key, tz string, snap billing.Snapshot) error {
-	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+schema.BillingStatements+
+	b, err := s.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO "+s.db+"."+schema.BillingStatements+
 		" (key, tz, period, snapshot, finalized_at, finalized_ms, line, scope, unit, ref, requests, cost)")
 	if err != nil {
 		return wrap("billing snapshot prepare", err)
@@ -171,7 +173,8 @@ func (s *Store) WriteSnapshot(ctx context.Context, key, tz string, snap billing.
 	if err := b.Send(); err != nil {
 		return wrap("billing snapshot insert", err)
 	}
-	return nil
+	return s.visible(ctx, "SELECT count() FROM "+s.db+"."+schema.BillingStatements+" WHERE key = ? AND tz = ? AND period = ? AND snapshot = ?"+inOrder,
+		[]any{key, tz, snap.Period, id}, uint64(len(lines)))
 }
 
 // Corrections are key's corrections, the first recorded of each id.
@@ -227,7 +230,7 @@ func (s *Store) WriteCorrection(ctx context.Context, c billing.Correction) error
 	if err != nil {
 		return err
 	}
-	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+schema.BillingCorrections+
+	b, err := s.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO "+s.db+"."+schema.BillingCorrections+
 		" (id, key, kind, scope, from_ms, to_ms, event_id, reason, operator, request, pieces, requests, cost, recorded_at, recorded_ms)")
 	if err != nil {
 		return wrap("billing correction prepare", err)
@@ -246,7 +249,8 @@ func (s *Store) WriteCorrection(ctx context.Context, c billing.Correction) error
 	if err := b.Send(); err != nil {
 		return wrap("billing correction insert", err)
 	}
-	return nil
+	return s.visible(ctx, "SELECT count() FROM "+s.db+"."+schema.BillingCorrections+" WHERE id = ? AND recorded_ms = ? AND operator = ?"+inOrder,
+		[]any{c.ID, uint64(at.UnixMilli()), c.Operator}, 1)
 }
 
 var _ billing.CorrectionStore = (*Store)(nil)
@@ -340,7 +344,7 @@ func (s *Store) Keys(ctx context.Context, from, to time.Time) ([]string, error) 
 // period.
 func (s *Store) Exported(ctx context.Context, destination, period string) (map[string]bool, error) {
 	rows, err := s.conn.Query(ctx, "SELECT DISTINCT identifier FROM "+s.db+"."+schema.BillingExports+
-		" WHERE destination = ? AND period = ?", destination, period)
+		" WHERE destination = ? AND period = ?"+inOrder, destination, period)
 	if err != nil {
 		return nil, wrap("billing exported query", err)
 	}
@@ -358,7 +362,7 @@ func (s *Store) Exported(ctx context.Context, destination, period string) (map[s
 
 // RecordExport records rows as exported to destination (one INSERT).
 func (s *Store) RecordExport(ctx context.Context, destination string, rows []billing.ExportRow, at time.Time) error {
-	b, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+schema.BillingExports+
+	b, err := s.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO "+s.db+"."+schema.BillingExports+
 		" (destination, period, tz, identifier, key, line, scope, ref, measure, requests, cost, exported_at, exported_ms)")
 	if err != nil {
 		return wrap("billing export prepare", err)
@@ -375,4 +379,104 @@ func (s *Store) RecordExport(ctx context.Context, destination string, rows []bil
 		return wrap("billing export insert", err)
 	}
 	return nil
+}
+
+// Plans are the rows planned for destination in period, the first planned
+// of each identifier, in the order they were planned.
+func (s *Store) Plans(ctx context.Context, destination, period string) ([]billing.ExportRow, error) {
+	sql, args := plansQuery{db: s.db, destination: destination, period: period}.toSQL()
+	rows, err := s.conn.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, wrap("billing plans query", err)
+	}
+	defer rows.Close()
+	type planned struct {
+		row billing.ExportRow
+		ms  uint64
+	}
+	var first []planned
+	for rows.Next() {
+		var p planned
+		r := &p.row
+		if err := rows.Scan(&r.Identifier, &r.Period, &r.TZ, &r.Key, &r.Line, &r.Ref, &r.Measure, &r.Requests, &r.Cost, &p.ms); err != nil {
+			return nil, wrap("billing plans scan", err)
+		}
+		if len(first) > 0 && first[len(first)-1].row.Identifier == r.Identifier {
+			continue // planned again (two exports at once): the first holds
+		}
+		first = append(first, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("billing plans rows", err)
+	}
+	slices.SortStableFunc(first, func(a, b planned) int { return cmp.Compare(a.ms, b.ms) })
+	out := make([]billing.ExportRow, len(first))
+	for i, p := range first {
+		out[i] = p.row
+	}
+	return out, nil
+}
+
+// Plan records rows as about to be sent to destination (one INSERT).
+func (s *Store) Plan(ctx context.Context, destination string, rows []billing.ExportRow, at time.Time) error {
+	b, err := s.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO "+s.db+"."+schema.BillingExportPlans+
+		" (destination, period, tz, identifier, key, line, ref, measure, requests, cost, planned_at, planned_ms)")
+	if err != nil {
+		return wrap("billing plan prepare", err)
+	}
+	defer b.Abort()
+	at = at.UTC()
+	for _, r := range rows {
+		if err := b.Append(destination, r.Period, r.TZ, r.Identifier, r.Key, r.Line, r.Ref, r.Measure, r.Requests, r.Cost,
+			at.Truncate(time.Second), uint64(at.UnixMilli())); err != nil {
+			return wrap("billing plan append", err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return wrap("billing plan insert", err)
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	return s.visible(ctx, "SELECT count() FROM "+s.db+"."+schema.BillingExportPlans+" WHERE destination = ? AND period = ? AND planned_ms = ?"+inOrder,
+		[]any{destination, rows[0].Period, uint64(at.UnixMilli())}, uint64(len(rows)))
+}
+
+// syncInsert makes an INSERT into a Distributed table (cluster mode)
+// reach its shard before it returns, instead of being queued on this
+// node; without effect on a MergeTree.
+func syncInsert(ctx context.Context) context.Context {
+	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
+}
+
+// inOrder ends every read: through a Distributed table (cluster mode) it
+// goes to the first healthy replica of each shard, always the same, so
+// that once a write is visible there (visible) every later read sees it,
+// rather than the shard's other replica before replication has copied
+// the part; without effect on a MergeTree. (A setting of the query's
+// text: the native protocol of older servers takes only numeric
+// settings from the client.)
+const inOrder = " SETTINGS load_balancing = 'in_order'"
+
+// visible waits until query (a count) reaches want: a row written is read
+// back at once on one server, while in cluster mode the read may go to
+// the shard's other replica before replication has copied the part. The
+// callers read back what they wrote (the first snapshot, correction or
+// plan written wins), so they need their own write visible. ctx bounds
+// the wait.
+func (s *Store) visible(ctx context.Context, query string, args []any, want uint64) error {
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		var n uint64
+		if err := s.conn.QueryRow(ctx, query, args...).Scan(&n); err != nil {
+			return wrap("billing read back", err)
+		}
+		if n >= want {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return wrap("billing read back", fmt.Errorf("%d of %d rows written are visible: %w", n, want, ctx.Err()))
+		case <-time.After(wait):
+		}
+	}
 }

@@ -43,7 +43,7 @@ func planUsage(db, key string, from, to time.Time) []usageQuery {
 // (rows collapse only on merge); key = ” markers are never read.
 func (q usageQuery) toSQL() (string, []any) {
 	return fmt.Sprintf("SELECT scope, tier, sum(requests) AS n_req, sum(cost) AS n_cost FROM %s.%s"+
-			" WHERE key = ? AND start >= toDateTime(?) AND start < toDateTime(?) GROUP BY scope, tier ORDER BY scope, tier", q.db, q.table),
+			" WHERE key = ? AND start >= toDateTime(?) AND start < toDateTime(?) GROUP BY scope, tier ORDER BY scope, tier"+inOrder, q.db, q.table),
 		[]any{q.key, q.from.Unix(), q.to.Unix()}
 }
 
@@ -63,7 +63,7 @@ func (q rawQuery) toSQL() (string, []any) {
 	const at = "if(kind = 'settle' AND reserved_ts != 0, reserved_ts, ts)"
 	return fmt.Sprintf("SELECT scope, toInt64(countIf(kind = 'decision')) AS n_req, sum(actual_cost) AS n_cost FROM %s.%s"+
 			" WHERE key = ? AND event_time >= toDateTime(?) AND (event_time < toDateTime(?) OR kind = 'settle') AND kind != 'correction'"+
-			" AND "+at+" >= ? AND "+at+" < ? GROUP BY scope ORDER BY scope", q.db, schema.DecisionsRaw),
+			" AND "+at+" >= ? AND "+at+" < ? GROUP BY scope ORDER BY scope"+inOrder, q.db, schema.DecisionsRaw),
 		[]any{q.key, q.from.Unix(), q.to.Unix(), uint64(q.from.UnixMilli()), uint64(q.to.UnixMilli())}
 }
 
@@ -73,7 +73,7 @@ type snapshotsQuery struct{ db, key, tz string }
 
 func (q snapshotsQuery) toSQL() (string, []any) {
 	return fmt.Sprintf("SELECT period, snapshot, finalized_ms, line, scope, unit, ref, requests, cost FROM %s.%s"+
-			" WHERE key = ? AND tz = ? ORDER BY period, finalized_ms, snapshot", q.db, schema.BillingStatements),
+			" WHERE key = ? AND tz = ? ORDER BY period, finalized_ms, snapshot"+inOrder, q.db, schema.BillingStatements),
 		[]any{q.key, q.tz}
 }
 
@@ -87,7 +87,7 @@ func (q correctionsQuery) toSQL() (string, []any) {
 		where, arg = "id = ?", q.id
 	}
 	return fmt.Sprintf("SELECT id, key, kind, scope, from_ms, to_ms, event_id, reason, operator, request, pieces, recorded_ms FROM %s.%s"+
-			" WHERE %s ORDER BY id, recorded_ms", q.db, schema.BillingCorrections, where),
+			" WHERE %s ORDER BY id, recorded_ms"+inOrder, q.db, schema.BillingCorrections, where),
 		[]any{arg}
 }
 
@@ -113,7 +113,7 @@ func (q minutesQuery) toSQL() (string, []any) {
 	}
 	args = append(args, q.from.Unix(), q.to.Unix())
 	return fmt.Sprintf("SELECT scope, toUInt32(start) AS b, sum(requests) AS n_req, sum(rejected) AS n_rej, sum(cost) AS n_cost FROM %s.%s"+
-		" WHERE %s AND start >= toDateTime(?) AND start < toDateTime(?) GROUP BY scope, b ORDER BY b, scope", q.db, schema.UsageMinute, where), args
+		" WHERE %s AND start >= toDateTime(?) AND start < toDateTime(?) GROUP BY scope, b ORDER BY b, scope"+inOrder, q.db, schema.UsageMinute, where), args
 }
 
 // eventQuery finds one event of a key in decisions_raw by id. The table is
@@ -122,7 +122,7 @@ type eventQuery struct{ db, key, id string }
 
 func (q eventQuery) toSQL() (string, []any) {
 	return fmt.Sprintf("SELECT scope, kind, allowed, ts, reserved_ts, actual_cost FROM %s.%s"+
-		" WHERE key = ? AND event_id = ? AND kind != 'correction' LIMIT 1", q.db, schema.DecisionsRaw), []any{q.key, q.id}
+		" WHERE key = ? AND event_id = ? AND kind != 'correction' LIMIT 1"+inOrder, q.db, schema.DecisionsRaw), []any{q.key, q.id}
 }
 
 // keysQuery lists the keys of usage_hour over the hours covering [from,
@@ -137,6 +137,19 @@ func (q keysQuery) toSQL() (string, []any) {
 	if to.Before(q.to) {
 		to = to.Add(time.Hour)
 	}
-	return fmt.Sprintf("SELECT DISTINCT key FROM %s.%s WHERE key != '' AND start >= toDateTime(?) AND start < toDateTime(?) ORDER BY key",
+	return fmt.Sprintf("SELECT DISTINCT key FROM %s.%s WHERE key != '' AND start >= toDateTime(?) AND start < toDateTime(?) ORDER BY key"+inOrder,
 		q.db, schema.UsageHour), []any{from.Unix(), to.Unix()}
+}
+
+// plansQuery reads one destination's planned rows of one period, each
+// identifier's rows first planned first (ties by the row itself, so that
+// every reader picks the same one). The table's ORDER BY (destination,
+// period, identifier, planned_ms) makes this a range read in that order.
+type plansQuery struct{ db, destination, period string }
+
+func (q plansQuery) toSQL() (string, []any) {
+	return fmt.Sprintf("SELECT identifier, period, tz, key, line, ref, measure, requests, cost, planned_ms FROM %s.%s"+
+			" WHERE destination = ? AND period = ? ORDER BY identifier, planned_ms, key, line, ref, measure, requests, cost"+inOrder,
+			q.db, schema.BillingExportPlans),
+		[]any{q.destination, q.period}
 }

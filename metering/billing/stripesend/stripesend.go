@@ -72,8 +72,9 @@ func New(cfg Config) (*Sender, error) {
 }
 
 // Send creates one meter event per row, in order; it stops at the first
-// error. Each event is timestamped at the last second of its period, so
-// that Stripe counts it in that billing period.
+// error. A final period's row is timestamped at the last second of its
+// period, an hourly row at its hour, so that Stripe counts each in that
+// billing period.
 func (s *Sender) Send(ctx context.Context, rows []billing.ExportRow) error {
 	for _, r := range rows {
 		name := s.cfg.EventRequests
@@ -89,8 +90,18 @@ func (s *Sender) Send(ctx context.Context, rows []billing.ExportRow) error {
 			return err
 		}
 		_, end := p.Bounds()
+		at := end.Unix() - 1
+		if r.Line == billing.LineHourly {
+			// An hourly row counts at its hour, which lies in its
+			// period and not in the future.
+			h, err := time.Parse(time.RFC3339, r.Ref)
+			if err != nil {
+				return fmt.Errorf("stripe meter event %s: the hour %q: %w", r.Identifier, r.Ref, err)
+			}
+			at = h.Unix()
+		}
 		params := &stripe.BillingMeterEventCreateParams{EventName: stripe.String(name), Identifier: stripe.String(r.Identifier),
-			Timestamp: stripe.Int64(end.Unix() - 1),
+			Timestamp: stripe.Int64(at),
 			Payload:   map[string]string{"stripe_customer_id": customer, "value": strconv.FormatInt(r.Value(), 10)}}
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 		_, err = s.client.V1BillingMeterEvents.Create(cctx, params)
