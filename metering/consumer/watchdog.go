@@ -32,7 +32,7 @@ type partState struct {
 	running bool      // reading and writing: not starting, failing or backing off
 	next    int64     // first offset not yet written to ClickHouse
 	hwm     int64     // highest high watermark seen in this attempt
-	since   time.Time // last progress, the start of the attempt, or the last stall
+	since   time.Time // last progress, the start of the attempt, the last check that found no lag, or the last stall
 	stalled string    // why it is stalled, until it makes progress
 	restart context.CancelFunc
 }
@@ -77,7 +77,15 @@ func (s *partState) check(now time.Time, after time.Duration) (stalled bool, lag
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	lag, idle = s.hwm-s.next, now.Sub(s.since)
-	if !s.running || lag <= 0 || idle < after {
+	if lag <= 0 {
+		// Caught up: nothing is owed, so no time counts against it. The
+		// clock starts again here, else the first messages after a quiet
+		// spell would find it idle since its last write and call a
+		// partition stalled before its reader had a chance to fetch them.
+		s.since = now
+		return false, lag, 0, nil
+	}
+	if !s.running || idle < after {
 		return false, lag, idle, nil
 	}
 	s.stalled = fmt.Sprintf("stalled: no progress for %s with %d messages to read (at offset %d); the reader was restarted", idle.Round(time.Second), lag, s.next)
