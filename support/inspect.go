@@ -181,10 +181,10 @@ func (in *Inspector) readStore(ctx context.Context, rep *Report) {
 	key, scope := rep.Key, rep.Scope
 	where := "redis " + keyslot.BucketKey(in.prefix(), key, scope)
 	rep.Bucket.Where, rep.Debt.Where = where, where
-	rep.Reservations = NotePart{Part: Part{Where: "redis " + keyslot.ReservationKey(in.prefix(), key, "*")},
-		Note: "not listed: reservation records are not indexed per key (a scan of the keyspace would load the store); a reservation's spend is in the bucket, and an unsettled one is settled at its estimate after LIMITER_RESERVATION_TTL"}
+	rep.Reservations = ReservationsPart{Part: Part{Where: "redis " + keyslot.ReservationIndexKey(in.prefix(), key)},
+		Note: "each reservation's estimate is spent from its bucket; one not settled by its expiry stays charged at its estimate"}
 	fail := func(msg string) {
-		rep.Bucket.Error, rep.Debt.Error, rep.ResetsError = msg, msg, msg
+		rep.Bucket.Error, rep.Debt.Error, rep.ResetsError, rep.Reservations.Error = msg, msg, msg, msg
 		if rep.Quota != nil {
 			rep.Quota.Error = msg
 		}
@@ -228,6 +228,16 @@ func (in *Inspector) readStore(ctx context.Context, rep *Report) {
 		rep.Split.Buckets = kv.Split
 	}
 	rep.Resets = append(rep.Resets, kv.Resets...)
+	if r.Global {
+		rep.Reservations.Error = "a global key's reservations are recorded in its region's pools, not indexed per key"
+		return
+	}
+	total, open, err := st.OpenReservations(sctx, key, MaxReservationsListed)
+	if err != nil {
+		rep.Reservations.Error = err.Error()
+		return
+	}
+	rep.Reservations.Total, rep.Reservations.Open = total, open
 }
 
 func (in *Inspector) prefix() string {

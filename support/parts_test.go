@@ -33,7 +33,7 @@ rules:
 // TestInspectShowsEachPart: on one redis-server, a split key's
 // sub-buckets after spends through enforcement/split, a bucket in debt
 // after a settle that took more than its estimate, a reservation left
-// open (marked: not listed, with where the records are), and the lease a
+// open (listed with its estimate; the settled one is not), and the lease a
 // limiter holds of a hot key (its GET /admin/keys/local, leasing
 // through the Redis store), each as inspect shows it.
 func TestInspectShowsEachPart(t *testing.T) {
@@ -131,8 +131,8 @@ func TestInspectShowsEachPart(t *testing.T) {
 	if rep.Debt.Error != "" || rep.Debt.Tokens < 15.9 || rep.Debt.Tokens > 16 || rep.Bucket.BucketView == nil || rep.Bucket.Tokens != -rep.Debt.Tokens {
 		t.Fatalf("debt %+v, bucket %+v: want 16 tokens of debt (5 − 1 − 1 − 19)", rep.Debt, rep.Bucket.BucketView)
 	}
-	if rep.Reservations.Note == "" || rep.Reservations.Where == "" {
-		t.Errorf("reservations: %+v; want the part marked, with where the records are", rep.Reservations)
+	if r := rep.Reservations; r.Error != "" || r.Total != 1 || len(r.Open) != 1 || r.Open[0].ID != "res-open" || r.Open[0].Tokens != 1 || r.Where == "" {
+		t.Errorf("reservations: %+v; want res-open (1 token) alone listed, res-1 settled", rep.Reservations)
 	}
 
 	rep = in.Inspect(ctx, "acct_lease", "api")

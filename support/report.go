@@ -90,7 +90,7 @@ type Report struct {
 	// that took more than was there).
 	Debt DebtPart `json:"debt"`
 	// Reservations open on the key.
-	Reservations NotePart `json:"reservations"`
+	Reservations ReservationsPart `json:"reservations"`
 	// Split is each sub-bucket of a split key (absent: not split).
 	Split *SplitPart `json:"split,omitempty"`
 	// Leases held per limiter are in Limiters (lease: a hot key's blocks).
@@ -151,6 +151,19 @@ type NotePart struct {
 	Part
 	Note string `json:"note,omitempty"`
 }
+
+// ReservationsPart is the key's open reservations (of every scope: a
+// record names its key only), soonest to expire first, at most
+// MaxReservationsListed of Total.
+type ReservationsPart struct {
+	Part
+	Total int64                        `json:"total"`
+	Open  []redisstore.ReservationView `json:"open,omitempty"`
+	Note  string                       `json:"note,omitempty"`
+}
+
+// MaxReservationsListed bounds the reservations an inspect lists.
+const MaxReservationsListed = 50
 
 // GlobalPart is a global key's budget: the global bucket at the home and
 // each region's pool, as the fleet's limiters read them (a limiter reads

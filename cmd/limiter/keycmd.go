@@ -175,6 +175,17 @@ func printReport(w io.Writer, rep support.Report) {
 			fmt.Fprintf(tw, "  %d of %d used, %d left (%s), resets %s\t%s\n", q.Used, q.Limit, q.Left, q.Period, q.ResetAt.Format(time.RFC3339), q.RedisKey)
 		}
 	}
+	fmt.Fprintln(tw, "reservations:")
+	if r := rep.Reservations; !unread(r.Part) {
+		fmt.Fprintf(tw, "  %d open\t%s\n", r.Total, r.Where)
+		for _, o := range r.Open {
+			gone := ""
+			if o.Gone {
+				gone = " (its record is gone)"
+			}
+			fmt.Fprintf(tw, "  %s: %.3f tokens, expires %s%s\n", o.ID, o.Tokens, o.ExpiresAt.Format(time.RFC3339Nano), gone)
+		}
+	}
 	if s := rep.Split; s != nil {
 		fmt.Fprintln(tw, "split:")
 		if !unread(s.Part) {

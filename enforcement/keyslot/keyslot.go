@@ -68,6 +68,17 @@ func ReservationKey(prefix, key, id string) string {
 	return prefix + ":{" + key + "}:r:" + id
 }
 
+// ReservationIndexKey is the Redis key of the index of key's open
+// reservations, "<prefix>:{key}:rs": a sorted set of reservation ids
+// scored by when their records expire (unix ms). The scripts that write
+// a record find the index from the record's key (redisstore's state.lua,
+// reservation_index: its agreement with these two is tested), so a
+// reservation and its entry are written, and a settle removes both,
+// atomically.
+func ReservationIndexKey(prefix, key string) string {
+	return prefix + ":{" + key + "}:rs"
+}
+
 // SlotSetKey is the Redis key of the slots held on (key, scope)'s
 // concurrency limit, "<prefix>:{key}:c:scope": the same hash tag as
 // BucketKey, so a key's slots and its buckets share a Cluster slot.

@@ -17,6 +17,9 @@
 -- The record: "r", the estimate (a little-endian double), then the quota
 -- key the estimate counted in ("" without quota); settle.lua reads it.
 --
+-- An allowed reservation is also entered in the key's index of open
+-- reservations (reservation_index, state.lua), scored by its expiry.
+--
 -- reservecall.lua runs it once per call, batch.lua many times; it returns
 -- what decide returns (allowed, remaining, retry_ms, reset_ms, now_us,
 -- warning, quota_used, clock_back).
@@ -34,6 +37,19 @@ local function reserve(bkey, qkey, rkey, rate, burst, cost, qlimit, qend, soft, 
   local a, b, c, d, e, f, g, h = decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
   if a ~= 1 then
     redis.call('DEL', rkey)
+    return a, b, c, d, e, f, g, h
+  end
+  -- Listed in the key's index until settled or expired (support inspect):
+  -- entries past their expiry are dropped here, so the index holds at
+  -- most the key's open reservations and lives as long as the last.
+  local idx, id = reservation_index(rkey)
+  if idx then
+    local now_ms = math.floor(now / 1000)
+    redis.call('ZREMRANGEBYSCORE', idx, '-inf', now_ms)
+    redis.call('ZADD', idx, now_ms + ttl, id)
+    if redis.call('PTTL', idx) < ttl then
+      redis.call('PEXPIRE', idx, ttl)
+    end
   end
   return a, b, c, d, e, f, g, h
 end

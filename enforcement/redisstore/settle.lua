@@ -29,6 +29,12 @@ local function settle(bkey, qkey, rkey, rate, burst, cost, qlimit, qend, unrecor
     return { -1, 0, 0, 0, 0, 0, now, 0, 0 }
   end
   redis.call('SET', rkey, 's', 'PX', ttl)
+  if raw then
+    local idx, id = reservation_index(rkey)
+    if idx then
+      redis.call('ZREM', idx, id)
+    end
+  end
 
   local tokens, back, existed
   tokens, now, back, existed = refill(bkey, rate, burst, now)

@@ -83,3 +83,15 @@ local function save_bucket(key, tokens, now, rate, burst, existed)
   end
   return reset_ms
 end
+
+-- The index of a key's open reservations and a reservation's id, from the
+-- key of its record: "<prefix>:{key}:r:<id>" gives "<prefix>:{key}:rs"
+-- and "<id>" (keyslot.ReservationKey and ReservationIndexKey; the same
+-- hash tag, so the same Cluster slot). nil for a key of another form.
+local function reservation_index(rkey)
+  local head, id = string.match(rkey, '^(.*}):r:([^}]*)$')
+  if not head then
+    return nil, nil
+  end
+  return head .. ':rs', id
+end

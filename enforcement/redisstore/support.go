@@ -8,6 +8,7 @@ package redisstore
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,10 +29,13 @@ var (
 	resetLua string
 	//go:embed audit.lua
 	auditLua string
+	//go:embed reservations.lua
+	reservationsLua string
 
 	inspectScript = newSpendScript(inspectLua)
 	resetScript   = newSpendScript(stateLua + resetLua) // sent at most once: a reset must not apply twice
 	auditScript   = newSpendScript(auditLua)
+	openScript    = newSpendScript(reservationsLua)
 )
 
 // ResetsKept is how many audit records of one key's resets the store
@@ -144,6 +148,52 @@ func (s *Store) Inspect(ctx context.Context, key, scope string, lim enforcement.
 		}
 	}
 	return kv, nil
+}
+
+// ReservationView is one open reservation of a key: its estimate, spent
+// from the bucket when it was made and settled against the actual cost,
+// and when its record expires (an unsettled reservation stays charged at
+// its estimate). Gone: the index lists it and its record is not there
+// (evicted).
+type ReservationView struct {
+	ID        string    `json:"id"`
+	Tokens    float64   `json:"tokens"`
+	ExpiresAt time.Time `json:"expiresAt"`
+	Gone      bool      `json:"gone,omitempty"`
+}
+
+// OpenReservations reads key's open reservations from its index
+// (keyslot.ReservationIndexKey), soonest to expire first: at most n of
+// them, and how many are open in all. A reservation made while the store
+// could not be asked has no record and is not listed.
+func (s *Store) OpenReservations(ctx context.Context, key string, n int) (open int64, list []ReservationView, err error) {
+	idx := keyslot.ReservationIndexKey(s.prefix, key)
+	raw, err := openScript.run(ctx, s.rdb, []string{idx}, max(1, n)).Slice()
+	if err != nil {
+		return 0, nil, fmt.Errorf("redis open reservations of %q: %w", idx, err)
+	}
+	if len(raw) < 2 {
+		return 0, nil, fmt.Errorf("redis open reservations of %q: %w", idx, errBadReply)
+	}
+	open, _ = raw[1].(int64)
+	for _, x := range raw[2:] {
+		e, ok := x.([]any)
+		if !ok || len(e) != 3 {
+			return 0, nil, fmt.Errorf("redis open reservations of %q: %w", idx, errBadReply)
+		}
+		id, _ := e[0].(string)
+		ms, _ := e[1].(int64)
+		rv := ReservationView{ID: id, ExpiresAt: time.UnixMilli(ms)}
+		rec, _ := e[2].(string)
+		switch {
+		case len(rec) >= 9 && rec[0] == 'r':
+			rv.Tokens = math.Float64frombits(binary.LittleEndian.Uint64([]byte(rec[1:9])))
+		default:
+			rv.Gone = true
+		}
+		list = append(list, rv)
+	}
+	return open, list, nil
 }
 
 // pair reads one { value or nil, pttl } of inspect.lua.
