@@ -53,12 +53,18 @@ func TestPeekWritesNothing(t *testing.T) {
 		t.Fatalf("a peek wrote: bucket %q, quota %q", b, q)
 	}
 
-	if _, err := s.Take(ctx, "acct", "api", lim, 4); err != nil {
+	// A bucket refilling so slowly that Redis keeps its key (a key lives
+	// until its bucket is full again) for however long 50 peeks take: at
+	// rate 20 it went after 200 ms, and a loaded machine's peeks found it
+	// gone, a change no peek made.
+	slow := lim
+	slow.Rate = 0.001
+	if _, err := s.Take(ctx, "acct", "api", slow, 4); err != nil {
 		t.Fatal(err)
 	}
 	beforeB, beforeQ := snapshot(t, rdb, bkey), snapshot(t, rdb, qkey)
 	for range 50 {
-		v, err := s.Peek(ctx, "acct", "api", lim, 2)
+		v, err := s.Peek(ctx, "acct", "api", slow, 2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,6 +88,11 @@ func TestPeekWritesNothing(t *testing.T) {
 		if !v.Allowed {
 			break
 		}
+	}
+	// The key would go by itself within 500 ms (when the bucket is full
+	// again): kept, so that what is compared is what the peek did.
+	if err := rdb.Persist(ctx, bkey).Err(); err != nil {
+		t.Fatal(err)
 	}
 	beforeB = snapshot(t, rdb, bkey)
 	p, err := s.Peek(ctx, "acct", "api", lim, 10)
