@@ -141,19 +141,53 @@ func TestHandlerContinuesTheCallersTrace(t *testing.T) {
 func TestNewStartsNothing(t *testing.T) {
 	rcv := otlptest.StartHTTP(t)
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.Endpoint())
-	before := runtime.NumGoroutine()
+	started := startedHere()
 	p, err := tracing.New(os.Getenv, "limiter")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after := runtime.NumGoroutine(); after != before {
-		t.Fatalf("New started %d goroutines", after-before)
+	if gs := started(); len(gs) != 0 {
+		t.Fatalf("New started %d goroutines:\n%s", len(gs), strings.Join(gs, "\n\n"))
 	}
 	if err := p.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if n := rcv.Requests(); n != 0 {
 		t.Fatalf("%d export requests without a span", n)
+	}
+}
+
+// startedHere returns a function that lists the goroutines the calling
+// goroutine has started since startedHere was called and that are still
+// running (a goroutine not yet scheduled included: "created by … in
+// goroutine N" names its creator). The process's whole count is not the
+// measure: goroutines of earlier tests' servers and connections end on
+// their own schedule.
+func startedHere() func() []string {
+	self := strings.Fields(string(stacks(false)))[1]
+	before := map[string]bool{}
+	for _, g := range strings.Split(string(stacks(true)), "\n\n") {
+		before[strings.Fields(g)[1]] = true
+	}
+	return func() []string {
+		var out []string
+		for _, g := range strings.Split(string(stacks(true)), "\n\n") {
+			if id := strings.Fields(g)[1]; !before[id] && strings.Contains(g, " in goroutine "+self+"\n") {
+				out = append(out, g)
+			}
+		}
+		return out
+	}
+}
+
+func stacks(all bool) []byte {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, all)
+		if n < len(buf) {
+			return buf[:n]
+		}
+		buf = make([]byte, 2*len(buf))
 	}
 }
 
