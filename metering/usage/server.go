@@ -302,13 +302,21 @@ type usageResponse struct {
 // AllScopes is the scope of series points summed over every scope.
 const AllScopes = "*"
 
-func (s *Server) getUsage(c *gin.Context) {
+// seriesRequest reads a series request's parameters and the key the
+// caller may read (GET /v1/usage, GET /v1/slots); false once it has
+// answered the error.
+func (s *Server) seriesRequest(c *gin.Context) (UsageParams, string, bool) {
 	p, err := ParseUsageParams(c.Request.URL.Query(), s.now())
 	if err != nil {
 		fail(c, http.StatusBadRequest, "invalid_request", err.Error())
-		return
+		return p, "", false
 	}
 	key, ok := resolveKey(c, p.Key)
+	return p, key, ok
+}
+
+func (s *Server) getUsage(c *gin.Context) {
+	p, key, ok := s.seriesRequest(c)
 	if !ok {
 		return
 	}

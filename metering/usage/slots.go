@@ -154,12 +154,7 @@ func (s *Server) getSlots(c *gin.Context) {
 		fail(c, http.StatusBadRequest, "invalid_request", "group_by is not a parameter of /v1/slots: its series is always per scope and region")
 		return
 	}
-	p, err := ParseUsageParams(c.Request.URL.Query(), s.now())
-	if err != nil {
-		fail(c, http.StatusBadRequest, "invalid_request", err.Error())
-		return
-	}
-	key, ok := resolveKey(c, p.Key)
+	p, key, ok := s.seriesRequest(c)
 	if !ok {
 		return
 	}
