@@ -37,6 +37,10 @@ func Start(t *testing.T) (context.Context, context.CancelFunc) {
 		chromedp.Flag("disable-sync", true),
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.UserDataDir(t.TempDir()),
+		// Chromium leaves its singleton socket's folder in TMPDIR when it
+		// is killed, as cancel does: one per test, left in the machine's
+		// TMPDIR for good unless TMPDIR is the test's own.
+		chromedp.Env("TMPDIR=" + t.TempDir()),
 		chromedp.WindowSize(1280, 900),
 	}
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
