@@ -7,12 +7,8 @@ import (
 	"net/http"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/segmentio/kafka-go"
 
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/chsink"
@@ -76,50 +72,10 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 		"METER_SESSION_TIMEOUT=6s", // as in TestExactTotalsUnderFaults
 		"METER_STALL_AFTER=" + stallAfter.String(),
 	}
-	evs := withSettles(faultEvents(60_000))
+	evs := withSettles(faultEvents(30_000))
 
-	var produced sync.WaitGroup
-	produced.Add(1)
-	var dups int
-	var sent atomic.Int64
-	// A test that fails before the stream ends stops the producer and
-	// waits for it: a t.Errorf after the test has ended would panic the
-	// whole test binary.
-	stopCtx, stop := context.WithCancel(context.Background())
-	t.Cleanup(func() { stop(); produced.Wait() })
-	go func() {
-		defer produced.Done()
-		w := &kafka.Writer{Addr: kafka.TCP(k.Addr()), Topic: k.Topic(), Balancer: &kafka.Hash{},
-			BatchSize: 1000, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
-		defer w.Close()
-		send := func(batch []metering.Event) {
-			msgs := make([]kafka.Message, len(batch))
-			for i := range batch {
-				msgs[i] = kafka.Message{Key: []byte(batch[i].Key), Value: batch[i].AppendEncode(nil)}
-			}
-			ctx, cancel := context.WithTimeout(stopCtx, 30*time.Second)
-			defer cancel()
-			if err := w.WriteMessages(ctx, msgs...); err != nil && stopCtx.Err() == nil {
-				t.Errorf("produce: %v", err)
-			}
-		}
-		rr := rand.New(rand.NewPCG(seed+1, seed))
-		// Chunks of 300 every 120 ms: the stream outlasts the faults.
-		for i := 0; i < len(evs) && stopCtx.Err() == nil; i += 300 {
-			send(evs[i:min(i+300, len(evs))])
-			if i > 0 && rr.IntN(3) == 0 { // a producer retry
-				from := max(0, i-600) + rr.IntN(300)
-				send(evs[from : from+100])
-				dups += 100
-			}
-			if i == 30_000 { // a replayed range
-				send(evs[5_000:8_000])
-				dups += 3_000
-			}
-			sent.Store(int64(i + 300))
-			time.Sleep(120 * time.Millisecond)
-		}
-	}()
+	// Chunks of 150 every 120 ms: the stream outlasts the faults.
+	prod := startProducer(t, seed, k.Addr(), k.Topic(), evs, 150)
 
 	procs := []*meterProc{startMeter(t, env), startMeter(t, env)}
 	for _, p := range procs {
@@ -128,7 +84,7 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 	pause := func() { time.Sleep(time.Duration(300+rng.IntN(1500)) * time.Millisecond) }
 	kills := 0
 	kill := func(j int) {
-		t.Logf("SIGKILL consumer %d after %d of %d events produced", j, sent.Load(), len(evs))
+		t.Logf("SIGKILL consumer %d after %d of %d events produced", j, prod.sent.Load(), len(evs))
 		procs[j].kill()
 		kills++
 		procs[j] = startMeter(t, env)
@@ -148,25 +104,13 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 	down := c.Shards[0][0]
 	survivor := c.Shards[0][1]
 	before, _ := localQuery(t, survivor, "SELECT count() FROM "+db+".decisions_raw_local")
-	t.Logf("stopping replica 1 of shard 1 after %d of %d events produced (survivor holds %s rows)", sent.Load(), len(evs), before)
+	t.Logf("stopping replica 1 of shard 1 after %d of %d events produced (survivor holds %s rows)", prod.sent.Load(), len(evs), before)
 	down.Stop()
 	// Events produced now certainly arrive while it is down, whatever the
 	// stream has done by then (some of their keys are on shard 1's
 	// partitions).
 	more := withSettles(faultEvents(3000))
-	w := &kafka.Writer{Addr: kafka.TCP(k.Addr()), Topic: k.Topic(), Balancer: &kafka.Hash{},
-		BatchSize: 1000, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
-	msgs := make([]kafka.Message, len(more))
-	for i := range more {
-		msgs[i] = kafka.Message{Key: []byte(more[i].Key), Value: more[i].AppendEncode(nil)}
-	}
-	wctx, wcancel := context.WithTimeout(context.Background(), 60*time.Second)
-	err := w.WriteMessages(wctx, msgs...)
-	wcancel()
-	w.Close()
-	if err != nil {
-		t.Fatalf("produce while a replica is down: %v", err)
-	}
+	send(t, k.Addr(), k.Topic(), more)
 	pause()
 	kill(rng.IntN(2)) // its partitions' progress is read from the survivor
 	// The survivor takes shard 1's inserts — unless the stopped replica
@@ -201,7 +145,7 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 		t.Fatalf("shard 1's surviving replica took no new rows in 90 s while its sibling was down, and has no part to fetch that would explain it")
 	}
 	// Shard 2 loses a replica the hard way, while shard 1's is still down.
-	t.Logf("SIGKILL replica 2 of shard 2 after %d of %d events produced", sent.Load(), len(evs))
+	t.Logf("SIGKILL replica 2 of shard 2 after %d of %d events produced", prod.sent.Load(), len(evs))
 	c.Shards[1][1].Process().Kill()
 	pause()
 	if err := down.Start(); err != nil {
@@ -216,7 +160,7 @@ func TestExactTotalsOnTheClusterUnderFaults(t *testing.T) {
 	kill(rng.IntN(2))
 	allReady()
 
-	produced.Wait()
+	dups := prod.wait()
 	if t.Failed() {
 		t.FailNow()
 	}

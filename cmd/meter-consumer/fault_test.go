@@ -195,6 +195,73 @@ func waitStatus(t *testing.T, p *meterProc, want int, within time.Duration) {
 	}
 }
 
+// producer streams a test's events to the broker while the test makes
+// its faults.
+type producer struct {
+	sent atomic.Int64 // distinct events produced so far
+	dups int          // copies produced again: read after wait
+	done sync.WaitGroup
+	stop context.CancelFunc
+}
+
+// startProducer streams evs to topic in chunks of chunk every 120 ms, so
+// that the stream lasts len(evs)/chunk × 120 ms and outlasts most of a
+// test's faults, with producer-retry duplicates (a third of the chunks
+// are followed by part of a recent chunk again) and, halfway, one
+// replayed range (the same event ids again at new offsets). A test that
+// fails first stops it and waits for it: a t.Errorf after the test has
+// ended would panic the whole test binary.
+func startProducer(t *testing.T, seed uint64, addr, topic string, evs []metering.Event, chunk int) *producer {
+	p := &producer{}
+	ctx, stop := context.WithCancel(context.Background())
+	p.stop = stop
+	t.Cleanup(func() { p.wait() })
+	p.done.Add(1)
+	go func() {
+		defer p.done.Done()
+		w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topic, Balancer: &kafka.Hash{},
+			BatchSize: 1000, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
+		defer w.Close()
+		send := func(batch []metering.Event) {
+			msgs := make([]kafka.Message, len(batch))
+			for i := range batch {
+				msgs[i] = kafka.Message{Key: []byte(batch[i].Key), Value: batch[i].AppendEncode(nil)}
+			}
+			sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if err := w.WriteMessages(sctx, msgs...); err != nil && ctx.Err() == nil {
+				t.Errorf("produce: %v", err)
+			}
+		}
+		rr := rand.New(rand.NewPCG(seed+1, seed))
+		half := len(evs) / 2
+		for i := 0; i < len(evs) && ctx.Err() == nil; i += chunk {
+			send(evs[i:min(i+chunk, len(evs))])
+			if i > 0 && rr.IntN(3) == 0 {
+				from := max(0, i-2*chunk) + rr.IntN(chunk)
+				send(evs[from : from+chunk/5])
+				p.dups += chunk / 5
+			}
+			if i <= half && half < i+chunk {
+				r := evs[len(evs)/12 : len(evs)/12+len(evs)/20]
+				send(r)
+				p.dups += len(r)
+			}
+			p.sent.Store(int64(min(i+chunk, len(evs))))
+			time.Sleep(120 * time.Millisecond)
+		}
+	}()
+	return p
+}
+
+// wait waits for the stream's end (stopped early if the test failed) and
+// returns how many copies it produced again.
+func (p *producer) wait() int {
+	p.done.Wait()
+	p.stop()
+	return p.dups
+}
+
 // faultEvents makes n distinct events over 40 keys and 3 scopes, with
 // timestamps that cross a month boundary (UTC) a third of the way in.
 func faultEvents(n int) []metering.Event {
@@ -334,51 +401,8 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 		"METER_SESSION_TIMEOUT=6s",
 		"METER_STALL_AFTER=" + stallAfter.String(),
 	}
-	evs := withSettles(faultEvents(60_000))
-
-	// The producer: chunks of 500 every 120 ms (about 4,000 events/s, so
-	// that the stream outlasts most of the faults), with producer-retry
-	// duplicates and one replayed range.
-	var produced sync.WaitGroup
-	produced.Add(1)
-	var dups int
-	var sent atomic.Int64 // distinct events produced so far
-	// Stopped and waited for if the test fails first: a t.Errorf after
-	// the test has ended would panic the whole test binary.
-	stopCtx, stop := context.WithCancel(context.Background())
-	t.Cleanup(func() { stop(); produced.Wait() })
-	go func() {
-		defer produced.Done()
-		w := &kafka.Writer{Addr: kafka.TCP(k.Addr()), Topic: k.Topic(), Balancer: &kafka.Hash{},
-			BatchSize: 1000, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
-		defer w.Close()
-		send := func(batch []metering.Event) {
-			msgs := make([]kafka.Message, len(batch))
-			for i := range batch {
-				msgs[i] = kafka.Message{Key: []byte(batch[i].Key), Value: batch[i].AppendEncode(nil)}
-			}
-			ctx, cancel := context.WithTimeout(stopCtx, 30*time.Second)
-			defer cancel()
-			if err := w.WriteMessages(ctx, msgs...); err != nil && stopCtx.Err() == nil {
-				t.Errorf("produce: %v", err)
-			}
-		}
-		rr := rand.New(rand.NewPCG(seed+1, seed))
-		for i := 0; i < len(evs) && stopCtx.Err() == nil; i += 500 {
-			send(evs[i:min(i+500, len(evs))])
-			if i > 0 && rr.IntN(3) == 0 { // a producer retry: part of a recent chunk again
-				from := max(0, i-1000) + rr.IntN(500)
-				send(evs[from : from+100])
-				dups += 100
-			}
-			if i == 30_000 { // a replayed range
-				send(evs[5_000:8_000])
-				dups += 3_000
-			}
-			sent.Store(int64(i + 500))
-			time.Sleep(120 * time.Millisecond)
-		}
-	}()
+	evs := withSettles(faultEvents(30_000))
+	prod := startProducer(t, seed, k.Addr(), k.Topic(), evs, 250)
 
 	procs := []*meterProc{startMeter(t, env), startMeter(t, env)}
 	for _, p := range procs {
@@ -391,7 +415,7 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 	// between JoinGroup and SyncGroup forever, leaving its partitions
 	// unowned. The kills still land at random moments of the stream.
 	restart := func(j int) {
-		t.Logf("SIGKILL consumer %d after %d of %d events produced", j, sent.Load(), len(evs))
+		t.Logf("SIGKILL consumer %d after %d of %d events produced", j, prod.sent.Load(), len(evs))
 		procs[j].kill()
 		kills++
 		procs[j] = startMeter(t, env)
@@ -403,7 +427,7 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 	}
 
 	pause()
-	t.Logf("stopping ClickHouse after %d of %d events produced", sent.Load(), len(evs))
+	t.Logf("stopping ClickHouse after %d of %d events produced", prod.sent.Load(), len(evs))
 	ch.Stop() // ClickHouse goes away mid-stream
 	for _, p := range procs {
 		waitStatus(t, p, http.StatusServiceUnavailable, 30*time.Second)
@@ -420,7 +444,7 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 		restart(rng.IntN(len(procs)))
 	}
 
-	produced.Wait()
+	dups := prod.wait()
 	if t.Failed() {
 		t.FailNow()
 	}
@@ -449,20 +473,8 @@ func TestExactTotalsUnderFaults(t *testing.T) {
 	t.Logf("holding the fetches of partition %d", held)
 	release := k.HoldFetches(held)
 	defer release()
-	more := faultEvents(8_000)
-	w := &kafka.Writer{Addr: kafka.TCP(k.Addr()), Topic: k.Topic(), Balancer: &kafka.Hash{},
-		BatchSize: 1000, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
-	msgs := make([]kafka.Message, len(more))
-	for i := range more {
-		msgs[i] = kafka.Message{Key: []byte(more[i].Key), Value: more[i].AppendEncode(nil)}
-	}
-	wctx, wcancel := context.WithTimeout(context.Background(), 60*time.Second)
-	err := w.WriteMessages(wctx, msgs...)
-	wcancel()
-	w.Close()
-	if err != nil {
-		t.Fatalf("produce the events of the stall: %v", err)
-	}
+	more := faultEvents(2_000)
+	send(t, k.Addr(), k.Topic(), more)
 	var owner *meterProc
 	waitUntil(t, stallAfter+2*time.Minute, fmt.Sprintf("a stall of partition %d to be counted", held), func() bool {
 		for _, p := range procs {
