@@ -50,9 +50,9 @@ type Inspector struct {
 	// Decisions is how many recorded decisions to show (default 20).
 	Decisions int
 	// OverrideRecord, optional, reads the policy log's record of the
-	// override in force for key and scope (scope "" = the whole key's):
-	// the log, not the limiters, keeps an override's author and reason.
-	// Nil = the rule's override names its revision only.
+	// override in force for key and scope (scope "" = the whole key's),
+	// for an override whose limiter did not name its author and reason.
+	// Nil = such an override names its revision only.
 	OverrideRecord func(ctx context.Context, key, scope string) (policylog.Record, bool, error)
 }
 
@@ -146,9 +146,11 @@ func globalOf(ls []LimiterPart) *GlobalPart {
 }
 
 // readOverride fills the author, reason and message of the override in
-// force from the policy log, within the part timeout.
+// force from the policy log, within the part timeout, when the limiter
+// that named it did not (an override it read from its policy cache, or a
+// limiter that does not keep them).
 func (in *Inspector) readOverride(ctx context.Context, rep *Report) {
-	if rep.Rule.Rule == nil || rep.Rule.Override == nil {
+	if rep.Rule.Rule == nil || rep.Rule.Override == nil || rep.Rule.Override.Reason != "" {
 		return
 	}
 	ov := *rep.Rule.Override // the rule is a copy; its override is the limiter's answer's
