@@ -78,4 +78,3 @@ func adminInspect(t *testing.T, p *limiterProc, token, key, scope string) suppor
 	}
 	return rep
 }
-
