@@ -69,28 +69,7 @@ func (in *Inspector) timeout() time.Duration {
 func (in *Inspector) Inspect(ctx context.Context, key, scope string) Report {
 	rep := Report{Key: key, Scope: scope, At: time.Now().UTC(), Resets: []json.RawMessage{}, Limiters: []LimiterPart{}}
 	rep.Limiters = in.askFleet(ctx, key, scope)
-	for _, l := range rep.Limiters {
-		if l.LocalAnswer != nil && l.LocalAnswer.Rule != nil {
-			r := *l.LocalAnswer.Rule
-			r.From = l.URL
-			rep.Rule = RulePart{Part: Part{Where: "limiter " + l.URL}, Rule: &r}
-			break
-		}
-	}
-	if rep.Rule.Rule == nil {
-		rep.Rule.Where = "the fleet's limiters (LIMITER_FLEET_URLS)"
-		switch {
-		case in.FallbackRule != nil:
-			r, err := in.FallbackRule(key, scope)
-			if err != nil {
-				rep.Rule.Error = err.Error()
-			} else {
-				rep.Rule = RulePart{Part: Part{Where: "POLICY_FILE " + r.From}, Rule: r}
-			}
-		default:
-			rep.Rule.Error = "no limiter answered and POLICY_FILE is not set"
-		}
-	}
+	rep.Rule = in.ruleOf(rep.Limiters, key, scope)
 	if rep.Rule.Rule != nil && rep.Rule.Global {
 		rep.Global = globalOf(rep.Limiters)
 	}
@@ -101,6 +80,39 @@ func (in *Inspector) Inspect(ctx context.Context, key, scope string) Report {
 	go func() { defer wg.Done(); in.readOverride(ctx, &rep) }()
 	wg.Wait()
 	return rep
+}
+
+// ruleOf is the rule of the first limiter of ls that named one, else
+// FallbackRule's.
+func (in *Inspector) ruleOf(ls []LimiterPart, key, scope string) RulePart {
+	for _, l := range ls {
+		if l.LocalAnswer != nil && l.LocalAnswer.Rule != nil {
+			r := *l.LocalAnswer.Rule
+			r.From = l.URL
+			return RulePart{Part: Part{Where: "limiter " + l.URL}, Rule: &r}
+		}
+	}
+	rp := RulePart{Part: Part{Where: "the fleet's limiters (LIMITER_FLEET_URLS)"}}
+	if in.FallbackRule == nil {
+		rp.Error = "no limiter answered and POLICY_FILE is not set"
+		return rp
+	}
+	r, err := in.FallbackRule(key, scope)
+	if err != nil {
+		rp.Error = err.Error()
+		return rp
+	}
+	return RulePart{Part: Part{Where: "POLICY_FILE " + r.From}, Rule: r}
+}
+
+// storeOf is the store a key's limit names (default: Store); nil when
+// that store is not configured here.
+func (in *Inspector) storeOf(ctx context.Context, key, scope string) *redisstore.Store {
+	rp := in.ruleOf(in.askFleet(ctx, key, scope), key, scope)
+	if rp.Rule == nil || rp.Limit.Store == "" {
+		return in.Store
+	}
+	return in.Stores[rp.Limit.Store]
 }
 
 // globalOf assembles a global key's budget from the fleet's answers: one
