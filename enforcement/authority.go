@@ -186,6 +186,21 @@ func memDecide(now time.Time, b *Bucket, q *memQuota, lim Limit, cost int64) Ver
 	return v
 }
 
+// ResetQuota sets key's count of lim's quota in the window current at the
+// authority's clock back to zero, as a support reset of the quota does in
+// the store (`limiter key reset --quota`). Nothing when lim has no quota.
+func (m *MemoryAuthority) ResetQuota(key string, lim Limit) {
+	if !lim.HasQuota() {
+		return
+	}
+	now := m.now()
+	q, _ := m.quotas.get(bucketID{key, lim.QuotaID}, now.Unix(), nil)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	start, end := lim.QuotaPeriod.Window(now)
+	q.window, q.end, q.used, q.limit = start.Unix(), end.Unix(), 0, lim.QuotaLimit
+}
+
 // Sweep forgets buckets that are full at now and quota windows that have
 // ended: they would restart in exactly the state they are in. It returns
 // how many entries were removed.

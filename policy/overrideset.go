@@ -39,21 +39,34 @@ const (
 const noEntry = ^uint32(0)
 
 // OverrideTag is what the policy log remembers of the record an override
-// came from: its revision and the first 64 bits of its SHA-256.
+// came from: its revision and the first 64 bits of its SHA-256, and who
+// set it and why, for the engineer who finds it in force (support's
+// inspect): the record's author (its signing key's identity), the
+// override's reason and the record's message. Empty strings: not known
+// (an override put without its record, such as the policy cache's).
 type OverrideTag struct {
 	Revision int64
 	SHA      uint64
+	Author   string
+	Reason   string
+	Message  string
 }
 
+// overrideNote is the text of a tag, interned: a bulk write of many
+// overrides by one author with one reason holds that text once.
+type overrideNote struct{ author, reason, message string }
+
 // entry is an Override reduced to what resolution and the log's apply
-// rule need, and its key, in 88 bytes.
+// rule need, and its key, in 88 bytes (the note's index fits in what
+// would be padding).
 type entry struct {
 	key     string
 	rate    float64 // tokens per second; 0 = the tier's
 	burst   int64
 	quota   int64
-	expires int64 // Unix nanoseconds; 0 = never
-	tag     OverrideTag
+	expires int64  // Unix nanoseconds; 0 = never
+	rev     int64  // the tag's Revision
+	sha     uint64 // the tag's SHA
 	next    uint32 // the key's next entry (noEntry: the last)
 	scope   uint32 // 1 + index in Overrides.scopes; 0 = the key's own
 	tier    uint16 // 1 + index in Overrides.tiers; 0 = none
@@ -61,6 +74,7 @@ type entry struct {
 	qperiod uint8  // limits.Period
 	region  uint8  // regionGlobal, regionRegional; 0 = the document's
 	conc    uint32 // concurrency limit; 0 = the document's
+	note    uint32 // 1 + index in Overrides.notes; 0 = none
 }
 
 // entry.region values.
@@ -198,6 +212,12 @@ type Overrides struct {
 	// concurrent: some override set a concurrency limit (never cleared:
 	// it says only that one may resolve, see HasConcurrency).
 	concurrent bool
+	// notes are the tags' texts, interned (1-based; noteIDs indexes them,
+	// nil in a snapshot). Append-only, as scopes: a snapshot shares them,
+	// so the text of a replaced override stays until the set is rebuilt
+	// (an epoch, a restart).
+	notes   []overrideNote
+	noteIDs map[overrideNote]uint32
 }
 
 // NewOverrides returns an empty set with room for about n overrides.
@@ -271,6 +291,37 @@ func (s *Overrides) scopeIndex(scope string) uint32 {
 	return uint32(len(s.scopes))
 }
 
+// noteIndex interns the text of tag (1-based; 0 = none). The last note
+// is tried first: a bulk write repeats it.
+func (s *Overrides) noteIndex(tag OverrideTag) uint32 {
+	n := overrideNote{tag.Author, tag.Reason, tag.Message}
+	if n == (overrideNote{}) {
+		return 0
+	}
+	if l := len(s.notes); l > 0 && s.notes[l-1] == n {
+		return uint32(l)
+	}
+	if i, ok := s.noteIDs[n]; ok {
+		return i
+	}
+	if s.noteIDs == nil {
+		s.noteIDs = map[overrideNote]uint32{}
+	}
+	s.notes = append(s.notes, n)
+	s.noteIDs[n] = uint32(len(s.notes))
+	return uint32(len(s.notes))
+}
+
+// tagOf is e's tag with its text.
+func (s *Overrides) tagOf(e *entry) OverrideTag {
+	t := OverrideTag{Revision: e.rev, SHA: e.sha}
+	if e.note != 0 {
+		n := s.notes[e.note-1]
+		t.Author, t.Reason, t.Message = n.author, n.reason, n.message
+	}
+	return t
+}
+
 func (s *Overrides) scopeName(i uint32) string {
 	if i == 0 {
 		return ""
@@ -325,9 +376,10 @@ func (s *Overrides) route(res limits.Resolved, err error, own *entry, now int64)
 func (s *Overrides) Put(k OverrideKey, o Override) { s.PutTagged(k, o, OverrideTag{}) }
 
 // PutTagged is Put remembering tag with the override (Tag returns it).
+// The override's own Reason is not kept: the tag's is.
 func (s *Overrides) PutTagged(k OverrideKey, o Override, tag OverrideTag) {
 	e := entry{key: k.Key, tier: s.tierIndex(o.Tier), store: s.storeIndex(o.Store), burst: o.Burst, quota: o.Quota, qperiod: uint8(quotaPeriods[o.QuotaPeriod]),
-		tag: tag, scope: s.scopeIndex(k.Scope), next: noEntry, region: regionOf(o.Scope), conc: uint32(o.Concurrency)}
+		rev: tag.Revision, sha: tag.SHA, note: s.noteIndex(tag), scope: s.scopeIndex(k.Scope), next: noEntry, region: regionOf(o.Scope), conc: uint32(o.Concurrency)}
 	s.concurrent = s.concurrent || o.Concurrency > 0
 	if o.Rate > 0 {
 		e.rate = o.Rate / periodSeconds[o.Period]
@@ -407,7 +459,7 @@ func (s *Overrides) Delete(k OverrideKey) {
 // Tag is the tag the override of k was put with, and whether k has one.
 func (s *Overrides) Tag(k OverrideKey) (OverrideTag, bool) {
 	if e := s.entryOf(k); e != nil {
-		return e.tag, true
+		return s.tagOf(e), true
 	}
 	return OverrideTag{}, false
 }
@@ -452,7 +504,8 @@ func (s *Overrides) Snapshot() *Overrides {
 	clear(s.own)
 	return &Overrides{seed: s.seed, shards: slices.Clone(s.shards), n: s.n,
 		tiers: s.tiers[:len(s.tiers):len(s.tiers)], scopes: s.scopes[:len(s.scopes):len(s.scopes)],
-		stores: s.stores[:len(s.stores):len(s.stores)], routed: slices.Clone(s.routed), routing: s.routing, concurrent: s.concurrent}
+		stores: s.stores[:len(s.stores):len(s.stores)], routed: slices.Clone(s.routed), routing: s.routing, concurrent: s.concurrent,
+		notes: s.notes[:len(s.notes):len(s.notes)]}
 }
 
 // Clone returns a copy of s that can be changed without touching s; the
@@ -461,6 +514,7 @@ func (s *Overrides) Clone() *Overrides {
 	c := s.Snapshot()
 	c.hint = s.hint
 	c.tiers, c.scopes, c.scopeIDs, c.stores = slices.Clone(s.tiers), slices.Clone(s.scopes), maps.Clone(s.scopeIDs), slices.Clone(s.stores)
+	c.notes, c.noteIDs = slices.Clone(s.notes), maps.Clone(s.noteIDs)
 	if c.scopeIDs == nil {
 		c.scopeIDs = map[string]uint32{}
 	}
@@ -541,6 +595,6 @@ func (s *Overrides) EachTaggedPart(part, parts int, fn func(OverrideKey, Overrid
 		if e.expires != 0 {
 			o.Expires = time.Unix(0, e.expires).UTC()
 		}
-		fn(k, o, e.tag)
+		fn(k, o, s.tagOf(e))
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"unsafe"
 )
 
 // TestOverrideSetAgainstAMap: random puts and deletes (keys in a few
@@ -108,5 +109,54 @@ func TestOverrideSnapshotWhileChanging(t *testing.T) {
 	<-done
 	if snap.Len() != 3000 || s.Len() != 6000 {
 		t.Errorf("snapshot %d, set %d overrides; want 3000, 6000", snap.Len(), s.Len())
+	}
+}
+
+// TestOverrideTagKeepsWhoAndWhy: a tag's author, reason and message come
+// back from Tag and EachTagged as they were put, one text held once for
+// many overrides; a snapshot keeps the text it saw while the set replaces
+// it; and the note costs the entry no byte.
+func TestOverrideTagKeepsWhoAndWhy(t *testing.T) {
+	if n := unsafe.Sizeof(entry{}); n != 88 {
+		t.Fatalf("an entry is %d bytes, want 88", n)
+	}
+	s := NewOverrides(0)
+	bulk := OverrideTag{Revision: 7, SHA: 9, Author: "alice/billing", Reason: "contract 77", Message: "the Q4 deals"}
+	for i := range 100 {
+		s.PutTagged(OverrideKey{Key: fmt.Sprintf("k%d", i)}, Override{Tier: "pro", Reason: "ignored: the tag's is kept"}, bulk)
+	}
+	s.PutTagged(OverrideKey{Key: "k0", Scope: "api"}, Override{Tier: "ent"}, OverrideTag{Revision: 8, Author: "bob", Reason: "incident 12"})
+	s.Put(OverrideKey{Key: "cached"}, Override{Tier: "pro", Reason: "cached"})
+	if len(s.notes) != 2 {
+		t.Fatalf("%d notes held, want 2 (one per distinct text)", len(s.notes))
+	}
+	for k, want := range map[OverrideKey]OverrideTag{
+		{Key: "k42"}:              bulk,
+		{Key: "k0", Scope: "api"}: {Revision: 8, Author: "bob", Reason: "incident 12"},
+		{Key: "cached"}:           {},
+	} {
+		if got, ok := s.Tag(k); !ok || got != want {
+			t.Errorf("Tag(%+v) = %+v, %v; want %+v", k, got, ok, want)
+		}
+	}
+	snap := s.Snapshot()
+	s.PutTagged(OverrideKey{Key: "k42"}, Override{Tier: "ent"}, OverrideTag{Revision: 9, Author: "carol", Reason: "upgrade"})
+	if got, _ := snap.Tag(OverrideKey{Key: "k42"}); got != bulk {
+		t.Errorf("the snapshot's tag changed: %+v", got)
+	}
+	if got, _ := s.Tag(OverrideKey{Key: "k42"}); got.Author != "carol" || got.Reason != "upgrade" || got.Revision != 9 {
+		t.Errorf("the set's tag: %+v", got)
+	}
+	seen := 0
+	snap.EachTagged(func(k OverrideKey, _ Override, tag OverrideTag) {
+		if k.Scope == "" && k.Key != "cached" {
+			seen++
+			if tag != bulk {
+				t.Errorf("EachTagged %+v: %+v", k, tag)
+			}
+		}
+	})
+	if seen != 100 {
+		t.Errorf("EachTagged saw %d bulk overrides, want 100", seen)
 	}
 }

@@ -90,7 +90,7 @@ func (s *State) applyEpoch(rec Record) Outcome {
 		if err := o.Override.Validate(doc); err != nil {
 			return s.refuse(rec, CodeInvalid, fmt.Sprintf("override %s: %v", o.Subject(), err))
 		}
-		ov.PutTagged(policy.OverrideKey{Key: o.Key, Scope: o.Scope}, *o.Override, policy.OverrideTag{Revision: o.Revision, SHA: shaKey(o.SHA256)})
+		ov.PutTagged(policy.OverrideKey{Key: o.Key, Scope: o.Scope}, *o.Override, tagOf(&o))
 	}
 	docRec := Record{Revision: rec.Revision, Parent: rec.Parent, Kind: KindPolicy, Author: rec.Author, Message: rec.Message, Time: rec.Time, Document: rec.Document}
 	docRec.Seal()

@@ -451,12 +451,19 @@ func (s *State) install(rec Record) {
 			}
 			return
 		}
-		s.ov.PutTagged(k, *rec.Override, policy.OverrideTag{Revision: rec.Revision, SHA: shaKey(rec.SHA256)})
+		s.ov.PutTagged(k, *rec.Override, tagOf(&rec))
 		if s.keep {
 			r := rec
 			s.recs[rec.LogKey()] = &r
 		}
 	}
+}
+
+// tagOf is what the override set keeps of an override's record rec: its
+// revision and hash, and who wrote it (the author the reader recorded:
+// its signing key's identity when the log is signed) and why.
+func tagOf(rec *Record) policy.OverrideTag {
+	return policy.OverrideTag{Revision: rec.Revision, SHA: shaKey(rec.SHA256), Author: rec.Author, Reason: rec.Override.Reason, Message: rec.Message}
 }
 
 // Records is the state as a compacted log: the document's record, then

@@ -124,8 +124,10 @@ func (d *Desk) reset(w http.ResponseWriter, r *http.Request, op Operator) {
 			Refusal: op.Identity + "'s credential is read-only: resets need role overrides or policy"}
 		rec, _ := json.Marshal(a)
 		msg := a.Refusal
-		if st := d.Inspector.Store; st == nil {
-			msg += " (not audited: no REDIS_ADDRS here)"
+		// On the key's audit list in the store its limit names, where
+		// inspect reads it and a limiter audits its own refusals.
+		if st := d.Inspector.storeOf(r.Context(), b.Key, b.Scope); st == nil {
+			msg += " (not audited: the key's store is not configured here: REDIS_ADDRS, REDIS_STORES)"
 		} else if err := st.Audit(r.Context(), b.Key, rec); err != nil {
 			msg += " (and the refusal could not be audited: " + err.Error() + ")"
 		}

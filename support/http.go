@@ -84,9 +84,13 @@ func RuleFor(p enforcement.Policy, key, scope string) (*Rule, error) {
 		explain = policy.Explain(pp.Policy, key, scope, "")
 		for _, k := range []policy.OverrideKey{{Key: key, Scope: scope}, {Key: key}} {
 			if tag, ok := pp.Overrides().Tag(k); ok {
-				ov = &OverrideRef{Key: k.Key, Scope: k.Scope, Revision: tag.Revision}
-				explain = fmt.Sprintf("override of %s (scope %q) in force, from policy log revision %d, ahead of every rule (`limiter override get %s` shows its author and reason); the document alone would say:\n%s",
-					k.Key, k.Scope, tag.Revision, k.Key, explain)
+				ov = &OverrideRef{Key: k.Key, Scope: k.Scope, Revision: tag.Revision, Author: tag.Author, Reason: tag.Reason, Message: tag.Message}
+				by := "`limiter override get " + k.Key + "` shows its author and reason"
+				if tag.Reason != "" {
+					by = fmt.Sprintf("set by %s: %q", tag.Author, tag.Reason)
+				}
+				explain = fmt.Sprintf("override of %s (scope %q) in force, from policy log revision %d, ahead of every rule (%s); the document alone would say:\n%s",
+					k.Key, k.Scope, tag.Revision, by, explain)
 				break
 			}
 		}

@@ -50,9 +50,9 @@ type Inspector struct {
 	// Decisions is how many recorded decisions to show (default 20).
 	Decisions int
 	// OverrideRecord, optional, reads the policy log's record of the
-	// override in force for key and scope (scope "" = the whole key's):
-	// the log, not the limiters, keeps an override's author and reason.
-	// Nil = the rule's override names its revision only.
+	// override in force for key and scope (scope "" = the whole key's),
+	// for an override whose limiter did not name its author and reason.
+	// Nil = such an override names its revision only.
 	OverrideRecord func(ctx context.Context, key, scope string) (policylog.Record, bool, error)
 }
 
@@ -69,28 +69,7 @@ func (in *Inspector) timeout() time.Duration {
 func (in *Inspector) Inspect(ctx context.Context, key, scope string) Report {
 	rep := Report{Key: key, Scope: scope, At: time.Now().UTC(), Resets: []json.RawMessage{}, Limiters: []LimiterPart{}}
 	rep.Limiters = in.askFleet(ctx, key, scope)
-	for _, l := range rep.Limiters {
-		if l.LocalAnswer != nil && l.LocalAnswer.Rule != nil {
-			r := *l.LocalAnswer.Rule
-			r.From = l.URL
-			rep.Rule = RulePart{Part: Part{Where: "limiter " + l.URL}, Rule: &r}
-			break
-		}
-	}
-	if rep.Rule.Rule == nil {
-		rep.Rule.Where = "the fleet's limiters (LIMITER_FLEET_URLS)"
-		switch {
-		case in.FallbackRule != nil:
-			r, err := in.FallbackRule(key, scope)
-			if err != nil {
-				rep.Rule.Error = err.Error()
-			} else {
-				rep.Rule = RulePart{Part: Part{Where: "POLICY_FILE " + r.From}, Rule: r}
-			}
-		default:
-			rep.Rule.Error = "no limiter answered and POLICY_FILE is not set"
-		}
-	}
+	rep.Rule = in.ruleOf(rep.Limiters, key, scope)
 	if rep.Rule.Rule != nil && rep.Rule.Global {
 		rep.Global = globalOf(rep.Limiters)
 	}
@@ -101,6 +80,39 @@ func (in *Inspector) Inspect(ctx context.Context, key, scope string) Report {
 	go func() { defer wg.Done(); in.readOverride(ctx, &rep) }()
 	wg.Wait()
 	return rep
+}
+
+// ruleOf is the rule of the first limiter of ls that named one, else
+// FallbackRule's.
+func (in *Inspector) ruleOf(ls []LimiterPart, key, scope string) RulePart {
+	for _, l := range ls {
+		if l.LocalAnswer != nil && l.LocalAnswer.Rule != nil {
+			r := *l.LocalAnswer.Rule
+			r.From = l.URL
+			return RulePart{Part: Part{Where: "limiter " + l.URL}, Rule: &r}
+		}
+	}
+	rp := RulePart{Part: Part{Where: "the fleet's limiters (LIMITER_FLEET_URLS)"}}
+	if in.FallbackRule == nil {
+		rp.Error = "no limiter answered and POLICY_FILE is not set"
+		return rp
+	}
+	r, err := in.FallbackRule(key, scope)
+	if err != nil {
+		rp.Error = err.Error()
+		return rp
+	}
+	return RulePart{Part: Part{Where: "POLICY_FILE " + r.From}, Rule: r}
+}
+
+// storeOf is the store a key's limit names (default: Store); nil when
+// that store is not configured here.
+func (in *Inspector) storeOf(ctx context.Context, key, scope string) *redisstore.Store {
+	rp := in.ruleOf(in.askFleet(ctx, key, scope), key, scope)
+	if rp.Rule == nil || rp.Limit.Store == "" {
+		return in.Store
+	}
+	return in.Stores[rp.Limit.Store]
 }
 
 // globalOf assembles a global key's budget from the fleet's answers: one
@@ -146,9 +158,11 @@ func globalOf(ls []LimiterPart) *GlobalPart {
 }
 
 // readOverride fills the author, reason and message of the override in
-// force from the policy log, within the part timeout.
+// force from the policy log, within the part timeout, when the limiter
+// that named it did not (an override it read from its policy cache, or a
+// limiter that does not keep them).
 func (in *Inspector) readOverride(ctx context.Context, rep *Report) {
-	if rep.Rule.Rule == nil || rep.Rule.Override == nil {
+	if rep.Rule.Rule == nil || rep.Rule.Override == nil || rep.Rule.Override.Reason != "" {
 		return
 	}
 	ov := *rep.Rule.Override // the rule is a copy; its override is the limiter's answer's

@@ -42,8 +42,10 @@ type OverrideRef struct {
 	Scope    string `json:"scope,omitempty"`
 	Revision int64  `json:"revision"`
 	// Author, Reason and Message are the policy log's record of the
-	// override (Inspector.OverrideRecord), read when the inspector can
-	// read the log; RecordError says why they are not shown.
+	// override: the author (its signing key's identity), the override's
+	// reason and the record's message, as the limiter that applied it
+	// keeps them beside its limit, or else read from the log
+	// (Inspector.OverrideRecord); RecordError says why they are not shown.
 	Author      string `json:"author,omitempty"`
 	Reason      string `json:"reason,omitempty"`
 	Message     string `json:"message,omitempty"`

@@ -89,7 +89,8 @@ type replayReport struct {
 	Settlements     struct {
 		Settles, SettlesUnmatched, Charges int64
 	} `json:"settlements"`
-	ActualCost struct{ Recorded, Replayed int64 } `json:"actualCost"`
+	ActualCost  struct{ Recorded, Replayed int64 } `json:"actualCost"`
+	QuotaResets int64                              `json:"quotaResets"`
 }
 
 func runReplayBin(t *testing.T, policyYAML string, env []string, from, to time.Time) replayReport {

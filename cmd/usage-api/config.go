@@ -30,6 +30,10 @@ type config struct {
 	// Optional: the limiters' Redis, read by the quota view for what the
 	// enforced counters say is left.
 	Redis redisclient.Config // REDIS_* (internal/redisclient): no REDIS_ADDRS = the record only
+	// Stores are the limiters' named stores (REDIS_STORES, read as the
+	// limiter reads it): the support page inspects a key whose limit
+	// names one there.
+	Stores []redisclient.NamedStore
 
 	// ListenTLS is the API's certificate (USAGE_API_TLS_CERT_FILE,
 	// USAGE_API_TLS_KEY_FILE; re-read on SIGHUP); nil = plain HTTP.
@@ -65,6 +69,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Billing:      billingConfigFrom(e),
 		Support:      supportConfigFrom(e),
 	}
+	c.Stores = redisclient.StoresFromEnv(e, c.Redis, limits.ValidStoreName)
 	e.HostPort("USAGE_API_ADDR", c.Addr)
 	c.ListenTLS = tlsconf.ServerFromEnv(e, "USAGE_API_TLS_CERT_FILE", "USAGE_API_TLS_KEY_FILE")
 	// Read (and checked) by chconn: copies for the code that names them.

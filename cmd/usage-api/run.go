@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratewarden/ratewarden/enforcement/redisstore"
 	"github.com/ratewarden/ratewarden/internal/chconn"
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/internal/redisclient"
@@ -77,6 +78,16 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	} else {
 		log.Warn("REDIS_ADDRS is empty: the quota view shows the usage record only, not what the limiter's counters say is left")
 	}
+	named := map[string]*redisstore.Store{} // REDIS_STORES, for the support page
+	for _, ns := range cfg.Stores {
+		conn, err := ns.Redis.Open(redisOptions)
+		if err != nil {
+			return abort(fmt.Errorf("REDIS_STORES %s: %w", ns.Name, err))
+		}
+		defer conn.Close()
+		named[ns.Name] = redisstore.New(conn.UniversalClient, ns.Redis.KeyPrefix)
+		onHUP = append(onHUP, conn.Reload)
+	}
 	statements, billingStore, err := newStatements(tr.ClickHouse(conn), cfg.Database, cfg.PolicyFile, cfg.Billing.Grace, log) // billing.go
 	if err != nil {
 		return abort(err)
@@ -123,7 +134,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return abort(err)
 	}
 	defer closeBilling()
-	handler, err = withSupport(cfg, conn, rdb, ops.Override, handler, log) // supportdesk.go
+	handler, err = withSupport(cfg, conn, rdb, named, ops.Override, handler, log) // supportdesk.go
 	if err != nil {
 		return abort(err)
 	}

@@ -36,16 +36,18 @@ func supportConfigFrom(e *envconfig.Reader) supportConfig {
 }
 
 // withSupport routes the support desk beside next. rdb (REDIS_ADDRS, may
-// be nil) is the shared store read for the bucket and the audit; override
-// reads an override's record in the policy log (opsapi's).
-func withSupport(cfg config, conn driver.Conn, rdb redis.UniversalClient, override func(ctx context.Context, key, scope string) (policylog.Record, bool, error),
+// be nil) is the shared store read for the bucket and the audit, named
+// REDIS_STORES's stores by name (a key whose limit names one is read
+// there); override reads an override's record in the policy log
+// (opsapi's).
+func withSupport(cfg config, conn driver.Conn, rdb redis.UniversalClient, named map[string]*redisstore.Store, override func(ctx context.Context, key, scope string) (policylog.Record, bool, error),
 	next http.Handler, log *slog.Logger) (http.Handler, error) {
 	creds, err := opsapi.NewCredentials(cfg.PolicyLog.TokensFile, cfg.AdminToken)
 	if err != nil {
 		return nil, err
 	}
 	in := &support.Inspector{Limiters: cfg.Support.FleetURLs, Token: cfg.Support.LimiterToken,
-		HTTP: &http.Client{Timeout: 5 * time.Second}, ClickHouse: conn, Database: cfg.Database}
+		HTTP: &http.Client{Timeout: 5 * time.Second}, ClickHouse: conn, Database: cfg.Database, Stores: named}
 	if len(cfg.PolicyLog.Brokers) > 0 {
 		in.OverrideRecord = override
 	}

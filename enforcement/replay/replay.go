@@ -37,6 +37,11 @@
 // nothing: the candidate rejected it (the request would not have run), or
 // it was made before the range (whose buckets start full).
 //
+// A support reset of a key's quota (a row of kind reset) sets the
+// candidate's quota counter of the key back to zero at the reset's time,
+// as the store's was (MemoryAuthority.ResetQuota): the requests after it
+// are decided on the quota as they were.
+//
 // An Engine is not safe for concurrent use: one goroutine feeds it rows in
 // time order (per key at least).
 package replay
@@ -140,6 +145,8 @@ type Engine struct {
 	settled   Settlements
 	cost      ActualCost
 	charges   uint64 // ids of the replay's charges
+	// quotaResets counts the support resets of a quota replayed.
+	quotaResets int64
 }
 
 type reqID struct{ key, scope, tier string }
@@ -221,6 +228,10 @@ type Report struct {
 	// ActualCost what the traffic cost then and under the candidate.
 	Settlements Settlements `json:"settlements"`
 	ActualCost  ActualCost  `json:"actualCost"`
+	// QuotaResets are the support resets of a quota replayed (rows of
+	// kind reset, not in Rows): each set the candidate's quota counter of
+	// its key back to zero.
+	QuotaResets int64 `json:"quotaResets"`
 }
 
 // New returns an Engine.
@@ -253,8 +264,12 @@ func (e *Engine) Add(r Row) {
 		e.settle(&r)
 		return
 	}
-	if r.Kind == kindReset || r.Kind == kindSlot {
-		return // a support reset of a quota, or a slot beside a rate: no request, nothing to decide again
+	if r.Kind == kindReset {
+		e.resetQuota(&r)
+		return
+	}
+	if r.Kind == kindSlot {
+		return // a slot beside a rate: no request, nothing to decide again
 	}
 	if e.total.Decisions == 0 || r.TS < e.first {
 		e.first = r.TS
@@ -429,6 +444,20 @@ func (e *Engine) settle(r *Row) {
 	e.cost.Replayed += s.Charged - s.Estimate
 }
 
+// resetQuota replays a support reset of a key's quota: the candidate's
+// quota counter of the key (the limit its tier resolves to) goes back to
+// zero at the reset's instant, as the store's did, so the requests after
+// it are decided on the quota as they were. A tier the candidate does not
+// define, or a limit without a quota, has nothing to reset.
+func (e *Engine) resetQuota(r *Row) {
+	rs := e.resolve(r.Key, r.Scope, r.Tier)
+	if rs.err != nil || !rs.res.HasQuota() {
+		return
+	}
+	e.auth.ResetQuota(r.Key, rs.res.Limit)
+	e.quotaResets++
+}
+
 func keyCounts(k *KeyCounts) *Counts {
 	if k == nil {
 		return nil
@@ -466,6 +495,7 @@ func (e *Engine) Report() Report {
 		FirstDifference: e.agree.firstBeyondExample,
 		Settlements:     e.settled,
 		ActualCost:      e.cost,
+		QuotaResets:     e.quotaResets,
 	}
 	if e.total.Decisions > 0 {
 		rep.From, rep.To = time.UnixMilli(e.first).UTC(), time.UnixMilli(e.last).UTC()

@@ -308,3 +308,32 @@ func TestReplayOfAConcurrencyAloneAllows(t *testing.T) {
 		t.Fatalf("total %+v", rep.Total)
 	}
 }
+
+// TestReplayResetsTheQuotaAtAResetRow: a quota of 2 spent, rejected, reset
+// by support, then spent again: the replay decides each request as
+// recorded, and a tier without a quota has nothing to reset.
+func TestReplayResetsTheQuotaAtAResetRow(t *testing.T) {
+	e := engine(t, `
+version: 1
+default_tier: free
+tiers:
+  free: { rate: 100, burst: 100, quota: { limit: 2, period: month } }
+`)
+	steps := []replay.Row{
+		row(0, "q", "api", true), row(1, "q", "api", true), row(2, "q", "api", false),
+		{TS: t0 + 3, Key: "q", Scope: "api", Tier: "free", Kind: "reset", Reservation: "rs_1"},
+		row(4, "q", "api", true), row(5, "q", "api", true), row(6, "q", "api", false),
+	}
+	for _, r := range steps {
+		e.Add(r)
+	}
+	rep := e.Report()
+	if rep.Rows != 6 || rep.QuotaResets != 1 || rep.Total.Rejected != 2 || rep.Total.NewlyRejected != 0 || rep.Total.NewlyAllowed != 0 {
+		t.Fatalf("rows %d, resets %d, total %+v (%s)", rep.Rows, rep.QuotaResets, rep.Total, rep.FirstDifference)
+	}
+	noQuota := engine(t, current)
+	noQuota.Add(replay.Row{TS: t0, Key: "q", Scope: "web", Tier: "free", Kind: "reset"})
+	if r := noQuota.Report(); r.QuotaResets != 0 || r.Rows != 0 {
+		t.Fatalf("a reset under a limit without quota: %+v", r)
+	}
+}

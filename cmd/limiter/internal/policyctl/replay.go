@@ -228,6 +228,9 @@ func writeReplayTable(w io.Writer, o replayOutput) {
 		fmt.Fprintf(w, "at actual costs: %d settles (%d of a reservation the replay does not hold), %d charges; tokens spent then %d, under the candidate %d\n",
 			st.Settles, st.Unmatched, st.Charges, o.ActualCost.Recorded, o.ActualCost.Replayed)
 	}
+	if o.QuotaResets > 0 {
+		fmt.Fprintf(w, "quota resets by support: %d (each set the candidate's quota of its key back to zero there)\n", o.QuotaResets)
+	}
 	t := o.Total
 	fmt.Fprintf(w, "rejected then: %d (%s); rejected under the candidate: %d (%s); newly rejected %d, newly allowed %d\n",
 		t.RecordedRejected, pct(t.RecordedRejected, t.Decisions), t.Rejected, pct(t.Rejected, t.Decisions), t.NewlyRejected, t.NewlyAllowed)
