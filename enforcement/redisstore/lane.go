@@ -172,7 +172,11 @@ func packArgs(b []byte, calls []*call) []byte {
 				soft = 1
 			}
 		}
-		for _, f := range [7]float64{float64(c.op), c.lim.Rate, float64(c.lim.Burst), float64(c.cost), float64(c.lim.QuotaLimit), float64(c.quotaEnd), soft} {
+		floor := c.lim.Floor()
+		if c.op == opSettle {
+			floor = 0 // a settle charges what was spent: no class decides it
+		}
+		for _, f := range [8]float64{float64(c.op), c.lim.Rate, float64(c.lim.Burst), float64(c.cost), float64(c.lim.QuotaLimit), float64(c.quotaEnd), soft, floor} {
 			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
 		}
 		if c.op != opDecide {

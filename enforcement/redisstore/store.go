@@ -113,10 +113,12 @@ func (s *Store) Take(ctx context.Context, key, scope string, lim enforcement.Lim
 	return verdictOf(keys[0], res, err)
 }
 
-// bucketCall is the KEYS and ARGV of one bucket decision.
+// bucketCall is the KEYS and ARGV of one bucket decision (bucket.lua,
+// peek.lua; reservecall.lua adds the TTL), the one place they are built;
+// packArgs packs the same numbers for batch.lua.
 func (s *Store) bucketCall(key, scope string, lim enforcement.Limit, cost int64) (keys []string, args []any) {
 	bucketKey, quotaKey, quotaEnd := s.callKeys(key, scope, lim)
-	return []string{bucketKey, quotaKey}, []any{lim.Rate, lim.Burst, cost, lim.QuotaLimit, quotaEnd, lim.SoftLimitPercent}
+	return []string{bucketKey, quotaKey}, []any{lim.Rate, lim.Burst, cost, lim.QuotaLimit, quotaEnd, lim.SoftLimitPercent, lim.Floor()}
 }
 
 // callKeys is the bucket key, the quota key and the quota window's end (ms)
@@ -150,8 +152,12 @@ func verdictOf(bucketKey string, res []int64, err error) (enforcement.Verdict, e
 	if len(res) != 8 {
 		return enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q: %w: %d values", bucketKey, errBadReply, len(res))
 	}
+	if res[0] < 0 || res[0] > 2 {
+		return enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q: %w: verdict %d", bucketKey, errBadReply, res[0])
+	}
 	return enforcement.Verdict{
 		Allowed:    res[0] == 1,
+		Shed:       res[0] == 2,
 		Remaining:  res[1],
 		RetryAfter: time.Duration(res[2]) * time.Millisecond,
 		ResetAfter: time.Duration(res[3]) * time.Millisecond,
