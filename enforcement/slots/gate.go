@@ -40,9 +40,10 @@ type Observer interface {
 	// reason (enforcement.ReasonConcurrency, enforcement.ReasonShed), for
 	// the request's class, and who decided; also a rate's decision for a
 	// class below share 1, "admitted" (on a limit without a slot) or
-	// enforcement.ReasonShed (refused by its floor in the bucket). Source: enforcement.SourceShared (the
-	// store), SourceLocal (a refusal on the store's last word, with no
-	// store call) or SourceDegraded (the in-process set).
+	// enforcement.ReasonShed (refused by its floor in the bucket). The
+	// source: enforcement.SourceShared (the store), SourceLocal (a
+	// refusal on the store's last word, with no store call) or
+	// SourceDegraded (the in-process set).
 	Slot(outcome, priority string, source enforcement.Source)
 	// Return counts a release or renew: "released", "unheld" (a release
 	// that freed nothing), "renewed", "lost" (a renew of a lease not held).
