@@ -34,3 +34,24 @@ rules:
 		}
 	}
 }
+
+// TestGlobalOverrideUnderClassesRefused: an override of scope global is
+// refused under a class below share 1, as a global tier is at load.
+func TestGlobalOverrideUnderClassesRefused(t *testing.T) {
+	const body = "\ntiers:\n  free: { rate: 10, burst: 20 }\n"
+	shed, err := policy.Parse([]byte("version: 1\ndefault_tier: free\npriorities: { critical: 1, default: 0.8 }" + body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := policy.Parse([]byte("version: 1\ndefault_tier: free" + body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := policy.Override{Tier: "free", Scope: policy.ScopeGlobal, Reason: "a test"}
+	if err := o.Validate(shed); err == nil || !strings.Contains(err.Error(), "priority class's floor") {
+		t.Fatalf("a global override under a class of share 0.8: %v", err)
+	}
+	if err := o.Validate(plain); err != nil {
+		t.Fatalf("a global override without priorities: %v", err)
+	}
+}
