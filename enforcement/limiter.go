@@ -68,8 +68,8 @@ var ErrUnknownPriority = fmt.Errorf("%w: unknown priority class", ErrInvalidRequ
 // shareOf is the share of a bucket a request of class priority may use
 // under the boxed policy: 1 (the whole bucket) without classes.
 func (b *policyBox) shareOf(priority string) (float64, error) {
-	if b.c == nil {
-		return 1, nil
+	if b.c == nil || (priority == "" && !b.sheds) {
+		return 1, nil // the default class, and every class has the whole bucket
 	}
 	share, ok := b.c.PriorityShare(priority)
 	if !ok {
