@@ -114,11 +114,28 @@ func (s *Store) Take(ctx context.Context, key, scope string, lim enforcement.Lim
 }
 
 // bucketCall is the KEYS and ARGV of one bucket decision (bucket.lua,
-// peek.lua; reservecall.lua adds the TTL), the one place they are built;
-// packArgs packs the same numbers for batch.lua.
+// peek.lua; reservecall.lua adds the TTL).
 func (s *Store) bucketCall(key, scope string, lim enforcement.Limit, cost int64) (keys []string, args []any) {
 	bucketKey, quotaKey, quotaEnd := s.callKeys(key, scope, lim)
-	return []string{bucketKey, quotaKey}, []any{lim.Rate, lim.Burst, cost, lim.QuotaLimit, quotaEnd, lim.SoftLimitPercent, lim.Floor()}
+	a := decideArgs(lim, cost, quotaEnd)
+	return []string{bucketKey, quotaKey}, []any{a.rate, a.burst, a.cost, a.qlimit, a.qend, a.soft, a.floor}
+}
+
+// spendArgs are the numbers decide.lua's decide takes after its keys, in
+// its order (bucket.lua's ARGV, batch.lua's packed doubles after the op):
+// decideArgs is the one place they are read from a limit.
+type spendArgs struct {
+	rate   float64
+	burst  int64
+	cost   int64
+	qlimit int64
+	qend   int64   // the quota window's end, ms
+	soft   float64 // the soft limit, %
+	floor  float64 // tokens the request must leave (limits.Limit.Floor)
+}
+
+func decideArgs(lim enforcement.Limit, cost, quotaEnd int64) spendArgs {
+	return spendArgs{lim.Rate, lim.Burst, cost, lim.QuotaLimit, quotaEnd, lim.SoftLimitPercent, lim.Floor()}
 }
 
 // callKeys is the bucket key, the quota key and the quota window's end (ms)
