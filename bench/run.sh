@@ -69,7 +69,7 @@ st_pipe=$(awk '/SharedTier\/pipelined/ {for (i=1;i<=NF;i++) if ($(i+1)=="decisio
 st_rb=$(awk '/SharedTier\/redis-benchmark/ {for (i=1;i<=NF;i++) if ($(i+1)=="decisions/s") print $i}' "$OUT/sharedtier.txt")
 {
   echo '**Shared tier from one process, no HTTP** (`go test -run XXX -bench SharedTier -benchtime 200000x ./enforcement/redisstore/`, 128'
-  echo 'goroutines, 10,000 keys, allowed path; target ≥ 70% of `redis-benchmark -P 16 -c 50 -r 10000 EVALSHA <bucket.lua> 2 rb:{__rand_int__}:b2:api … 1000000000 1000000000 1 0 0 0`'
+  echo 'goroutines, 10,000 keys, allowed path; target ≥ 70% of `redis-benchmark -P 16 -c 50 -r 10000 EVALSHA <bucket.lua> 2 rb:{__rand_int__}:b2:api … 1000000000 1000000000 1 0 0 0 0`'
   echo "against the same server): redisstore.Store (one EVALSHA round trip each, go-redis pool) $st_store decisions/s, $(awk -v a="$st_store" -v b="$st_rb" 'BEGIN{printf "%.0f%%", 100*a/b}');"
   echo "redisstore.Pipelined (auto-pipelining) $st_pipe, $(awk -v a="$st_pipe" -v b="$st_rb" 'BEGIN{printf "%.0f%%", 100*a/b}'); redis-benchmark -P 16, same script, $st_rb, 100%."
   echo

@@ -24,7 +24,11 @@ type Authority interface {
 
 // Verdict is an authority's answer.
 type Verdict struct {
-	Allowed    bool
+	Allowed bool
+	// Shed: refused only because spending would take the bucket below the
+	// floor of the request's priority class (Limit.Floor); the cost was
+	// there. RetryAfter is then the time until floor + cost is there.
+	Shed       bool
 	Remaining  int64         // whole tokens left in the bucket
 	RetryAfter time.Duration // 0 when allowed; the later of the bucket's and the quota's wait
 	ResetAfter time.Duration // until the bucket is full again
@@ -158,16 +162,16 @@ func memDecide(now time.Time, b *Bucket, q *memQuota, lim Limit, cost int64) Ver
 	}
 
 	// A quota rejection must not spend bucket tokens: spend only what both allow.
-	spend := cost
+	spend, floor := cost, lim.Floor()
 	if !quotaOK {
-		spend = 0
+		spend, floor = 0, 0
 	}
-	r := b.Take(now.UnixMicro(), lim.Rate, lim.Burst, spend)
-	v := Verdict{Now: now, Allowed: quotaOK && r.Allowed, ClockBack: r.ClockBack}
+	r := b.TakeFloor(now.UnixMicro(), lim.Rate, lim.Burst, spend, floor)
+	v := Verdict{Now: now, Allowed: quotaOK && r.Allowed, Shed: quotaOK && r.Shed, ClockBack: r.ClockBack}
 	if !quotaOK && r.Allowed && cost > 0 {
 		// Would the bucket alone have allowed cost? Ask without spending.
 		probe := *b
-		r.RetryAfterUS = probe.Take(now.UnixMicro(), lim.Rate, lim.Burst, cost).RetryAfterUS
+		r.RetryAfterUS = probe.TakeFloor(now.UnixMicro(), lim.Rate, lim.Burst, cost, lim.Floor()).RetryAfterUS
 	}
 	if v.Allowed {
 		if q != nil {

@@ -25,6 +25,8 @@ type TakeResult struct {
 	RetryAfterUS int64   // 0 when allowed; else µs until cost tokens are there
 	ResetAfterUS int64   // µs until the bucket is full again
 	ClockBack    bool    // now was earlier than the last update (elapsed clamped to 0)
+	// Shed: refused only by the floor (TakeFloor): cost tokens were there.
+	Shed bool
 }
 
 // Take refills the bucket lazily up to now (µs) at rate tokens per second,
@@ -32,6 +34,15 @@ type TakeResult struct {
 // time is clamped at ≥ 0, so a clock that steps backwards never removes
 // tokens. Cost 0 is always allowed and spends nothing.
 func (b *Bucket) Take(now int64, rate float64, burst int64, cost int64) TakeResult {
+	return b.TakeFloor(now, rate, burst, cost, 0)
+}
+
+// TakeFloor is Take for a request that must leave floor tokens in the
+// bucket (Limit.Floor, its priority class's reserve for higher classes):
+// it spends cost only if cost + floor tokens are there. Refused while cost
+// tokens are there, the result is Shed, and RetryAfterUS is the time until
+// cost + floor (at most burst) tokens are. decide.lua decides alike.
+func (b *Bucket) TakeFloor(now int64, rate float64, burst int64, cost int64, floor float64) TakeResult {
 	capacity := float64(burst)
 	tokens := capacity
 	var back bool
@@ -45,11 +56,16 @@ func (b *Bucket) Take(now int64, rate float64, burst int64, cost int64) TakeResu
 	}
 	r := TakeResult{ClockBack: back}
 	c := float64(cost)
-	if tokens+epsilon >= c {
+	if tokens+epsilon >= c+floor {
 		r.Allowed = true
 		tokens = max(0, tokens-c)
 	} else {
-		r.RetryAfterUS = ceilUS((c - tokens) / rate)
+		r.Shed = tokens+epsilon >= c
+		need := c + floor
+		if need > capacity {
+			need = max(capacity, c) // a class whose share cannot hold cost waits for a full bucket
+		}
+		r.RetryAfterUS = ceilUS((need - tokens) / rate)
 	}
 	b.Tokens, b.TS = tokens, now
 	r.Tokens = tokens

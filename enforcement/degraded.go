@@ -36,10 +36,12 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 		}
 	}
 	spend := cost
+	tight.Share = lim.Share // the class keeps its floor on the tightened bucket, in proportion
+	floor := tight.Floor()
 	if quotaWait > 0 {
-		spend = 0 // a quota rejection spends no bucket tokens, as in the store
+		spend, floor = 0, 0 // a quota rejection spends no bucket tokens, as in the store
 	}
-	dr := x.degraded.Take(nowUS, tight.Rate, tight.Burst, spend)
+	dr := x.degraded.TakeFloor(nowUS, tight.Rate, tight.Burst, spend, floor)
 	allowed := dr.Allowed && quotaWait == 0
 	var bucketWaitUS int64 // how long the bucket alone would make cost wait
 	switch {
@@ -47,7 +49,7 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 		bucketWaitUS = dr.RetryAfterUS
 	case quotaWait > 0: // refused by the quota: would the bucket alone have allowed cost?
 		probe := x.degraded
-		if r := probe.Take(nowUS, tight.Rate, tight.Burst, cost); !r.Allowed {
+		if r := probe.TakeFloor(nowUS, tight.Rate, tight.Burst, cost, tight.Floor()); !r.Allowed {
 			bucketWaitUS = r.RetryAfterUS
 		}
 	}
@@ -67,6 +69,9 @@ func (l *Limiter) degradedDecision(req *Request, d Decision, lim Limit, cost int
 		l.cfg.Observer.ClockBack()
 	}
 	d.WouldAllow = allowed
+	if dr.Shed && quotaWait == 0 {
+		d.Reason = ReasonShed
+	}
 	d.Remaining = wholeTokens(dr.Tokens)
 	d.ResetAt = wall.Add(time.Duration(dr.ResetAfterUS) * time.Microsecond)
 	d.Bucket.Remaining, d.Bucket.ResetAt = d.Remaining, d.ResetAt

@@ -16,8 +16,19 @@ import (
 // keys of one tier share one copy of that tier's limit.
 type policyBox struct {
 	p     Policy
+	c     Classes      // p's classes; nil without
+	sheds bool         // some class of p has a share below 1
 	refs  sync.Map     // refKey → *resolvedRef
 	nrefs atomic.Int64 // len(refs)
+}
+
+// newPolicyBox boxes p, reading once what it says of priority classes.
+func newPolicyBox(p Policy) *policyBox {
+	b := &policyBox{p: p}
+	if c, ok := p.(Classes); ok {
+		b.c, b.sheds = c, c.Sheds()
+	}
+	return b
 }
 
 // maxSharedRefs bounds a policy's interned limits. Policies resolve to few

@@ -40,7 +40,7 @@ const mirrorRoundingUS = 1000
 
 // localWait is the local tier: it fills v, which starts zero. Called
 // under e.mu.
-func (l *Limiter) localWait(e *entry, now, cost int64, v *localVerdict) {
+func (l *Limiter) localWait(e *entry, now, cost int64, flood bool, v *localVerdict) {
 	k, res := &e.known, &e.res.res
 	if x := e.x; x != nil {
 		r := &x.rej
@@ -89,7 +89,11 @@ func (l *Limiter) localWait(e *entry, now, cost int64, v *localVerdict) {
 		return
 	}
 	// The local bucket's rejections are not remembered: its rate follows
-	// the instance count, and the requests it allows spend from it.
+	// the instance count, and the requests it allows spend from it. Only
+	// requests that may be refused on a flood's account ask it (flood).
+	if !flood {
+		return
+	}
 	if r := e.local.Take(now, l.localRate(res.Rate), res.Burst, cost); !r.Allowed {
 		v.wait = r.RetryAfterUS
 	}

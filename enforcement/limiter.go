@@ -50,6 +50,34 @@ type Policy interface {
 	Resolve(key, scope, tier string) (Resolved, error)
 }
 
+// Classes is a Policy that names priority classes (package policy's
+// Policy): the share of a bucket a request of each may use (Limit.Share,
+// Limit.Floor). A Policy without it gives every request the whole bucket.
+type Classes interface {
+	// PriorityShare is the class's share (0 < share ≤ 1); "" is the
+	// default class; ok is false for a class the policy does not define.
+	PriorityShare(name string) (share float64, ok bool)
+	// Sheds reports whether some class has a share below 1.
+	Sheds() bool
+}
+
+// ErrUnknownPriority: the request names a priority class the policy does
+// not define (it wraps ErrInvalidRequest).
+var ErrUnknownPriority = fmt.Errorf("%w: unknown priority class", ErrInvalidRequest)
+
+// shareOf is the share of a bucket a request of class priority may use
+// under the boxed policy: 1 (the whole bucket) without classes.
+func (b *policyBox) shareOf(priority string) (float64, error) {
+	if b.c == nil || (priority == "" && !b.sheds) {
+		return 1, nil // the default class, and every class has the whole bucket
+	}
+	share, ok := b.c.PriorityShare(priority)
+	if !ok {
+		return 0, fmt.Errorf("%w %q", ErrUnknownPriority, priority)
+	}
+	return share, nil
+}
+
 // ErrUnknownTier is returned by a Policy for a tier it does not define.
 var ErrUnknownTier = limits.ErrUnknownTier
 
@@ -206,14 +234,14 @@ func New(cfg Config) (*Limiter, error) {
 		removed:    l.removedQuota,
 	})
 	l.startClock()
-	l.policy.Store(&policyBox{p: cfg.Policy})
+	l.policy.Store(newPolicyBox(cfg.Policy))
 	l.instances.Store(int64(cfg.ExpectedInstances))
 	return l, nil
 }
 
 // SetPolicy swaps the policy. Decisions in flight finish under the policy
 // they started with; the next decision of each key re-resolves its limit.
-func (l *Limiter) SetPolicy(p Policy) { l.policy.Store(&policyBox{p: p}) }
+func (l *Limiter) SetPolicy(p Policy) { l.policy.Store(newPolicyBox(p)) }
 
 // SetInstances sets how many replicas share the load (the fleet's live
 // count). ExpectedInstances stays the floor: a count below it (an instance
@@ -278,6 +306,10 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 		return Decision{}, fmt.Errorf("%w: key and scope are required and cost must be ≥ 0", ErrInvalidRequest)
 	}
 	box := l.policy.Load()
+	share, err := box.shareOf(req.Priority)
+	if err != nil {
+		return Decision{}, err
+	}
 	nowUS := micros(start.off)
 	e, tracked := l.entries.get(bucketID{req.Key, req.Scope}, nowUS, nil)
 	if !tracked {
@@ -319,7 +351,10 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 		// lw is filled through a pointer and read field by field: returning
 		// it by value cost a store-forwarding stall in the flood's profile.
 		var lw localVerdict
-		if l.localWait(e, nowUS, cost, &lw); lw.wait > 0 {
+		// A class of share 1 under lower classes skips the local flood
+		// bucket: the flood of the lower classes spends it, and would
+		// refuse in process what the store keeps for the guarantee.
+		if l.localWait(e, nowUS, cost, !(box.sheds && share >= 1), &lw); lw.wait > 0 {
 			wait := lw.wait
 			reset := lw.mirrorResetUS
 			if lw.mirrorKnown {
@@ -342,6 +377,12 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 		}
 	}
 	lim := res.Limit
+	if share < 1 {
+		// Below share 1 the store keeps the class's floor (Limit.Floor).
+		// The local tier above only refuses what lacks the cost itself,
+		// which no class may take, so it stands for every class.
+		lim.Share = share
+	}
 	global := res.Global && l.cfg.Global != nil
 	e.mu.Unlock()
 	err = l.askStore(ctx, &req, &d, e, lim, global, cost, start, nowUS)
@@ -375,9 +416,14 @@ func (l *Limiter) askStore(ctx context.Context, req *Request, d *Decision, e *en
 			// bounce one cache line between every core deciding.
 			l.lastStoreOK.Store(now)
 		}
+		// The local tier learns the bucket as the store left it; a shed
+		// verdict is not learned: it refused a cost that was there, and
+		// the mirror would refuse it to every class.
+		base := lim
+		base.Share = 0
 		e.mu.Lock()
-		if e.res != nil && e.res.res.Limit == lim { // not swapped for another limit meanwhile
-			l.learn(e, now, wall, lim, cost, &v)
+		if e.res != nil && e.res.res.Limit == base && !v.Shed { // not swapped for another limit meanwhile
+			l.learn(e, now, wall, base, cost, &v)
 		}
 		e.mu.Unlock()
 		if lim.HasQuota() && lim.Split <= 1 {
@@ -440,6 +486,9 @@ func describeRule(d *Decision, res *Resolved, cost int64) {
 // is the caller's to set.
 func takeVerdict(d *Decision, lim *Limit, v *Verdict) {
 	d.WouldAllow = v.Allowed
+	if v.Shed {
+		d.Reason = ReasonShed
+	}
 	d.Remaining = v.Remaining
 	d.RetryAfter = v.RetryAfter
 	d.ResetAt = v.Now.Add(v.ResetAfter)

@@ -39,9 +39,17 @@ func (l *Limiter) Peek(ctx context.Context, req Request) (Decision, error) {
 	if req.Key == "" || req.Scope == "" || (req.HasCost && req.Cost < 0) {
 		return Decision{}, fmt.Errorf("%w: key and scope are required and cost must be ≥ 0", ErrInvalidRequest)
 	}
-	res, err := l.Policy().Resolve(req.Key, req.Scope, req.Tier)
+	box := l.policy.Load()
+	share, err := box.shareOf(req.Priority)
 	if err != nil {
 		return Decision{}, err
+	}
+	res, err := box.p.Resolve(req.Key, req.Scope, req.Tier)
+	if err != nil {
+		return Decision{}, err
+	}
+	if share < 1 {
+		res.Share = share // answered for the request's class: its floor held back
 	}
 	cost := res.Cost
 	if req.HasCost {

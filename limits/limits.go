@@ -89,6 +89,24 @@ type Limit struct {
 	// under a lease, until it gives it back (docs/concurrency.md); 0 = no
 	// concurrency limit.
 	Concurrency int64
+
+	// Share is the request's priority class's share of the bucket (policy
+	// `priorities`), set per request by the limiter, never by the policy:
+	// a request is allowed only if it leaves at least Floor tokens. 0 (or
+	// 1) = the whole bucket, as without priorities.
+	Share float64
+}
+
+// Floor is the tokens a request of the limit's Share must leave in the
+// bucket: (1 − Share) × the bucket's capacity (a split key's sub-bucket's
+// own, so each sub-bucket keeps the same proportion), 0 for a class of
+// the whole bucket. It is the one place the floor is computed; every
+// script and copy that spends tokens takes it from here.
+func (l Limit) Floor() float64 {
+	if l.Share <= 0 || l.Share >= 1 {
+		return 0
+	}
+	return (1 - l.Share) * float64(l.Burst)
 }
 
 // HasRate reports whether the limit has a token bucket. A limit of

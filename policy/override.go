@@ -97,6 +97,9 @@ func (o Override) Validate(p *Policy) error {
 	if o.Scope != "" && o.Scope != ScopeGlobal && o.Scope != ScopeRegional {
 		fail("scope: must be global or regional, got %q", truncate(o.Scope, 40))
 	}
+	if o.Scope == ScopeGlobal && p != nil && p.Sheds() {
+		fail("scope: a global limit cannot keep a priority class's floor (its regions spend from pools), and the policy has a class below share 1: use regional")
+	}
 	if o.Store != "" && !limits.ValidStoreName(o.Store) {
 		fail("store: %q is not a store name (letters, digits, '_' and '-', at most 64; not %q)", truncate(o.Store, 40), limits.DefaultStore)
 	}

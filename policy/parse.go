@@ -552,6 +552,7 @@ func (v *validator) compile(f File) *Policy {
 	}
 	p.domains = v.domains(f)
 	p.priorities = v.priorities(f.Priorities)
+	v.globalClasses(f, p)
 	if len(v.errs) == 0 {
 		v.refillTimes(p)
 	}
@@ -665,6 +666,32 @@ func (v *validator) quota(path string, q *Quota) (int64, limits.Period) {
 		v.fail(path+".unknown_while_degraded", "must be share or deny, got %q", q.UnknownWhileDegraded)
 	}
 	return q.Limit, period
+}
+
+// globalClasses refuses a limit of scope global under a class below share
+// 1: a global limit is spent from each region's pool of the global
+// bucket, refilled by leases from the home, where no class floor is kept
+// (docs/concurrency.md, "Priority classes on a rate").
+func (v *validator) globalClasses(f File, p *Policy) {
+	if !p.Sheds() {
+		return
+	}
+	const why = "a global limit cannot keep a priority class's floor (its regions spend from pools): use scope regional, or give every class share 1"
+	names := make([]string, 0, len(f.Tiers))
+	for name, t := range f.Tiers {
+		if t.Scope == ScopeGlobal {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		v.fail("tiers."+name+".scope", why)
+	}
+	for i, r := range f.Rules {
+		if r.RegionScope == ScopeGlobal {
+			v.fail(fmt.Sprintf("rules[%d].region_scope", i), why)
+		}
+	}
 }
 
 // regionScope checks a tier's scope or a rule's region_scope.

@@ -68,9 +68,9 @@ type Guard struct {
 	Cost func(r *http.Request) (cost int64, ok bool)
 	// Log receives errors (default: discarded).
 	Log *slog.Logger
-	// Priority names a request's priority class on a concurrency limit
-	// (default: the PriorityHeader header, "" when absent: the default
-	// class). The class is the caller's claim: strip the header at the
+	// Priority names a request's priority class, its share of a bucket
+	// and of a concurrency limit (default: the PriorityHeader header, ""
+	// when absent: the default class). The class is the caller's claim: strip the header at the
 	// edge, or set Priority, where clients must not choose their own.
 	Priority func(r *http.Request) string
 	// Headers selects the rate-limit header fields (default Both: the

@@ -299,7 +299,10 @@ func (a *Authority) lookup(k id) *state {
 // Take implements enforcement.Authority.
 func (a *Authority) Take(ctx context.Context, key, scope string, lim enforcement.Limit, cost int64) (enforcement.Verdict, error) {
 	a.decisions.Add(1)
-	if cost <= 0 || lim.HasQuota() || lim.Split > 1 || a.closed.Load() {
+	// A class below share 1 (lim.Share) asks the store, which keeps its
+	// floor: tokens leased here have left the bucket, and spending them
+	// in process would not see what higher classes are owed.
+	if cost <= 0 || lim.HasQuota() || lim.Split > 1 || lim.Floor() > 0 || a.closed.Load() {
 		return a.passThrough(ctx, key, scope, lim, cost)
 	}
 	st := a.lookup(id{key, scope})

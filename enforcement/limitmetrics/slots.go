@@ -25,7 +25,7 @@ func NewSlots(reg prometheus.Registerer) *Slots {
 	s := &Slots{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_slot_decisions_total",
-			Help: "Slot acquisitions on concurrency limits: admitted, or refused for want of a slot (concurrency) or because the priority class holds its share (shed), by class and by who decided (shared: the store; local: a refusal in process on the store's last refusal, with no store call; degraded: this instance's tightened set while the store could not be asked).",
+			Help: "Slot acquisitions on concurrency limits: admitted, or refused for want of a slot (concurrency) or because the priority class holds its share (shed); and the rate decisions of a class below share 1 (admitted, or shed by its floor in the bucket); by class and by who decided (shared: the store; local: a refusal in process on the store's last refusal, with no store call; degraded: this instance's tightened set while the store could not be asked).",
 		}, []string{"outcome", "priority", "source"}),
 		returns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_slot_returns_total",

@@ -46,7 +46,7 @@ func TestSettleAgreesWithGo(t *testing.T) {
 			if rng.IntN(3) == 0 { // a decision on the same bucket: in debt it rejects
 				cost := randomCost(rng, lim, max(0, left))
 				want := b.Take(now, lim.Rate, lim.Burst, cost)
-				res := runAt(t, ctx, c, decideAtScript, []string{bkey, bkey}, 3, lim.Rate, lim.Burst, cost, 0, 0, 0, now)
+				res := runAt(t, ctx, c, decideAtScript, []string{bkey, bkey}, 3, lim.Rate, lim.Burst, cost, 0, 0, 0, 0, now)
 				got, err := verdictOf(bkey, res, nil)
 				if err != nil {
 					t.Fatal(err)

@@ -42,7 +42,8 @@ var (
 	decideAtScript = redis.NewScript(stateLua + decideLua + `
 local t0 = redis.call('TIME')
 local r = { decide(KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]),
-                   tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])) }` + atEntryTail)
+                   tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]),
+                   tonumber(ARGV[8])) }` + atEntryTail)
 	leaseAtScript = redis.NewScript(stateLua + leaseLua + `
 local t0 = redis.call('TIME')
 local r = { lease(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]),
@@ -187,6 +188,11 @@ func decideSequence(t *testing.T, c *redis.Client, s *Store, seed uint64, quota 
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 26))
 	lim := randomLimit(rng, quota)
+	// Half the sequences decide for a priority class below share 1 (its
+	// own generator, so the other draws stay as they were).
+	if cls := rand.New(rand.NewPCG(seed, 49)); cls.IntN(2) == 0 {
+		lim.Share = []float64{0.5, 0.8, 0.25, 0.01 + 0.98*cls.Float64()}[cls.IntN(4)]
+	}
 	// Start on today's clock: the quota counter's PEXPIREAT is on Redis's
 	// clock, and a window ended long ago would expire at once. The steps
 	// only go forward where there is a quota: the Go authority starts a
@@ -222,7 +228,7 @@ func decideSequence(t *testing.T, c *redis.Client, s *Store, seed uint64, quota 
 			qkey, qend = s.QuotaKey(key, lim.QuotaID, start), end.UnixMilli()
 		}
 		res := runAt(t, ctx, c, decideAtScript, []string{bkey, qkey}, 3,
-			lim.Rate, lim.Burst, cost, lim.QuotaLimit, qend, lim.SoftLimitPercent, now)
+			lim.Rate, lim.Burst, cost, lim.QuotaLimit, qend, lim.SoftLimitPercent, lim.Floor(), now)
 		got, err := verdictOf(bkey, res, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -239,11 +245,11 @@ func decideSequence(t *testing.T, c *redis.Client, s *Store, seed uint64, quota 
 func compareVerdicts(t testing.TB, where string, got, want enforcement.Verdict) {
 	t.Helper()
 	wantReset := (want.ResetAfter + time.Millisecond - 1).Truncate(time.Millisecond)
-	if got.Allowed != want.Allowed || got.Remaining != want.Remaining || got.RetryAfter != want.RetryAfter ||
+	if got.Allowed != want.Allowed || got.Shed != want.Shed || got.Remaining != want.Remaining || got.RetryAfter != want.RetryAfter ||
 		got.ResetAfter != wantReset || got.Warning != want.Warning || got.QuotaUsed != want.QuotaUsed ||
 		got.ClockBack != want.ClockBack {
-		t.Fatalf("%s:\n Lua allowed=%v remaining=%d retry=%v reset=%v warning=%v quota=%d back=%v\n  Go allowed=%v remaining=%d retry=%v reset=%v warning=%v quota=%d back=%v",
-			where, got.Allowed, got.Remaining, got.RetryAfter, got.ResetAfter, got.Warning, got.QuotaUsed, got.ClockBack,
+		t.Fatalf("%s (shed: Lua %v, Go %v):\n Lua allowed=%v remaining=%d retry=%v reset=%v warning=%v quota=%d back=%v\n  Go allowed=%v remaining=%d retry=%v reset=%v warning=%v quota=%d back=%v",
+			where, got.Shed, want.Shed, got.Allowed, got.Remaining, got.RetryAfter, got.ResetAfter, got.Warning, got.QuotaUsed, got.ClockBack,
 			want.Allowed, want.Remaining, want.RetryAfter, wantReset, want.Warning, want.QuotaUsed, want.ClockBack)
 	}
 	if !want.ClockBack && !got.Now.Equal(want.Now) {
@@ -312,7 +318,7 @@ func TestLeaseAgreesWithGo(t *testing.T) {
 			if rng.IntN(3) == 0 { // a plain decision on the same bucket
 				cost := randomCost(rng, lim, left)
 				want := b.Take(now, lim.Rate, lim.Burst, cost)
-				res := runAt(t, ctx, c, decideAtScript, []string{bkey, bkey}, 3, lim.Rate, lim.Burst, cost, 0, 0, 0, now)
+				res := runAt(t, ctx, c, decideAtScript, []string{bkey, bkey}, 3, lim.Rate, lim.Burst, cost, 0, 0, 0, 0, now)
 				got, err := verdictOf(bkey, res, nil)
 				if err != nil {
 					t.Fatal(err)
@@ -461,7 +467,7 @@ func TestQuotaWaitAfterClockStepsBack(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res := runAt(t, ctx, c, decideAtScript, []string{bkey, qkey}, 3, lim.Rate, lim.Burst, 1, lim.QuotaLimit, end.UnixMilli(), 0, now)
+		res := runAt(t, ctx, c, decideAtScript, []string{bkey, qkey}, 3, lim.Rate, lim.Burst, 1, lim.QuotaLimit, end.UnixMilli(), 0, 0, now)
 		got, err := verdictOf(bkey, res, nil)
 		if err != nil {
 			t.Fatal(err)

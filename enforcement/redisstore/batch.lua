@@ -10,8 +10,9 @@
 --          reservation's or a settle's bucket, quota and record keys
 -- ARGV[1]  per call, little-endian doubles: the op (0 decision,
 --          1 reservation, 2 settle), then rate, burst, cost, quota limit,
---          quota window end (ms) and the soft limit (%) (a settle: its
---          unrecorded flag, 1 or 0, in the soft limit's place); a
+--          quota window end (ms), the soft limit (%) (a settle: its
+--          unrecorded flag, 1 or 0, in the soft limit's place) and the
+--          floor (decide.lua; 0 for a settle); a
 --          reservation and a settle add the record's TTL (ms)
 --
 -- Returns { results, [i, error, ...] }: results is, per call, 8
@@ -29,17 +30,17 @@ local pos, k, i = 1, 1, 0
 local d8, d9 = '<dddddddd', '<ddddddddd'
 while pos <= #args do
   i = i + 1
-  local op, rate, burst, cost, qlimit, qend, soft
-  op, rate, burst, cost, qlimit, qend, soft, pos = struct.unpack('<ddddddd', args, pos)
+  local op, rate, burst, cost, qlimit, qend, soft, floor
+  op, rate, burst, cost, qlimit, qend, soft, floor, pos = struct.unpack('<dddddddd', args, pos)
   local ok, a, b, c, d, e, f, g, h, j
   if op == 0 then
-    ok, a, b, c, d, e, f, g, h = pcall(decide, KEYS[k], KEYS[k + 1], rate, burst, cost, qlimit, qend, soft, now)
+    ok, a, b, c, d, e, f, g, h = pcall(decide, KEYS[k], KEYS[k + 1], rate, burst, cost, qlimit, qend, soft, floor, now)
     k = k + 2
   else
     local ttl
     ttl, pos = struct.unpack('<d', args, pos)
     if op == 1 then
-      ok, a, b, c, d, e, f, g, h = pcall(reserve, KEYS[k], KEYS[k + 1], KEYS[k + 2], rate, burst, cost, qlimit, qend, soft, ttl, now)
+      ok, a, b, c, d, e, f, g, h = pcall(reserve, KEYS[k], KEYS[k + 1], KEYS[k + 2], rate, burst, cost, qlimit, qend, soft, floor, ttl, now)
     else
       local r
       ok, r = pcall(settle, KEYS[k], KEYS[k + 1], KEYS[k + 2], rate, burst, cost, qlimit, qend, soft == 1 and '1' or '0', ttl, now)

@@ -13,14 +13,21 @@
 -- qlimit   quota limit per window (0 = no quota)
 -- qend     quota window end, ms since the epoch
 -- soft     soft limit, percent (0 = none)
+-- floor    tokens the request must leave in the bucket (limits.Limit.Floor:
+--          (1 - its priority class's share) x burst; 0 = the whole bucket)
 -- now      the store's clock, µs (TIME): every replica refills on one timeline
 -- dry      true (peek.lua): answer exactly as a spend would, writing nothing
 --          (the bucket and the counter stay byte for byte as they were)
 --
+-- allowed is 1, 0 (refused: the bucket or the quota lacks the cost), or 2
+-- (shed: the tokens are there, but spending them would take the bucket
+-- below the request's floor, which is kept for higher classes; retry_ms
+-- is then the time until the bucket holds floor + cost).
+--
 -- Returns allowed, remaining, retry_ms, reset_ms, now_us, warning, quota_used, clock_back
 -- (now_us: the bucket's instant, µs, below 2^53 and so exact: the decision
 -- event carries it, and a replay decides the bucket at it).
-local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now, dry)
+local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, floor, now, dry)
   -- clock: the store's time, for the quota window; now becomes the bucket's
   -- (the later of the two when the clock stepped back).
   local clock = now
@@ -32,9 +39,12 @@ local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now, dr
     qused = tonumber(redis.call('GET', qkey) or '0')
   end
 
-  local bucket_ok = tokens + EPS >= cost
+  local bucket_ok = tokens + EPS >= cost + floor
   local quota_ok = qlimit == 0 or qused + cost <= qlimit
   local allowed = bucket_ok and quota_ok
+  -- Shed: refused only by the floor. A request whose class's share can
+  -- never hold its cost (cost + floor > burst) waits for a full bucket.
+  local shed = not bucket_ok and quota_ok and tokens + EPS >= cost
   local retry_ms = 0
   if allowed then
     tokens = math.max(0, tokens - cost)
@@ -48,7 +58,11 @@ local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now, dr
     end
   else
     if not bucket_ok then
-      retry_ms = wait_ms(cost - tokens, rate)
+      local need = cost + floor
+      if need > burst then
+        need = math.max(burst, cost)
+      end
+      retry_ms = wait_ms(need - tokens, rate)
     end
     if not quota_ok then
       retry_ms = math.max(retry_ms, math.ceil(qend - clock / 1000))
@@ -73,5 +87,11 @@ local function decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now, dr
     end
   end
 
-  return allowed and 1 or 0, whole(tokens), retry_ms, reset_ms, now, warning, qused, back
+  local verdict = 0
+  if allowed then
+    verdict = 1
+  elseif shed then
+    verdict = 2
+  end
+  return verdict, whole(tokens), retry_ms, reset_ms, now, warning, qused, back
 end

@@ -165,14 +165,14 @@ func (p *Pipelined) write(l *lane, cn *duplexConn, batch []*call) {
 // packArgs appends the packed numbers of calls (batch.lua's ARGV[1]).
 func packArgs(b []byte, calls []*call) []byte {
 	for _, c := range calls {
-		soft := c.lim.SoftLimitPercent
+		a := decideArgs(c.lim, c.cost, c.quotaEnd)
 		if c.op == opSettle {
-			soft = 0
+			a.soft, a.floor = 0, 0 // a settle charges what was spent: no class decides it
 			if c.unrecorded {
-				soft = 1
+				a.soft = 1
 			}
 		}
-		for _, f := range [7]float64{float64(c.op), c.lim.Rate, float64(c.lim.Burst), float64(c.cost), float64(c.lim.QuotaLimit), float64(c.quotaEnd), soft} {
+		for _, f := range [8]float64{float64(c.op), a.rate, float64(a.burst), float64(a.cost), float64(a.qlimit), float64(a.qend), a.soft, a.floor} {
 			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
 		}
 		if c.op != opDecide {

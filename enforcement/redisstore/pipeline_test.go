@@ -256,7 +256,7 @@ func RedisBenchmarkScript(tb testing.TB, port, n, p int) float64 {
 	key := keyslot.BucketKey("rb", "__rand_int__", "api") // redis-benchmark substitutes __rand_int__
 	out, err := exec.Command("redis-benchmark", "-p", strconv.Itoa(port), "-n", strconv.Itoa(n), "-c", "50",
 		"-P", strconv.Itoa(p), "-r", "10000", "--csv",
-		"EVALSHA", strings.TrimSpace(string(sha)), "2", key, key, "1000000000", "1000000000", "1", "0", "0", "0").CombinedOutput()
+		"EVALSHA", strings.TrimSpace(string(sha)), "2", key, key, "1000000000", "1000000000", "1", "0", "0", "0", "0").CombinedOutput()
 	if err != nil {
 		tb.Fatalf("redis-benchmark: %v: %s", err, out)
 	}

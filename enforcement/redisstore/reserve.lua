@@ -10,7 +10,7 @@
 -- bkey, qkey, rkey  the bucket, the quota counter of the current window
 --                   and the reservation record (one hash tag;
 --                   Store.ReservationKey)
--- rate, burst, cost, qlimit, qend (ms), soft (%)  as decide's
+-- rate, burst, cost, qlimit, qend (ms), soft (%), floor  as decide's
 -- ttl               the record's life, ms
 -- now               the store's clock, µs
 --
@@ -23,7 +23,7 @@
 -- reservecall.lua runs it once per call, batch.lua many times; it returns
 -- what decide returns (allowed, remaining, retry_ms, reset_ms, now_us,
 -- warning, quota_used, clock_back).
-local function reserve(bkey, qkey, rkey, rate, burst, cost, qlimit, qend, soft, ttl, now)
+local function reserve(bkey, qkey, rkey, rate, burst, cost, qlimit, qend, soft, floor, ttl, now)
   local q = ''
   if qlimit > 0 then
     q = qkey
@@ -31,10 +31,10 @@ local function reserve(bkey, qkey, rkey, rate, burst, cost, qlimit, qend, soft, 
   -- The record goes first, NX: one command finds a resent call and
   -- records a new one; a refused reservation takes its record back.
   if not redis.call('SET', rkey, 'r' .. struct.pack('<d', cost) .. q, 'NX', 'PX', ttl) then
-    local _, b, _, d, e, f, g, h = decide(bkey, qkey, rate, burst, 0, qlimit, qend, soft, now)
+    local _, b, _, d, e, f, g, h = decide(bkey, qkey, rate, burst, 0, qlimit, qend, soft, 0, now)
     return 1, b, 0, d, e, f, g, h
   end
-  local a, b, c, d, e, f, g, h = decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, now)
+  local a, b, c, d, e, f, g, h = decide(bkey, qkey, rate, burst, cost, qlimit, qend, soft, floor, now)
   if a ~= 1 then
     redis.call('DEL', rkey)
     return a, b, c, d, e, f, g, h

@@ -113,10 +113,29 @@ func (s *Store) Take(ctx context.Context, key, scope string, lim enforcement.Lim
 	return verdictOf(keys[0], res, err)
 }
 
-// bucketCall is the KEYS and ARGV of one bucket decision.
+// bucketCall is the KEYS and ARGV of one bucket decision (bucket.lua,
+// peek.lua; reservecall.lua adds the TTL).
 func (s *Store) bucketCall(key, scope string, lim enforcement.Limit, cost int64) (keys []string, args []any) {
 	bucketKey, quotaKey, quotaEnd := s.callKeys(key, scope, lim)
-	return []string{bucketKey, quotaKey}, []any{lim.Rate, lim.Burst, cost, lim.QuotaLimit, quotaEnd, lim.SoftLimitPercent}
+	a := decideArgs(lim, cost, quotaEnd)
+	return []string{bucketKey, quotaKey}, []any{a.rate, a.burst, a.cost, a.qlimit, a.qend, a.soft, a.floor}
+}
+
+// spendArgs are the numbers decide.lua's decide takes after its keys, in
+// its order (bucket.lua's ARGV, batch.lua's packed doubles after the op):
+// decideArgs is the one place they are read from a limit.
+type spendArgs struct {
+	rate   float64
+	burst  int64
+	cost   int64
+	qlimit int64
+	qend   int64   // the quota window's end, ms
+	soft   float64 // the soft limit, %
+	floor  float64 // tokens the request must leave (limits.Limit.Floor)
+}
+
+func decideArgs(lim enforcement.Limit, cost, quotaEnd int64) spendArgs {
+	return spendArgs{lim.Rate, lim.Burst, cost, lim.QuotaLimit, quotaEnd, lim.SoftLimitPercent, lim.Floor()}
 }
 
 // callKeys is the bucket key, the quota key and the quota window's end (ms)
@@ -150,8 +169,12 @@ func verdictOf(bucketKey string, res []int64, err error) (enforcement.Verdict, e
 	if len(res) != 8 {
 		return enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q: %w: %d values", bucketKey, errBadReply, len(res))
 	}
+	if res[0] < 0 || res[0] > 2 {
+		return enforcement.Verdict{}, fmt.Errorf("redis bucket script for %q: %w: verdict %d", bucketKey, errBadReply, res[0])
+	}
 	return enforcement.Verdict{
 		Allowed:    res[0] == 1,
+		Shed:       res[0] == 2,
 		Remaining:  res[1],
 		RetryAfter: time.Duration(res[2]) * time.Millisecond,
 		ResetAfter: time.Duration(res[3]) * time.Millisecond,

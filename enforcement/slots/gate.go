@@ -38,9 +38,12 @@ type sheddingKnower interface{ Sheds() bool }
 type Observer interface {
 	// Slot counts an acquire's outcome: "admitted", or the rejection's
 	// reason (enforcement.ReasonConcurrency, enforcement.ReasonShed), for
-	// the request's class, and who decided: enforcement.SourceShared (the
-	// store), SourceLocal (a refusal on the store's last word, with no
-	// store call) or SourceDegraded (the in-process set).
+	// the request's class, and who decided; also a rate's decision for a
+	// class below share 1, "admitted" (on a limit without a slot) or
+	// enforcement.ReasonShed (refused by its floor in the bucket). The
+	// source: enforcement.SourceShared (the store), SourceLocal (a
+	// refusal on the store's last word, with no store call) or
+	// SourceDegraded (the in-process set).
 	Slot(outcome, priority string, source enforcement.Source)
 	// Return counts a release or renew: "released", "unheld" (a release
 	// that freed nothing), "renewed", "lost" (a renew of a lease not held).
@@ -202,7 +205,7 @@ func (g *Gate) check(ctx context.Context, req enforcement.Request, ttl time.Dura
 		return enforcement.Decision{}, err
 	}
 	if k, ok := pol.(concurrencyKnower); ok && !k.HasConcurrency() {
-		return g.cfg.Next.Check(ctx, req)
+		return g.rate(ctx, req, share, class, false)
 	}
 	if req.Key == "" || req.Scope == "" || (req.HasCost && req.Cost < 0) {
 		return enforcement.Decision{}, fmt.Errorf("%w: key and scope are required and cost must be ≥ 0", enforcement.ErrInvalidRequest)
@@ -212,11 +215,11 @@ func (g *Gate) check(ctx context.Context, req enforcement.Request, ttl time.Dura
 		return enforcement.Decision{}, err
 	}
 	if res.Concurrency <= 0 {
-		return g.cfg.Next.Check(ctx, req)
+		return g.rate(ctx, req, share, class, false)
 	}
 	var d enforcement.Decision
 	if res.HasRate() {
-		if d, err = g.cfg.Next.Check(ctx, req); err != nil || !d.WouldAllow {
+		if d, err = g.rate(ctx, req, share, class, true); err != nil || !d.WouldAllow {
 			return d, err
 		}
 	} else {
@@ -259,6 +262,25 @@ func (g *Gate) check(ctx context.Context, req enforcement.Request, ttl time.Dura
 		d.Remaining, d.ResetAt = 0, gr.Now.Add(gr.RetryAfter)
 	}
 	g.recordSlot(req, d, gr, class, !res.HasRate(), at)
+	return d, nil
+}
+
+// rate is the rate's decision (Next), counted with the slots' when the
+// class's share splits the bucket (share < 1): a shed, and, on a limit
+// without a slot to count it (slot false), an admission. So
+// limiter_slot_decisions_total{outcome="shed"} and its alert count every
+// request shed, by a class's floor in a bucket or its share of the slots.
+func (g *Gate) rate(ctx context.Context, req enforcement.Request, share float64, class string, slot bool) (enforcement.Decision, error) {
+	d, err := g.cfg.Next.Check(ctx, req)
+	if err != nil || share >= 1 || g.cfg.Observer == nil {
+		return d, err
+	}
+	switch {
+	case d.Reason == enforcement.ReasonShed:
+		g.cfg.Observer.Slot(enforcement.ReasonShed, class, d.Source)
+	case d.WouldAllow && !slot:
+		g.cfg.Observer.Slot("admitted", class, d.Source)
+	}
 	return d, nil
 }
 

@@ -150,7 +150,9 @@ func TestGateRateFirst(t *testing.T) {
 	r := testenv.StartRedis(t)
 	g, _ := gateOn(t, r.Addr(), "both", time.Minute)
 	ctx := context.Background()
-	req := enforcement.Request{Key: "k", Scope: "s", Tier: "both"}
+	// critical: a class of share 1 has the whole burst (the default class
+	// would leave its floor, a quarter of the burst: rateclass_test.go).
+	req := enforcement.Request{Key: "k", Scope: "s", Tier: "both", Priority: "critical"}
 	for i := range 2 {
 		if d, err := g.Check(ctx, req); err != nil || !d.Allowed || d.Lease == "" {
 			t.Fatalf("%d: %+v, %v", i, d, err)
@@ -311,7 +313,7 @@ func TestGatePeekTakesNoSlot(t *testing.T) {
 	r := testenv.StartRedis(t)
 	g, rdb := gateOn(t, r.Addr(), "peek", time.Minute)
 	ctx := context.Background()
-	req := enforcement.Request{Key: "k", Scope: "s", Tier: "both"}
+	req := enforcement.Request{Key: "k", Scope: "s", Tier: "both", Priority: "critical"} // the whole burst, as in TestGateRateFirst
 	peek := req
 	peek.Peek = true
 	for i := range 6 {
