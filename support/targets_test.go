@@ -155,9 +155,10 @@ func BenchmarkSupportTargets(b *testing.B) {
 			return float64(n.Load())
 		}
 		var without, with float64
-		for range 5 {
-			without += rate(false) / 5
-			with += rate(true) / 5
+		const pairs = 10
+		for range pairs {
+			without += rate(false) / pairs
+			with += rate(true) / pairs
 		}
 		b.Logf("inspect p99, 1,000,000 keys, %d limiters: %v (goal ≤ 250ms)", limiters, p99(inspects))
 		b.Logf("reset → every limiter dropped its view, p99: %v (goal ≤ 1s)", p99(resets))
