@@ -71,7 +71,9 @@ BENCH_PKGS ?= ./...
 # are named first when PKGS is everything: go test starts packages in the
 # order named, and a long one started last would run alone at the end.
 TEST_FIRST := ./cmd/limiter ./cmd/meter-consumer ./systemtest/regions ./metering/chsink \
-	./deploy/deploytest ./enforcement/redisstore ./metering/kafkaemit ./schema ./metering/usage
+	./deploy/deploytest ./enforcement/redisstore ./cmd/usage-api ./policylog ./metering/consumer \
+	./metering/kafkaemit ./schema ./metering/usage ./metering/notify ./metering/reconcile \
+	./enforcement/global ./enforcement/slots ./support
 .PHONY: test-run
 test-run:
 	TMPDIR=$(TEST_TMPDIR) $(GO) test -race -count=1 -p $(TEST_P) -timeout 25m $(TEST_FLAGS) $(if $(filter ./...,$(PKGS)),$(TEST_FIRST)) $(PKGS)
