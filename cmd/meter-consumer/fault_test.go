@@ -215,7 +215,7 @@ func startProducer(t *testing.T, seed uint64, addr, topic string, evs []metering
 	p := &producer{}
 	ctx, stop := context.WithCancel(context.Background())
 	p.stop = stop
-	t.Cleanup(func() { p.wait() })
+	t.Cleanup(func() { stop(); p.done.Wait() })
 	p.done.Add(1)
 	go func() {
 		defer p.done.Done()
