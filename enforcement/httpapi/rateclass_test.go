@@ -22,17 +22,7 @@ import (
 // tokens are left; critical spends the last two; then every class is
 // refused for the rate, with no reason.
 func TestCheckShedOnARate(t *testing.T) {
-	r := testenv.StartRedis(t)
-	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = rdb.Close() })
-	pol, err := policy.Parse([]byte("version: 1\ndefault_tier: t\npriorities: { critical: 1, default: 1, sheddable: 0.5 }\ntiers:\n  t: { rate: 0.001, burst: 4 }\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := enforcement.New(enforcement.Config{Authority: redisstore.New(rdb, "rc"), Policy: pol})
-	if err != nil {
-		t.Fatal(err)
-	}
+	lim := classLimiter(t)
 	check := httpapi.NewCheckHandler(lim, "", nil)
 	sheddable := `{"key":"acct","scope":"api","priority":"sheddable"}`
 	critical := `{"key":"acct","scope":"api","priority":"critical"}`
@@ -65,17 +55,7 @@ func TestCheckShedOnARate(t *testing.T) {
 // gets a 429 whose error code is shed, with a Retry-After; critical is
 // still served.
 func TestMiddlewareShedsOnARate(t *testing.T) {
-	r := testenv.StartRedis(t)
-	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = rdb.Close() })
-	pol, err := policy.Parse([]byte("version: 1\ndefault_tier: t\npriorities: { critical: 1, default: 1, sheddable: 0.5 }\ntiers:\n  t: { rate: 0.001, burst: 4 }\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := enforcement.New(enforcement.Config{Authority: redisstore.New(rdb, "mw"), Policy: pol})
-	if err != nil {
-		t.Fatal(err)
-	}
+	lim := classLimiter(t)
 	g := &httpapi.Guard{Checker: lim, Key: httpapi.HeaderKey("X-API-Key", "key:")}
 	srv := httptest.NewServer(httpapi.Middleware(g)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })))
 	defer srv.Close()
@@ -104,4 +84,24 @@ func TestMiddlewareShedsOnARate(t *testing.T) {
 	if code, _, _ := get("critical"); code != 200 {
 		t.Fatalf("critical below the floor: %d", code)
 	}
+}
+
+// classLimiter is a Limiter on a fresh redis-server under a policy with
+// priority classes and one rate (burst 4, refilling one token in 1,000 s,
+// so that nothing refills during a test): sheddable may spend 2 tokens,
+// critical all 4.
+func classLimiter(t *testing.T) *enforcement.Limiter {
+	t.Helper()
+	r := testenv.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	pol, err := policy.Parse([]byte("version: 1\ndefault_tier: t\npriorities: { critical: 1, default: 1, sheddable: 0.5 }\ntiers:\n  t: { rate: 0.001, burst: 4 }\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := enforcement.New(enforcement.Config{Authority: redisstore.New(rdb, "rc"), Policy: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim
 }
