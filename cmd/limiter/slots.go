@@ -11,9 +11,11 @@ import (
 	"github.com/ratewarden/ratewarden/enforcement/slots"
 )
 
-// minSlotTimeout is the floor of a slot call's deadline: a slot call is a
-// round trip of its own, not a place in an auto-pipelined batch, so
-// LIMITER_STORE_TIMEOUT's few milliseconds would degrade it on any hiccup.
+// minSlotTimeout is the floor of a slot call's deadline: a slot decided
+// without the store loosens the fleet's bound on requests in flight (each
+// limiter deciding degraded adds its own in-process slots), so it waits
+// longer than a rate's decision, which LIMITER_STORE_TIMEOUT's few
+// milliseconds would degrade on any hiccup.
 const minSlotTimeout = 100 * time.Millisecond
 
 // buildSlots is the concurrency layer in front of next (the limiter, with

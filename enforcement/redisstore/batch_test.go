@@ -54,17 +54,20 @@ func TestBatchReportNamesTheBatch(t *testing.T) {
 	}
 }
 
-// TestBatchMixesDecisionsReservationsAndSettles: a decision, a
-// reservation, its settle's neighbour (a charge) and a settle of an id
-// that does not exist ride one script call (MinBatch holds the batch until
-// all four are queued) and each gets its own answer, as alone.
-func TestBatchMixesDecisionsReservationsAndSettles(t *testing.T) {
+// TestBatchMixesEveryKindOfCall: a decision, a reservation, its settle's
+// neighbour (a charge), a settle of an id that does not exist, a slot
+// taken and a release of a slot never held ride one script call (MinBatch
+// holds the batch until all six are queued, in whatever order) and each
+// gets its own answer, as alone.
+func TestBatchMixesEveryKindOfCall(t *testing.T) {
 	r := testenv.StartRedis(t)
 	rdb := newClient(t, r.Addr())
-	p := redisstore.NewPipelined(rdb, "bmix", redisstore.PipelineConfig{MinBatch: 4, MaxDelay: time.Minute})
+	const calls = 6
+	p := redisstore.NewPipelined(rdb, "bmix", redisstore.PipelineConfig{MinBatch: calls, MaxDelay: time.Minute})
 	running(t, p)
+	slotStore := p.Concurrency()
 	lim := enforcement.Limit{Rate: 1e-6, Burst: 100}
-	reps := make([]redisstore.BatchReport, 4)
+	reps := make([]redisstore.BatchReport, calls)
 	ctxOf := func(i int) (context.Context, context.CancelFunc) {
 		return context.WithTimeout(redisstore.WithBatchReport(context.Background(), &reps[i]), 2*time.Minute)
 	}
@@ -98,11 +101,24 @@ func TestBatchMixesDecisionsReservationsAndSettles(t *testing.T) {
 			t.Errorf("settle of no reservation: %v", err)
 		}
 	})
+	run(4, func(ctx context.Context) {
+		if g, err := slotStore.Acquire(ctx, slot("k4"), 1, 1, time.Minute); err != nil || !g.Admitted || g.Held != 1 || !g.ExpiresAt.After(g.Now) {
+			t.Errorf("slot taken: %+v, %v", g, err)
+		}
+	})
+	run(5, func(ctx context.Context) {
+		if freed, err := slotStore.Release(ctx, slot("k5")); err != nil || freed {
+			t.Errorf("release of a slot never held: %v, %v", freed, err)
+		}
+	})
 	wg.Wait()
 	for i, rep := range reps {
-		if rep.Size != 4 {
-			t.Errorf("call %d: batch size %d, want 4", i, rep.Size)
+		if rep.Size != calls {
+			t.Errorf("call %d: batch size %d, want %d", i, rep.Size, calls)
 		}
+	}
+	if held, err := slotStore.Held(context.Background(), rdb, "k4", "reports"); err != nil || held != 1 {
+		t.Errorf("slots of k4 held: %d, %v; want 1", held, err)
 	}
 	// The reservation's settle, alone (on a lane that does not wait for
 	// more), refunds what it did not use.

@@ -12,14 +12,27 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-//go:embed concurrency.lua
-var concurrencyLua string
+var (
+	//go:embed slotset.lua
+	slotsetLua string
+	//go:embed concurrency.lua
+	concurrencyLua string
+)
 
-// concurrencyScript is every slot operation (acquire, renew, release), one
-// atomic call each. An acquire is safe to send twice (the same member
+// concurrencyScript is one slot operation (acquire, renew, release) alone,
+// one atomic call each. An acquire is safe to send twice (the same member
 // holds one slot), but it goes through the spend path like every script
 // that changes what a key may do (spend.go).
-var concurrencyScript = newSpendScript(concurrencyLua)
+var concurrencyScript = newSpendScript(slotsetLua + concurrencyLua)
+
+// Slot operations (slotset.lua's op).
+const (
+	slotAcquire = 1
+	slotRenew   = 2
+	slotRelease = 3
+)
+
+var slotOpNames = [...]string{slotAcquire: "acquire", slotRenew: "renew", slotRelease: "release"}
 
 // Concurrency is the fleet's slots of concurrency limits in Redis or Redis
 // Cluster (slots.Store): one sorted set per (key, scope), under the key's
@@ -28,6 +41,10 @@ var concurrencyScript = newSpendScript(concurrencyLua)
 type Concurrency struct {
 	rdb    redis.Scripter
 	prefix string
+	// pipe, when set, carries the calls in the auto-pipeline's batches
+	// (the same function, slotset.lua, beside the decisions), as
+	// Shared.Concurrency does; else each call is its own script call.
+	pipe *Pipelined
 }
 
 var _ slots.Store = (*Concurrency)(nil)
@@ -41,6 +58,14 @@ func NewConcurrency(rdb redis.Scripter, prefix string) *Concurrency {
 
 // Concurrency is the slot store on s's server and key prefix.
 func (s *Store) Concurrency() *Concurrency { return &Concurrency{rdb: s.rdb, prefix: s.prefix} }
+
+// Concurrency is the slot store on p's server and key prefix, whose calls
+// ride p's lanes.
+func (p *Pipelined) Concurrency() *Concurrency {
+	c := p.store.Concurrency()
+	c.pipe = p
+	return c
+}
 
 // SetKey is the Redis key of the slots of (key, scope).
 func (c *Concurrency) SetKey(key, scope string) string {
@@ -59,7 +84,7 @@ func (c *Concurrency) Held(ctx context.Context, rdb redis.Cmdable, key, scope st
 
 // Acquire implements slots.Store in one round trip.
 func (c *Concurrency) Acquire(ctx context.Context, s slots.Slot, limit, capacity int64, ttl time.Duration) (slots.Grant, error) {
-	r, err := c.call(ctx, s, "acquire", limit, capacity, ttl.Milliseconds())
+	r, err := c.call(ctx, s, slotAcquire, limit, capacity, ttl.Milliseconds())
 	if err != nil {
 		return slots.Grant{}, err
 	}
@@ -68,20 +93,21 @@ func (c *Concurrency) Acquire(ctx context.Context, s slots.Slot, limit, capacity
 		g.ExpiresAt = time.UnixMilli(r[2])
 		return g, nil
 	}
-	if len(r) < 5 {
-		return slots.Grant{}, fmt.Errorf("%w: acquire answered %v", errBadReply, r)
-	}
 	g.RetryAfter = time.Duration(max(1, r[2])) * time.Millisecond
-	g.Reason = enforcement.ReasonShed
-	if r[4] == 1 {
+	switch r[4] {
+	case 1:
 		g.Reason = enforcement.ReasonConcurrency
+	case 2:
+		g.Reason = enforcement.ReasonShed
+	default:
+		return slots.Grant{}, fmt.Errorf("%w: acquire answered %v", errBadReply, r)
 	}
 	return g, nil
 }
 
 // Renew implements slots.Store in one round trip.
 func (c *Concurrency) Renew(ctx context.Context, s slots.Slot, ttl time.Duration) (time.Time, error) {
-	r, err := c.call(ctx, s, "renew", ttl.Milliseconds())
+	r, err := c.call(ctx, s, slotRenew, 0, 0, ttl.Milliseconds())
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -93,21 +119,31 @@ func (c *Concurrency) Renew(ctx context.Context, s slots.Slot, ttl time.Duration
 
 // Release implements slots.Store in one round trip.
 func (c *Concurrency) Release(ctx context.Context, s slots.Slot) (bool, error) {
-	r, err := c.call(ctx, s, "release")
+	r, err := c.call(ctx, s, slotRelease, 0, 0, 0)
 	if err != nil {
 		return false, err
 	}
 	return r[0] == 1, nil
 }
 
-func (c *Concurrency) call(ctx context.Context, s slots.Slot, op string, args ...any) ([]int64, error) {
+// call runs slotset.lua's op on s's set: {ok, held, ms, now, reason}.
+func (c *Concurrency) call(ctx context.Context, s slots.Slot, op int, limit, capacity, ttl int64) ([5]int64, error) {
 	key := c.SetKey(s.Key, s.Scope)
-	r, err := concurrencyScript.run(ctx, c.rdb, []string{key}, append([]any{op, s.Member}, args...)...).Int64Slice()
+	if c.pipe != nil {
+		r, err := c.pipe.slot(ctx, key, s.Member, op, limit, capacity, ttl)
+		if err != nil {
+			return r, fmt.Errorf("slots %s %q: %w", slotOpNames[op], key, err)
+		}
+		return r, nil
+	}
+	var r [5]int64
+	v, err := concurrencyScript.run(ctx, c.rdb, []string{key}, op, s.Member, limit, capacity, ttl).Int64Slice()
 	if err != nil {
-		return nil, fmt.Errorf("slots %s %q: %w", op, key, err)
+		return r, fmt.Errorf("slots %s %q: %w", slotOpNames[op], key, err)
 	}
-	if len(r) < 4 {
-		return nil, fmt.Errorf("%w: slots %s answered %v", errBadReply, op, r)
+	if len(v) != len(r) {
+		return r, fmt.Errorf("%w: slots %s answered %v", errBadReply, slotOpNames[op], v)
 	}
+	copy(r[:], v)
 	return r, nil
 }

@@ -18,6 +18,19 @@ import (
 	"github.com/ratewarden/ratewarden/testkit/testenv"
 )
 
+// slotTransports are the two ways a Concurrency reaches Redis: a script
+// call of its own per operation, and the auto-pipeline's batches beside
+// the decisions (the limiter's). Every rule holds over both.
+var slotTransports = []string{"script", "pipeline"}
+
+// concurrencyVia is the slot store of prefix over rdb by transport via.
+func concurrencyVia(t *testing.T, via string, rdb redisstore.PipelineClient, prefix string) *redisstore.Concurrency {
+	if via == "script" {
+		return redisstore.NewConcurrency(rdb, prefix)
+	}
+	return newPipelined(t, rdb, prefix).Concurrency()
+}
+
 func slot(key string) slots.Slot {
 	return slots.Slot{Key: key, Scope: "reports", Member: slots.NewMember()}
 }
@@ -52,7 +65,12 @@ func TestConcurrencySlotRules(t *testing.T) {
 	r := testenv.StartRedis(t)
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	defer rdb.Close()
-	c := redisstore.NewConcurrency(rdb, "conc")
+	for _, via := range slotTransports {
+		t.Run(via, func(t *testing.T) { slotRules(t, rdb, concurrencyVia(t, via, rdb, "conc-"+via)) })
+	}
+}
+
+func slotRules(t *testing.T, rdb *redis.Client, c *redisstore.Concurrency) {
 	ctx := context.Background()
 	// A server that lost its scripts (a restart, SCRIPT FLUSH) answers
 	// NOSCRIPT: the call is sent again as EVAL.
@@ -150,16 +168,23 @@ func TestConcurrencySlotRules(t *testing.T) {
 // and a watcher reading the store's view between calls never sees more.
 func TestConcurrencyNeverOverN(t *testing.T) {
 	r := testenv.StartRedis(t)
+	for _, via := range slotTransports {
+		t.Run(via, func(t *testing.T) { neverOverN(t, r.Addr(), via) })
+	}
+}
+
+func neverOverN(t *testing.T, addr, via string) {
 	const n, clients, perClient = 5, 4, 6
+	prefix := "never-" + via
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
 	var admitted, refused, worst atomic.Int64
 	errs := make(chan error, clients*perClient+1)
 	for range clients {
-		rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
 		defer rdb.Close()
-		c := redisstore.NewConcurrency(rdb, "never")
+		c := concurrencyVia(t, via, rdb, prefix)
 		for range perClient {
 			wg.Add(1)
 			go func() {
@@ -186,9 +211,9 @@ func TestConcurrencyNeverOverN(t *testing.T) {
 			}()
 		}
 	}
-	watch := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	watch := redis.NewClient(&redis.Options{Addr: addr})
 	defer watch.Close()
-	view := redisstore.NewConcurrency(watch, "never")
+	view := redisstore.NewConcurrency(watch, prefix)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -226,12 +251,18 @@ func TestConcurrencyOnCluster(t *testing.T) {
 	cl := testenv.StartCluster(t, 3)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
 	defer rdb.Close()
-	c := redisstore.NewConcurrency(rdb, "ccl")
+	for _, via := range slotTransports {
+		prefix := "ccl-" + via
+		t.Run(via, func(t *testing.T) { slotsOnCluster(t, rdb, prefix, concurrencyVia(t, via, rdb, prefix)) })
+	}
+}
+
+func slotsOnCluster(t *testing.T, rdb *redis.ClusterClient, prefix string, c *redisstore.Concurrency) {
 	ctx := context.Background()
 	masters := map[string]bool{}
 	for i := range 12 {
 		key := fmt.Sprintf("acct-%d", i)
-		if keyslot.Slot(c.SetKey(key, "reports")) != keyslot.Slot(keyslot.BucketKey("ccl", key, "reports")) {
+		if keyslot.Slot(c.SetKey(key, "reports")) != keyslot.Slot(keyslot.BucketKey(prefix, key, "reports")) {
 			t.Fatalf("%s: the slots and the bucket are in different hash slots", key)
 		}
 		node, err := rdb.MasterForKey(ctx, c.SetKey(key, "reports"))

@@ -268,7 +268,7 @@ func (c *duplexConn) bytes(b []byte) {
 }
 
 // evalsha writes one EVALSHA of batch.lua over the decisions of calls,
-// their packed numbers in args (48 bytes each, as pack lays them out).
+// their packed numbers in args (packArgs).
 func (c *duplexConn) evalsha(calls []*call, args []byte) {
 	n := 0
 	for _, k := range calls {
@@ -282,6 +282,9 @@ func (c *duplexConn) evalsha(calls []*call, args []byte) {
 	c.bytes(nkeys)
 	for _, k := range calls {
 		c.str(k.bucketKey)
+		if k.op == opSlot {
+			continue
+		}
 		c.str(k.quotaKey)
 		if k.op != opDecide {
 			c.str(k.recordKey)

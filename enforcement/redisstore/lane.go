@@ -165,6 +165,11 @@ func (p *Pipelined) write(l *lane, cn *duplexConn, batch []*call) {
 // packArgs appends the packed numbers of calls (batch.lua's ARGV[1]).
 func packArgs(b []byte, calls []*call) []byte {
 	for _, c := range calls {
+		if c.op == opSlot {
+			b = appendDoubles(b, float64(opSlot), float64(c.sop), float64(c.limit), float64(c.capacity), float64(c.ttl), 0, 0, float64(len(c.member)))
+			b = append(b, c.member...)
+			continue
+		}
 		a := decideArgs(c.lim, c.cost, c.quotaEnd)
 		if c.op == opSettle {
 			a.soft, a.floor = 0, 0 // a settle charges what was spent: no class decides it
@@ -172,12 +177,18 @@ func packArgs(b []byte, calls []*call) []byte {
 				a.soft = 1
 			}
 		}
-		for _, f := range [8]float64{float64(c.op), a.rate, float64(a.burst), float64(a.cost), float64(a.qlimit), float64(a.qend), a.soft, a.floor} {
-			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
-		}
+		b = appendDoubles(b, float64(c.op), a.rate, float64(a.burst), float64(a.cost), float64(a.qlimit), float64(a.qend), a.soft, a.floor)
 		if c.op != opDecide {
-			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(c.ttl)))
+			b = appendDoubles(b, float64(c.ttl))
 		}
+	}
+	return b
+}
+
+// appendDoubles appends fs as little-endian doubles.
+func appendDoubles(b []byte, fs ...float64) []byte {
+	for _, f := range fs {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
 	}
 	return b
 }
@@ -185,9 +196,13 @@ func packArgs(b []byte, calls []*call) []byte {
 // appendKeys appends calls' keys (batch.lua's KEYS).
 func appendKeys(keys []string, calls []*call) []string {
 	for _, c := range calls {
-		keys = append(keys, c.bucketKey, c.quotaKey)
-		if c.op != opDecide {
-			keys = append(keys, c.recordKey)
+		switch c.op {
+		case opSlot:
+			keys = append(keys, c.bucketKey)
+		case opDecide:
+			keys = append(keys, c.bucketKey, c.quotaKey)
+		default:
+			keys = append(keys, c.bucketKey, c.quotaKey, c.recordKey)
 		}
 	}
 	return keys

@@ -11,10 +11,11 @@ package redisstore
 // ahead of it to come back, and under load the decisions that queue while
 // a write is on its way go out together in the next one. The decision is
 // the same Lua function as Store's (decide.lua), so decisions are
-// identical; only the transport differs. Reservations and settles (a
-// charge is a settle) ride the same lanes as calls of their own kind in
-// the same batches (batch.lua's op), each the same Lua function as in
-// its own script (reserve.lua, settle.lua).
+// identical; only the transport differs. Reservations, settles (a
+// charge is a settle) and the concurrency limits' slot operations ride the
+// same lanes as calls of their own kind in the same batches (batch.lua's
+// op), each the same Lua function as in its own script (reserve.lua,
+// settle.lua, slotset.lua).
 //
 // A lane is one server's queue and connection. Over one server there is
 // one. Over a Cluster there is one per master, chosen in Take by the master
@@ -134,6 +135,13 @@ type call struct {
 	recordKey  string
 	ttl        int64
 	unrecorded bool
+	// A slot operation's (its set is bucketKey, its TTL ttl): slotset's
+	// op, the lease's member, the class's limit and the capacity; slot
+	// is its answer.
+	sop             uint8
+	member          string
+	limit, capacity int64
+	slot            [5]int64
 	// done receives one value when v and err are set (buffered: the
 	// reader never waits for the caller).
 	done chan struct{}
@@ -150,12 +158,16 @@ const (
 	opDecide  callOp = iota // a decision (decide.lua)
 	opReserve               // a reservation (reserve.lua)
 	opSettle                // a settle or a charge (settle.lua)
+	opSlot                  // a slot operation (slotset.lua)
 )
 
 // keys is how many keys the call names in batch.lua's KEYS.
 func (c *call) keys() int {
-	if c.op == opDecide {
+	switch c.op {
+	case opDecide:
 		return 2
+	case opSlot:
+		return 1
 	}
 	return 3
 }
@@ -367,6 +379,20 @@ func (p *Pipelined) settle(ctx context.Context, key, scope, id string, lim enfor
 		return settleReply{}, err
 	}
 	r, err := c.st, c.err
+	c.recycle()
+	return r, err
+}
+
+// slot runs slotset.lua's op on the set setKey in the lane's batches
+// (Concurrency with a pipe).
+func (p *Pipelined) slot(ctx context.Context, setKey, member string, op int, limit, capacity, ttl int64) ([5]int64, error) {
+	c := calls.Get().(*call)
+	c.ctx, c.op, c.bucketKey = ctx, opSlot, setKey
+	c.sop, c.member, c.limit, c.capacity, c.ttl = uint8(op), member, limit, capacity, ttl
+	if err := p.await(ctx, c); err != nil {
+		return [5]int64{}, err
+	}
+	r, err := c.slot, c.err
 	c.recycle()
 	return r, err
 }

@@ -118,6 +118,11 @@ func answerPacked(calls []*call, packed []byte, failed []failure) {
 		for j := range n / 8 {
 			res[j] = int64(math.Float64frombits(binary.LittleEndian.Uint64(b[8*j:])))
 		}
+		if c.op == opSlot {
+			copy(c.slot[:], res[:5])
+			c.answer(errVerdict, nil)
+			continue
+		}
 		if c.op == opSettle {
 			r, err := settleReplyOf(c.bucketKey, c.cost, res[:])
 			c.st = r

@@ -257,6 +257,15 @@ func (s *Shared) fleet(ctx context.Context, call func(context.Context) (int, err
 // Store is the plain store with the same key layout (BucketKey, QuotaKey).
 func (s *Shared) Store() *Store { return s.store }
 
+// Concurrency is the slot store on the same servers and key prefix, whose
+// calls ride the decisions' auto-pipeline.
+func (s *Shared) Concurrency() *Concurrency {
+	if s.pipe == nil {
+		return s.store.Concurrency()
+	}
+	return s.pipe.Concurrency()
+}
+
 // Owner names the shard that owns slot: a Cluster master's address
 // ("unassigned" before the slot map is read), or "store" over one server.
 func (s *Shared) Owner(slot uint16) string {

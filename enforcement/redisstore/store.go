@@ -33,7 +33,7 @@ var (
 	batchLua string
 
 	bucketScript = newSpendScript(stateLua + decideLua + bucketLua) // spend.go: sent at most once
-	batchScript  = newSpendScript(stateLua + decideLua + reserveLua + settleLua + batchLua)
+	batchScript  = newSpendScript(stateLua + decideLua + reserveLua + settleLua + slotsetLua + batchLua)
 )
 
 // Store is an enforcement.Authority backed by Redis. It is safe for

@@ -144,17 +144,18 @@ func Build(ctx context.Context, cfg Config) (*Tier, error) {
 }
 
 // SlotStores is each store's concurrency slots (enforcement/slots): the
-// default store's and REDIS_STORES's by name, on the same servers and key
-// prefixes as their buckets; in single-node mode one in-process set.
+// default store's and REDIS_STORES's by name, on the same servers, key
+// prefixes and auto-pipelines as their buckets; in single-node mode one
+// in-process set.
 func (t *Tier) SlotStores() (def slots.Store, named map[string]slots.Store) {
 	if t.mem != nil {
 		return slots.NewMemory(nil), nil
 	}
 	named = make(map[string]slots.Store, len(t.stores)-1)
 	for _, h := range t.stores[1:] {
-		named[h.name] = h.shared.Store().Concurrency()
+		named[h.name] = h.shared.Concurrency()
 	}
-	return t.stores[0].shared.Store().Concurrency(), named
+	return t.stores[0].shared.Concurrency(), named
 }
 
 // Add registers what runs the tier: each store (its client closed after
