@@ -12,6 +12,9 @@
 #   PASSES       (default 3)
 #   CONNS        (default 32)
 #   FLIGHT_SECONDS (default 60), WORKERS (default 64), KILL_EVERY (default 5)
+#   FLIGHT_SLOTS (default 0)   end the flight part once this many slots
+#                              were taken (FLIGHT_SECONDS is then its cap)
+#   LEAK_EVERY   (default 500) one slot in this many is never released
 #   BASE_LIMITER (optional)    another limiter binary (say, main's build):
 #                              the rate part's passes then run against it and
 #                              this tree's in turn, for before/after ratios
@@ -25,6 +28,8 @@ CONNS=${CONNS:-32}
 FLIGHT_SECONDS=${FLIGHT_SECONDS:-60}
 WORKERS=${WORKERS:-64}
 KILL_EVERY=${KILL_EVERY:-5}
+FLIGHT_SLOTS=${FLIGHT_SLOTS:-0}
+LEAK_EVERY=${LEAK_EVERY:-500}
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-slots.XXXXXX)}
 source bench/lib.sh
 require_tools redis-server
@@ -65,7 +70,8 @@ for i in 0 1 2 3; do
   LPIDS[i]=$LPID
   URLS="$URLS${URLS:+,}http://127.0.0.1:${PORTS[i]}"
 done
-"$OUT/bin/slotbench" -part flight -url "$URLS" -workers "$WORKERS" -n 8 -duration "${FLIGHT_SECONDS}s" &
+"$OUT/bin/slotbench" -part flight -url "$URLS" -workers "$WORKERS" -n 8 -duration "${FLIGHT_SECONDS}s" \
+  -slots "$FLIGHT_SLOTS" -leak "$LEAK_EVERY" &
 BENCH=$!
 kills=0
 while kill -0 "$BENCH" 2>/dev/null; do

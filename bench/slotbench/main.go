@@ -13,8 +13,9 @@
 //     releases: the slot must come back at its lease's end). Each caller
 //     counts itself in flight between the allowed answer and its release,
 //     so the peak it sees is the callers' own view; a limiter that stops
-//     answering (killed by the script) is skipped. It prints the peak ÷ n
-//     (goal ≤ 1.00), the slots taken and the leaks.
+//     answering (killed by the script) is skipped. It runs for -duration,
+//     or until -slots slots were taken when that comes first, and prints
+//     the peak ÷ n (goal ≤ 1.00), the slots taken and the leaks.
 //
 //     slotbench -url http://127.0.0.1:8080 -part rate -conns 32 -duration 5s -passes 3
 //     slotbench -url http://a,http://b -part flight -n 8 -workers 64 -duration 60s
@@ -49,6 +50,7 @@ func main() {
 	workers := flag.Int("workers", 64, "flight: callers")
 	hold := flag.Duration("hold", 2*time.Millisecond, "flight: longest hold of a slot")
 	leak := flag.Int("leak", 500, "flight: one slot in this many is never released")
+	upTo := flag.Int64("slots", 0, "flight: stop once this many slots were taken (0: run for -duration)")
 	flag.Parse()
 	bases := strings.Split(*urls, ",")
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: max(*conns, *workers)}, Timeout: 5 * time.Second}
@@ -56,7 +58,7 @@ func main() {
 	case "rate":
 		rate(client, bases[0], *conns, *keys, *passes, *dur)
 	case "flight":
-		flight(client, bases, *n, *workers, *hold, *leak, *dur)
+		flight(client, bases, *n, *workers, *hold, *leak, *upTo, *dur)
 	default:
 		fmt.Fprintln(os.Stderr, "slotbench: -part is rate or flight")
 		os.Exit(2)
@@ -151,9 +153,10 @@ func fail(what string, st int, out []byte, err error) {
 	os.Exit(1)
 }
 
-func flight(client *http.Client, bases []string, n int64, workers int, hold time.Duration, leak int, d time.Duration) {
+func flight(client *http.Client, bases []string, n int64, workers int, hold time.Duration, leak int, upTo int64, d time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
+	start := time.Now()
 	var inFlight, peak, taken, refused, leaked, unreachable, degraded atomic.Int64
 	var sharedInFlight, sharedPeak atomic.Int64 // slots the store admitted, apart from degraded ones
 	var wg sync.WaitGroup
@@ -176,7 +179,9 @@ func flight(client *http.Client, bases []string, n int64, workers int, hold time
 					time.Sleep(time.Duration(rng.Int64N(int64(time.Millisecond))))
 					continue
 				}
-				taken.Add(1)
+				if taken.Add(1) == upTo {
+					cancel() // the callers stop after this slot
+				}
 				if a.Source == "degraded" {
 					degraded.Add(1)
 				}
@@ -204,8 +209,8 @@ func flight(client *http.Client, bases []string, n int64, workers int, hold time
 		}()
 	}
 	wg.Wait()
-	fmt.Printf("flight: %d limiters, %d callers, n %d: slots taken %d (%d of them degraded: the store not asked in time), refused %d, leaked %d, calls to an unreachable limiter %d\n",
-		len(bases), workers, n, taken.Load(), degraded.Load(), refused.Load(), leaked.Load(), unreachable.Load())
+	fmt.Printf("flight: %d limiters, %d callers, n %d, %.0f s: slots taken %d (%d of them degraded: the store not asked in time), refused %d, leaked %d, calls to an unreachable limiter %d\n",
+		len(bases), workers, n, time.Since(start).Seconds(), taken.Load(), degraded.Load(), refused.Load(), leaked.Load(), unreachable.Load())
 	fmt.Printf("peak in flight seen by the callers ÷ n = %d ÷ %d = %.2f (goal ≤ 1.00); of slots the store admitted, %d ÷ %d = %.2f\n",
 		peak.Load(), n, float64(peak.Load())/float64(n), sharedPeak.Load(), n, float64(sharedPeak.Load())/float64(n))
 }
