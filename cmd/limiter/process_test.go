@@ -44,6 +44,16 @@ type limiterProc struct {
 	done chan struct{}
 }
 
+// storeDecides is the environment of a test whose every decision, settle
+// and charge must be made by the store: a store deadline no busy machine
+// reaches. The default LIMITER_STORE_TIMEOUT, a few milliseconds, is a
+// production figure that a starved test process misses now and then, and
+// then a decision is degraded (it spends no shared tokens) and a settle is
+// queued (202) instead of applied.
+func storeDecides() string {
+	return "LIMITER_STORE_TIMEOUT=" + testenv.Timeout(2*time.Second).String()
+}
+
 // startLimiter runs the limiter binary with env (on top of a free
 // LIMITER_ADDR) and waits until it answers /healthz.
 func startLimiter(t testing.TB, policyYAML string, env ...string) *limiterProc {

@@ -31,7 +31,7 @@ func TestReplayDecidesAtActualCosts(t *testing.T) {
 	t.Parallel()
 	r := testenv.StartRedis(t)
 	k, ch, db := startRecording(t, 4)
-	env := []string{"REDIS_ADDRS=" + r.Addr(), "KAFKA_BROKERS=" + k.Addr(), "LIMITER_GRPC_ADDR="}
+	env := []string{"REDIS_ADDRS=" + r.Addr(), "KAFKA_BROKERS=" + k.Addr(), "LIMITER_GRPC_ADDR=", storeDecides()}
 	var p [5]*limiterProc
 	for i := range p {
 		p[i] = startLimiter(t, reservePolicy, env...)

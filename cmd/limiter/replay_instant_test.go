@@ -56,11 +56,11 @@ func TestReplayReproducesBurstyTrafficAtTheStoresInstant(t *testing.T) {
 	// Log mode: the policy is revision 1 of the policy log, which the
 	// meter-consumer audits into policy_audit; the replay below without a
 	// FILE takes the policy in force from there.
-	// A store deadline no busy machine reaches: a degraded decision in a
-	// burst spends no shared tokens, and the shared verdicts after it are
-	// then not what the recorded ones alone reproduce.
+	// storeDecides: a degraded decision in a burst spends no shared
+	// tokens, and the shared verdicts after it are then not what the
+	// recorded ones alone reproduce.
 	env := []string{"REDIS_ADDRS=" + r.Addr(), "KAFKA_BROKERS=" + k.Addr(), "LIMITER_GRPC_ADDR=", "POLICY_SOURCE=kafka",
-		"LIMITER_STORE_TIMEOUT=2s"}
+		storeDecides()}
 	pushed := filepath.Join(t.TempDir(), "pushed.yaml")
 	if err := os.WriteFile(pushed, []byte(burstyPolicy), 0o644); err != nil {
 		t.Fatal(err)

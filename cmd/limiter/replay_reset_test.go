@@ -48,7 +48,7 @@ func TestReplayAcrossAQuotaReset(t *testing.T) {
 	// that the store decides it (a local rejection is recorded at the
 	// limiter's millisecond, which may order it before the decision that
 	// taught it); the allowed ones and the reset on the first.
-	env := []string{"REDIS_ADDRS=" + r.Addr(), "KAFKA_BROKERS=" + k.Addr(), "POLICY_TRUSTED_KEYS_FILE=" + ring, "LIMITER_GRPC_ADDR="}
+	env := []string{"REDIS_ADDRS=" + r.Addr(), "KAFKA_BROKERS=" + k.Addr(), "POLICY_TRUSTED_KEYS_FILE=" + ring, "LIMITER_GRPC_ADDR=", storeDecides()}
 	var p [3]*limiterProc
 	for i := range p {
 		p[i] = startLimiter(t, quotaResetPolicy, env...)

@@ -129,7 +129,7 @@ func TestReplayReproducesRecordedDecisions(t *testing.T) {
 	r := testenv.StartRedis(t)
 	k, ch, db := startRecording(t, 4)
 
-	env := []string{"REDIS_ADDRS=" + r.Addr(), "KAFKA_BROKERS=" + k.Addr(), "LIMITER_GRPC_ADDR="}
+	env := []string{"REDIS_ADDRS=" + r.Addr(), "KAFKA_BROKERS=" + k.Addr(), "LIMITER_GRPC_ADDR=", storeDecides()}
 	a := startLimiter(t, recordedPolicy, env...)
 	b := startLimiter(t, recordedPolicy, env...)
 	from := time.Now().Add(-time.Minute).Truncate(time.Second)

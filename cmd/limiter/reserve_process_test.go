@@ -50,7 +50,7 @@ func (p *limiterProc) post(t *testing.T, path, body string) (int, map[string]any
 // not found, its estimate spent.
 func TestReserveOnOneInstanceSettleOnAnother(t *testing.T) {
 	r := testenv.StartRedis(t)
-	env := []string{"REDIS_ADDRS=" + r.Addr(), "LIMITER_RESERVATION_TTL=1s"}
+	env := []string{"REDIS_ADDRS=" + r.Addr(), "LIMITER_RESERVATION_TTL=1s", storeDecides()}
 	a := startLimiter(t, reservePolicy, env...)
 	b := startLimiter(t, reservePolicy, env...)
 
@@ -111,7 +111,7 @@ func TestReserveOnOneInstanceSettleOnAnother(t *testing.T) {
 // the refill is the rate over the bucket's own first and last instants.
 func TestReserveSettleExactAcrossFourProcesses(t *testing.T) {
 	r := testenv.StartRedis(t)
-	env := []string{"REDIS_ADDRS=" + r.Addr(), "LIMITER_RESERVATION_TTL=1s"}
+	env := []string{"REDIS_ADDRS=" + r.Addr(), "LIMITER_RESERVATION_TTL=1s", storeDecides()}
 	var procs []*limiterProc
 	for range 4 {
 		procs = append(procs, startLimiter(t, reservePolicy, env...))
