@@ -5,7 +5,7 @@
 #  1. rate: one limiter; POST /check + POST /release (a slot taken and given
 #     back) beside plain POST /check, interleaved PASSES times;
 #  2. flight: four limiters (LIMITER_LEASE_TTL=1s); WORKERS callers take
-#     slots of one key of 8, one in 500 never released; every KILL_EVERY
+#     slots of FLIGHT_KEYS keys of 8, one in 500 never released; every KILL_EVERY
 #     seconds one limiter is SIGKILLed and started again on its port.
 #
 #   SECONDS_EACH (default 5)   each rate phase
@@ -15,6 +15,8 @@
 #   FLIGHT_SLOTS (default 0)   end the flight part once this many slots
 #                              were taken (FLIGHT_SECONDS is then its cap)
 #   LEAK_EVERY   (default 500) one slot in this many is never released
+#   FLIGHT_KEYS  (default 1)   keys of 8 slots each, the callers spread over
+#                              them (each caller keeps to one key)
 #   BASE_LIMITER (optional)    another limiter binary (say, main's build):
 #                              the rate part's passes then run against it and
 #                              this tree's in turn, for before/after ratios
@@ -30,6 +32,7 @@ WORKERS=${WORKERS:-64}
 KILL_EVERY=${KILL_EVERY:-5}
 FLIGHT_SLOTS=${FLIGHT_SLOTS:-0}
 LEAK_EVERY=${LEAK_EVERY:-500}
+FLIGHT_KEYS=${FLIGHT_KEYS:-1}
 OUT=${BENCH_OUT:-$(mktemp -d /tmp/ratewarden-slots.XXXXXX)}
 source bench/lib.sh
 require_tools redis-server
@@ -71,7 +74,7 @@ for i in 0 1 2 3; do
   URLS="$URLS${URLS:+,}http://127.0.0.1:${PORTS[i]}"
 done
 "$OUT/bin/slotbench" -part flight -url "$URLS" -workers "$WORKERS" -n 8 -duration "${FLIGHT_SECONDS}s" \
-  -slots "$FLIGHT_SLOTS" -leak "$LEAK_EVERY" &
+  -slots "$FLIGHT_SLOTS" -leak "$LEAK_EVERY" -keys-flight "$FLIGHT_KEYS" &
 BENCH=$!
 kills=0
 while kill -0 "$BENCH" 2>/dev/null; do

@@ -7,12 +7,14 @@
 //     two phases interleaved -passes times; it prints pairs per second ÷
 //     checks per second (goal ≥ 0.45);
 //
-//   - flight: -workers callers spread over every -url take slots of one key
-//     (policy: concurrency -n) with priority default, hold each for up to
+//   - flight: -workers callers spread over every -url take slots of -keys
+//     keys (each worker one key; policy: tier flight, concurrency -n) with
+//     priority default, hold each for up to
 //     -hold, and give it back; one in -leak of them "dies" holding it (never
 //     releases: the slot must come back at its lease's end). Each caller
-//     counts itself in flight between the allowed answer and its release,
-//     so the peak it sees is the callers' own view; a limiter that stops
+//     counts itself in flight on its key between the allowed answer and its
+//     release, so the peak it sees is the callers' own view (the highest of
+//     any key's is printed); a limiter that stops
 //     answering (killed by the script) is skipped. It runs for -duration,
 //     or until -slots slots were taken when that comes first, and prints
 //     the peak ÷ n (goal ≤ 1.00), the slots taken and the leaks.
@@ -51,6 +53,7 @@ func main() {
 	hold := flag.Duration("hold", 2*time.Millisecond, "flight: longest hold of a slot")
 	leak := flag.Int("leak", 500, "flight: one slot in this many is never released")
 	upTo := flag.Int64("slots", 0, "flight: stop once this many slots were taken (0: run for -duration)")
+	flightKeys := flag.Int("keys-flight", 1, "flight: keys, each with its own share of the callers")
 	flag.Parse()
 	bases := strings.Split(*urls, ",")
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: max(*conns, *workers)}, Timeout: 5 * time.Second}
@@ -58,7 +61,7 @@ func main() {
 	case "rate":
 		rate(client, bases[0], *conns, *keys, *passes, *dur)
 	case "flight":
-		flight(client, bases, *n, *workers, *hold, *leak, *upTo, *dur)
+		flight(client, bases, *n, *workers, *flightKeys, *hold, *leak, *upTo, *dur)
 	default:
 		fmt.Fprintln(os.Stderr, "slotbench: -part is rate or flight")
 		os.Exit(2)
@@ -153,21 +156,28 @@ func fail(what string, st int, out []byte, err error) {
 	os.Exit(1)
 }
 
-func flight(client *http.Client, bases []string, n int64, workers int, hold time.Duration, leak int, upTo int64, d time.Duration) {
+func flight(client *http.Client, bases []string, n int64, workers, keys int, hold time.Duration, leak int, upTo int64, d time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	start := time.Now()
-	var inFlight, peak, taken, refused, leaked, unreachable, degraded atomic.Int64
-	var sharedInFlight, sharedPeak atomic.Int64 // slots the store admitted, apart from degraded ones
+	var peak, taken, refused, leaked, unreachable, degraded atomic.Int64
+	var sharedPeak atomic.Int64 // of slots the store admitted, apart from degraded ones
+	// Per key: the callers in flight, and those of them the store admitted.
+	inFlight, sharedInFlight := make([]atomic.Int64, keys), make([]atomic.Int64, keys)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			k := w % keys
+			body := []byte(`{"key":"flight_key","scope":"work"}`)
+			if keys > 1 {
+				body = []byte(`{"key":"flight_key_` + strconv.Itoa(k) + `","scope":"work","tier":"flight"}`)
+			}
 			for ctx.Err() == nil {
 				base := bases[rng.IntN(len(bases))]
-				st, out, err := post(client, base+"/check", []byte(`{"key":"flight_key","scope":"work"}`))
+				st, out, err := post(client, base+"/check", body)
 				var a answer
 				if err != nil || st != 200 || json.Unmarshal(out, &a) != nil {
 					unreachable.Add(1) // a limiter killed or starting: try another
@@ -186,15 +196,14 @@ func flight(client *http.Client, bases []string, n int64, workers int, hold time
 					degraded.Add(1)
 				}
 				shared := a.Source != "degraded"
-				now := inFlight.Add(1)
-				raise(&peak, now)
+				raise(&peak, inFlight[k].Add(1))
 				if shared {
-					raise(&sharedPeak, sharedInFlight.Add(1))
+					raise(&sharedPeak, sharedInFlight[k].Add(1))
 				}
 				time.Sleep(time.Duration(rng.Int64N(int64(hold))))
-				inFlight.Add(-1)
+				inFlight[k].Add(-1)
 				if shared {
-					sharedInFlight.Add(-1)
+					sharedInFlight[k].Add(-1)
 				}
 				if rng.IntN(leak) == 0 {
 					leaked.Add(1) // this caller "dies" holding the slot
@@ -209,9 +218,9 @@ func flight(client *http.Client, bases []string, n int64, workers int, hold time
 		}()
 	}
 	wg.Wait()
-	fmt.Printf("flight: %d limiters, %d callers, n %d, %.0f s: slots taken %d (%d of them degraded: the store not asked in time), refused %d, leaked %d, calls to an unreachable limiter %d\n",
-		len(bases), workers, n, time.Since(start).Seconds(), taken.Load(), degraded.Load(), refused.Load(), leaked.Load(), unreachable.Load())
-	fmt.Printf("peak in flight seen by the callers ÷ n = %d ÷ %d = %.2f (goal ≤ 1.00); of slots the store admitted, %d ÷ %d = %.2f\n",
+	fmt.Printf("flight: %d limiters, %d callers, %d keys, n %d, %.0f s: slots taken %d (%d of them degraded: the store not asked in time), refused %d, leaked %d, calls to an unreachable limiter %d\n",
+		len(bases), workers, keys, n, time.Since(start).Seconds(), taken.Load(), degraded.Load(), refused.Load(), leaked.Load(), unreachable.Load())
+	fmt.Printf("highest peak in flight of a key seen by the callers ÷ n = %d ÷ %d = %.2f (goal ≤ 1.00); of slots the store admitted, %d ÷ %d = %.2f\n",
 		peak.Load(), n, float64(peak.Load())/float64(n), sharedPeak.Load(), n, float64(sharedPeak.Load())/float64(n))
 }
 
