@@ -109,12 +109,14 @@ type Event struct {
 	// Slot is what a slot decision did on a concurrency limit (docs/
 	// concurrency.md): SlotTaken, SlotRefused (every slot held), SlotShed
 	// (the priority class's share held) or SlotReleased; absent for an
-	// event that is no slot decision. Priority is the request's class
-	// ("default" when it named none) and InFlight the slots of the key
-	// and scope held just after the call, as the store counted them (the
+	// event that is no slot decision, except a rate's decision its class's
+	// floor shed, which carries SlotShed. Priority is the request's class
+	// ("default" when it named none; on a rate's decision, absent when it
+	// named none and was not shed) and InFlight the slots of the key and
+	// scope held just after the call, as the store counted them (the
 	// limiter's own in-process set for a degraded decision; absent for a
-	// release). Added within version 1: decoders that do not know them
-	// ignore them.
+	// release and a rate's decision). Added within version 1: decoders
+	// that do not know them ignore them.
 	//
 	// A request is counted once (requests, allowed, rejected, cost): by
 	// its rate's decision when its limit has a rate, then its slot's event

@@ -19,6 +19,7 @@ priorities: { critical: 1, default: 1, sheddable: 0.5 }
 tiers:
   reports: { concurrency: 2 }
   both: { rate: 0.001, burst: 3, concurrency: 2 }
+  rated: { rate: 0.001, burst: 2 }
 `
 
 // TestSlotDecisionsReachSlotsMinute is the slot record end to end: slots
@@ -27,7 +28,8 @@ tiers:
 // consumed by the real meter-consumer into ClickHouse, where slots_minute
 // holds them per scope and class with the peak in flight, and the usage
 // rollups count every /check once: a concurrency alone's by its slot
-// decision, a limit with a rate's by its rate decision.
+// decision, a limit with a rate's by its rate decision. A rate's shed (its
+// class's floor) is counted with its class's sheds too.
 func TestSlotDecisionsReachSlotsMinute(t *testing.T) {
 	t.Parallel()
 	r := testenv.StartRedis(t)
@@ -50,7 +52,7 @@ func TestSlotDecisionsReachSlotsMinute(t *testing.T) {
 			t.Logf("meter-consumer logs:\n%s", logs.String())
 		}
 	})
-	p := startLimiter(t, slotsMeteringPolicy, "REDIS_ADDRS="+r.Addr(), "KAFKA_BROKERS="+k.Addr())
+	p := startLimiter(t, slotsMeteringPolicy, "REDIS_ADDRS="+r.Addr(), "KAFKA_BROKERS="+k.Addr(), storeDecides())
 	check := func(body, want string) map[string]any {
 		t.Helper()
 		code, d := p.post(t, "/check", body)
@@ -75,9 +77,14 @@ func TestSlotDecisionsReachSlotsMinute(t *testing.T) {
 		check(`{"key":"acct","scope":"report","tier":"both"}`, want)
 	}
 
+	// A rate alone (burst 2), of which sheddable may leave no less than 1.
+	check(`{"key":"acct","scope":"rated","tier":"rated","priority":"sheddable"}`, "true <nil>")
+	check(`{"key":"acct","scope":"rated","tier":"rated","priority":"sheddable"}`, "false shed")
+
 	testenv.WaitUsageTotals(t, ch.Conn(t), db, map[testenv.UsageKey]testenv.UsageTotal{
 		{Key: "acct", Scope: "export"}: {Requests: 4, Allowed: 2, Rejected: 2, Cost: 2},
 		{Key: "acct", Scope: "report"}: {Requests: 4, Allowed: 3, Rejected: 1, Cost: 3},
+		{Key: "acct", Scope: "rated"}:  {Requests: 2, Allowed: 1, Rejected: 1, Cost: 1},
 	}, 60*time.Second)
 	want := map[string]string{
 		"export/sheddable": "taken 1 refused 0 shed 1 released 0 peak 1",
@@ -85,6 +92,7 @@ func TestSlotDecisionsReachSlotsMinute(t *testing.T) {
 		"export/critical":  "taken 0 refused 1 shed 0 released 0 peak 2",
 		"export/":          "taken 0 refused 0 shed 0 released 1 peak 0",
 		"report/default":   "taken 2 refused 1 shed 0 released 0 peak 2",
+		"rated/sheddable":  "taken 0 refused 0 shed 1 released 0 peak 0",
 	}
 	conn := ch.Conn(t)
 	var got map[string]string

@@ -78,6 +78,9 @@ type Row struct {
 	Kind string
 	// Reservation is the id of a reserving decision and of its settle.
 	Reservation string
+	// Priority is the request's priority class ("" when it named none):
+	// the row is decided with the candidate's share of the bucket for it.
+	Priority string
 	// Estimate is a settle's estimate (its reservation's Cost); Actual
 	// the actual cost of a settle or a charge.
 	Estimate, Actual int64
@@ -129,7 +132,8 @@ type Config struct {
 
 // Engine replays rows. The zero value is not usable; use New.
 type Engine struct {
-	cfg   Config
+	cfg     Config
+	classes enforcement.Classes // the candidate's priority classes; nil without them
 	now   time.Time
 	auth  *enforcement.MemoryAuthority
 	cache map[reqID]resolved
@@ -246,6 +250,7 @@ func New(cfg Config) *Engine {
 		cfg.MaxKeys = 1_000_000
 	}
 	e := &Engine{cfg: cfg, cache: map[reqID]resolved{}, rules: map[string]*Counts{}, keys: map[string]*KeyCounts{}}
+	e.classes, _ = cfg.Policy.(enforcement.Classes)
 	// The authority's clock is the recorded decision time.
 	e.auth = enforcement.NewMemoryAuthority(func() time.Time { return e.now }, cfg.MaxKeys)
 	e.agree.ToleranceMicros = cfg.Tolerance.Microseconds()
@@ -255,6 +260,20 @@ func New(cfg Config) *Engine {
 // unresolvable names the rule of a row the candidate cannot resolve (a
 // tier it does not define): it would refuse the request.
 const unresolvable = "(unknown tier)"
+
+// unknownClass names the rule of a row whose priority class the candidate
+// does not define: it would refuse the request.
+const unknownClass = "(unknown priority class)"
+
+// share is the candidate's share of a bucket for a request of class
+// priority, as the limiter's (1 without classes); ok is false for a class
+// it does not define.
+func (e *Engine) share(priority string) (share float64, ok bool) {
+	if e.classes == nil || (priority == "" && !e.classes.Sheds()) {
+		return 1, true
+	}
+	return e.classes.PriorityShare(priority)
+}
 
 // Add replays one row.
 func (e *Engine) Add(r Row) {
@@ -279,8 +298,13 @@ func (e *Engine) Add(r Row) {
 	rule := unresolvable
 	wouldAllow, dryRun := false, false
 	distance := time.Duration(-1) // how far from the bucket boundary; -1 = not a bucket question
-	if rs.err == nil {
+	share, known := e.share(r.Priority)
+	if rs.err == nil && !known {
+		rule = unknownClass
+	}
+	if rs.err == nil && known {
 		res := rs.res
+		res.Limit.Share = share
 		rule, dryRun = res.Policy, res.DryRun
 		switch {
 		case !res.HasRate():
@@ -317,7 +341,7 @@ func (e *Engine) Add(r Row) {
 	if !recordedRejected {
 		e.cost.Recorded += r.Cost
 	}
-	if !rejected && rs.err == nil {
+	if !rejected && rs.err == nil && known {
 		e.cost.Replayed += r.Cost
 	}
 

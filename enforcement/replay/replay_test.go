@@ -337,3 +337,63 @@ tiers:
 		t.Fatalf("a reset under a limit without quota: %+v", r)
 	}
 }
+
+// classes is current with priority classes: sheddable may spend down to
+// half of a bucket, default to a fifth.
+const classes = `
+version: 1
+default_tier: free
+priorities: { critical: 1, default: 0.8, sheddable: 0.5 }
+tiers:
+  free: { rate: 0.001, burst: 10 }
+`
+
+// TestReplayDecidesEachRowWithItsClass: rows carry the request's priority
+// class, and a candidate with classes decides each with its class's share
+// of the bucket, as the limiter did (the sheds recorded are reproduced);
+// a candidate without them allows what was shed; one without the row's
+// class would refuse it.
+func TestReplayDecidesEachRowWithItsClass(t *testing.T) {
+	var rows []replay.Row
+	add := func(priority string, allowed bool) {
+		r := row(int64(len(rows)), "acct", "web", allowed)
+		r.Priority = priority
+		rows = append(rows, r)
+	}
+	for range 5 {
+		add("sheddable", true)
+	}
+	add("sheddable", false) // shed: 5 of 10 left
+	for range 3 {
+		add("", true)
+	}
+	add("default", false) // shed: 2 of 10 left
+	add("critical", true)
+	add("critical", true)
+
+	same := engine(t, classes)
+	for _, r := range rows {
+		same.Add(r)
+	}
+	if rep := same.Report(); rep.Agreement.Agree != 12 || rep.Total.NewlyRejected != 0 || rep.Total.NewlyAllowed != 0 || rep.Total.Rejected != 2 {
+		t.Fatalf("under the classes in force: %+v, agreement %+v", rep.Total, rep.Agreement)
+	}
+
+	none := engine(t, "version: 1\ndefault_tier: free\ntiers:\n  free: { rate: 0.001, burst: 10 }\n")
+	for _, r := range rows {
+		r.Priority = ""
+		none.Add(r)
+	}
+	if rep := none.Report(); rep.Total.NewlyAllowed != 2 || rep.Total.NewlyRejected != 2 {
+		t.Fatalf("without classes the two sheds are allowed and the bucket runs out two requests later: %+v", rep.Total)
+	}
+
+	other := engine(t, "version: 1\ndefault_tier: free\npriorities: { default: 1, batch: 0.5 }\ntiers:\n  free: { rate: 0.001, burst: 10 }\n")
+	for _, r := range rows {
+		other.Add(r)
+	}
+	rep := other.Report()
+	if c := rep.Rules["(unknown priority class)"]; c == nil || c.Decisions != 8 || c.Rejected != 8 {
+		t.Fatalf("rows of classes the candidate does not define: %+v", rep.Rules)
+	}
+}

@@ -45,6 +45,9 @@ type Row struct {
 	Reservation string
 	Estimate    int64
 	Actual      int64
+	// Priority is the request's priority class ("" when it named none and
+	// was not shed).
+	Priority string
 }
 
 // Query is one range of decisions_raw.
@@ -85,7 +88,7 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // a scan are by ts, so only decisions the store took in another order
 // across a window's edge are read in ts order).
 func (q Query) toSQL(from, to time.Time) (string, []any) {
-	sql := "SELECT ts, key, scope, tier, cost, allowed, source, policy, dry_run, policy_revision, decided_us, kind, reservation, estimate, actual FROM " + q.Database + "." + schema.DecisionsRaw +
+	sql := "SELECT ts, key, scope, tier, cost, allowed, source, policy, dry_run, policy_revision, decided_us, kind, reservation, estimate, actual, priority FROM " + q.Database + "." + schema.DecisionsRaw +
 		" WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?" + notCorrection
 	args := []any{uint32(from.Unix()), uint32(to.Unix()), uint64(from.UnixMilli()), uint64(to.UnixMilli())}
 	if s := q.Sample; s > 0 && s < 1 {
@@ -173,7 +176,7 @@ func scanWindow(ctx context.Context, conn driver.Conn, q Query, from, to time.Ti
 	var rev, decided *int64
 	for rows.Next() {
 		if err := rows.Scan(&ts, &r.Key, &r.Scope, &r.Tier, &cost, &allowed, &r.Source, &r.Policy, &dryRun, &rev, &decided,
-			&r.Kind, &r.Reservation, &estimate, &actual); err != nil {
+			&r.Kind, &r.Reservation, &estimate, &actual, &r.Priority); err != nil {
 			return fmt.Errorf("rawscan: read decisions_raw: %w", err)
 		}
 		r.TS, r.Cost, r.Allowed, r.DryRun = int64(ts), int64(min(cost, math.MaxInt64)), allowed == 1, dryRun == 1

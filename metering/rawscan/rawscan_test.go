@@ -13,7 +13,7 @@ func TestQueryBindsEveryValue(t *testing.T) {
 	to := from.Add(24 * time.Hour)
 	q := Query{Database: "ratelimit", From: from, To: to, Sample: 0.01}
 	sql, args := q.toSQL(from, to)
-	want := "SELECT ts, key, scope, tier, cost, allowed, source, policy, dry_run, policy_revision, decided_us, kind, reservation, estimate, actual FROM ratelimit.decisions_raw" +
+	want := "SELECT ts, key, scope, tier, cost, allowed, source, policy, dry_run, policy_revision, decided_us, kind, reservation, estimate, actual, priority FROM ratelimit.decisions_raw" +
 		" WHERE event_time >= toDateTime(?) AND event_time <= toDateTime(?) AND ts >= ? AND ts < ?" +
 		" AND kind != 'correction' AND cityHash64(key) % ? < ? ORDER BY ifNull(decided_us, toInt64(ts) * 1000), remaining DESC, allowed DESC, kafka_partition, kafka_offset"
 	if sql != want {

@@ -123,9 +123,7 @@ func Run(ctx context.Context, conn driver.Conn, cfg Config, candidate replay.Res
 		}
 		rows++
 		last = r.TS
-		eng.Add(replay.Row{TS: r.TS, Key: r.Key, Scope: r.Scope, Tier: r.Tier, Cost: r.Cost,
-			Allowed: r.Allowed, Source: r.Source, Policy: r.Policy, DryRun: r.DryRun, DecidedUS: r.DecidedUS,
-			Kind: r.Kind, Reservation: r.Reservation, Estimate: r.Estimate, Actual: r.Actual})
+		eng.Add(ReplayRow(r))
 		return nil
 	})
 	switch {
@@ -172,4 +170,13 @@ func (r Result) Summary() string {
 		s += fmt.Sprintf("; %d rejected then would be allowed", r.NewlyAllowed)
 	}
 	return s
+}
+
+// ReplayRow is a row of decisions_raw as replay decides it again (the
+// preview's and limiter policy replay's one mapping: metering and
+// enforcement do not import each other).
+func ReplayRow(r *rawscan.Row) replay.Row {
+	return replay.Row{TS: r.TS, Key: r.Key, Scope: r.Scope, Tier: r.Tier, Cost: r.Cost,
+		Allowed: r.Allowed, Source: r.Source, Policy: r.Policy, DryRun: r.DryRun, DecidedUS: r.DecidedUS,
+		Kind: r.Kind, Reservation: r.Reservation, Estimate: r.Estimate, Actual: r.Actual, Priority: r.Priority}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/ratewarden/ratewarden/internal/lifecycle"
 	"github.com/ratewarden/ratewarden/metering"
 	"github.com/ratewarden/ratewarden/metering/kafkaemit"
+	"github.com/ratewarden/ratewarden/policy"
 )
 
 // eventSink is what the recorder needs of the metering emitter: a call that
@@ -68,7 +69,31 @@ func (m *Recorder) Record(req enforcement.Request, d enforcement.Decision, at ti
 		Reservation:    d.Reservation,
 		Kind:           reserveKind(d.Reservation),
 		Region:         m.region,
+		Priority:       rateClass(req.Priority, d.Reason),
+		Slot:           rateShed(d.Reason),
 	})
+}
+
+// rateClass is the priority class a rate decision's event names: the
+// request's, and for a shed request that named none the default class
+// (the one that shed it). Any other request that named none names no
+// class, and its event's bytes are as before classes.
+func rateClass(priority, reason string) string {
+	if priority == "" && reason == enforcement.ReasonShed {
+		return policy.DefaultPriority
+	}
+	return priority
+}
+
+// rateShed marks a request its rate shed (its class's share of the bucket
+// spent) with metering.SlotShed, so that the usage record counts it with
+// the slots' sheds per class (slots_minute); the event stays the request's
+// decision.
+func rateShed(reason string) string {
+	if reason == enforcement.ReasonShed {
+		return metering.SlotShed
+	}
+	return ""
 }
 
 // reserveKind marks a reserving decision's event as a decision; a plain

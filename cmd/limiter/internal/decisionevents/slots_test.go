@@ -93,14 +93,14 @@ func TestSlotDecisionEventsCountEachRequestOnce(t *testing.T) {
 			{"", metering.SlotRefused, "critical", 2, true, false},
 			{metering.KindSlot, metering.SlotReleased, "", 0, false, true},
 		},
-		"report": {
-			{"", "", "", 0, true, true},
+		"report": { // the rate's events name the class the request named
+			{"", "", "default", 0, true, true},
 			{metering.KindSlot, metering.SlotTaken, "default", 1, false, true},
-			{"", "", "", 0, true, true},
+			{"", "", "default", 0, true, true},
 			{metering.KindSlot, metering.SlotTaken, "default", 2, false, true},
-			{"", "", "", 0, true, true},
+			{"", "", "default", 0, true, true},
 			{metering.KindSlot, metering.SlotRefused, "default", 2, false, false},
-			{"", "", "", 0, true, false},
+			{"", "", "default", 0, true, false},
 		},
 	}
 	got := map[string][]row{}

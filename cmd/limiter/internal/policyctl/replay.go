@@ -22,6 +22,7 @@ import (
 	"github.com/ratewarden/ratewarden/metering/rawscan"
 	"github.com/ratewarden/ratewarden/policy"
 	"github.com/ratewarden/ratewarden/policylog/chaudit"
+	"github.com/ratewarden/ratewarden/policylog/preview"
 	"github.com/ratewarden/ratewarden/schema"
 )
 
@@ -195,12 +196,8 @@ func runReplay(ctx context.Context, a replayArgs) (replayOutput, error) {
 	eng := replay.New(replay.Config{Policy: candidate, TopKeys: a.top, Tolerance: a.tolerance})
 	began := time.Now()
 	q := rawscan.Query{Database: a.ch.Database, From: a.from, To: a.to, Sample: a.sample}
-	var row replay.Row
 	err = rawscan.Scan(ctx, conn, q, a.window, a.queryTimeout, func(r *rawscan.Row) error {
-		row = replay.Row{TS: r.TS, Key: r.Key, Scope: r.Scope, Tier: r.Tier, Cost: r.Cost,
-			Allowed: r.Allowed, Source: r.Source, Policy: r.Policy, DryRun: r.DryRun, DecidedUS: r.DecidedUS,
-			Kind: r.Kind, Reservation: r.Reservation, Estimate: r.Estimate, Actual: r.Actual}
-		eng.Add(row)
+		eng.Add(preview.ReplayRow(r))
 		return nil
 	})
 	if err != nil {
