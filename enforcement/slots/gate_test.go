@@ -33,6 +33,14 @@ tiers:
 // prefix: one limiter instance of a fleet.
 func gateOn(t *testing.T, addr, prefix string, ttl time.Duration) (*slots.Gate, *redis.Client) {
 	t.Helper()
+	return gateVia(t, addr, prefix, ttl, "script")
+}
+
+// gateVia is gateOn whose slot calls go by transport via: "script", a
+// script call of their own each, or "pipeline", in the auto-pipeline's
+// batches (the limiter's).
+func gateVia(t *testing.T, addr, prefix string, ttl time.Duration, via string) (*slots.Gate, *redis.Client) {
+	t.Helper()
 	p, err := policy.Parse([]byte(gatePolicy))
 	if err != nil {
 		t.Fatal(err)
@@ -43,8 +51,17 @@ func gateOn(t *testing.T, addr, prefix string, ttl time.Duration) (*slots.Gate, 
 	if err != nil {
 		t.Fatal(err)
 	}
+	var store slots.Store = redisstore.NewConcurrency(rdb, prefix)
+	if via == "pipeline" {
+		pipe := redisstore.NewPipelined(rdb, prefix, redisstore.PipelineConfig{})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = pipe.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		store = pipe.Concurrency()
+	}
 	g, err := slots.NewGate(slots.Config{
-		Next: lim, Policy: lim.Policy, Store: redisstore.NewConcurrency(rdb, prefix),
+		Next: lim, Policy: lim.Policy, Store: store,
 		TTL: ttl, Timeout: 300 * time.Millisecond,
 	})
 	if err != nil {
@@ -168,10 +185,20 @@ func TestGateRateFirst(t *testing.T) {
 // decided on the tightened in-process set, whose leases release locally.
 // Redis's clock runs on while it is stopped: once it answers again, the
 // lease that was not renewed has ended, its renew says so, its release
-// frees nothing, and every slot is there for new requests.
+// frees nothing, and every slot is there for new requests. The same over
+// both transports of the slot calls.
 func TestGateStoreFrozen(t *testing.T) {
-	r := testenv.StartRedis(t)
-	g, rdb := gateOn(t, r.Addr(), "frozen", 5*time.Second)
+	for _, via := range []string{"script", "pipeline"} {
+		t.Run(via, func(t *testing.T) {
+			t.Parallel()
+			r := testenv.StartRedis(t)
+			g, rdb := gateVia(t, r.Addr(), "frozen", 5*time.Second, via)
+			gateStoreFrozen(t, r, g, rdb)
+		})
+	}
+}
+
+func gateStoreFrozen(t *testing.T, r *testenv.Redis, g *slots.Gate, rdb *redis.Client) {
 	ctx := context.Background()
 	d, err := g.Check(ctx, reportReq("acct", "critical"))
 	if err != nil || !d.Allowed || d.Lease == "" {
