@@ -134,13 +134,13 @@ type Config struct {
 type Engine struct {
 	cfg     Config
 	classes enforcement.Classes // the candidate's priority classes; nil without them
-	now   time.Time
-	auth  *enforcement.MemoryAuthority
-	cache map[reqID]resolved
-	rules map[string]*Counts
-	keys  map[string]*KeyCounts
-	total Counts
-	agree Agreement
+	now     time.Time
+	auth    *enforcement.MemoryAuthority
+	cache   map[reqID]resolved
+	rules   map[string]*Counts
+	keys    map[string]*KeyCounts
+	total   Counts
+	agree   Agreement
 	// untracked counts rows of keys beyond MaxKeys.
 	untracked int64
 	lastSweep time.Time
