@@ -15,20 +15,15 @@ import (
 // the limits resolved under it (refs), so that the entries of a million
 // keys of one tier share one copy of that tier's limit.
 type policyBox struct {
-	p     Policy
-	c     Classes      // p's classes; nil without
-	sheds bool         // some class of p has a share below 1
-	refs  sync.Map     // refKey → *resolvedRef
-	nrefs atomic.Int64 // len(refs)
+	p      Policy
+	shares Shares       // p's priority classes, read once
+	refs   sync.Map     // refKey → *resolvedRef
+	nrefs  atomic.Int64 // len(refs)
 }
 
 // newPolicyBox boxes p, reading once what it says of priority classes.
 func newPolicyBox(p Policy) *policyBox {
-	b := &policyBox{p: p}
-	if c, ok := p.(Classes); ok {
-		b.c, b.sheds = c, c.Sheds()
-	}
-	return b
+	return &policyBox{p: p, shares: SharesOf(p)}
 }
 
 // maxSharedRefs bounds a policy's interned limits. Policies resolve to few

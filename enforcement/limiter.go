@@ -65,13 +65,32 @@ type Classes interface {
 // not define (it wraps ErrInvalidRequest).
 var ErrUnknownPriority = fmt.Errorf("%w: unknown priority class", ErrInvalidRequest)
 
-// shareOf is the share of a bucket a request of class priority may use
-// under the boxed policy: 1 (the whole bucket) without classes.
-func (b *policyBox) shareOf(priority string) (float64, error) {
-	if b.c == nil || (priority == "" && !b.sheds) {
-		return 1, nil // the default class, and every class has the whole bucket
+// Shares is a policy's rule for the share of a bucket a request of each
+// priority class may use, read once from the policy: the limiter's, and
+// replay's of a candidate. The zero value gives every request the whole
+// bucket.
+type Shares struct {
+	c     Classes // nil without classes
+	sheds bool    // some class has a share below 1
+}
+
+// SharesOf reads p's priority classes (none unless p is Classes).
+func SharesOf(p Policy) Shares {
+	c, ok := p.(Classes)
+	if !ok {
+		return Shares{}
 	}
-	share, ok := b.c.PriorityShare(priority)
+	return Shares{c: c, sheds: c.Sheds()}
+}
+
+// Of is the share of a bucket a request of class priority may use: 1 (the
+// whole bucket) without classes, and for the default class while no class
+// sheds; ErrUnknownPriority for a class the policy does not define.
+func (s Shares) Of(priority string) (float64, error) {
+	if s.c == nil || (priority == "" && !s.sheds) {
+		return 1, nil
+	}
+	share, ok := s.c.PriorityShare(priority)
 	if !ok {
 		return 0, fmt.Errorf("%w %q", ErrUnknownPriority, priority)
 	}
@@ -306,7 +325,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 		return Decision{}, fmt.Errorf("%w: key and scope are required and cost must be ≥ 0", ErrInvalidRequest)
 	}
 	box := l.policy.Load()
-	share, err := box.shareOf(req.Priority)
+	share, err := box.shares.Of(req.Priority)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -354,7 +373,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (d Decision, err error
 		// A class of share 1 under lower classes skips the local flood
 		// bucket: the flood of the lower classes spends it, and would
 		// refuse in process what the store keeps for the guarantee.
-		if l.localWait(e, nowUS, cost, !(box.sheds && share >= 1), &lw); lw.wait > 0 {
+		if l.localWait(e, nowUS, cost, !(box.shares.sheds && share >= 1), &lw); lw.wait > 0 {
 			wait := lw.wait
 			reset := lw.mirrorResetUS
 			if lw.mirrorKnown {

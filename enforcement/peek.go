@@ -40,7 +40,7 @@ func (l *Limiter) Peek(ctx context.Context, req Request) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w: key and scope are required and cost must be ≥ 0", ErrInvalidRequest)
 	}
 	box := l.policy.Load()
-	share, err := box.shareOf(req.Priority)
+	share, err := box.shares.Of(req.Priority)
 	if err != nil {
 		return Decision{}, err
 	}

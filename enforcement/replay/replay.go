@@ -132,15 +132,15 @@ type Config struct {
 
 // Engine replays rows. The zero value is not usable; use New.
 type Engine struct {
-	cfg     Config
-	classes enforcement.Classes // the candidate's priority classes; nil without them
-	now     time.Time
-	auth    *enforcement.MemoryAuthority
-	cache   map[reqID]resolved
-	rules   map[string]*Counts
-	keys    map[string]*KeyCounts
-	total   Counts
-	agree   Agreement
+	cfg    Config
+	shares enforcement.Shares // the candidate's priority classes
+	now    time.Time
+	auth   *enforcement.MemoryAuthority
+	cache  map[reqID]resolved
+	rules  map[string]*Counts
+	keys   map[string]*KeyCounts
+	total  Counts
+	agree  Agreement
 	// untracked counts rows of keys beyond MaxKeys.
 	untracked int64
 	lastSweep time.Time
@@ -250,7 +250,7 @@ func New(cfg Config) *Engine {
 		cfg.MaxKeys = 1_000_000
 	}
 	e := &Engine{cfg: cfg, cache: map[reqID]resolved{}, rules: map[string]*Counts{}, keys: map[string]*KeyCounts{}}
-	e.classes, _ = cfg.Policy.(enforcement.Classes)
+	e.shares = enforcement.SharesOf(cfg.Policy)
 	// The authority's clock is the recorded decision time.
 	e.auth = enforcement.NewMemoryAuthority(func() time.Time { return e.now }, cfg.MaxKeys)
 	e.agree.ToleranceMicros = cfg.Tolerance.Microseconds()
@@ -264,16 +264,6 @@ const unresolvable = "(unknown tier)"
 // unknownClass names the rule of a row whose priority class the candidate
 // does not define: it would refuse the request.
 const unknownClass = "(unknown priority class)"
-
-// share is the candidate's share of a bucket for a request of class
-// priority, as the limiter's (1 without classes); ok is false for a class
-// it does not define.
-func (e *Engine) share(priority string) (share float64, ok bool) {
-	if e.classes == nil || (priority == "" && !e.classes.Sheds()) {
-		return 1, true
-	}
-	return e.classes.PriorityShare(priority)
-}
 
 // Add replays one row.
 func (e *Engine) Add(r Row) {
@@ -298,7 +288,8 @@ func (e *Engine) Add(r Row) {
 	rule := unresolvable
 	wouldAllow, dryRun := false, false
 	distance := time.Duration(-1) // how far from the bucket boundary; -1 = not a bucket question
-	share, known := e.share(r.Priority)
+	share, classErr := e.shares.Of(r.Priority)
+	known := classErr == nil
 	if rs.err == nil && !known {
 		rule = unknownClass
 	}
